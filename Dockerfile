@@ -1,0 +1,78 @@
+# VibeMQ broker image.
+#
+#   docker build -t vibemq .
+#   docker run -d -p 2925:2925 -v vibemq-data:/data vibemq
+#
+# Two stages: the builder turns the checkout into wheels (the project's and its dependencies');
+# the final stage installs those wheels only -- no source tree, no build tools, no pip cache.
+# See docs/docker.md.
+
+ARG PYTHON_IMAGE=python:3.11-slim
+
+# ---------------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS builder
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore
+
+WORKDIR /src
+# .dockerignore keeps .git, .venv, data and caches out of the context.
+COPY . .
+# All wheels land in /wheels, so the final stage installs without a network or a compiler.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+# ---------------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE}
+
+ARG VIBEMQ_UID=10001
+ARG VIBEMQ_GID=10001
+
+LABEL org.opencontainers.image.title="VibeMQ" \
+      org.opencontainers.image.description="Message broker speaking VibeMQ natively (MQTT, AMQP 0-9-1 and ZeroMQ adapters planned)" \
+      org.opencontainers.image.licenses="MIT"
+
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore \
+    VIBEMQ_HOST=0.0.0.0 \
+    VIBEMQ_PORT=2925 \
+    VIBEMQ_DATA_DIR=/data \
+    VIBEMQ_LOG_FORMAT=json
+
+# An unprivileged system user owns the data directory; the broker never runs as root.
+RUN groupadd --system --gid "${VIBEMQ_GID}" vibemq \
+ && useradd --system --uid "${VIBEMQ_UID}" --gid vibemq --no-create-home \
+        --home-dir /nonexistent --shell /usr/sbin/nologin vibemq \
+ && mkdir -p /data \
+ && chown "${VIBEMQ_UID}:${VIBEMQ_GID}" /data \
+ && chmod 0750 /data
+
+# Install the builder's wheels, offline. (COPY rather than `RUN --mount=from=builder`: buildah,
+# which podman builds with, does not key its layer cache on a mounted stage's content, so a
+# changed wheel could be skipped for a stale cached layer.)
+COPY --from=builder /wheels /tmp/wheels
+RUN pip install --no-cache-dir --no-index --find-links /tmp/wheels vibemq-server \
+ && rm -rf /tmp/wheels \
+ && vibemq-server --version
+
+# Declared after the chown above: a fresh named volume starts out owned by the vibemq user.
+VOLUME ["/data"]
+WORKDIR /data
+
+# 2925: VibeMQ native protocol. 1883 (MQTT) and 5672 (AMQP 0-9-1) are reserved for the
+# protocol adapters; nothing listens on them until those adapters ship and are enabled.
+EXPOSE 2925 1883 5672
+
+USER ${VIBEMQ_UID}:${VIBEMQ_GID}
+
+# A real protocol round trip (Connect/ConnectAck + Ping/Pong) with the stdlib only; it sends
+# VIBEMQ_HEALTHCHECK_TOKEN, or else the first of VIBEMQ_AUTH_TOKENS, as the authToken.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["python", "-m", "vibemq_server.healthcheck"]
+
+# The broker drains and exits 0 on SIGTERM (docker stop / podman stop).
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["vibemq-server"]
+CMD []

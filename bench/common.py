@@ -1,0 +1,615 @@
+"""Broker-independent parts of the load generator.
+
+A *driver* knows one wire protocol (VibeMQ, MQTT 3.1.1, AMQP 0-9-1): how to open a publisher or
+a subscriber connection with plain blocking sockets, how to pre-encode a batch of publishes, and
+how to scan the bytes coming back cheaply (count publisher acks; count deliveries and produce
+the ack bytes for them). This module runs the drivers:
+
+* throughput: the subscriber and the publisher each run in their own process (``spawn``), each
+  with its own uvloop event loop and a bare ``asyncio.Protocol`` over the already handshaken
+  socket. The publisher writes pre-encoded batches while at most ``window`` publishes are
+  unacknowledged; the subscriber acknowledges every delivery, one write per read.
+* latency: one process, blocking sockets, strictly sequential publish -> deliver -> ack.
+
+Timestamps that cross processes use ``time.monotonic_ns`` (CLOCK_MONOTONIC, system wide).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing as mp
+import os
+import resource
+import signal
+import socket
+import statistics
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, cast
+
+T = TypeVar("T")
+
+PAYLOAD_SIZE = 64
+
+
+class BenchError(RuntimeError):
+    """The broker answered with an error or broke the protocol; the run cannot go on."""
+
+
+# --------------------------------------------------------------------------------------------
+# small utilities
+
+
+def raise_nofile_limit() -> int:
+    """Raise RLIMIT_NOFILE soft to hard (children such as the broker inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1_048_576)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def install_sigterm_exit() -> None:
+    """Turn SIGTERM into SystemExit so ``finally`` blocks stop the brokers we started."""
+
+    def _exit(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(host: str, port: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+def make_payload(seq: int, size: int = PAYLOAD_SIZE) -> bytes:
+    """A JSON object of exactly ``size`` bytes (at least 26) carrying a sequence number."""
+    head = b'{"seq":"%010d","pad":"' % seq
+    pad = size - len(head) - 2
+    if pad < 0:
+        raise ValueError(f"payload size {size} is too small")
+    return head + b"x" * pad + b'"}'
+
+
+def rss_kib(pid: int) -> int | None:
+    """VmRSS of a process in KiB, or None when it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Every live process whose process group is ``pgid``."""
+    pids: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if int(fields[2]) == pgid:  # fields: state ppid pgrp ...
+            pids.append(int(entry))
+    return pids
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time consumed so far by the given processes."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        total += int(fields[11]) + int(fields[12])  # utime stime
+    return total / ticks
+
+
+def percentiles_us(samples_ns: list[int]) -> dict[str, float]:
+    ordered = sorted(samples_ns)
+    if not ordered:
+        return {}
+
+    def pick(q: float) -> float:
+        idx = min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))
+        return ordered[idx] / 1000.0
+
+    return {
+        "p50_us": pick(0.50),
+        "p95_us": pick(0.95),
+        "p99_us": pick(0.99),
+        "mean_us": statistics.fmean(ordered) / 1000.0,
+        "min_us": ordered[0] / 1000.0,
+        "max_us": ordered[-1] / 1000.0,
+    }
+
+
+def run_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine on uvloop when it is installed, else on the default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+# --------------------------------------------------------------------------------------------
+# blocking connection used for handshakes and the latency phase
+
+
+class BlockingConn:
+    """A connected blocking socket plus a receive buffer."""
+
+    def __init__(self, host: str, port: int, timeout: float = 10.0) -> None:
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = bytearray()
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def fill(self) -> None:
+        """Read at least one more byte into the buffer (raises on EOF)."""
+        chunk = self.sock.recv(262_144)
+        if not chunk:
+            raise BenchError("connection closed by the broker")
+        self.buf += chunk
+
+    def read_exact(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self.fill()
+        data = bytes(self.buf[:n])
+        del self.buf[:n]
+        return data
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+# --------------------------------------------------------------------------------------------
+# driver interface
+
+
+class AckCounter(Protocol):
+    def feed(self, buf: bytearray) -> tuple[int, int]:
+        """Scan complete frames at the start of ``buf``: (bytes consumed, publishes acked)."""
+        ...
+
+
+class DeliveryScanner(Protocol):
+    def feed(self, buf: bytearray) -> tuple[int, int, bytes]:
+        """Scan complete frames: (bytes consumed, messages delivered, ack bytes to send)."""
+        ...
+
+
+class Driver(Protocol):
+    """One wire protocol. Instances must be picklable (they cross into worker processes)."""
+
+    name: str
+
+    def connect_publisher(self) -> BlockingConn: ...
+
+    def connect_subscriber(self) -> BlockingConn: ...
+
+    def publish_batch(self, start: int, count: int) -> bytes:
+        """Pre-encoded publishes for messages ``start`` .. ``start + count - 1``."""
+        ...
+
+    def ack_counter(self) -> AckCounter: ...
+
+    def delivery_scanner(self) -> DeliveryScanner: ...
+
+    def goodbye(self, conn: BlockingConn) -> None:
+        """Say goodbye politely (best effort) and close."""
+        ...
+
+
+# --------------------------------------------------------------------------------------------
+# async hot loops
+
+
+@dataclass
+class PubStats:
+    acked: int = 0
+    t_start_ns: int = 0
+    t_end_ns: int = 0
+    cpu_s: float = 0.0
+    error: str = ""
+
+
+@dataclass
+class SubStats:
+    delivered: int = 0
+    t_first_ns: int = 0
+    t_end_ns: int = 0
+    cpu_s: float = 0.0
+    error: str = ""
+
+
+class _PubProtocol(asyncio.Protocol):
+    def __init__(
+        self,
+        batches: list[bytes],
+        sizes: list[int],
+        window: int,
+        counter: AckCounter,
+        leftover: bytes,
+        done: asyncio.Future[None],
+    ) -> None:
+        self.batches = batches
+        self.sizes = sizes
+        self.window = window
+        self.counter = counter
+        self.buf = bytearray(leftover)
+        self.done = done
+        self.total = sum(sizes)
+        self.next = 0
+        self.sent = 0
+        self.stats = PubStats()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.stats.t_start_ns = time.monotonic_ns()
+        self.pump()
+
+    def pump(self) -> None:
+        out: list[bytes] = []
+        room = self.window - (self.sent - self.stats.acked)
+        batches, sizes = self.batches, self.sizes
+        while self.next < len(batches) and sizes[self.next] <= room:
+            out.append(batches[self.next])
+            room -= sizes[self.next]
+            self.sent += sizes[self.next]
+            self.next += 1
+        if out and self.transport is not None:
+            self.transport.writelines(out)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        try:
+            consumed, acked = self.counter.feed(buf)
+        except BenchError as exc:
+            self.finish(str(exc))
+            return
+        if consumed:
+            del buf[:consumed]
+        if acked:
+            self.stats.acked += acked
+            if self.stats.acked >= self.total:
+                self.finish("")
+                return
+            self.pump()
+
+    def finish(self, error: str) -> None:
+        if not self.done.done():
+            self.stats.t_end_ns = time.monotonic_ns()
+            self.stats.error = error
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.finish(f"connection lost: {exc!r}")
+
+
+class _SubProtocol(asyncio.Protocol):
+    def __init__(
+        self,
+        expected: int,
+        scanner: DeliveryScanner,
+        done: asyncio.Future[None],
+    ) -> None:
+        self.expected = expected
+        self.scanner = scanner
+        self.buf = bytearray()
+        self.done = done
+        self.stats = SubStats()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        try:
+            consumed, delivered, reply = self.scanner.feed(buf)
+        except BenchError as exc:
+            self.finish(str(exc))
+            return
+        if consumed:
+            del buf[:consumed]
+        if reply and self.transport is not None:
+            self.transport.write(reply)
+        if delivered:
+            stats = self.stats
+            if not stats.t_first_ns:
+                stats.t_first_ns = time.monotonic_ns()
+            stats.delivered += delivered
+            if stats.delivered >= self.expected:
+                self.finish("")
+
+    def finish(self, error: str) -> None:
+        if not self.done.done():
+            self.stats.t_end_ns = time.monotonic_ns()
+            self.stats.error = error
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.finish(f"connection lost: {exc!r}")
+
+
+async def _adopt(
+    conn: BlockingConn, factory: Callable[[], asyncio.Protocol]
+) -> tuple[asyncio.BaseTransport, asyncio.Protocol]:
+    loop = asyncio.get_running_loop()
+    conn.sock.setblocking(False)
+    return await loop.create_connection(factory, sock=conn.sock)
+
+
+async def publish_pipelined(
+    conn: BlockingConn,
+    batches: list[bytes],
+    sizes: list[int],
+    window: int,
+    counter: AckCounter,
+    timeout: float,
+) -> PubStats:
+    """Write the batches keeping at most ``window`` publishes unacked; wait for every ack."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    leftover = bytes(conn.buf)
+    conn.buf.clear()
+    proto = _PubProtocol(batches, sizes, window, counter, leftover, done)
+    cpu0 = time.process_time()
+    transport, _ = await _adopt(conn, lambda: proto)
+    if proto.buf:
+        proto.data_received(b"")
+    try:
+        await asyncio.wait_for(asyncio.shield(done), timeout)
+    except TimeoutError:
+        proto.finish(f"timeout after {timeout:.0f}s with {proto.stats.acked} acked")
+    proto.stats.cpu_s = time.process_time() - cpu0
+    transport.close()
+    return proto.stats
+
+
+async def consume_counting(
+    conn: BlockingConn, expected: int, scanner: DeliveryScanner, timeout: float
+) -> SubStats:
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    proto = _SubProtocol(expected, scanner, done)
+    leftover = bytes(conn.buf)
+    conn.buf.clear()
+    cpu0 = time.process_time()
+    transport, _ = await _adopt(conn, lambda: proto)
+    if leftover:
+        proto.data_received(leftover)
+    try:
+        await asyncio.wait_for(asyncio.shield(done), timeout)
+    except TimeoutError:
+        proto.finish(f"timeout after {timeout:.0f}s with {proto.stats.delivered} delivered")
+    proto.stats.cpu_s = time.process_time() - cpu0
+    transport.close()
+    return proto.stats
+
+
+def encode_batches(driver: Driver, total: int, batch: int) -> tuple[list[bytes], list[int]]:
+    batches: list[bytes] = []
+    sizes: list[int] = []
+    for start in range(0, total, batch):
+        count = min(batch, total - start)
+        batches.append(driver.publish_batch(start, count))
+        sizes.append(count)
+    return batches, sizes
+
+
+# --------------------------------------------------------------------------------------------
+# worker processes
+
+
+def _publisher_main(
+    driver: Driver, total: int, window: int, batch: int, timeout: float, pipe: Connection
+) -> None:
+    try:
+        batches, sizes = encode_batches(driver, total, batch)
+        conn = driver.connect_publisher()
+        pipe.send(("ready", None))
+        stats = run_loop(
+            publish_pipelined(conn, batches, sizes, window, driver.ack_counter(), timeout)
+        )
+        pipe.send(("done", asdict(stats)))
+    except Exception as exc:
+        pipe.send(("error", f"publisher: {exc!r}"))
+
+
+def _subscriber_main(driver: Driver, total: int, timeout: float, pipe: Connection) -> None:
+    try:
+        conn = driver.connect_subscriber()
+        pipe.send(("ready", None))
+        stats = run_loop(consume_counting(conn, total, driver.delivery_scanner(), timeout))
+        pipe.send(("done", asdict(stats)))
+    except Exception as exc:
+        pipe.send(("error", f"subscriber: {exc!r}"))
+
+
+def _expect(pipe: Connection, what: str, timeout: float) -> Any:
+    if not pipe.poll(timeout):
+        raise BenchError(f"no '{what}' from worker within {timeout:.0f}s")
+    kind, value = pipe.recv()
+    if kind == "error":
+        raise BenchError(str(value))
+    if kind != what:
+        raise BenchError(f"worker said {kind!r}, expected {what!r}")
+    return value
+
+
+@dataclass
+class ThroughputResult:
+    broker: str
+    messages: int
+    window: int
+    batch: int
+    acked: int = 0
+    delivered: int = 0
+    publish_rate: float = 0.0
+    deliver_rate: float = 0.0
+    elapsed_s: float = 0.0
+    publisher_cpu_s: float = 0.0
+    subscriber_cpu_s: float = 0.0
+    broker_cpu_s: float | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+def run_throughput(
+    driver: Driver,
+    total: int,
+    *,
+    window: int,
+    batch: int,
+    timeout: float,
+    broker_pids: Callable[[], list[int]] | None = None,
+) -> ThroughputResult:
+    """1 publisher process -> broker -> 1 subscriber process, ``total`` messages."""
+    ctx = mp.get_context("spawn")
+    result = ThroughputResult(driver.name, total, window, batch)
+    sub_rx, sub_tx = ctx.Pipe(duplex=False)
+    pub_rx, pub_tx = ctx.Pipe(duplex=False)
+    sub = ctx.Process(
+        target=_subscriber_main, args=(driver, total, timeout, sub_tx), name="bench-sub"
+    )
+    pub = ctx.Process(
+        target=_publisher_main,
+        args=(driver, total, window, batch, timeout, pub_tx),
+        name="bench-pub",
+    )
+    procs = [sub, pub]
+    try:
+        sub.start()
+        _expect(sub_rx, "ready", 30)
+        cpu0 = cpu_seconds(broker_pids()) if broker_pids else None
+        pub.start()
+        _expect(pub_rx, "ready", 60)
+        pub_stats = PubStats(**_expect(pub_rx, "done", timeout + 30))
+        # a publisher that failed will not feed the subscriber: do not wait out its timeout
+        sub_wait = 10.0 if pub_stats.error else timeout + 30
+        try:
+            sub_stats = SubStats(**_expect(sub_rx, "done", sub_wait))
+        except BenchError as exc:
+            sub_stats = SubStats(error=str(exc))
+        if broker_pids and cpu0 is not None:
+            result.broker_cpu_s = cpu_seconds(broker_pids()) - cpu0
+    except BenchError as exc:
+        result.errors.append(str(exc))
+        return result
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+    result.acked = pub_stats.acked
+    result.delivered = sub_stats.delivered
+    result.publisher_cpu_s = pub_stats.cpu_s
+    result.subscriber_cpu_s = sub_stats.cpu_s
+    for err in (pub_stats.error, sub_stats.error):
+        if err:
+            result.errors.append(err)
+    t0 = pub_stats.t_start_ns
+    if pub_stats.t_end_ns > t0:
+        result.publish_rate = pub_stats.acked / ((pub_stats.t_end_ns - t0) / 1e9)
+    if sub_stats.t_end_ns > t0:
+        result.elapsed_s = (sub_stats.t_end_ns - t0) / 1e9
+        result.deliver_rate = sub_stats.delivered / result.elapsed_s
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# latency
+
+
+@dataclass
+class LatencyResult:
+    broker: str
+    samples: int
+    p50_us: float = 0.0
+    p95_us: float = 0.0
+    p99_us: float = 0.0
+    mean_us: float = 0.0
+    min_us: float = 0.0
+    max_us: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+def run_latency(
+    driver: Driver, samples: int, *, warmup: int = 200, timeout: float = 60.0
+) -> LatencyResult:
+    """Sequential round trips: publish one message, wait for its delivery (the sample: send ->
+    deliver received), ack it, and wait for the publisher ack before the next one."""
+    result = LatencyResult(driver.name, samples)
+    sub = driver.connect_subscriber()
+    pub = driver.connect_publisher()
+    counter = driver.ack_counter()
+    scanner = driver.delivery_scanner()
+    frames = [driver.publish_batch(i, 1) for i in range(warmup + samples)]
+    taken: list[int] = []
+    deadline = time.monotonic() + timeout
+    clock = time.perf_counter_ns
+    try:
+        for i, frame in enumerate(frames):
+            if time.monotonic() > deadline:
+                result.errors.append(f"latency phase timed out after {len(taken)} samples")
+                break
+            t0 = clock()
+            pub.send(frame)
+            while True:
+                consumed, delivered, reply = scanner.feed(sub.buf)
+                del sub.buf[:consumed]
+                if delivered:
+                    break
+                sub.fill()
+            t1 = clock()
+            if reply:
+                sub.send(reply)
+            acked = 0
+            while not acked:
+                consumed, acked = counter.feed(pub.buf)
+                del pub.buf[:consumed]
+                if not acked:
+                    pub.fill()
+            if i >= warmup:
+                taken.append(t1 - t0)
+    except (BenchError, OSError) as exc:
+        result.errors.append(f"latency: {exc!r}")
+    finally:
+        driver.goodbye(pub)
+        driver.goodbye(sub)
+    result.samples = len(taken)
+    for key, value in percentiles_us(taken).items():
+        setattr(result, key, value)
+    return result

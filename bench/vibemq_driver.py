@@ -1,0 +1,268 @@
+"""VibeMQ v1 wire protocol for the load generator: pre-encoded frames and cheap scanners.
+
+Frame: u32 BE body length | version u8 | type u8 | id (u16 len + UTF-8) | queue (u16 len +
+UTF-8) | payload (u32 len + JSON) | headers (u16 count + (u16 key, u16 value) pairs).
+The hot paths never decode a whole body: the type is ``frame[5]`` and, since message ids are
+fixed width, the id of a Deliver is a slice at a fixed offset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import struct
+from dataclasses import dataclass
+
+from bench.common import BenchError, BlockingConn, make_payload
+
+U16 = struct.Struct(">H")
+U32 = struct.Struct(">I")
+
+CONNECT = 0
+CONNECT_ACK = 1
+DISCONNECT = 2
+PING = 10
+PONG = 11
+PUBLISH = 20
+PUBLISH_ACK = 21
+SUBSCRIBE = 22
+SUBSCRIBE_ACK = 23
+DELIVER = 26
+ACK = 30
+CREATE_QUEUE = 40
+QUEUE_INFO = 42
+ERROR = 99
+
+
+def _s(value: bytes) -> bytes:
+    return U16.pack(len(value)) + value
+
+
+def body(
+    type_: int,
+    msg_id: str,
+    queue: str = "",
+    payload: bytes = b"",
+    headers: dict[str, str] | None = None,
+) -> bytes:
+    parts = [bytes((1, type_)), _s(msg_id.encode()), _s(queue.encode()), U32.pack(len(payload))]
+    parts.append(payload)
+    items = list((headers or {}).items())
+    parts.append(U16.pack(len(items)))
+    for key, value in items:
+        parts.append(_s(key.encode()))
+        parts.append(_s(value.encode()))
+    return b"".join(parts)
+
+
+def frame(
+    type_: int,
+    msg_id: str,
+    queue: str = "",
+    payload: bytes = b"",
+    headers: dict[str, str] | None = None,
+) -> bytes:
+    b = body(type_, msg_id, queue, payload, headers)
+    return U32.pack(len(b)) + b
+
+
+@dataclass
+class Decoded:
+    """Slow-path decode, for handshakes and error reports only."""
+
+    type: int
+    id: str
+    queue: str
+    payload: bytes
+    headers: dict[str, str]
+    error: str
+
+
+def decode(b: bytes) -> Decoded:
+    pos = 2
+
+    def text() -> str:
+        nonlocal pos
+        (n,) = U16.unpack_from(b, pos)
+        pos += 2 + n
+        return b[pos - n : pos].decode()
+
+    msg_id = text()
+    queue = text()
+    (plen,) = U32.unpack_from(b, pos)
+    pos += 4
+    payload = b[pos : pos + plen]
+    pos += plen
+    (count,) = U16.unpack_from(b, pos)
+    pos += 2
+    headers = {}
+    for _ in range(count):
+        key = text()
+        headers[key] = text()
+    error = ""
+    if pos < len(b):
+        code = text()
+        error = f"{code}: {text()}"
+    return Decoded(b[1], msg_id, queue, payload, headers, error)
+
+
+def read_message(conn: BlockingConn) -> Decoded:
+    (n,) = U32.unpack(conn.read_exact(4))
+    return decode(conn.read_exact(n))
+
+
+def request(conn: BlockingConn, data: bytes, expect: int) -> Decoded:
+    """Send one request and read replies until one of type ``expect`` (or an Error)."""
+    conn.send(data)
+    for _ in range(1000):
+        msg = read_message(conn)
+        if msg.type == expect:
+            return msg
+        if msg.type == ERROR:
+            raise BenchError(f"VibeMQ error for {msg.id}: {msg.error}")
+    raise BenchError(f"no reply of type {expect}")
+
+
+def handshake(conn: BlockingConn, client: str) -> None:
+    cid = f"c-{client}-{os.getpid()}"
+    reply = request(conn, frame(CONNECT, cid, headers={"clientVersion": "bench"}), CONNECT_ACK)
+    if reply.id != cid:
+        raise BenchError(f"ConnectAck id {reply.id!r} != {cid!r}")
+
+
+class VibeAckCounter:
+    """Counts PublishAck frames (and Error frames, which also free a window slot)."""
+
+    def __init__(self) -> None:
+        self.errors = 0
+        self.first_error = ""
+
+    def feed(self, buf: bytearray) -> tuple[int, int]:
+        pos = 0
+        end = len(buf)
+        acked = 0
+        unpack = U32.unpack_from
+        while end - pos >= 6:
+            (n,) = unpack(buf, pos)
+            if end - pos - 4 < n:
+                break
+            t = buf[pos + 5]
+            if t == PUBLISH_ACK:
+                acked += 1
+            elif t == ERROR:
+                acked += 1
+                self.errors += 1
+                if not self.first_error:
+                    self.first_error = decode(bytes(buf[pos + 4 : pos + 4 + n])).error
+                    raise BenchError(f"publish rejected: {self.first_error}")
+            pos += 4 + n
+        return pos, acked
+
+
+class VibeDeliveryScanner:
+    """Counts Deliver frames; answers each with a pre-built Ack (id ``a<id>``, header
+    ``messageId=<id>``) -- all acks of one read go out in one write."""
+
+    def __init__(self) -> None:
+        self._parts: dict[int, tuple[bytes, bytes]] = {}
+
+    def _ack_parts(self, idlen: int) -> tuple[bytes, bytes]:
+        parts = self._parts.get(idlen)
+        if parts is None:
+            # body: 01 1e | u16 idlen+1 "a"+id | 0000 queue | 00000000 payload | 0001 headers
+            #       | 0009 "messageId" | u16 idlen id
+            blen = 2 + 2 + idlen + 1 + 2 + 4 + 2 + 2 + 9 + 2 + idlen
+            pre = U32.pack(blen) + b"\x01\x1e" + U16.pack(idlen + 1) + b"a"
+            mid = b"\x00\x00" + b"\x00\x00\x00\x00" + b"\x00\x01" + b"\x00\x09messageId"
+            parts = (pre, mid + U16.pack(idlen))
+            self._parts[idlen] = parts
+        return parts
+
+    def feed(self, buf: bytearray) -> tuple[int, int, bytes]:
+        pos = 0
+        end = len(buf)
+        delivered = 0
+        acks: list[bytes] = []
+        unpack = U32.unpack_from
+        last_len = -1
+        pre = mid = b""
+        while end - pos >= 8:
+            (n,) = unpack(buf, pos)
+            if end - pos - 4 < n:
+                break
+            t = buf[pos + 5]
+            if t == DELIVER:
+                idlen = (buf[pos + 6] << 8) | buf[pos + 7]
+                mid_id = bytes(buf[pos + 8 : pos + 8 + idlen])
+                if idlen != last_len:
+                    pre, mid = self._ack_parts(idlen)
+                    last_len = idlen
+                acks.append(pre + mid_id + mid + mid_id)
+                delivered += 1
+            elif t == ERROR:
+                raise BenchError(
+                    "VibeMQ error on subscriber: " + decode(bytes(buf[pos + 4 : pos + 4 + n])).error
+                )
+            pos += 4 + n
+        return pos, delivered, b"".join(acks)
+
+
+@dataclass
+class VibeDriver:
+    host: str
+    port: int
+    queue: str
+    prefetch: int = 1000
+    payload_size: int = 64
+    max_queue_size: int = 2_000_000
+    id_prefix: str = "m"
+    name: str = "vibemq"
+
+    def msg_id(self, i: int) -> str:
+        return f"{self.id_prefix}{i:08d}"
+
+    def connect_publisher(self) -> BlockingConn:
+        conn = BlockingConn(self.host, self.port)
+        handshake(conn, "pub")
+        return conn
+
+    def create_queue(self, conn: BlockingConn, options: dict[str, object]) -> None:
+        data = json.dumps(options).encode()
+        try:
+            request(conn, frame(CREATE_QUEUE, f"cq-{os.getpid()}", self.queue, data), CREATE_QUEUE)
+        except BenchError as exc:
+            if "QUEUE_EXISTS" not in str(exc):
+                raise
+
+    def connect_subscriber(self) -> BlockingConn:
+        conn = BlockingConn(self.host, self.port)
+        handshake(conn, "sub")
+        self.create_queue(conn, {"mode": "RoundRobin", "maxQueueSize": self.max_queue_size})
+        sub = frame(
+            SUBSCRIBE, f"s-{os.getpid()}", self.queue, headers={"prefetch": str(self.prefetch)}
+        )
+        request(conn, sub, SUBSCRIBE_ACK)
+        return conn
+
+    def publish_batch(self, start: int, count: int) -> bytes:
+        q = _s(self.queue.encode())
+        size = self.payload_size
+        out: list[bytes] = []
+        for i in range(start, start + count):
+            mid = self.msg_id(i).encode()
+            payload = make_payload(i, size)
+            b = b"\x01\x14" + _s(mid) + q + U32.pack(len(payload)) + payload + b"\x00\x00"
+            out.append(U32.pack(len(b)) + b)
+        return b"".join(out)
+
+    def ack_counter(self) -> VibeAckCounter:
+        return VibeAckCounter()
+
+    def delivery_scanner(self) -> VibeDeliveryScanner:
+        return VibeDeliveryScanner()
+
+    def goodbye(self, conn: BlockingConn) -> None:
+        with contextlib.suppress(OSError):
+            conn.send(frame(DISCONNECT, f"d-{os.getpid()}"))
+        conn.close()

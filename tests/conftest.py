@@ -1,0 +1,38 @@
+"""Shared fixtures: real brokers on port 0, started in the test's own event loop."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from vibemq_server.config import Config
+from vibemq_server.logs import configure_logging
+from vibemq_server.server import Broker
+
+configure_logging("warning")
+
+BrokerFactory = Callable[..., Awaitable[Broker]]
+
+
+@pytest.fixture
+async def broker_factory() -> AsyncIterator[BrokerFactory]:
+    started: list[Broker] = []
+
+    async def make(**overrides: Any) -> Broker:
+        settings: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "drain_timeout_s": 2.0}
+        settings.update(overrides)
+        broker = Broker(Config(**settings))
+        await broker.start()
+        started.append(broker)
+        return broker
+
+    yield make
+    for broker in started:
+        await broker.stop()
+
+
+@pytest.fixture
+async def broker(broker_factory: BrokerFactory) -> Broker:
+    return await broker_factory()

@@ -1,0 +1,106 @@
+"""``vibemq-server``: parse flags, load the config (file < env < flags), run until a signal."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import structlog
+import uvloop
+from pydantic import ValidationError
+
+from vibemq_server import __version__
+from vibemq_server.config import Config, load_config
+from vibemq_server.logs import configure_logging
+from vibemq_server.server import Broker
+
+log = structlog.get_logger("vibemq")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vibemq-server",
+        description="VibeMQ message broker. Settings: config file < VIBEMQ_* env < these flags.",
+    )
+    p.add_argument("--version", action="version", version=f"vibemq-server {__version__}")
+    p.add_argument("--config", type=Path, help="TOML config file (env VIBEMQ_CONFIG)")
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="VibeMQ port (default 2925; 0 = any free port)")
+    p.add_argument("--data-dir", type=Path, help="directory for persistent data (default ./data)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", choices=["json", "console"])
+    p.add_argument(
+        "--auth-token",
+        action="append",
+        dest="auth_tokens",
+        metavar="TOKEN",
+        help="accepted client token; repeatable; any token turns authentication on",
+    )
+    p.add_argument("--max-connections", type=int)
+    p.add_argument("--max-message-size", type=int, help="bytes (default 1 MiB)")
+    p.add_argument("--publish-rate-limit", type=float, help="publishes/s per client (0 = off)")
+    p.add_argument("--keepalive-timeout", type=float, dest="keepalive_timeout_s", metavar="S")
+    p.add_argument("--drain-timeout", type=float, dest="drain_timeout_s", metavar="S")
+    p.add_argument(
+        "--ready-file",
+        type=Path,
+        help='write {"vibemq": port} here once listening (for scripts using port 0)',
+    )
+    return p
+
+
+_NOT_CONFIG = {"config", "ready_file"}
+
+
+def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Config:
+    overrides: dict[str, Any] = {
+        k: v for k, v in vars(args).items() if v is not None and k not in _NOT_CONFIG
+    }
+    path = args.config or (Path(environ["VIBEMQ_CONFIG"]) if environ.get("VIBEMQ_CONFIG") else None)
+    return load_config(path, environ, overrides)
+
+
+async def serve(config: Config, ready_file: Path | None = None) -> None:
+    broker = Broker(config)
+    await broker.start()
+    if ready_file is not None:
+        tmp = ready_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"vibemq": broker.port}))
+        tmp.replace(ready_file)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await broker.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args, dict(os.environ))
+    except (ValidationError, OSError, ValueError) as exc:
+        print(f"vibemq-server: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(config.log_level, config.log_format)
+    try:
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"vibemq-server: cannot use data dir {config.data_dir}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        uvloop.run(serve(config, args.ready_file))
+    except OSError as exc:
+        log.error("cannot start", error=str(exc))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

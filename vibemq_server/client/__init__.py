@@ -1,0 +1,35 @@
+"""asyncio client library for the VibeMQ v1 protocol, and the ``vibemq`` command-line tool.
+
+Quick start::
+
+    from vibemq_server.client import Client
+
+    async with await Client.connect("127.0.0.1", 2925) as client:
+        await client.publish("jobs", {"task": "resize"})
+        sub = await client.subscribe("jobs")
+        async for msg in sub:
+            print(msg.payload)
+            await msg.ack()
+
+See ``docs/client.md`` for the full guide.
+"""
+
+from vibemq_server.client.connection import DEFAULT_PORT, Client
+from vibemq_server.client.errors import (
+    ConnectionFailed,
+    ConnectionLost,
+    RequestTimeout,
+    VibeMQError,
+)
+from vibemq_server.client.subscription import ReceivedMessage, Subscription
+
+__all__ = [
+    "DEFAULT_PORT",
+    "Client",
+    "ConnectionFailed",
+    "ConnectionLost",
+    "ReceivedMessage",
+    "RequestTimeout",
+    "Subscription",
+    "VibeMQError",
+]

@@ -1,0 +1,740 @@
+"""The asyncio VibeMQ client: one TCP connection, one reader task, futures keyed by message id.
+
+Design, in short:
+
+* Every request gets a unique id (random per-client prefix + counter). Its reply (PublishAck,
+  SubscribeAck, Pong, ... or Error) carries the same id, so a dict of futures matches replies to
+  requests and any number of requests can be in flight at once.
+* A single background task owns the socket's read side. It decodes frames with the sans-IO codec,
+  resolves futures, feeds subscriptions, answers server Pings and notices connection loss.
+* On loss, pending requests fail with :class:`ConnectionLost` (never resent: a publish may have
+  been stored already, and resending would duplicate it). With ``reconnect=True`` the same task
+  then reconnects with exponential backoff, repeats the Connect handshake and re-subscribes every
+  active subscription, so ``async for`` loops carry on. New requests issued meanwhile wait for
+  the connection to come back (bounded by ``request_timeout``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import json
+import logging
+import random
+import secrets
+import time
+from collections import deque
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, Self
+
+from vibemq_server.client.errors import (
+    ConnectionFailed,
+    ConnectionLost,
+    RequestTimeout,
+    VibeMQError,
+)
+from vibemq_server.client.subscription import ReceivedMessage, Subscription
+from vibemq_server.protocol.codec import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    CommandType,
+    FrameDecoder,
+    Message,
+    decode_body,
+    encode,
+)
+from vibemq_server.protocol.errors import ProtocolError
+
+__all__ = ["DEFAULT_PORT", "Client"]
+
+log = logging.getLogger("vibemq.client")
+
+DEFAULT_PORT = 2925
+CLIENT_VERSION = "0.1.0"
+_READ_CHUNK = 256 * 1024
+# Auth refusals will not fix themselves by retrying; anything else (limits, restarts) might.
+_PERMANENT_CODES = frozenset({"AUTH_FAILED", "AUTH_REQUIRED", "NOT_AUTHORIZED"})
+
+
+def encode_payload(payload: Any) -> bytes:
+    """JSON-encode a payload compactly. ``bytes`` are taken as already-encoded UTF-8 JSON."""
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return bytes(payload)
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class _Link:
+    """One live TCP connection (the client replaces it on reconnect)."""
+
+    __slots__ = ("backlog", "decoder", "generation", "reader", "writer")
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        decoder: FrameDecoder,
+        generation: int,
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.decoder = decoder
+        self.generation = generation
+        # Frames already split off the stream but not yet dispatched (the handshake may read
+        # past the ConnectAck).
+        self.backlog: deque[bytes] = deque()
+
+    def send(self, msg: Message) -> None:
+        """Queue one frame. Synchronous on purpose: frames go out in call order, whole."""
+        if self.writer.is_closing():
+            raise ConnectionLost("connection is closed")
+        self.writer.write(encode(msg))
+
+    def abort(self) -> None:
+        self.writer.close()
+
+
+class Client:
+    """An asyncio client of a VibeMQ broker.
+
+    Use :meth:`connect` (or ``async with Client(...) as client``)::
+
+        async with await Client.connect("127.0.0.1", 2925, token="secret") as client:
+            await client.publish("jobs", {"task": "resize", "id": 7})
+            async with await client.subscribe("jobs", prefetch=10) as sub:
+                async for msg in sub:
+                    print(msg.payload)
+                    await msg.ack()
+
+    Server errors raise :class:`VibeMQError` with the wire error code.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        *,
+        token: str | None = None,
+        client_version: str = CLIENT_VERSION,
+        reconnect: bool = True,
+        reconnect_initial_delay: float = 0.1,
+        reconnect_max_delay: float = 5.0,
+        reconnect_max_attempts: int | None = None,
+        connect_timeout: float = 10.0,
+        request_timeout: float | None = 30.0,
+        keepalive_interval: float | None = 20.0,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.client_version = client_version
+        self.reconnect = reconnect
+        self.reconnect_initial_delay = reconnect_initial_delay
+        self.reconnect_max_delay = reconnect_max_delay
+        self.reconnect_max_attempts = reconnect_max_attempts
+        self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self.keepalive_interval = keepalive_interval
+        self._token = token  # not a public attribute: keeps it out of reprs and logs
+        self._max_message_size = max_message_size
+
+        #: ``serverVersion`` and ``connectionId`` from the latest ConnectAck.
+        self.server_version: str | None = None
+        self.connection_id: str | None = None
+        #: ``reason`` header of the last Disconnect the server sent (e.g. "server_shutdown").
+        self.disconnect_reason: str | None = None
+        #: How many times the client has reconnected after a lost connection.
+        self.reconnect_count = 0
+
+        self._id_prefix = secrets.token_hex(4)
+        self._counter = itertools.count(1)
+        self._link: _Link | None = None
+        self._generation = 0
+        self._pending: dict[str, asyncio.Future[Message]] = {}
+        self._subs: dict[str, Subscription] = {}
+        # Set while a handshaken link is usable; also set once the client is finished so that
+        # waiters wake up and see ``_final_error``.
+        self._ready = asyncio.Event()
+        self._final_error: VibeMQError | None = None
+        self._closing = False
+        self._runner: asyncio.Task[None] | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        *,
+        token: str | None = None,
+        client_version: str = CLIENT_VERSION,
+        reconnect: bool = True,
+        reconnect_initial_delay: float = 0.1,
+        reconnect_max_delay: float = 5.0,
+        reconnect_max_attempts: int | None = None,
+        connect_timeout: float = 10.0,
+        request_timeout: float | None = 30.0,
+        keepalive_interval: float | None = 20.0,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    ) -> Client:
+        """Open a connection, perform the Connect handshake and return the ready client.
+
+        Raises :class:`ConnectionFailed` if the server cannot be reached and
+        :class:`VibeMQError` (e.g. ``AUTH_FAILED``) if it refuses the Connect. The first connect
+        is not retried: a wrong address should fail fast, not spin in backoff.
+        """
+        client = cls(
+            host,
+            port,
+            token=token,
+            client_version=client_version,
+            reconnect=reconnect,
+            reconnect_initial_delay=reconnect_initial_delay,
+            reconnect_max_delay=reconnect_max_delay,
+            reconnect_max_attempts=reconnect_max_attempts,
+            connect_timeout=connect_timeout,
+            request_timeout=request_timeout,
+            keepalive_interval=keepalive_interval,
+            max_message_size=max_message_size,
+        )
+        await client.start()
+        return client
+
+    async def start(self) -> None:
+        """Connect (idempotent once connected). ``async with Client(...)`` calls this."""
+        if self._runner is not None:
+            return
+        if self._final_error is not None:
+            raise VibeMQError("CLOSED", "client is closed")
+        link = await self._open_link()
+        self._install(link)
+        self._runner = asyncio.create_task(self._run(link), name=f"vibemq-client-{self.port}")
+
+    async def close(self) -> None:
+        """Send Disconnect, close the socket and end all subscriptions. Idempotent."""
+        if self._closing:
+            return
+        self._closing = True
+        link = self._link
+        self._ready.clear()
+        if link is not None:
+            with contextlib.suppress(Exception):
+                link.send(Message(CommandType.DISCONNECT, self._next_id("disc")))
+                async with asyncio.timeout(1.0):
+                    await link.writer.drain()
+            link.abort()
+        if self._runner is not None:
+            self._runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._runner
+        self._finish(ConnectionLost("client closed"), reason="closed")
+        if link is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    await link.writer.wait_closed()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @property
+    def connected(self) -> bool:
+        """True while a handshaken connection is up (False while reconnecting)."""
+        return self._ready.is_set() and self._final_error is None and self._link is not None
+
+    @property
+    def closed(self) -> bool:
+        return self._final_error is not None
+
+    async def wait_connected(self, timeout: float | None = None) -> None:
+        """Wait until the client is connected (e.g. after a reconnect)."""
+        async with asyncio.timeout(timeout):
+            await self._wait_ready()
+
+    # -- public API ----------------------------------------------------------------------------
+
+    async def publish(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        headers: Mapping[str, str] | None = None,
+        priority: str | None = None,
+        message_id: str | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        """Publish ``payload`` (any JSON-serialisable value, or pre-encoded JSON ``bytes``) and
+        wait for the PublishAck. Returns the message id.
+
+        ``priority`` is one of ``Low``, ``Normal``, ``High``, ``Critical`` (sent as the
+        ``priority`` header). Safe to call concurrently: each call awaits its own ack.
+        """
+        hdrs = dict(headers) if headers else {}
+        if priority is not None:
+            hdrs["priority"] = priority
+        msg_id = message_id or self._next_id("msg")
+        msg = Message(
+            CommandType.PUBLISH, msg_id, queue=queue, payload=encode_payload(payload), headers=hdrs
+        )
+        reply = await self._request(msg, timeout)
+        return reply.headers.get("messageId") or reply.id
+
+    async def subscribe(
+        self, queue: str, *, prefetch: int | None = None, timeout: float | None = None
+    ) -> Subscription:
+        """Subscribe to ``queue`` and return a :class:`Subscription` to iterate.
+
+        ``prefetch`` bounds how many unacknowledged messages the server pushes at once. One
+        subscription per queue per client: deliveries carry only the queue name.
+        """
+        existing = self._subs.get(queue)
+        if existing is not None and existing.active:
+            raise ValueError(f"already subscribed to {queue!r} on this client")
+        sub = Subscription(self, queue, prefetch)
+        # Registered before sending: deliveries may be read in the same chunk as the
+        # SubscribeAck, before this coroutine resumes.
+        self._subs[queue] = sub
+        try:
+            reply = await self._request(self._subscribe_message(sub), timeout)
+        except BaseException:
+            if self._subs.get(queue) is sub:
+                del self._subs[queue]
+            sub._end("error")
+            raise
+        sub.id = reply.headers.get("subscriptionId") or reply.id
+        sub._confirmed = True
+        return sub
+
+    async def create_queue(
+        self,
+        name: str,
+        delivery_mode: str | int = "RoundRobin",
+        *,
+        max_queue_size: int | None = None,
+        message_ttl_ms: int | None = None,
+        enable_dead_letter_queue: bool | None = None,
+        dead_letter_queue_name: str | None = None,
+        overflow_strategy: str | int | None = None,
+        max_retry_attempts: int | None = None,
+        ack_timeout_ms: int | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """Create a queue with explicit options (``None`` = server default).
+
+        Raises ``VibeMQError("QUEUE_EXISTS")`` if it exists already.
+        """
+        options: dict[str, Any] = {
+            "mode": delivery_mode,
+            "maxQueueSize": max_queue_size,
+            "messageTtl": message_ttl_ms,
+            "enableDeadLetterQueue": enable_dead_letter_queue,
+            "deadLetterQueueName": dead_letter_queue_name,
+            "overflowStrategy": overflow_strategy,
+            "maxRetryAttempts": max_retry_attempts,
+            "ackTimeout": ack_timeout_ms,
+        }
+        payload = encode_payload({k: v for k, v in options.items() if v is not None})
+        msg = Message(
+            CommandType.CREATE_QUEUE, self._next_id("create"), queue=name, payload=payload
+        )
+        await self._request(msg, timeout)
+
+    async def delete_queue(self, name: str, *, timeout: float | None = None) -> None:
+        """Delete a queue. Its subscribers (this client's too) see their iterators end."""
+        msg = Message(CommandType.DELETE_QUEUE, self._next_id("delete"), queue=name)
+        await self._request(msg, timeout)
+
+    async def queue_info(self, name: str, *, timeout: float | None = None) -> dict[str, Any]:
+        """Queue statistics: ``name``, ``messageCount``, ``subscriberCount``, ``deliveryMode``,
+        ``maxSize``, ``createdAt``, ... Raises ``VibeMQError("QUEUE_NOT_FOUND")``."""
+        msg = Message(CommandType.QUEUE_INFO, self._next_id("info"), queue=name)
+        reply = await self._request(msg, timeout)
+        info = reply.json()
+        # The original answers an unknown queue with an empty payload instead of an Error.
+        if not isinstance(info, dict):
+            raise VibeMQError("QUEUE_NOT_FOUND", f"queue {name!r} not found")
+        return info
+
+    async def list_queues(self, *, timeout: float | None = None) -> list[str]:
+        """Names of all queues."""
+        reply = await self._request(
+            Message(CommandType.LIST_QUEUES, self._next_id("list")), timeout
+        )
+        names = reply.json()
+        if names is None:
+            return []
+        if not isinstance(names, list):
+            raise VibeMQError("INVALID_MESSAGE", "ListQueues reply is not a JSON array")
+        return [str(n) for n in names]
+
+    async def ping(self, *, timeout: float | None = None) -> float:
+        """Round-trip a Ping; returns the round-trip time in seconds."""
+        started = time.perf_counter()
+        await self._request(Message(CommandType.PING, self._next_id("ping")), timeout)
+        return time.perf_counter() - started
+
+    def __repr__(self) -> str:
+        state = "connected" if self.connected else "closed" if self.closed else "connecting"
+        return f"<Client {self.host}:{self.port} {state} connection_id={self.connection_id!r}>"
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def _next_id(self, kind: str) -> str:
+        return f"{kind}_{self._id_prefix}-{next(self._counter)}"
+
+    async def _wait_ready(self) -> _Link:
+        while True:
+            if self._final_error is not None:
+                raise type(self._final_error)(*self._error_args(self._final_error))
+            if self._ready.is_set() and self._link is not None:
+                return self._link
+            if self._closing:
+                raise ConnectionLost("client closed")
+            await self._ready.wait()
+
+    @staticmethod
+    def _error_args(err: VibeMQError) -> tuple[str, ...]:
+        # A fresh exception per raise, so tracebacks do not pile up on one shared instance.
+        if isinstance(err, ConnectionLost | ConnectionFailed | RequestTimeout):
+            return (err.message,)
+        return (err.code, err.message)
+
+    async def _request(self, msg: Message, timeout: float | None) -> Message:
+        """Send ``msg`` and return its reply; an Error reply raises :class:`VibeMQError`."""
+        limit = self.request_timeout if timeout is None else timeout
+        if msg.id in self._pending:
+            raise ValueError(f"a request with id {msg.id!r} is already in flight")
+        try:
+            async with asyncio.timeout(limit):
+                # Fast path without awaiting, so concurrent calls hit the wire in call order.
+                link = self._link if self.connected else None
+                if link is None:
+                    link = await self._wait_ready()
+                fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+                self._pending[msg.id] = fut
+                try:
+                    link.send(msg)
+                    await link.writer.drain()
+                    reply = await fut
+                finally:
+                    if self._pending.get(msg.id) is fut:
+                        del self._pending[msg.id]
+        except TimeoutError:
+            raise RequestTimeout(
+                f"no reply to {msg.type.name} {msg.id!r} within {limit} s"
+            ) from None
+        except OSError as exc:
+            raise ConnectionLost(f"connection lost: {exc}") from exc
+        if reply.type == CommandType.ERROR:
+            raise VibeMQError(reply.error_code or "SERVER_ERROR", reply.error_message)
+        return reply
+
+    def _subscribe_message(self, sub: Subscription) -> Message:
+        headers = {"prefetch": str(sub.prefetch)} if sub.prefetch is not None else {}
+        return Message(
+            CommandType.SUBSCRIBE, self._next_id("sub"), queue=sub.queue, headers=headers
+        )
+
+    async def _ack(self, message: ReceivedMessage) -> None:
+        link = self._link
+        if link is None or not self.connected or link.generation != message._generation:
+            # The delivering connection is gone; the server requeued the message on loss.
+            log.debug("not acking %s: its connection was lost", message.id)
+            return
+        ack = Message(
+            CommandType.ACK,
+            self._next_id("ack"),
+            queue=message.queue,
+            headers={"messageId": message.id},
+        )
+        try:
+            link.send(ack)
+            await link.writer.drain()
+        except (OSError, ConnectionLost):
+            log.debug("ack of %s not sent: connection lost", message.id)
+
+    async def _unsubscribe(self, sub: Subscription) -> None:
+        if self.closed:
+            sub._end("closed")
+            return
+        if self._subs.get(sub.queue) is sub:
+            # Dropped first so that a reconnect happening meanwhile does not re-subscribe it.
+            del self._subs[sub.queue]
+        # While disconnected the server holds no subscription for us: nothing to send.
+        if self.connected:
+            msg = Message(CommandType.UNSUBSCRIBE, self._next_id("unsub"), queue=sub.queue)
+            try:
+                await self._request(msg, None)
+            except ConnectionLost:
+                pass  # the server drops a lost connection's subscriptions by itself
+            except VibeMQError as exc:
+                # The queue vanished meanwhile: the subscription is gone either way.
+                if exc.code != "QUEUE_NOT_FOUND":
+                    raise
+        sub._end("unsubscribed")
+
+    # -- connection management -----------------------------------------------------------------
+
+    async def _open_link(self) -> _Link:
+        """TCP connect plus the Connect/ConnectAck handshake, both bounded by connect_timeout."""
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                reader, writer = await asyncio.open_connection(
+                    self.host, self.port, limit=_READ_CHUNK
+                )
+        except (OSError, TimeoutError) as exc:
+            raise ConnectionFailed(
+                f"cannot connect to {self.host}:{self.port}: {exc or 'timed out'}"
+            ) from exc
+        link = _Link(reader, writer, FrameDecoder(self._max_message_size), self._generation + 1)
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                await self._handshake(link)
+        except TimeoutError:
+            link.abort()
+            raise ConnectionFailed(f"no ConnectAck from {self.host}:{self.port}") from None
+        except OSError as exc:
+            link.abort()
+            raise ConnectionFailed(f"handshake with {self.host}:{self.port} failed: {exc}") from exc
+        except BaseException:
+            link.abort()
+            raise
+        return link
+
+    async def _handshake(self, link: _Link) -> None:
+        headers = {"clientVersion": self.client_version}
+        if self._token:
+            headers["authToken"] = self._token
+        req = Message(CommandType.CONNECT, self._next_id("conn"), headers=headers)
+        link.send(req)
+        await link.writer.drain()
+        while True:
+            while not link.backlog:
+                data = await link.reader.read(_READ_CHUNK)
+                if not data:
+                    raise ConnectionFailed("server closed the connection during the handshake")
+                link.backlog.extend(link.decoder.feed(data))
+            msg = decode_body(link.backlog.popleft())
+            if msg.type == CommandType.CONNECT_ACK:
+                self.server_version = msg.headers.get("serverVersion")
+                self.connection_id = msg.headers.get("connectionId")
+                return
+            if msg.type == CommandType.ERROR:
+                raise VibeMQError(msg.error_code or "SERVER_ERROR", msg.error_message)
+            if msg.type == CommandType.DISCONNECT:
+                self.disconnect_reason = msg.headers.get("reason")
+            log.debug("ignoring %s before ConnectAck", msg.type.name)
+
+    def _install(self, link: _Link) -> None:
+        """Make ``link`` current, re-subscribe confirmed subscriptions, release waiters."""
+        self._link = link
+        self._generation = link.generation
+        for sub in list(self._subs.values()):
+            if sub._confirmed and sub.active:
+                self._resubscribe(link, sub)
+        self._ready.set()
+
+    def _resubscribe(self, link: _Link, sub: Subscription) -> None:
+        # Done with a callback rather than an awaited request: this runs inside the reader
+        # task, which must go on reading to receive the SubscribeAck.
+        msg = self._subscribe_message(sub)
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._pending[msg.id] = fut
+        fut.add_done_callback(functools.partial(self._resubscribed, sub, msg.id))
+        # On failure the reader notices the loss and the next reconnect tries again.
+        with contextlib.suppress(ConnectionLost):
+            link.send(msg)
+
+    def _resubscribed(self, sub: Subscription, msg_id: str, fut: asyncio.Future[Message]) -> None:
+        self._pending.pop(msg_id, None)
+        if fut.cancelled() or fut.exception() is not None:
+            return  # connection lost again: retried on the next reconnect
+        reply = fut.result()
+        if reply.type == CommandType.ERROR:
+            log.warning(
+                "re-subscribing to %r failed: %s %s",
+                sub.queue,
+                reply.error_code,
+                reply.error_message,
+            )
+            if self._subs.get(sub.queue) is sub:
+                del self._subs[sub.queue]
+            sub._end("error", VibeMQError(reply.error_code or "SERVER_ERROR", reply.error_message))
+            return
+        sub.id = reply.headers.get("subscriptionId") or reply.id
+        log.info("re-subscribed to %r", sub.queue)
+
+    async def _run(self, link: _Link) -> None:
+        """The reader task: pump frames; on loss, reconnect or finish."""
+        try:
+            while True:
+                cause = await self._pump(link)
+                self._lost(link, cause)
+                if self._closing:
+                    return
+                if not self.reconnect:
+                    self._finish(ConnectionLost(self._loss_text(cause)), reason="error")
+                    return
+                link = await self._reconnect()
+                self.reconnect_count += 1
+                self._install(link)
+                log.info("reconnected to %s:%s", self.host, self.port)
+        except asyncio.CancelledError:
+            raise
+        except VibeMQError as exc:
+            self._finish(exc, reason="error")
+        except Exception as exc:  # a bug here must not leave callers waiting forever
+            log.exception("VibeMQ client reader failed")
+            self._finish(ConnectionLost(f"client reader failed: {exc!r}"), reason="error")
+
+    def _loss_text(self, cause: BaseException | None) -> str:
+        if self.disconnect_reason:
+            return f"server disconnected: {self.disconnect_reason}"
+        return f"connection lost: {cause}" if cause else "connection closed by the server"
+
+    async def _pump(self, link: _Link) -> BaseException | None:
+        """Dispatch frames until the connection ends; returns the cause (None = clean EOF)."""
+        ping_outstanding = False
+        try:
+            while True:
+                while link.backlog:
+                    self._dispatch(link, link.backlog.popleft())
+                try:
+                    async with asyncio.timeout(self.keepalive_interval):
+                        data = await link.reader.read(_READ_CHUNK)
+                except TimeoutError:
+                    # Idle: probe the server. A second silent interval means it is gone
+                    # (a half-open TCP connection would otherwise hang us forever).
+                    if ping_outstanding:
+                        return ConnectionLost("keepalive timeout")
+                    ping_outstanding = True
+                    link.send(Message(CommandType.PING, self._next_id("keepalive")))
+                    continue
+                if not data:
+                    return None
+                ping_outstanding = False
+                link.backlog.extend(link.decoder.feed(data))
+        except (OSError, ProtocolError, ConnectionLost) as exc:
+            return exc
+
+    def _dispatch(self, link: _Link, body: bytes) -> None:
+        try:
+            msg = decode_body(
+                body,
+            )
+        except ProtocolError as exc:
+            log.warning("dropping malformed frame from server: %s", exc)
+            return
+        try:
+            self._handle(link, msg)
+        except Exception:
+            log.exception("error handling %s %r", msg.type.name, msg.id)
+
+    def _handle(self, link: _Link, msg: Message) -> None:
+        kind = msg.type
+        if kind == CommandType.DELIVER:
+            sub = self._subs.get(msg.queue)
+            if sub is None:
+                log.debug("delivery %r for unsubscribed queue %r", msg.id, msg.queue)
+                return
+            sub._push(
+                ReceivedMessage(self, link.generation, msg.id, msg.queue, msg.payload, msg.headers)
+            )
+            return
+        if kind == CommandType.DISCONNECT:
+            self.disconnect_reason = msg.headers.get("reason") or "unspecified"
+            log.warning("server sent Disconnect (reason: %s)", self.disconnect_reason)
+            # The server closes next; closing our side too makes the pump see EOF at once.
+            link.abort()
+            return
+        if kind == CommandType.PING:
+            with contextlib.suppress(ConnectionLost):
+                link.send(Message(CommandType.PONG, msg.id))
+            return
+        fut = self._pending.get(msg.id)
+        if fut is not None:
+            del self._pending[msg.id]
+            if not fut.done():
+                fut.set_result(msg)
+            return
+        if kind == CommandType.UNSUBSCRIBE_ACK:
+            self._server_unsubscribed(msg)
+            return
+        if kind == CommandType.ERROR:
+            log.warning("server error for %r: %s %s", msg.id, msg.error_code, msg.error_message)
+            return
+        if kind != CommandType.PONG:  # Pongs answer our keepalive pings
+            log.debug("unsolicited %s %r", kind.name, msg.id)
+
+    def _server_unsubscribed(self, msg: Message) -> None:
+        """An UnsubscribeAck we did not ask for: the server dropped our subscription."""
+        queue = msg.queue or msg.headers.get("queueName", "")
+        sub = self._subs.get(queue)
+        if sub is None:
+            return
+        reason = msg.headers.get("reason") or "unsubscribed"
+        log.info("subscription to %r ended by the server (%s)", queue, reason)
+        del self._subs[queue]
+        sub._end(reason)
+
+    def _lost(self, link: _Link, cause: BaseException | None) -> None:
+        """Tear down after a loss: no more sends on ``link``; fail what awaited a reply."""
+        self._ready.clear()
+        link.abort()
+        if self._closing:
+            return
+        text = self._loss_text(cause)
+        log.warning("%s:%s %s", self.host, self.port, text)
+        self._fail_pending(text)
+
+    def _fail_pending(self, text: str) -> None:
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(ConnectionLost(text))
+
+    async def _reconnect(self) -> _Link:
+        """Reconnect with exponential backoff (plus jitter, so clients of a restarted broker
+        do not all knock at the same instant)."""
+        delay = self.reconnect_initial_delay
+        attempt = 0
+        while True:
+            attempt += 1
+            if self.reconnect_max_attempts is not None and attempt > self.reconnect_max_attempts:
+                raise ConnectionLost(
+                    f"gave up reconnecting to {self.host}:{self.port} "
+                    f"after {self.reconnect_max_attempts} attempts"
+                )
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            try:
+                link = await self._open_link()
+            except VibeMQError as exc:
+                if exc.code in _PERMANENT_CODES:
+                    raise
+                log.info("reconnect attempt %d failed: %s", attempt, exc)
+            except ProtocolError as exc:
+                log.info("reconnect attempt %d failed: %s", attempt, exc)
+            else:
+                self.disconnect_reason = None
+                return link
+            delay = min(delay * 2, self.reconnect_max_delay)
+
+    def _finish(self, error: VibeMQError, *, reason: str) -> None:
+        """The client is done for good: fail waiters, end subscriptions."""
+        if self._final_error is None:
+            self._final_error = error
+        self._ready.set()  # wakes _wait_ready callers, which then raise the final error
+        self._fail_pending(error.message or str(error))
+        subs, self._subs = self._subs, {}
+        for sub in subs.values():
+            sub._end(reason, None if reason == "closed" else error)

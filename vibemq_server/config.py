@@ -1,0 +1,132 @@
+"""Broker configuration: pydantic models, loaded from a TOML file, VIBEMQ_* env, then CLI flags.
+
+Precedence, lowest first: model defaults (which equal ``config/vibemq.toml``), the config
+file, ``VIBEMQ_*`` environment variables, command-line flags. Nested settings use a double
+underscore in the environment: ``VIBEMQ_QUEUE_DEFAULTS__MAX_QUEUE_SIZE=500``.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ENV_PREFIX = "VIBEMQ_"
+
+
+class DeliveryMode(StrEnum):
+    ROUND_ROBIN = "RoundRobin"
+    FAN_OUT_WITH_ACK = "FanOutWithAck"
+    FAN_OUT_WITHOUT_ACK = "FanOutWithoutAck"
+    PRIORITY_BASED = "PriorityBased"
+
+
+class OverflowStrategy(StrEnum):
+    DROP_OLDEST = "DropOldest"
+    DROP_NEWEST = "DropNewest"
+    BLOCK_PUBLISHER = "BlockPublisher"
+    REDIRECT_TO_DLQ = "RedirectToDlq"
+
+
+class QueueDefaults(BaseModel):
+    """Options a queue gets when they are not given at creation (auto-created queues too)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    delivery_mode: DeliveryMode = DeliveryMode.ROUND_ROBIN
+    max_queue_size: int = Field(10_000, ge=1)
+    message_ttl_ms: int = Field(0, ge=0, description="0 = messages never expire")
+    enable_dead_letter_queue: bool = False
+    max_retry_attempts: int = Field(3, ge=1)
+    ack_timeout_ms: int = Field(30_000, ge=1)
+    overflow_strategy: OverflowStrategy = OverflowStrategy.DROP_OLDEST
+
+
+class Config(BaseModel):
+    """Every broker setting. Defaults are the embedded default config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(2925, ge=0, le=65535)
+    data_dir: Path = Path("./data")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "console"] = "console"
+    auth_tokens: list[str] = Field(default_factory=list)
+
+    max_connections: int = Field(10_000, ge=1)
+    max_message_size: int = Field(1024 * 1024, ge=64)
+    max_headers: int = Field(50, ge=0)
+    max_header_value: int = Field(4096, ge=1)
+    publish_rate_limit: float = Field(0.0, ge=0, description="publishes/s per client; 0 = off")
+    keepalive_timeout_s: float = Field(60.0, gt=0)
+    frame_timeout_s: float = Field(10.0, gt=0)
+    drain_timeout_s: float = Field(30.0, ge=0)
+    housekeeping_interval_ms: int = Field(100, ge=1)
+
+    auto_create_queues: bool = True
+    default_prefetch: int = Field(1000, ge=1)
+    max_prefetch: int = Field(65_535, ge=1)
+    memory_high_watermark_bytes: int = Field(512 * 1024 * 1024, ge=1024)
+    write_buffer_high_bytes: int = Field(1024 * 1024, ge=4096)
+    queue_defaults: QueueDefaults = Field(default_factory=QueueDefaults)
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.auth_tokens)
+
+
+_LIST_FIELDS = {"auth_tokens"}
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """VIBEMQ_* variables as a nested dict; pydantic converts the strings."""
+    out: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or name.startswith(f"{ENV_PREFIX}HEALTHCHECK"):
+            continue
+        path = name[len(ENV_PREFIX) :].lower().split("__")
+        if path[0] not in Config.model_fields:
+            continue
+        parsed: Any = value
+        if path[0] in _LIST_FIELDS:
+            parsed = (
+                json.loads(value)
+                if value.startswith("[")
+                else [v.strip() for v in value.split(",") if v.strip()]
+            )
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = parsed
+    return out
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(dict(merged[key]), value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(
+    path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """File, then environment, then explicit overrides (CLI flags), validated once."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    data = _merge(data, _env_overrides(environ or {}))
+    data = _merge(data, overrides or {})
+    return Config.model_validate(data)

@@ -1,0 +1,33 @@
+"""The protocol-free core: queues, routing, consumers, acks, TTL and dead letters."""
+
+from vibemq_server.core.clock import Clock, ManualClock, wall_clock_ms
+from vibemq_server.core.manager import (
+    CoreError,
+    DeadLetterReason,
+    InvalidQueueOptions,
+    PublishOutcome,
+    QueueExists,
+    QueueManager,
+    QueueNotFound,
+)
+from vibemq_server.core.message import Priority, StoredMessage
+from vibemq_server.core.queue import Consumer, Queue, QueueOptions, Subscription
+
+__all__ = [
+    "Clock",
+    "Consumer",
+    "CoreError",
+    "DeadLetterReason",
+    "InvalidQueueOptions",
+    "ManualClock",
+    "Priority",
+    "PublishOutcome",
+    "Queue",
+    "QueueExists",
+    "QueueManager",
+    "QueueNotFound",
+    "QueueOptions",
+    "StoredMessage",
+    "Subscription",
+    "wall_clock_ms",
+]

@@ -1,0 +1,490 @@
+"""The queue manager: every queue operation any protocol adapter can ask for.
+
+Synchronous and protocol-free. Time comes from an injected clock; ``tick`` runs TTL expiry,
+ack timeouts and the memory watermark, and the server calls it on a timer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping
+from enum import Enum
+from typing import Any
+
+import structlog
+
+from vibemq_server.config import DeliveryMode, OverflowStrategy, QueueDefaults
+from vibemq_server.core.clock import Clock, wall_clock_ms
+from vibemq_server.core.message import StoredMessage, parse_priority
+from vibemq_server.core.queue import (
+    Consumer,
+    DeliveryDeferred,
+    Queue,
+    QueueOptions,
+    Subscription,
+)
+
+log = structlog.get_logger("vibemq.core")
+
+
+class CoreError(Exception):
+    """A refused queue operation; adapters map the subclass onto their protocol's error."""
+
+
+class QueueNotFound(CoreError):
+    pass
+
+
+class QueueExists(CoreError):
+    pass
+
+
+class InvalidQueueOptions(CoreError):
+    pass
+
+
+class PublishOutcome(Enum):
+    ACCEPTED = "accepted"
+    REJECTED_FULL = "rejected_full"  # DropNewest (or RedirectToDlq without a DLQ)
+    BLOCKED = "blocked"  # BlockPublisher: not taken; retry when the queue has room
+
+
+class DeadLetterReason:
+    MAX_RETRIES_EXCEEDED = "MaxRetriesExceeded"
+    MESSAGE_EXPIRED = "MessageExpired"
+    QUEUE_OVERFLOW = "QueueOverflow"
+
+
+def iso_ms(ms: int) -> str:
+    return (
+        dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+# Option names accepted from CreateQueue headers or its JSON payload (both camelCase), with
+# the QueueOptions field each one sets.
+_OPTION_KEYS: dict[str, str] = {
+    "mode": "delivery_mode",
+    "deliveryMode": "delivery_mode",
+    "maxQueueSize": "max_queue_size",
+    "messageTtl": "message_ttl_ms",
+    "enableDeadLetterQueue": "enable_dead_letter_queue",
+    "deadLetterQueueName": "dead_letter_queue_name",
+    "maxRetryAttempts": "max_retry_attempts",
+    "ackTimeout": "ack_timeout_ms",
+    "overflowStrategy": "overflow_strategy",
+}
+_MODES = list(DeliveryMode)
+_OVERFLOWS = list(OverflowStrategy)
+
+
+def _enum_value(kind: list[Any], raw: object, what: str) -> Any:
+    """An enum given by name (case-insensitive) or by its number, as the original accepts."""
+    if (isinstance(raw, int) and not isinstance(raw, bool)) or (
+        isinstance(raw, str) and raw.isdigit()
+    ):
+        idx = int(raw)
+        if 0 <= idx < len(kind):
+            return kind[idx]
+    elif isinstance(raw, str):
+        for member in kind:
+            if member.value.lower() == raw.lower():
+                return member
+    raise InvalidQueueOptions(f"invalid {what}: {raw!r}")
+
+
+def _int_value(raw: object, what: str, minimum: int) -> int:
+    try:
+        value: int = int(raw)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise InvalidQueueOptions(f"invalid {what}: {raw!r}") from None
+    if isinstance(raw, bool) or value < minimum:
+        raise InvalidQueueOptions(f"invalid {what}: {raw!r}")
+    return value
+
+
+def _bool_value(raw: object, what: str) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.lower() in ("true", "false", "1", "0"):
+        return raw.lower() in ("true", "1")
+    raise InvalidQueueOptions(f"invalid {what}: {raw!r}")
+
+
+_PARSERS: dict[str, Callable[[object], Any]] = {
+    "delivery_mode": lambda v: _enum_value(_MODES, v, "deliveryMode"),
+    "max_queue_size": lambda v: _int_value(v, "maxQueueSize", 1),
+    "message_ttl_ms": lambda v: _int_value(v, "messageTtl", 0),
+    "enable_dead_letter_queue": lambda v: _bool_value(v, "enableDeadLetterQueue"),
+    "dead_letter_queue_name": lambda v: str(v) if v else "",
+    "max_retry_attempts": lambda v: _int_value(v, "maxRetryAttempts", 1),
+    "ack_timeout_ms": lambda v: _int_value(v, "ackTimeout", 1),
+    "overflow_strategy": lambda v: _enum_value(_OVERFLOWS, v, "overflowStrategy"),
+}
+
+
+class QueueManager:
+    """All queues of one broker."""
+
+    def __init__(
+        self,
+        defaults: QueueDefaults | None = None,
+        clock: Clock = wall_clock_ms,
+        *,
+        auto_create: bool = True,
+        memory_high_watermark: int = 512 * 1024 * 1024,
+        name_validator: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.defaults = defaults or QueueDefaults()
+        self.clock = clock
+        self.auto_create = auto_create
+        self.queues: dict[str, Queue] = {}
+        self.memory_high = memory_high_watermark
+        self.memory_low = memory_high_watermark * 8 // 10
+        self.memory_bytes = 0
+        self.memory_blocked = False
+        self._memory_waiters: list[Callable[[], None]] = []
+        self._valid_name = name_validator or (lambda _name: True)
+
+    # -- options -----------------------------------------------------------------------------
+
+    def options_from(self, raw: Mapping[str, object] | None = None) -> QueueOptions:
+        """Queue options from camelCase names (headers or JSON), defaults for the rest."""
+        d = self.defaults
+        values: dict[str, Any] = {
+            "delivery_mode": d.delivery_mode,
+            "max_queue_size": d.max_queue_size,
+            "message_ttl_ms": d.message_ttl_ms,
+            "enable_dead_letter_queue": d.enable_dead_letter_queue,
+            "dead_letter_queue_name": "",
+            "max_retry_attempts": d.max_retry_attempts,
+            "ack_timeout_ms": d.ack_timeout_ms,
+            "overflow_strategy": d.overflow_strategy,
+        }
+        for key, value in (raw or {}).items():
+            field_name = _OPTION_KEYS.get(key)
+            if field_name is not None and value is not None:
+                values[field_name] = _PARSERS[field_name](value)
+        return QueueOptions(**values)
+
+    def _dlq_options(self) -> QueueOptions:
+        d = self.defaults
+        return QueueOptions(
+            DeliveryMode.ROUND_ROBIN,
+            d.max_queue_size,
+            0,
+            False,
+            "",
+            d.max_retry_attempts,
+            d.ack_timeout_ms,
+            OverflowStrategy.DROP_OLDEST,
+        )
+
+    # -- queues ------------------------------------------------------------------------------
+
+    def create_queue(self, name: str, options: QueueOptions | None = None) -> tuple[Queue, bool]:
+        """Create a queue; an existing one with the same options is fine (like queue.declare).
+
+        Returns the queue and whether it was created now.
+        """
+        options = options or self.options_from()
+        existing = self.queues.get(name)
+        if existing is not None:
+            if existing.options != options:
+                raise QueueExists(f"queue {name!r} exists with different options")
+            return existing, False
+        queue = Queue(name, options, self.clock(), self)
+        self.queues[name] = queue
+        return queue, True
+
+    def get(self, name: str) -> Queue:
+        queue = self.queues.get(name)
+        if queue is None:
+            raise QueueNotFound(f"queue {name!r} not found")
+        return queue
+
+    def _get_or_create(self, name: str) -> Queue:
+        queue = self.queues.get(name)
+        if queue is None:
+            if not self.auto_create:
+                raise QueueNotFound(f"queue {name!r} not found")
+            queue, _ = self.create_queue(name)
+        return queue
+
+    def delete_queue(self, name: str) -> None:
+        queue = self.queues.pop(name, None)
+        if queue is None:
+            raise QueueNotFound(f"queue {name!r} not found")
+        queue.deleted = True
+        subs, queue.subscriptions = queue.subscriptions, []
+        for sub in subs:
+            sub.inflight.clear()
+            sub.deadlines.clear()
+            sub.consumer.subscription_cancelled(sub, "queue_deleted")
+        self.memory_bytes -= queue.store.nbytes
+        queue.store.clear()
+        self._wake(queue)
+
+    def queue_info(self, name: str) -> dict[str, Any]:
+        q = self.get(name)
+        o = q.options
+        return {
+            "name": q.name,
+            "messageCount": q.message_count,
+            "subscriberCount": len(q.subscriptions),
+            "deliveryMode": str(o.delivery_mode),
+            "maxSize": o.max_queue_size,
+            "createdAt": iso_ms(q.created_at),
+            "unackedCount": q.unacked_count,
+            "messageTtl": o.message_ttl_ms,
+            "overflowStrategy": str(o.overflow_strategy),
+            "enableDeadLetterQueue": o.enable_dead_letter_queue,
+            "deadLetterQueueName": self._dlq_name(q) if o.enable_dead_letter_queue else None,
+            "maxRetryAttempts": o.max_retry_attempts,
+            "ackTimeout": o.ack_timeout_ms,
+            "stats": {
+                "published": q.stats.published,
+                "delivered": q.stats.delivered,
+                "acked": q.stats.acked,
+                "redelivered": q.stats.redelivered,
+                "deadLettered": q.stats.dead_lettered,
+                "expired": q.stats.expired,
+                "dropped": q.stats.dropped,
+            },
+        }
+
+    # -- publish / subscribe / ack -------------------------------------------------------------
+
+    def publish(
+        self, queue_name: str, msg_id: str, payload: bytes, headers: Mapping[str, str]
+    ) -> PublishOutcome:
+        queue = self._get_or_create(queue_name)
+        opts = queue.options
+        now = self.clock()
+        msg = StoredMessage(
+            msg_id,
+            queue_name,
+            payload,
+            headers,
+            now,
+            now + opts.message_ttl_ms if opts.message_ttl_ms else 0,
+            parse_priority(headers.get("priority")) if headers else parse_priority(None),
+        )
+        if len(queue.store) >= opts.max_queue_size:
+            outcome = self._overflow(queue, msg)
+            if outcome is not None:
+                return outcome
+        queue.stats.published += 1
+        queue.store.append(msg)
+        self.memory_bytes += len(payload)
+        queue.dispatch()
+        if self.memory_bytes > self.memory_high:
+            self.memory_blocked = True
+        return PublishOutcome.ACCEPTED
+
+    def _overflow(self, queue: Queue, msg: StoredMessage) -> PublishOutcome | None:
+        """Apply the queue's overflow strategy; None means go on and enqueue ``msg``."""
+        strategy = queue.options.overflow_strategy
+        if strategy is OverflowStrategy.BLOCK_PUBLISHER:
+            return PublishOutcome.BLOCKED
+        if strategy is OverflowStrategy.DROP_OLDEST:
+            old = queue.store.pop_oldest_lowest()
+            if old is not None:
+                self.memory_bytes -= len(old.payload)
+                queue.stats.dropped += 1
+            return None
+        if strategy is OverflowStrategy.REDIRECT_TO_DLQ and queue.options.enable_dead_letter_queue:
+            queue.stats.published += 1
+            self.dead_letter(queue, msg, DeadLetterReason.QUEUE_OVERFLOW)
+            return PublishOutcome.ACCEPTED
+        queue.stats.dropped += 1
+        return PublishOutcome.REJECTED_FULL
+
+    def subscribe(
+        self,
+        queue_name: str,
+        sub_id: str,
+        consumer: Consumer,
+        prefetch: int,
+        *,
+        dispatch: bool = True,
+    ) -> Subscription:
+        """Subscribe a consumer (again: its prefetch is updated). With ``dispatch=False`` the
+        caller starts delivery itself, after it has confirmed the subscription."""
+        queue = self._get_or_create(queue_name)
+        existing = [s for s in queue.subscriptions if s.consumer is consumer]
+        if existing:
+            sub = existing[0]
+            sub.prefetch = prefetch
+        else:
+            sub = Subscription(sub_id, queue, consumer, prefetch)
+            queue.subscriptions.append(sub)
+        if dispatch:
+            queue.dispatch()
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        """Remove a subscription; its unacknowledged deliveries go back to the queue."""
+        queue = sub.queue
+        if sub in queue.subscriptions:
+            queue.subscriptions.remove(sub)
+        returned = list(sub.inflight.values())
+        sub.inflight.clear()
+        sub.deadlines.clear()
+        if not queue.deleted:
+            self._return(queue, returned)
+            queue.dispatch()
+
+    def ack(self, sub: Subscription, msg_id: str) -> bool:
+        msg = sub.inflight.pop(msg_id, None)
+        if msg is None:
+            return False
+        del sub.deadlines[msg_id]
+        queue = sub.queue
+        queue.stats.acked += 1
+        if len(queue.store):
+            queue.dispatch()
+        return True
+
+    def send(self, sub: Subscription, msg: StoredMessage) -> None:
+        """Deliver one message to one subscription (called by the queue's dispatch)."""
+        queue = sub.queue
+        msg.attempts += 1
+        queue.stats.delivered += 1
+        if msg.attempts > 1:
+            queue.stats.redelivered += 1
+        self.memory_bytes -= len(msg.payload)
+        if queue.options.needs_ack:
+            inflight = sub.inflight
+            if msg.id in inflight:
+                # A publisher reused an id that this subscriber still holds; tracking both
+                # under one key would lose one, so hold this one back until the first is acked.
+                msg.attempts -= 1
+                queue.stats.delivered -= 1
+                self.memory_bytes += len(msg.payload)
+                queue.store.appendleft(msg)
+                raise DeliveryDeferred
+            inflight[msg.id] = msg
+            sub.deadlines[msg.id] = self.clock() + queue.options.ack_timeout_ms
+        sub.consumer.deliver(sub, msg)
+
+    # -- expiry, dead letters, timers ----------------------------------------------------------
+
+    def _dlq_name(self, queue: Queue) -> str:
+        return queue.options.dead_letter_queue_name or f"{queue.name}.dlq"
+
+    def expire(self, queue: Queue, msg: StoredMessage) -> None:
+        queue.stats.expired += 1
+        self.memory_bytes -= len(msg.payload)
+        self.dead_letter(queue, msg, DeadLetterReason.MESSAGE_EXPIRED, counted=False)
+
+    def dead_letter(
+        self, queue: Queue, msg: StoredMessage, reason: str, *, counted: bool = False
+    ) -> bool:
+        """Move a message to the queue's dead-letter queue, or drop it when there is none."""
+        if not queue.options.enable_dead_letter_queue:
+            queue.stats.dropped += 1
+            log.debug("message dropped", queue=queue.name, message_id=msg.id, reason=reason)
+            return False
+        dlq_name = self._dlq_name(queue)
+        if dlq_name == queue.name or not self._valid_name(dlq_name):
+            queue.stats.dropped += 1
+            return False
+        queue.stats.dead_lettered += 1
+        dlq = self.queues.get(dlq_name)
+        if dlq is None:
+            dlq, _ = self.create_queue(dlq_name, self._dlq_options())
+        now = self.clock()
+        headers = dict(msg.headers)
+        headers.update(
+            deadLetterReason=reason,
+            originalQueue=queue.name,
+            deadLetteredAt=iso_ms(now),
+            originalDeliveryAttempts=str(msg.attempts),
+        )
+        dead = StoredMessage(msg.id, dlq_name, msg.payload, headers, now, 0, msg.priority)
+        if len(dlq.store) >= dlq.options.max_queue_size:
+            old = dlq.store.pop_oldest_lowest()
+            if old is not None:
+                self.memory_bytes -= len(old.payload)
+                dlq.stats.dropped += 1
+        dlq.stats.published += 1
+        dlq.store.append(dead)
+        self.memory_bytes += len(dead.payload)
+        dlq.dispatch()
+        return True
+
+    def _return(self, queue: Queue, msgs: list[StoredMessage]) -> None:
+        """Put unacknowledged deliveries back at the head, in order, or dead-letter them."""
+        fan_out = queue.options.delivery_mode is DeliveryMode.FAN_OUT_WITH_ACK
+        for msg in reversed(msgs):
+            if msg.attempts >= queue.options.max_retry_attempts:
+                self.dead_letter(queue, msg, DeadLetterReason.MAX_RETRIES_EXCEEDED)
+                continue
+            msg.single = fan_out
+            queue.store.appendleft(msg)
+            self.memory_bytes += len(msg.payload)
+
+    def tick(self) -> None:
+        """Expire messages, time out unacknowledged deliveries, re-check the memory bound."""
+        now = self.clock()
+        for queue in list(self.queues.values()):
+            if queue.deleted:
+                continue
+            if queue.options.message_ttl_ms:
+                for msg in list(queue.store.pop_expired(now)):
+                    self.expire(queue, msg)
+            if queue.options.needs_ack:
+                for sub in queue.subscriptions:
+                    self._time_out(queue, sub, now)
+            queue.dispatch()
+            self._wake(queue)
+        if self.memory_blocked and self.memory_bytes <= self.memory_low:
+            self.memory_blocked = False
+            waiters, self._memory_waiters = self._memory_waiters, []
+            for waiter in waiters:
+                waiter()
+
+    def _time_out(self, queue: Queue, sub: Subscription, now: int) -> None:
+        deadlines = sub.deadlines
+        if not deadlines:
+            return
+        late: list[str] = []
+        for mid, deadline in deadlines.items():
+            if deadline > now:
+                break
+            late.append(mid)
+        if not late:
+            return
+        returned = []
+        for mid in late:
+            del deadlines[mid]
+            returned.append(sub.inflight.pop(mid))
+        self._return(queue, returned)
+
+    # -- publisher flow control ----------------------------------------------------------------
+
+    def wait_for_room(self, queue_name: str, waiter: Callable[[], None]) -> None:
+        queue = self.queues.get(queue_name)
+        if queue is None or not queue.full:
+            waiter()
+            return
+        queue.room_waiters.append(waiter)
+
+    def wait_for_memory(self, waiter: Callable[[], None]) -> None:
+        if not self.memory_blocked:
+            waiter()
+            return
+        self._memory_waiters.append(waiter)
+
+    def after_dequeue(self, queue: Queue) -> None:
+        if queue.room_waiters:
+            self._wake(queue)
+
+    def _wake(self, queue: Queue) -> None:
+        if queue.room_waiters and (queue.deleted or not queue.full):
+            waiters, queue.room_waiters = queue.room_waiters, []
+            for waiter in waiters:
+                waiter()

@@ -1,0 +1,244 @@
+"""A queue: its options, its ready messages, its subscriptions, and the dispatch loop.
+
+Ready messages wait here, never in a connection's buffer: a subscription only receives while
+its consumer is writable and under its prefetch limit, so a slow consumer makes messages wait
+in the queue, where overflow limits apply.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from vibemq_server.config import DeliveryMode, OverflowStrategy
+from vibemq_server.core.message import Priority, StoredMessage
+
+if TYPE_CHECKING:
+    from vibemq_server.core.manager import QueueManager
+
+
+class DeliveryDeferred(Exception):
+    """A delivery must wait (its message id is still unacked at that subscriber): stop dispatch."""
+
+
+class Consumer(Protocol):
+    """What the core needs of a subscriber's connection, whatever protocol it speaks."""
+
+    @property
+    def writable(self) -> bool: ...
+
+    def deliver(self, sub: Subscription, msg: StoredMessage) -> None: ...
+
+    def subscription_cancelled(self, sub: Subscription, reason: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOptions:
+    delivery_mode: DeliveryMode
+    max_queue_size: int
+    message_ttl_ms: int
+    enable_dead_letter_queue: bool
+    dead_letter_queue_name: str
+    max_retry_attempts: int
+    ack_timeout_ms: int
+    overflow_strategy: OverflowStrategy
+
+    @property
+    def needs_ack(self) -> bool:
+        return self.delivery_mode is not DeliveryMode.FAN_OUT_WITHOUT_ACK
+
+
+class Subscription:
+    """One consumer's subscription to one queue, with its unacknowledged deliveries."""
+
+    __slots__ = ("consumer", "deadlines", "id", "inflight", "prefetch", "queue")
+
+    def __init__(self, sub_id: str, queue: Queue, consumer: Consumer, prefetch: int) -> None:
+        self.id = sub_id
+        self.queue = queue
+        self.consumer = consumer
+        self.prefetch = prefetch
+        # Insertion order is delivery order and the ack timeout is per queue, so the first
+        # entries are always the first to time out: the timeout scan stops at the first live one.
+        self.inflight: dict[str, StoredMessage] = {}
+        self.deadlines: dict[str, int] = {}
+
+    def has_capacity(self) -> bool:
+        return self.consumer.writable and len(self.inflight) < self.prefetch
+
+
+@dataclass(slots=True)
+class QueueStats:
+    published: int = 0
+    delivered: int = 0
+    acked: int = 0
+    redelivered: int = 0
+    dead_lettered: int = 0
+    expired: int = 0
+    dropped: int = 0
+
+
+class _Store:
+    """Ready messages: one FIFO, or one FIFO per priority level (highest served first)."""
+
+    __slots__ = ("_levels", "nbytes")
+
+    def __init__(self, prioritised: bool) -> None:
+        self._levels: list[deque[StoredMessage]] = [
+            deque() for _ in range(len(Priority) if prioritised else 1)
+        ]
+        self.nbytes = 0
+
+    def _level(self, msg: StoredMessage) -> deque[StoredMessage]:
+        levels = self._levels
+        return levels[msg.priority] if len(levels) > 1 else levels[0]
+
+    def __len__(self) -> int:
+        return sum(len(level) for level in self._levels)
+
+    def __iter__(self) -> Iterator[StoredMessage]:
+        for level in reversed(self._levels):
+            yield from level
+
+    def append(self, msg: StoredMessage) -> None:
+        self._level(msg).append(msg)
+        self.nbytes += len(msg.payload)
+
+    def appendleft(self, msg: StoredMessage) -> None:
+        self._level(msg).appendleft(msg)
+        self.nbytes += len(msg.payload)
+
+    def popleft(self) -> StoredMessage | None:
+        for level in reversed(self._levels):
+            if level:
+                msg = level.popleft()
+                self.nbytes -= len(msg.payload)
+                return msg
+        return None
+
+    def pop_oldest_lowest(self) -> StoredMessage | None:
+        """The message DropOldest sacrifices: the oldest of the lowest priority present."""
+        for level in self._levels:
+            if level:
+                msg = level.popleft()
+                self.nbytes -= len(msg.payload)
+                return msg
+        return None
+
+    def pop_expired(self, now: int) -> Iterator[StoredMessage]:
+        """Expired messages at the heads (TTL is per queue, so heads expire first)."""
+        for level in self._levels:
+            while level and level[0].expired(now):
+                msg = level.popleft()
+                self.nbytes -= len(msg.payload)
+                yield msg
+
+    def clear(self) -> list[StoredMessage]:
+        out = [m for level in self._levels for m in level]
+        for level in self._levels:
+            level.clear()
+        self.nbytes = 0
+        return out
+
+
+@dataclass(slots=True)
+class Queue:
+    name: str
+    options: QueueOptions
+    created_at: int
+    manager: QueueManager
+    store: _Store = field(init=False)
+    subscriptions: list[Subscription] = field(default_factory=list)
+    stats: QueueStats = field(default_factory=QueueStats)
+    room_waiters: list[Callable[[], None]] = field(default_factory=list)
+    deleted: bool = False
+    _rr: int = 0
+    _dispatching: bool = False
+
+    def __post_init__(self) -> None:
+        self.store = _Store(self.options.delivery_mode is DeliveryMode.PRIORITY_BASED)
+
+    @property
+    def message_count(self) -> int:
+        return len(self.store)
+
+    @property
+    def unacked_count(self) -> int:
+        return sum(len(s.inflight) for s in self.subscriptions)
+
+    @property
+    def full(self) -> bool:
+        return len(self.store) >= self.options.max_queue_size
+
+    def _next_with_capacity(self) -> Subscription | None:
+        subs = self.subscriptions
+        n = len(subs)
+        for i in range(n):
+            idx = (self._rr + i) % n
+            sub = subs[idx]
+            if sub.has_capacity():
+                self._rr = (idx + 1) % n
+                return sub
+        return None
+
+    def dispatch(self) -> None:
+        """Hand ready messages to subscriptions that can take them, until one side runs out."""
+        if self._dispatching or not self.subscriptions or not len(self.store):
+            return
+        self._dispatching = True
+        try:
+            if self.options.delivery_mode in _FAN_OUT:
+                self._dispatch_fan_out()
+            else:
+                self._dispatch_one_each()
+        except DeliveryDeferred:
+            pass
+        finally:
+            self._dispatching = False
+        self.manager.after_dequeue(self)
+
+    def _dispatch_one_each(self) -> None:
+        store = self.store
+        manager = self.manager
+        while True:
+            sub = self._next_with_capacity()
+            if sub is None:
+                return
+            msg = store.popleft()
+            if msg is None:
+                return
+            if msg.expires_at and msg.expired(manager.clock()):
+                manager.expire(self, msg)
+                continue
+            manager.send(sub, msg)
+
+    def _dispatch_fan_out(self) -> None:
+        # A fan-out message leaves the queue only when every subscriber can take it, so the
+        # slowest subscriber paces the queue and nothing piles up per subscriber.
+        store = self.store
+        manager = self.manager
+        subs = self.subscriptions
+        while len(store):
+            head = store.popleft()
+            if head is None:
+                return
+            if head.expires_at and head.expired(manager.clock()):
+                manager.expire(self, head)
+                continue
+            if head.single:
+                sub = self._next_with_capacity()
+                if sub is None:
+                    store.appendleft(head)
+                    return
+                manager.send(sub, head)
+                continue
+            if not all(s.has_capacity() and head.id not in s.inflight for s in subs):
+                store.appendleft(head)
+                return
+            for i, sub in enumerate(subs):
+                manager.send(sub, head if i == len(subs) - 1 else head.copy())
+
+
+_FAN_OUT = frozenset({DeliveryMode.FAN_OUT_WITH_ACK, DeliveryMode.FAN_OUT_WITHOUT_ACK})

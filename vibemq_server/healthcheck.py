@@ -1,0 +1,168 @@
+"""Container health check: a real VibeMQ protocol round trip, with nothing but the stdlib.
+
+``python -m vibemq_server.healthcheck`` connects to the broker with a plain socket, sends
+``Connect`` (with an ``authToken`` header when a token is configured) and then ``Ping``, and
+exits 0 only if it gets ``ConnectAck`` and ``Pong`` back within the timeout (3 s by default).
+Anything else (refused connection, ``Error`` reply, timeout, garbage) exits 1 with a one-line
+reason on stderr, which Docker/Podman keep in the health log.
+
+Environment:
+
+- ``VIBEMQ_HEALTHCHECK_HOST``: address to probe (default ``127.0.0.1``).
+- ``VIBEMQ_PORT``: port to probe (default 2925).
+- ``VIBEMQ_HEALTHCHECK_TOKEN``: token to send; else the first of ``VIBEMQ_AUTH_TOKENS``
+  (comma-separated, or a JSON list); else no ``authToken`` header.
+- ``VIBEMQ_HEALTHCHECK_TIMEOUT``: overall timeout in seconds (default 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+
+from vibemq_server.protocol.codec import CommandType, FrameDecoder, Message, decode_body, encode
+from vibemq_server.protocol.errors import ProtocolError
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 2925
+DEFAULT_TIMEOUT = 3.0
+
+
+class HealthCheckError(Exception):
+    """The broker did not answer the way a healthy broker does."""
+
+
+def token_from_env(env: Mapping[str, str]) -> str:
+    """The token to authenticate with: the dedicated one, else the first configured one."""
+    token = env.get("VIBEMQ_HEALTHCHECK_TOKEN", "").strip()
+    if token:
+        return token
+    raw = env.get("VIBEMQ_AUTH_TOKENS", "").strip()
+    candidates: list[object] = []
+    if raw.startswith("["):  # the config loader also accepts a JSON list
+        with contextlib.suppress(ValueError):
+            parsed = json.loads(raw)
+            if isinstance(parsed, list):
+                candidates = list(parsed)
+    else:
+        candidates = list(raw.split(","))
+    for candidate in candidates:
+        if isinstance(candidate, str) and candidate.strip():
+            return candidate.strip()
+    return ""
+
+
+def _read_reply(
+    sock: socket.socket, decoder: FrameDecoder, pending: list[Message], deadline: float
+) -> Message:
+    """The next message from the broker, waiting no later than ``deadline``."""
+    while not pending:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise HealthCheckError("timed out waiting for a reply")
+        sock.settimeout(remaining)
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            raise HealthCheckError("timed out waiting for a reply") from None
+        if not data:
+            raise HealthCheckError("connection closed by the broker")
+        try:
+            pending.extend(decode_body(body) for body in decoder.feed(data))
+        except ProtocolError as exc:
+            raise HealthCheckError(f"malformed reply: {exc}") from None
+    return pending.pop(0)
+
+
+def _expect(
+    sock: socket.socket,
+    decoder: FrameDecoder,
+    pending: list[Message],
+    deadline: float,
+    want: CommandType,
+    msg_id: str,
+) -> Message:
+    """Wait for the reply ``want`` to request ``msg_id``; an Error reply fails the check."""
+    while True:
+        reply = _read_reply(sock, decoder, pending, deadline)
+        if reply.type == CommandType.ERROR:
+            raise HealthCheckError(
+                f"broker answered {want.name} request with Error "
+                f"{reply.error_code}: {reply.error_message}"
+            )
+        if reply.type == CommandType.DISCONNECT:
+            reason = reply.headers.get("reason", "")
+            raise HealthCheckError(f"broker sent Disconnect {reason}".rstrip())
+        if reply.type == want and reply.id == msg_id:
+            return reply
+        # Anything else (e.g. an unrelated message) is skipped until the deadline.
+
+
+def check(
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    token: str = "",
+    timeout: float = DEFAULT_TIMEOUT,
+) -> None:
+    """Connect, authenticate and ping. Raises HealthCheckError or OSError on failure."""
+    deadline = time.monotonic() + timeout
+    suffix = f"{os.getpid()}-{int(time.time() * 1000)}"
+    connect_id = f"health-connect-{suffix}"
+    ping_id = f"health-ping-{suffix}"
+    headers = {"clientVersion": "healthcheck"}
+    if token:
+        headers["authToken"] = token
+    decoder = FrameDecoder()
+    pending: list[Message] = []
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(encode(Message(CommandType.CONNECT, connect_id, headers=headers)))
+        _expect(sock, decoder, pending, deadline, CommandType.CONNECT_ACK, connect_id)
+        sock.sendall(encode(Message(CommandType.PING, ping_id)))
+        _expect(sock, decoder, pending, deadline, CommandType.PONG, ping_id)
+        # The check already passed; a failed goodbye does not matter.
+        with contextlib.suppress(OSError):
+            sock.sendall(encode(Message(CommandType.DISCONNECT, f"health-bye-{suffix}")))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    env = os.environ
+    parser = argparse.ArgumentParser(
+        prog="python -m vibemq_server.healthcheck",
+        description="Exit 0 if a VibeMQ broker answers Connect and Ping, else 1.",
+    )
+    parser.add_argument("--host", default=env.get("VIBEMQ_HEALTHCHECK_HOST", DEFAULT_HOST))
+    parser.add_argument("--port", type=int, default=None)
+    parser.add_argument("--token", default=None)
+    parser.add_argument("--timeout", type=float, default=None)
+    args = parser.parse_args(argv)
+
+    try:
+        port = args.port if args.port is not None else int(env.get("VIBEMQ_PORT") or DEFAULT_PORT)
+        timeout = (
+            args.timeout
+            if args.timeout is not None
+            else float(env.get("VIBEMQ_HEALTHCHECK_TIMEOUT") or DEFAULT_TIMEOUT)
+        )
+    except ValueError as exc:
+        print(f"unhealthy: bad setting: {exc}", file=sys.stderr)
+        return 1
+    token = args.token if args.token is not None else token_from_env(env)
+    host: str = args.host
+
+    try:
+        check(host, port, token, timeout)
+    except (HealthCheckError, OSError) as exc:
+        print(f"unhealthy: {host}:{port}: {exc or type(exc).__name__}", file=sys.stderr)
+        return 1
+    print(f"healthy: {host}:{port}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""Sans-IO codec of the VibeMQ v1 wire protocol: bytes in, Message objects out, and back.
+
+Framing is a u32 big-endian body length followed by the body. The body layout is
+``version u8 | type u8 | id | queue | payload | headers | [errorCode | errorMessage]``
+(see ``../shared/specs`` and ``docs/protocol.md``). Nothing here awaits or touches a socket.
+
+Two layers, because their failures differ: a bad *frame* (zero or oversized length) leaves no
+way to find the next frame, so it is fatal for the connection; a bad *body* inside a
+well-delimited frame only spoils that one message and the stream can go on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from struct import Struct
+
+from vibemq_server.protocol.errors import ErrorCode, ProtocolError
+
+PROTOCOL_VERSION = 1
+DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
+DEFAULT_MAX_HEADERS = 50
+DEFAULT_MAX_HEADER_VALUE = 4096
+
+_U16 = Struct(">H")
+_U32 = Struct(">I")
+_TYPE_HDR = Struct(">BB")
+
+
+class CommandType(IntEnum):
+    """Command type byte, as the original VibeMQ numbers them."""
+
+    CONNECT = 0
+    CONNECT_ACK = 1
+    DISCONNECT = 2
+    PING = 10
+    PONG = 11
+    PUBLISH = 20
+    PUBLISH_ACK = 21
+    SUBSCRIBE = 22
+    SUBSCRIBE_ACK = 23
+    UNSUBSCRIBE = 24
+    UNSUBSCRIBE_ACK = 25
+    DELIVER = 26
+    ACK = 30
+    CREATE_QUEUE = 40
+    DELETE_QUEUE = 41
+    QUEUE_INFO = 42
+    LIST_QUEUES = 43
+    ERROR = 99
+
+
+_KNOWN_TYPES = frozenset(int(t) for t in CommandType)
+_EMPTY_HEADERS: Mapping[str, str] = {}
+
+
+@dataclass(slots=True)
+class Message:
+    """One protocol message. ``payload`` is the raw UTF-8 JSON bytes (b"" means absent)."""
+
+    type: CommandType
+    id: str
+    queue: str = ""
+    payload: bytes = b""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    error_code: str = ""
+    error_message: str = ""
+    version: int = PROTOCOL_VERSION
+
+    def json(self) -> object:
+        """The payload parsed as JSON, or None when there is no payload."""
+        return json.loads(self.payload) if self.payload else None
+
+
+def _put_str(parts: list[bytes], value: str) -> None:
+    if value:
+        raw = value.encode()
+        parts.append(_U16.pack(len(raw)))
+        parts.append(raw)
+    else:
+        parts.append(b"\x00\x00")
+
+
+def encode_body(msg: Message) -> bytes:
+    """Encode a message body (without the length prefix) the way the original writes it."""
+    parts: list[bytes] = [_TYPE_HDR.pack(msg.version, msg.type)]
+    _put_str(parts, msg.id)
+    _put_str(parts, msg.queue)
+    parts.append(_U32.pack(len(msg.payload)))
+    if msg.payload:
+        parts.append(msg.payload)
+    headers = msg.headers
+    parts.append(_U16.pack(len(headers)))
+    for key, value in headers.items():
+        _put_str(parts, key)
+        _put_str(parts, value)
+    # The original writes the error fields only on Error messages.
+    if msg.type == CommandType.ERROR:
+        _put_str(parts, msg.error_code)
+        _put_str(parts, msg.error_message)
+    return b"".join(parts)
+
+
+def encode_deliver(
+    msg_id: str, queue: str, payload: bytes, headers: Mapping[str, str], attempts: int
+) -> bytes:
+    """A Deliver frame, built directly: the hot path of every delivery."""
+    parts: list[bytes] = [b"", b"\x01\x1a"]
+    _put_str(parts, msg_id)
+    _put_str(parts, queue)
+    parts.append(_U32.pack(len(payload)))
+    parts.append(payload)
+    parts.append(_U16.pack(len(headers) + ("deliveryAttempts" not in headers)))
+    for key, value in headers.items():
+        if key != "deliveryAttempts":
+            _put_str(parts, key)
+            _put_str(parts, value)
+    parts.append(_DELIVERY_ATTEMPTS_KEY)
+    _put_str(parts, str(attempts))
+    body_len = sum(map(len, parts))
+    parts[0] = _U32.pack(body_len)
+    return b"".join(parts)
+
+
+_DELIVERY_ATTEMPTS_KEY = _U16.pack(16) + b"deliveryAttempts"
+
+
+def encode(msg: Message) -> bytes:
+    """Encode a message as one complete frame: length prefix plus body."""
+    body = encode_body(msg)
+    return _U32.pack(len(body)) + body
+
+
+def frame(body: bytes) -> bytes:
+    """Prefix an already encoded body with its length."""
+    return _U32.pack(len(body)) + body
+
+
+class _Reader:
+    """Cursor over one frame body; every read checks bounds so truncation is caught."""
+
+    __slots__ = ("buf", "end", "pos")
+
+    def __init__(self, buf: bytes) -> None:
+        self.buf = buf
+        self.pos = 0
+        self.end = len(buf)
+
+    def _need(self, n: int, what: str) -> None:
+        if self.pos + n > self.end:
+            raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"truncated {what}")
+
+    def u16(self, what: str) -> int:
+        self._need(2, what)
+        (value,) = _U16.unpack_from(self.buf, self.pos)
+        self.pos += 2
+        return int(value)
+
+    def raw(self, n: int, what: str) -> bytes:
+        self._need(n, what)
+        start = self.pos
+        self.pos += n
+        return self.buf[start : self.pos]
+
+    def text(self, what: str) -> str:
+        n = self.u16(what)
+        if n == 0:
+            return ""
+        raw = self.raw(n, what)
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:
+            raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"invalid UTF-8 in {what}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Validation limits applied while decoding (the original's defaults)."""
+
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    max_headers: int = DEFAULT_MAX_HEADERS
+    max_header_value: int = DEFAULT_MAX_HEADER_VALUE
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def _peek_id(body: bytes) -> str:
+    """Best-effort id of a malformed body, so the Error reply can carry it."""
+    if len(body) < 4:
+        return ""
+    (n,) = _U16.unpack_from(body, 2)
+    try:
+        return body[4 : 4 + n].decode() if 4 + n <= len(body) else ""
+    except UnicodeDecodeError:
+        return ""
+
+
+def decode_body(body: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
+    """Decode one frame body. Raises ProtocolError (not fatal) on any defect."""
+    try:
+        return _decode_body(body, limits)
+    except ProtocolError as exc:
+        if not exc.message_id:
+            exc.message_id = _peek_id(body)
+        raise
+
+
+def _decode_body(body: bytes, limits: Limits) -> Message:
+    if len(body) < 2:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, "truncated header")
+    version, type_byte = _TYPE_HDR.unpack_from(body, 0)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"unsupported protocol version {version}")
+    if type_byte not in _KNOWN_TYPES:
+        raise ProtocolError(ErrorCode.UNKNOWN_COMMAND, f"unknown command type {type_byte}")
+    r = _Reader(body)
+    r.pos = 2
+    msg_id = r.text("id")
+    queue = r.text("queue")
+    r._need(4, "payload length")
+    (plen,) = _U32.unpack_from(body, r.pos)
+    r.pos += 4
+    payload = r.raw(plen, "payload") if plen else b""
+    count = r.u16("header count")
+    if count > limits.max_headers:
+        raise ProtocolError(
+            ErrorCode.INVALID_MESSAGE, f"{count} headers, at most {limits.max_headers} allowed"
+        )
+    headers: dict[str, str] = {}
+    for _ in range(count):
+        key = r.text("header key")
+        value = r.text("header value")
+        if len(value) > limits.max_header_value:
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE,
+                f"header {key!r} value is {len(value)} characters, "
+                f"at most {limits.max_header_value} allowed",
+            )
+        if key and value:  # a null key or value drops the pair, as the original does
+            headers[key] = value
+    error_code = error_message = ""
+    # Error fields are optional trailers on every type; accept both forms.
+    if r.pos < r.end:
+        error_code = r.text("errorCode")
+        error_message = r.text("errorMessage")
+    if r.pos != r.end:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"{r.end - r.pos} trailing bytes")
+    if not msg_id:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, "message id is required")
+    return Message(
+        CommandType(type_byte), msg_id, queue, payload, headers, error_code, error_message, version
+    )
+
+
+def validate_json(payload: bytes, message_id: str = "") -> None:
+    """Raise INVALID_PAYLOAD unless the payload is UTF-8 JSON (empty means no payload)."""
+    if not payload:
+        return
+    try:
+        json.loads(payload)
+    except (UnicodeDecodeError, ValueError):
+        raise ProtocolError(
+            ErrorCode.INVALID_PAYLOAD, "payload is not valid UTF-8 JSON", message_id=message_id
+        ) from None
+
+
+class FrameDecoder:
+    """Incremental splitter of a byte stream into frame bodies.
+
+    ``feed`` returns every complete frame body seen so far. A length of zero or over the limit
+    cannot be resynchronised: the bodies before it are still returned, ``error`` is set to a
+    *fatal* ProtocolError, and every later ``feed`` raises it.
+    """
+
+    __slots__ = ("_buf", "_max", "error")
+
+    def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
+        self._buf = bytearray()
+        self._max = max_message_size
+        self.error: ProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held that do not yet form a complete frame."""
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        if self.error is not None:
+            raise self.error
+        buf = self._buf
+        buf += data
+        bodies: list[bytes] = []
+        pos = 0
+        end = len(buf)
+        limit = self._max
+        unpack = _U32.unpack_from
+        while end - pos >= 4:
+            (n,) = unpack(buf, pos)
+            if n == 0 or n > limit:
+                what = "zero frame length" if n == 0 else f"frame of {n} bytes exceeds {limit}"
+                self.error = ProtocolError(ErrorCode.INVALID_MESSAGE, what, fatal=True)
+                buf.clear()
+                if not bodies:
+                    raise self.error
+                return bodies
+            if end - pos - 4 < n:
+                break
+            bodies.append(bytes(buf[pos + 4 : pos + 4 + n]))
+            pos += 4 + n
+        if pos:
+            del buf[:pos]
+        return bodies

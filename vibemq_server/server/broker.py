@@ -1,0 +1,97 @@
+"""The broker process: listeners, connection registry, housekeeping timer, graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+
+from vibemq_server.config import Config
+from vibemq_server.core import Clock, QueueManager, wall_clock_ms
+from vibemq_server.protocol.names import valid_queue_name
+from vibemq_server.server.connection import Connection
+
+log = structlog.get_logger("vibemq.broker")
+
+
+class Broker:
+    """One broker: ``await start()``, then ``port`` is the bound VibeMQ port; ``await stop()``."""
+
+    def __init__(self, config: Config | None = None, clock: Clock = wall_clock_ms) -> None:
+        self.config = config or Config()
+        self.manager = QueueManager(
+            self.config.queue_defaults,
+            clock,
+            auto_create=self.config.auto_create_queues,
+            memory_high_watermark=self.config.memory_high_watermark_bytes,
+            name_validator=valid_queue_name,
+        )
+        self.connections: set[Connection] = set()
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._housekeeping: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        cfg = self.config
+        self._server = await loop.create_server(
+            lambda: Connection(self), cfg.host, cfg.port, backlog=4096, reuse_address=True
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._housekeeping = loop.create_task(self._housekeep())
+        log.info("listening", protocol="vibemq", host=cfg.host, port=self.port)
+
+    def register(self, conn: Connection) -> bool:
+        if len(self.connections) >= self.config.max_connections:
+            return False
+        self.connections.add(conn)
+        return True
+
+    def unregister(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+
+    async def _housekeep(self) -> None:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        interval = cfg.housekeeping_interval_ms / 1000
+        next_conn_check = loop.time()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.manager.tick()
+                now = loop.time()
+                if now >= next_conn_check:
+                    next_conn_check = now + 1.0
+                    for conn in list(self.connections):
+                        conn.check_timers(now, cfg.keepalive_timeout_s, cfg.frame_timeout_s)
+            except Exception:  # a bug here must not stop TTL and timeouts for good
+                log.exception("housekeeping failed")
+
+    async def stop(self, reason: str = "server_shutdown") -> None:
+        """Stop accepting, send Disconnect to every client, wait for them to drain, close."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        server.close()
+        log.info("shutting down", connections=len(self.connections), reason=reason)
+        for conn in list(self.connections):
+            conn.shutdown(reason)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.drain_timeout_s
+        while self.connections and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        for conn in list(self.connections):
+            conn.abort()
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._housekeeping
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(server.wait_closed(), 1.0)
+        self._stopped.set()
+        log.info("stopped")
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()

@@ -1,0 +1,184 @@
+"""The asyncio transport of one VibeMQ client: framing, write batching and flow control.
+
+Every complete frame in a ``data_received`` chunk is parsed in one pass; replies and
+deliveries are gathered and written once per loop tick. While the transport is paused (or our
+own pending output is over its bound) the session reports itself unwritable, so deliveries
+wait in their queues instead of in memory here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+import structlog
+
+from vibemq_server.protocol import CommandType, ErrorCode, FrameDecoder, Message, encode
+from vibemq_server.server.session import Session, State
+
+if TYPE_CHECKING:
+    from vibemq_server.server.broker import Broker
+
+_ids = itertools.count(1)
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.loop = asyncio.get_running_loop()
+        self.conn_id = f"srv_{next(_ids)}"
+        self.decoder = FrameDecoder(broker.config.max_message_size)
+        self.transport: asyncio.Transport | None = None
+        self.session: Session | None = None
+        self._out: list[bytes] = []
+        self._out_size = 0
+        self._out_limit = broker.config.write_buffer_high_bytes
+        self._flush_scheduled = False
+        self._write_paused = False
+        self._reading_paused = False
+        self._closing = False
+        self.last_rx = self.loop.time()
+        self.partial_since: float | None = None
+        self.log: structlog.typing.FilteringBoundLogger = structlog.get_logger("vibemq.conn")
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        self.log = self.log.bind(conn_id=self.conn_id, peer=f"{peer[0]}:{peer[1]}" if peer else "")
+        self.transport.set_write_buffer_limits(high=self._out_limit)
+        if not self.broker.register(self):
+            self.log.warning("connection refused: limit reached")
+            refusal = Message(
+                CommandType.ERROR,
+                self.conn_id,
+                error_code=ErrorCode.CONNECTION_LIMIT,
+                error_message=f"at most {self.broker.config.max_connections} connections",
+            )
+            self.transport.write(encode(refusal))
+            self._closing = True
+            self.transport.close()
+            return
+        self.session = Session(
+            self, self.broker.manager, self.broker.config, self.conn_id, self.log
+        )
+        self.log.debug("connection opened")
+
+    def data_received(self, data: bytes) -> None:
+        session = self.session
+        if session is None or self._closing:
+            return
+        self.last_rx = self.loop.time()
+        try:
+            bodies = self.decoder.feed(data)
+        except Exception as exc:  # only ProtocolError can come out of the decoder
+            bodies = []
+            self.log.debug("framing error", error=str(exc))
+        handle = session.handle_body
+        for body in bodies:
+            handle(body)
+            if self._closing:
+                return
+        if self.decoder.error is not None:
+            session.reply_error(self.decoder.error)
+            return
+        if self.decoder.buffered:
+            if self.partial_since is None:
+                self.partial_since = self.last_rx
+        else:
+            self.partial_since = None
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self.broker.unregister(self)
+        if self.session is not None:
+            self.session.connection_lost()
+        self.log.debug("connection closed", error=str(exc) if exc else None)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self.session is not None:
+            self.session.on_writable()
+
+    # -- the session's Link ------------------------------------------------------------------
+
+    @property
+    def writable(self) -> bool:
+        return not (self._write_paused or self._closing) and self._out_size < self._out_limit
+
+    def send(self, data: bytes) -> None:
+        if self._closing:
+            return
+        self._out.append(data)
+        self._out_size += len(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._out or self.transport is None:
+            return
+        was_full = self._out_size >= self._out_limit
+        out, self._out, self._out_size = self._out, [], 0
+        self.transport.write(b"".join(out))
+        if was_full and self.writable and self.session is not None:
+            self.session.on_writable()
+
+    def close(self) -> None:
+        """Close after what is queued has been written."""
+        if self._closing or self.transport is None:
+            return
+        self._flush()
+        self._closing = True
+        self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None and not self._closing:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._reading_paused and self.transport is not None and not self._closing:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        self.loop.call_soon(callback)
+
+    # -- housekeeping ------------------------------------------------------------------------
+
+    def check_timers(self, now: float, keepalive: float, frame_timeout: float) -> None:
+        """Close a client that went silent, or that stalled halfway through a frame."""
+        session = self.session
+        if session is None or self._closing:
+            return
+        if self._reading_paused:
+            self.last_rx = now  # we stopped reading, so its silence is ours
+            return
+        if self.partial_since is not None and now - self.partial_since > frame_timeout:
+            self.log.warning("incomplete frame timed out", buffered=self.decoder.buffered)
+            session.send_error("", ErrorCode.INVALID_MESSAGE, "incomplete frame timed out")
+            session.close()
+        elif now - self.last_rx > keepalive:
+            self.log.info("keep-alive timeout", idle_s=round(now - self.last_rx, 1))
+            session.shutdown("keepalive_timeout")
+
+    def shutdown(self, reason: str) -> None:
+        if self.session is not None and self.session.state is not State.CLOSED:
+            self.session.shutdown(reason)
+        else:
+            self.close()

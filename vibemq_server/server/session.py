@@ -1,0 +1,447 @@
+"""The native VibeMQ protocol state machine of one connection, over the core.
+
+Decoded messages come in through ``handle_body``; the state table below says which command is
+allowed in which state and which handler runs it. Replies and deliveries go out through the
+connection's ``send``. No socket is touched here.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+
+from vibemq_server import __version__
+from vibemq_server.core import (
+    CoreError,
+    InvalidQueueOptions,
+    PublishOutcome,
+    QueueExists,
+    QueueManager,
+    QueueNotFound,
+    StoredMessage,
+    Subscription,
+)
+from vibemq_server.protocol import (
+    CommandType,
+    ErrorCode,
+    Limits,
+    Message,
+    ProtocolError,
+    decode_body,
+    encode,
+    validate_json,
+)
+from vibemq_server.protocol.codec import encode_deliver
+from vibemq_server.protocol.names import valid_queue_name
+
+if TYPE_CHECKING:
+    from vibemq_server.config import Config
+
+
+class State(Enum):
+    AWAITING_CONNECT = "awaiting_connect"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class Link(Protocol):
+    """What the session needs of its transport."""
+
+    @property
+    def writable(self) -> bool: ...
+
+    def send(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def call_soon(self, callback: Callable[[], None]) -> None: ...
+
+
+# Which core error becomes which wire error code.
+_CORE_ERRORS: dict[type[CoreError], ErrorCode] = {
+    QueueNotFound: ErrorCode.QUEUE_NOT_FOUND,
+    QueueExists: ErrorCode.QUEUE_EXISTS,
+    InvalidQueueOptions: ErrorCode.INVALID_MESSAGE,
+}
+
+_SERVER_TO_CLIENT = frozenset(
+    {
+        CommandType.CONNECT_ACK,
+        CommandType.PONG,
+        CommandType.PUBLISH_ACK,
+        CommandType.SUBSCRIBE_ACK,
+        CommandType.UNSUBSCRIBE_ACK,
+        CommandType.DELIVER,
+    }
+)
+
+# CreateQueue options given as headers; any of these present means "options are in headers".
+_OPTION_HEADERS = frozenset(
+    {
+        "deliveryMode",
+        "mode",
+        "maxQueueSize",
+        "messageTtl",
+        "enableDeadLetterQueue",
+        "deadLetterQueueName",
+        "maxRetryAttempts",
+        "ackTimeout",
+        "overflowStrategy",
+    }
+)
+
+
+class Session:
+    """One client's protocol session: authentication, subscriptions, publisher flow control."""
+
+    def __init__(
+        self,
+        link: Link,
+        manager: QueueManager,
+        config: Config,
+        conn_id: str,
+        log: structlog.typing.FilteringBoundLogger,
+    ) -> None:
+        self.link = link
+        self.manager = manager
+        self.config = config
+        self.conn_id = conn_id
+        self.log = log
+        self.state = State.AWAITING_CONNECT
+        self.limits = Limits(config.max_message_size, config.max_headers, config.max_header_value)
+        self.subs: dict[str, Subscription] = {}
+        # Publishes held back while a BlockPublisher queue is full, in arrival order.
+        self._deferred: deque[Message] = deque()
+        self._memory_paused = False
+        self._rate = config.publish_rate_limit
+        self._tokens = self._rate
+        self._refilled = time.monotonic()
+        self._error_seq = 0
+
+    # -- input -------------------------------------------------------------------------------
+
+    def handle_body(self, body: bytes) -> None:
+        """Decode and run one frame body; protocol errors become Error replies."""
+        try:
+            msg = decode_body(body, self.limits)
+            handler = _TRANSITIONS[self.state].get(msg.type)
+            if handler is None:
+                raise self._refusal(msg)
+            handler(self, msg)
+        except ProtocolError as exc:
+            self.reply_error(exc)
+
+    def _refusal(self, msg: Message) -> ProtocolError:
+        if self.state is State.AWAITING_CONNECT:
+            return ProtocolError(
+                ErrorCode.NOT_AUTHENTICATED, "send Connect first", message_id=msg.id
+            )
+        if msg.type in _SERVER_TO_CLIENT:
+            what = f"{msg.type.name} is sent by the server, not by clients"
+            return ProtocolError(ErrorCode.INVALID_MESSAGE, what, message_id=msg.id)
+        return ProtocolError(ErrorCode.INVALID_MESSAGE, "connection is closing", message_id=msg.id)
+
+    def reply_error(self, exc: ProtocolError) -> None:
+        self.log.warning(
+            "protocol error", code=str(exc.code), detail=exc.message, message_id=exc.message_id
+        )
+        self.send_error(exc.message_id, exc.code, exc.message)
+        if exc.fatal:
+            self.close()
+
+    def send_error(self, msg_id: str, code: ErrorCode, text: str) -> None:
+        if not msg_id:
+            # An Error always carries an id; when no request can be named, make one up.
+            self._error_seq += 1
+            msg_id = f"err_{self.conn_id}_{self._error_seq}"
+        self.link.send(
+            encode(Message(CommandType.ERROR, msg_id, error_code=code, error_message=text))
+        )
+
+    def _reply(
+        self,
+        kind: CommandType,
+        msg: Message,
+        headers: Mapping[str, str] | None = None,
+        payload: bytes = b"",
+    ) -> None:
+        self.link.send(encode(Message(kind, msg.id, msg.queue, payload, headers or {})))
+
+    def close(self) -> None:
+        self.state = State.CLOSED
+        self.link.close()
+
+    # -- handlers ----------------------------------------------------------------------------
+
+    def on_connect(self, msg: Message) -> None:
+        if self.config.auth_enabled:
+            token = msg.headers.get("authToken")
+            if not token:
+                self._refuse_auth(msg, ErrorCode.AUTH_REQUIRED, "authentication token required")
+                return
+            if not any(hmac.compare_digest(token, t) for t in self.config.auth_tokens):
+                self._refuse_auth(msg, ErrorCode.AUTH_FAILED, "Invalid authentication token")
+                return
+        self.state = State.OPEN
+        self.log.info("client connected", client_version=msg.headers.get("clientVersion"))
+        headers = {"serverVersion": __version__, "connectionId": self.conn_id}
+        self.link.send(encode(Message(CommandType.CONNECT_ACK, msg.id, headers=headers)))
+
+    def _refuse_auth(self, msg: Message, code: ErrorCode, text: str) -> None:
+        self.log.warning("authentication refused", code=str(code))
+        self.send_error(msg.id, code, text)
+        self.close()
+
+    def on_connect_again(self, msg: Message) -> None:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, "already connected", message_id=msg.id)
+
+    def on_disconnect(self, msg: Message) -> None:
+        self.log.info("client disconnected", reason=msg.headers.get("reason", "client_request"))
+        self.close()
+
+    def on_ping(self, msg: Message) -> None:
+        self.link.send(encode(Message(CommandType.PONG, msg.id)))
+
+    def on_client_error(self, msg: Message) -> None:
+        self.log.info("client reported error", code=msg.error_code, detail=msg.error_message)
+
+    def _queue_name(self, msg: Message) -> str:
+        if not valid_queue_name(msg.queue):
+            raise ProtocolError(
+                ErrorCode.INVALID_QUEUE,
+                "queue name must be 1..256 letters, digits, '-', '_' or '.'",
+                message_id=msg.id,
+            )
+        return msg.queue
+
+    def _core_error(self, msg: Message, exc: CoreError) -> ProtocolError:
+        return ProtocolError(_CORE_ERRORS[type(exc)], str(exc), message_id=msg.id)
+
+    def on_publish(self, msg: Message) -> None:
+        self._queue_name(msg)
+        validate_json(msg.payload, msg.id)
+        if self._rate and not self._take_token():
+            raise ProtocolError(
+                ErrorCode.RATE_LIMITED,
+                f"more than {self._rate:g} publishes per second",
+                message_id=msg.id,
+            )
+        if self._deferred:
+            self._deferred.append(msg)
+            return
+        self._publish(msg)
+        if self.manager.memory_blocked and not self._memory_paused:
+            self._memory_paused = True
+            self.log.info("publisher paused: memory high watermark")
+            self.link.pause_reading()
+            self.manager.wait_for_memory(self._memory_ok)
+
+    def _publish(self, msg: Message) -> bool:
+        """Publish one message; False when it must wait for room (BlockPublisher)."""
+        try:
+            outcome = self.manager.publish(msg.queue, msg.id, msg.payload, msg.headers)
+        except CoreError as exc:
+            self.reply_error(self._core_error(msg, exc))
+            return True
+        if outcome is PublishOutcome.ACCEPTED:
+            headers = {"messageId": msg.id, "queueName": msg.queue}
+            self.link.send(
+                encode(Message(CommandType.PUBLISH_ACK, msg.id, msg.queue, headers=headers))
+            )
+            return True
+        if outcome is PublishOutcome.REJECTED_FULL:
+            self.send_error(msg.id, ErrorCode.QUEUE_FULL, f"queue {msg.queue!r} is full")
+            return True
+        if not self._deferred:
+            self._deferred.append(msg)
+        self.link.pause_reading()
+        self.manager.wait_for_room(msg.queue, lambda: self.link.call_soon(self._retry_deferred))
+        return False
+
+    def _retry_deferred(self) -> None:
+        if self.state is State.CLOSED:
+            return
+        while self._deferred:
+            if not self._publish(self._deferred[0]):
+                return
+            self._deferred.popleft()
+        if not self._memory_paused:
+            self.link.resume_reading()
+
+    def _memory_ok(self) -> None:
+        self._memory_paused = False
+        if not self._deferred and self.state is not State.CLOSED:
+            self.log.info("publisher resumed")
+            self.link.resume_reading()
+
+    def _take_token(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(self._rate, self._tokens + (now - self._refilled) * self._rate)
+        self._refilled = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        return False
+
+    def on_subscribe(self, msg: Message) -> None:
+        queue = self._queue_name(msg)
+        prefetch = self.config.default_prefetch
+        raw = msg.headers.get("prefetch")
+        if raw is not None:
+            if not raw.isdigit() or not 1 <= int(raw) <= self.config.max_prefetch:
+                raise ProtocolError(
+                    ErrorCode.INVALID_MESSAGE,
+                    f"prefetch must be 1..{self.config.max_prefetch}",
+                    message_id=msg.id,
+                )
+            prefetch = int(raw)
+        try:
+            sub = self.manager.subscribe(queue, msg.id, self, prefetch, dispatch=False)
+        except CoreError as exc:
+            raise self._core_error(msg, exc) from None
+        self.subs[queue] = sub
+        self._reply(CommandType.SUBSCRIBE_ACK, msg, {"queueName": queue, "subscriptionId": sub.id})
+        sub.queue.dispatch()
+
+    def on_unsubscribe(self, msg: Message) -> None:
+        queue = self._queue_name(msg)
+        sub = self.subs.pop(queue, None)
+        if sub is not None:
+            self.manager.unsubscribe(sub)
+        self._reply(CommandType.UNSUBSCRIBE_ACK, msg, {"queueName": queue})
+
+    def on_ack(self, msg: Message) -> None:
+        msg_id = msg.headers.get("messageId") or msg.id
+        ack = self.manager.ack
+        for sub in self.subs.values():
+            if ack(sub, msg_id):
+                return
+        self.log.debug("ack for unknown delivery", message_id=msg_id)
+
+    def on_create_queue(self, msg: Message) -> None:
+        queue = self._queue_name(msg)
+        raw: dict[str, Any] = {}
+        if msg.payload:
+            validate_json(msg.payload, msg.id)
+            parsed = json.loads(msg.payload)
+            if not isinstance(parsed, dict):
+                raise ProtocolError(
+                    ErrorCode.INVALID_PAYLOAD,
+                    "CreateQueue payload must be a JSON object of options",
+                    message_id=msg.id,
+                )
+            raw.update(parsed)
+        raw.update({k: v for k, v in msg.headers.items() if k in _OPTION_HEADERS})
+        try:
+            options = self.manager.options_from(raw)
+            dlq = options.dead_letter_queue_name
+            if dlq and not valid_queue_name(dlq):
+                raise InvalidQueueOptions(f"invalid deadLetterQueueName {dlq!r}")
+            self.manager.create_queue(queue, options)
+        except CoreError as exc:
+            raise self._core_error(msg, exc) from None
+        self._reply(CommandType.CREATE_QUEUE, msg)
+
+    def on_delete_queue(self, msg: Message) -> None:
+        queue = self._queue_name(msg)
+        try:
+            self.manager.delete_queue(queue)
+        except CoreError as exc:
+            raise self._core_error(msg, exc) from None
+        self._reply(CommandType.DELETE_QUEUE, msg)
+
+    def on_queue_info(self, msg: Message) -> None:
+        queue = self._queue_name(msg)
+        try:
+            info = self.manager.queue_info(queue)
+        except CoreError as exc:
+            raise self._core_error(msg, exc) from None
+        self._reply(CommandType.QUEUE_INFO, msg, payload=_json(info))
+
+    def on_list_queues(self, msg: Message) -> None:
+        names = sorted(self.manager.queues)
+        self._reply(CommandType.LIST_QUEUES, msg, payload=_json(names))
+
+    # -- the core's Consumer interface -------------------------------------------------------
+
+    @property
+    def writable(self) -> bool:
+        return self.state is State.OPEN and self.link.writable
+
+    def deliver(self, sub: Subscription, msg: StoredMessage) -> None:
+        self.link.send(encode_deliver(msg.id, msg.queue, msg.payload, msg.headers, msg.attempts))
+
+    def subscription_cancelled(self, sub: Subscription, reason: str) -> None:
+        queue = sub.queue.name
+        if self.subs.get(queue) is sub:
+            del self.subs[queue]
+        headers = {"queueName": queue, "reason": reason}
+        self.link.send(encode(Message(CommandType.UNSUBSCRIBE_ACK, sub.id, queue, headers=headers)))
+
+    # -- transport events --------------------------------------------------------------------
+
+    def on_writable(self) -> None:
+        for sub in list(self.subs.values()):
+            sub.queue.dispatch()
+
+    def shutdown(self, reason: str) -> None:
+        """Tell the client the server is going away, then close once the writes are out."""
+        if self.state is State.CLOSED:
+            return
+        self._error_seq += 1
+        disconnect = Message(
+            CommandType.DISCONNECT, f"disc_{self.conn_id}", headers={"reason": reason}
+        )
+        self.link.send(encode(disconnect))
+        self.close()
+
+    def connection_lost(self) -> None:
+        self.state = State.CLOSED
+        subs, self.subs = list(self.subs.values()), {}
+        for sub in subs:
+            self.manager.unsubscribe(sub)
+        if self._deferred:
+            self.log.info("unacknowledged publishes discarded", count=len(self._deferred))
+            self._deferred.clear()
+
+
+def _json(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+Handler = Callable[[Session, Message], None]
+
+# The state machine: per state, the commands it accepts and the handler of each. A command
+# missing from a state's row is refused (NOT_AUTHENTICATED before Connect).
+_TRANSITIONS: dict[State, dict[CommandType, Handler]] = {
+    State.AWAITING_CONNECT: {
+        CommandType.CONNECT: Session.on_connect,
+        CommandType.DISCONNECT: Session.on_disconnect,
+    },
+    State.OPEN: {
+        CommandType.CONNECT: Session.on_connect_again,
+        CommandType.DISCONNECT: Session.on_disconnect,
+        CommandType.PING: Session.on_ping,
+        CommandType.PUBLISH: Session.on_publish,
+        CommandType.SUBSCRIBE: Session.on_subscribe,
+        CommandType.UNSUBSCRIBE: Session.on_unsubscribe,
+        CommandType.ACK: Session.on_ack,
+        CommandType.CREATE_QUEUE: Session.on_create_queue,
+        CommandType.DELETE_QUEUE: Session.on_delete_queue,
+        CommandType.QUEUE_INFO: Session.on_queue_info,
+        CommandType.LIST_QUEUES: Session.on_list_queues,
+        CommandType.ERROR: Session.on_client_error,
+    },
+    State.CLOSED: {},
+}
