@@ -1,0 +1,261 @@
+"""The sans-IO VibeMQ codec: golden bytes from the spec, both decode forms, property tests."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vibemq_server.protocol import (
+    CommandType,
+    ErrorCode,
+    FrameDecoder,
+    Limits,
+    Message,
+    ProtocolError,
+    decode_body,
+    encode,
+    encode_body,
+    validate_json,
+)
+from vibemq_server.protocol.codec import encode_deliver
+
+
+def s16(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack(">H", len(raw)) + raw
+
+
+def test_length_prefix_is_big_endian_like_the_spec_example() -> None:
+    # The spec's frame example: a 90-byte body is prefixed 0x00 0x00 0x00 0x5A.
+    body = encode_body(Message(CommandType.PUBLISH, "m", "q", b'"' + b"x" * 74 + b'"'))
+    assert len(body) == 90
+    assert encode(Message(CommandType.PUBLISH, "m", "q", b'"' + b"x" * 74 + b'"'))[:4] == (
+        b"\x00\x00\x00\x5a"
+    )
+
+
+def test_golden_ping() -> None:
+    expected = b"\x01\x0a" + s16("ping_123") + b"\x00\x00" + b"\x00\x00\x00\x00" + b"\x00\x00"
+    assert encode_body(Message(CommandType.PING, "ping_123")) == expected
+    assert encode(Message(CommandType.PING, "ping_123")) == struct.pack(">I", 20) + expected
+
+
+def test_golden_publish_from_the_spec() -> None:
+    payload = b'{"title":"Hello","body":"World"}'
+    expected = (
+        b"\x01\x14"
+        + s16("msg_123")
+        + s16("notifications")
+        + struct.pack(">I", len(payload))
+        + payload
+        + b"\x00\x03"
+        + s16("priority")
+        + s16("high")
+        + s16("correlationId")
+        + s16("corr_456")
+        + s16("timestamp")
+        + s16("2026-02-18T10:30:00Z")
+    )
+    msg = Message(
+        CommandType.PUBLISH,
+        "msg_123",
+        "notifications",
+        payload,
+        {"priority": "high", "correlationId": "corr_456", "timestamp": "2026-02-18T10:30:00Z"},
+    )
+    assert encode_body(msg) == expected
+    assert decode_body(expected) == msg
+
+
+def test_golden_error_has_error_fields_only_on_error_type() -> None:
+    body = encode_body(
+        Message(
+            CommandType.ERROR,
+            "err_123",
+            error_code="AUTH_FAILED",
+            error_message="Invalid authentication token",
+        )
+    )
+    assert body == (
+        b"\x01\x63"
+        + s16("err_123")
+        + b"\x00\x00\x00\x00\x00\x00\x00\x00"
+        + s16("AUTH_FAILED")
+        + s16("Invalid authentication token")
+    )
+    # Non-Error types end right after the headers, as the original writes them.
+    assert encode_body(Message(CommandType.PONG, "p")).endswith(b"\x00\x00\x00\x00\x00\x00")
+
+
+def test_decoder_accepts_trailing_empty_error_fields_on_any_type() -> None:
+    body = encode_body(Message(CommandType.PING, "p1")) + b"\x00\x00\x00\x00"
+    assert decode_body(body) == Message(CommandType.PING, "p1")
+
+
+def test_null_header_pairs_are_dropped() -> None:
+    body = b"\x01\x0a" + s16("p") + b"\x00\x00" + b"\x00" * 4 + b"\x00\x02"
+    body += s16("") + s16("v") + s16("k") + s16("")
+    assert decode_body(body).headers == {}
+
+
+def test_deliver_fast_path_equals_generic_encoder() -> None:
+    headers = {"priority": "High", "deliveryAttempts": "7"}
+    fast = encode_deliver("m1", "q", b"{}", headers, 2)
+    generic = encode(
+        Message(CommandType.DELIVER, "m1", "q", b"{}", {"priority": "High", "deliveryAttempts": "2"})
+    )
+    assert fast == generic
+    assert decode_body(encode_deliver("m1", "q", b"", {}, 1)[4:]).headers == {
+        "deliveryAttempts": "1"
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"\x01", ErrorCode.INVALID_MESSAGE),
+        (b"\x02\x0a" + s16("p") + b"\x00" * 8, ErrorCode.INVALID_MESSAGE),
+        (b"\x01\x05" + s16("p") + b"\x00" * 8, ErrorCode.UNKNOWN_COMMAND),
+        (b"\x01\x0a" + s16("p") + b"\x00\x05ab", ErrorCode.INVALID_MESSAGE),
+        (b"\x01\x0a\x00\x02\xff\xfe" + b"\x00" * 8, ErrorCode.INVALID_MESSAGE),
+        (b"\x01\x0a\x00\x00" + b"\x00" * 8, ErrorCode.INVALID_MESSAGE),
+        (b"\x01\x0a" + s16("p") + b"\x00\x00\x00\x00\x00\x10" + b"{}", ErrorCode.INVALID_MESSAGE),
+        (encode_body(Message(CommandType.PING, "p")) + b"\x00", ErrorCode.INVALID_MESSAGE),
+    ],
+    ids=[
+        "short",
+        "version",
+        "unknown-type",
+        "truncated-queue",
+        "bad-utf8",
+        "no-id",
+        "truncated-payload",
+        "trailing",
+    ],
+)
+def test_malformed_bodies(body: bytes, code: ErrorCode) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode_body(body)
+    assert info.value.code == code
+    assert not info.value.fatal
+
+
+def test_error_carries_the_id_when_it_can_be_read() -> None:
+    body = b"\x01\x05" + s16("abc") + b"\x00" * 8
+    with pytest.raises(ProtocolError) as info:
+        decode_body(body)
+    assert info.value.message_id == "abc"
+
+
+def test_header_limits() -> None:
+    many = Message(CommandType.PUBLISH, "m", "q", headers={f"k{i}": "v" for i in range(51)})
+    with pytest.raises(ProtocolError, match="51 headers"):
+        decode_body(encode_body(many))
+    decode_body(encode_body(many), Limits(max_headers=51))
+    long_value = Message(CommandType.PUBLISH, "m", "q", headers={"k": "x" * 4097})
+    with pytest.raises(ProtocolError, match="4097"):
+        decode_body(encode_body(long_value))
+
+
+def test_invalid_json_payload() -> None:
+    validate_json(b'{"a": [1, 2]}')
+    validate_json(b"")
+    for bad in (b"{", b"\xff", b"nope"):
+        with pytest.raises(ProtocolError) as info:
+            validate_json(bad, "m1")
+        assert info.value.code == ErrorCode.INVALID_PAYLOAD
+        assert info.value.message_id == "m1"
+
+
+def test_frame_decoder_split_and_fatal_lengths() -> None:
+    frames = encode(Message(CommandType.PING, "a")) + encode(Message(CommandType.PING, "b"))
+    dec = FrameDecoder()
+    assert dec.feed(frames[:5]) == []
+    assert dec.buffered == 5
+    bodies = dec.feed(frames[5:])
+    assert [decode_body(b).id for b in bodies] == ["a", "b"]
+    assert dec.buffered == 0
+
+    zero = FrameDecoder()
+    with pytest.raises(ProtocolError) as info:
+        zero.feed(b"\x00\x00\x00\x00")
+    assert info.value.fatal
+
+    big = FrameDecoder(max_message_size=100)
+    good = encode(Message(CommandType.PING, "ok"))
+    assert len(big.feed(good + struct.pack(">I", 101) + b"x")) == 1  # frames before still count
+    assert big.error is not None and big.error.fatal
+    with pytest.raises(ProtocolError):
+        big.feed(b"more")
+
+
+# -- property tests ------------------------------------------------------------------------------
+
+text = st.text(min_size=1, max_size=40)
+messages = st.builds(
+    Message,
+    type=st.sampled_from(list(CommandType)),
+    id=text,
+    queue=st.one_of(st.just(""), text),
+    payload=st.one_of(
+        st.just(b""),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+            lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+            max_leaves=10,
+        ).map(lambda v: json.dumps(v).encode()),
+    ),
+    headers=st.dictionaries(text, text, max_size=8),
+)
+
+
+@given(messages)
+def test_round_trip(msg: Message) -> None:
+    if msg.type == CommandType.ERROR:
+        msg.error_code, msg.error_message = "X", "y"
+    frame = encode(msg)
+    [body] = FrameDecoder().feed(frame)
+    assert decode_body(body) == msg
+
+
+@given(st.lists(messages, min_size=1, max_size=6))
+def test_one_shot_equals_byte_at_a_time(msgs: list[Message]) -> None:
+    stream = b"".join(encode(m) for m in msgs)
+    one_shot = FrameDecoder().feed(stream)
+    dec = FrameDecoder()
+    trickled: list[bytes] = []
+    for i in range(len(stream)):
+        trickled.extend(dec.feed(stream[i : i + 1]))
+    assert trickled == one_shot
+    assert len(one_shot) == len(msgs)
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=300), st.integers(min_value=1, max_value=50))
+def test_arbitrary_bytes_raise_only_protocol_error(data: bytes, chunk: int) -> None:
+    dec = FrameDecoder(max_message_size=200)
+    try:
+        for i in range(0, len(data), chunk):
+            for body in dec.feed(data[i : i + chunk]):
+                try:
+                    decode_body(body)
+                except ProtocolError:
+                    pass
+    except ProtocolError as exc:
+        assert exc.fatal
+
+
+@given(messages, st.data())
+def test_truncated_bodies_raise_protocol_error(msg: Message, data: st.DataObject) -> None:
+    body = encode_body(msg)
+    cut = data.draw(st.integers(min_value=0, max_value=len(body) - 1))
+    try:
+        decode_body(body[:cut])
+    except ProtocolError:
+        return
+    # A cut exactly after the headers is a complete non-Error message; anything else must fail.
+    assert msg.type == CommandType.ERROR
