@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 
@@ -106,7 +107,9 @@ def test_deliver_fast_path_equals_generic_encoder() -> None:
     headers = {"priority": "High", "deliveryAttempts": "7"}
     fast = encode_deliver("m1", "q", b"{}", headers, 2)
     generic = encode(
-        Message(CommandType.DELIVER, "m1", "q", b"{}", {"priority": "High", "deliveryAttempts": "2"})
+        Message(
+            CommandType.DELIVER, "m1", "q", b"{}", {"priority": "High", "deliveryAttempts": "2"}
+        )
     )
     assert fast == generic
     assert decode_body(encode_deliver("m1", "q", b"", {}, 1)[4:]).headers == {
@@ -241,10 +244,8 @@ def test_arbitrary_bytes_raise_only_protocol_error(data: bytes, chunk: int) -> N
     try:
         for i in range(0, len(data), chunk):
             for body in dec.feed(data[i : i + chunk]):
-                try:
+                with contextlib.suppress(ProtocolError):
                     decode_body(body)
-                except ProtocolError:
-                    pass
     except ProtocolError as exc:
         assert exc.fatal
 
@@ -259,3 +260,29 @@ def test_truncated_bodies_raise_protocol_error(msg: Message, data: st.DataObject
         return
     # A cut exactly after the headers is a complete non-Error message; anything else must fail.
     assert msg.type == CommandType.ERROR
+
+
+def test_publish_ack_fast_path_equals_generic_encoder() -> None:
+    from vibemq_server.protocol.codec import encode_publish_ack
+
+    generic = encode(
+        Message(CommandType.PUBLISH_ACK, "m1", "q", headers={"messageId": "m1", "queueName": "q"})
+    )
+    assert encode_publish_ack("m1", "q") == generic
+
+
+@settings(max_examples=300)
+@given(st.one_of(messages.map(encode_body), st.binary(max_size=120)), st.data())
+def test_fast_decoder_agrees_with_careful_decoder(body: bytes, data: st.DataObject) -> None:
+    from vibemq_server.protocol.codec import DEFAULT_LIMITS, _decode_body, _fast_decode
+
+    if body and data.draw(st.booleans()):
+        i = data.draw(st.integers(0, len(body) - 1))
+        body = body[:i] + bytes([data.draw(st.integers(0, 255))]) + body[i + 1 :]
+    fast = _fast_decode(body, DEFAULT_LIMITS)
+    try:
+        careful = _decode_body(body, DEFAULT_LIMITS)
+    except ProtocolError:
+        assert fast is None
+        return
+    assert fast is None or fast == careful

@@ -15,7 +15,7 @@ import structlog
 
 from vibemq_server.config import DeliveryMode, OverflowStrategy, QueueDefaults
 from vibemq_server.core.clock import Clock, wall_clock_ms
-from vibemq_server.core.message import StoredMessage, parse_priority
+from vibemq_server.core.message import Priority, StoredMessage, parse_priority
 from vibemq_server.core.queue import (
     Consumer,
     DeliveryDeferred,
@@ -270,9 +270,9 @@ class QueueManager:
             headers,
             now,
             now + opts.message_ttl_ms if opts.message_ttl_ms else 0,
-            parse_priority(headers.get("priority")) if headers else parse_priority(None),
+            parse_priority(headers.get("priority")) if headers else Priority.NORMAL,
         )
-        if len(queue.store) >= opts.max_queue_size:
+        if queue.store.count >= opts.max_queue_size:
             outcome = self._overflow(queue, msg)
             if outcome is not None:
                 return outcome
@@ -344,7 +344,7 @@ class QueueManager:
         del sub.deadlines[msg_id]
         queue = sub.queue
         queue.stats.acked += 1
-        if len(queue.store):
+        if queue.store.count:
             queue.dispatch()
         return True
 

@@ -83,20 +83,21 @@ class QueueStats:
 class _Store:
     """Ready messages: one FIFO, or one FIFO per priority level (highest served first)."""
 
-    __slots__ = ("_levels", "nbytes")
+    __slots__ = ("_levels", "count", "nbytes")
 
     def __init__(self, prioritised: bool) -> None:
         self._levels: list[deque[StoredMessage]] = [
             deque() for _ in range(len(Priority) if prioritised else 1)
         ]
         self.nbytes = 0
+        self.count = 0
 
     def _level(self, msg: StoredMessage) -> deque[StoredMessage]:
         levels = self._levels
         return levels[msg.priority] if len(levels) > 1 else levels[0]
 
     def __len__(self) -> int:
-        return sum(len(level) for level in self._levels)
+        return self.count
 
     def __iter__(self) -> Iterator[StoredMessage]:
         for level in reversed(self._levels):
@@ -105,16 +106,19 @@ class _Store:
     def append(self, msg: StoredMessage) -> None:
         self._level(msg).append(msg)
         self.nbytes += len(msg.payload)
+        self.count += 1
 
     def appendleft(self, msg: StoredMessage) -> None:
         self._level(msg).appendleft(msg)
         self.nbytes += len(msg.payload)
+        self.count += 1
 
     def popleft(self) -> StoredMessage | None:
         for level in reversed(self._levels):
             if level:
                 msg = level.popleft()
                 self.nbytes -= len(msg.payload)
+                self.count -= 1
                 return msg
         return None
 
@@ -124,6 +128,7 @@ class _Store:
             if level:
                 msg = level.popleft()
                 self.nbytes -= len(msg.payload)
+                self.count -= 1
                 return msg
         return None
 
@@ -133,6 +138,7 @@ class _Store:
             while level and level[0].expired(now):
                 msg = level.popleft()
                 self.nbytes -= len(msg.payload)
+                self.count -= 1
                 yield msg
 
     def clear(self) -> list[StoredMessage]:
@@ -140,6 +146,7 @@ class _Store:
         for level in self._levels:
             level.clear()
         self.nbytes = 0
+        self.count = 0
         return out
 
 
@@ -170,22 +177,23 @@ class Queue:
 
     @property
     def full(self) -> bool:
-        return len(self.store) >= self.options.max_queue_size
+        return self.store.count >= self.options.max_queue_size
 
     def _next_with_capacity(self) -> Subscription | None:
         subs = self.subscriptions
         n = len(subs)
+        start = self._rr
         for i in range(n):
-            idx = (self._rr + i) % n
+            idx = (start + i) % n
             sub = subs[idx]
-            if sub.has_capacity():
-                self._rr = (idx + 1) % n
+            if len(sub.inflight) < sub.prefetch and sub.consumer.writable:
+                self._rr = idx + 1 if idx + 1 < n else 0
                 return sub
         return None
 
     def dispatch(self) -> None:
         """Hand ready messages to subscriptions that can take them, until one side runs out."""
-        if self._dispatching or not self.subscriptions or not len(self.store):
+        if self._dispatching or not self.subscriptions or not self.store.count:
             return
         self._dispatching = True
         try:

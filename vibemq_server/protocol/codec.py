@@ -16,6 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from struct import Struct
+from struct import error as StructError
+
+import orjson
 
 from vibemq_server.protocol.errors import ErrorCode, ProtocolError
 
@@ -74,32 +77,31 @@ class Message:
         return json.loads(self.payload) if self.payload else None
 
 
-def _put_str(parts: list[bytes], value: str) -> None:
-    if value:
-        raw = value.encode()
-        parts.append(_U16.pack(len(raw)))
-        parts.append(raw)
-    else:
-        parts.append(b"\x00\x00")
+def _s(value: str) -> bytes:
+    """A u16-length-prefixed UTF-8 string; empty means null (length 0)."""
+    if not value:
+        return b"\x00\x00"
+    raw = value.encode()
+    return _U16.pack(len(raw)) + raw
 
 
 def encode_body(msg: Message) -> bytes:
     """Encode a message body (without the length prefix) the way the original writes it."""
-    parts: list[bytes] = [_TYPE_HDR.pack(msg.version, msg.type)]
-    _put_str(parts, msg.id)
-    _put_str(parts, msg.queue)
-    parts.append(_U32.pack(len(msg.payload)))
-    if msg.payload:
-        parts.append(msg.payload)
-    headers = msg.headers
-    parts.append(_U16.pack(len(headers)))
-    for key, value in headers.items():
-        _put_str(parts, key)
-        _put_str(parts, value)
+    parts: list[bytes] = [
+        _TYPE_HDR.pack(msg.version, msg.type),
+        _s(msg.id),
+        _s(msg.queue),
+        _U32.pack(len(msg.payload)),
+        msg.payload,
+        _U16.pack(len(msg.headers)),
+    ]
+    for key, value in msg.headers.items():
+        parts.append(_s(key))
+        parts.append(_s(value))
     # The original writes the error fields only on Error messages.
     if msg.type == CommandType.ERROR:
-        _put_str(parts, msg.error_code)
-        _put_str(parts, msg.error_message)
+        parts.append(_s(msg.error_code))
+        parts.append(_s(msg.error_message))
     return b"".join(parts)
 
 
@@ -107,24 +109,37 @@ def encode_deliver(
     msg_id: str, queue: str, payload: bytes, headers: Mapping[str, str], attempts: int
 ) -> bytes:
     """A Deliver frame, built directly: the hot path of every delivery."""
-    parts: list[bytes] = [b"", b"\x01\x1a"]
-    _put_str(parts, msg_id)
-    _put_str(parts, queue)
-    parts.append(_U32.pack(len(payload)))
-    parts.append(payload)
-    parts.append(_U16.pack(len(headers) + ("deliveryAttempts" not in headers)))
+    parts: list[bytes] = [
+        b"",
+        b"\x01\x1a",
+        _s(msg_id),
+        _s(queue),
+        _U32.pack(len(payload)),
+        payload,
+        _U16.pack(len(headers) + ("deliveryAttempts" not in headers)),
+    ]
     for key, value in headers.items():
         if key != "deliveryAttempts":
-            _put_str(parts, key)
-            _put_str(parts, value)
+            parts.append(_s(key))
+            parts.append(_s(value))
     parts.append(_DELIVERY_ATTEMPTS_KEY)
-    _put_str(parts, str(attempts))
-    body_len = sum(map(len, parts))
-    parts[0] = _U32.pack(body_len)
+    parts.append(_s(str(attempts)))
+    parts[0] = _U32.pack(sum(map(len, parts)))
     return b"".join(parts)
 
 
-_DELIVERY_ATTEMPTS_KEY = _U16.pack(16) + b"deliveryAttempts"
+_DELIVERY_ATTEMPTS_KEY = _s("deliveryAttempts")
+_PUBLISH_ACK_HEADERS = b"\x00\x00\x00\x00\x00\x02" + _s("messageId")
+_QUEUE_NAME_KEY = _s("queueName")
+
+
+def encode_publish_ack(msg_id: str, queue: str) -> bytes:
+    """The PublishAck frame for a Publish: echoes id and queue, headers messageId and
+    queueName. Built directly because every publish pays for it."""
+    i = _s(msg_id)
+    q = _s(queue)
+    body = b"".join((b"\x01\x15", i, q, _PUBLISH_ACK_HEADERS, i, _QUEUE_NAME_KEY, q))
+    return _U32.pack(len(body)) + body
 
 
 def encode(msg: Message) -> bytes:
@@ -198,8 +213,69 @@ def _peek_id(body: bytes) -> str:
         return ""
 
 
+_HEAD = Struct(">BBH")
+_TYPES: dict[int, CommandType] = {int(t): t for t in CommandType}
+
+
+def _fast_decode(body: bytes, limits: Limits) -> Message | None:
+    """Decode a well-formed body in few Python steps; None lets the careful decoder find
+    and name the defect. Slices never raise, so every length is checked by the final
+    position landing exactly on the end of the body."""
+    u16 = _U16.unpack_from
+    try:
+        version, type_byte, n = _HEAD.unpack_from(body, 0)
+        pos = 4 + n
+        msg_id = body[4:pos].decode()
+        (n,) = u16(body, pos)
+        pos += 2
+        queue = body[pos : pos + n].decode() if n else ""
+        pos += n
+        (plen,) = _U32.unpack_from(body, pos)
+        pos += 4
+        payload = body[pos : pos + plen] if plen else b""
+        pos += plen
+        (count,) = u16(body, pos)
+        pos += 2
+        headers: dict[str, str] = {}
+        max_value = limits.max_header_value
+        for _ in range(count):
+            (n,) = u16(body, pos)
+            key = body[pos + 2 : pos + 2 + n].decode()
+            pos += 2 + n
+            (n,) = u16(body, pos)
+            value = body[pos + 2 : pos + 2 + n].decode()
+            pos += 2 + n
+            if n > max_value and len(value) > max_value:
+                return None
+            if key and value:
+                headers[key] = value
+        error_code = error_message = ""
+        if pos < len(body):
+            (n,) = u16(body, pos)
+            error_code = body[pos + 2 : pos + 2 + n].decode()
+            pos += 2 + n
+            (n,) = u16(body, pos)
+            error_message = body[pos + 2 : pos + 2 + n].decode()
+            pos += 2 + n
+    except (StructError, UnicodeDecodeError):
+        return None
+    kind = _TYPES.get(type_byte)
+    if (
+        pos != len(body)
+        or version != PROTOCOL_VERSION
+        or kind is None
+        or not msg_id
+        or count > limits.max_headers
+    ):
+        return None
+    return Message(kind, msg_id, queue, payload, headers, error_code, error_message, version)
+
+
 def decode_body(body: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
     """Decode one frame body. Raises ProtocolError (not fatal) on any defect."""
+    msg = _fast_decode(body, limits)
+    if msg is not None:
+        return msg
     try:
         return _decode_body(body, limits)
     except ProtocolError as exc:
@@ -260,8 +336,8 @@ def validate_json(payload: bytes, message_id: str = "") -> None:
     if not payload:
         return
     try:
-        json.loads(payload)
-    except (UnicodeDecodeError, ValueError):
+        orjson.loads(payload)
+    except orjson.JSONDecodeError:
         raise ProtocolError(
             ErrorCode.INVALID_PAYLOAD, "payload is not valid UTF-8 JSON", message_id=message_id
         ) from None

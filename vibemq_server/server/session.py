@@ -38,7 +38,7 @@ from vibemq_server.protocol import (
     encode,
     validate_json,
 )
-from vibemq_server.protocol.codec import encode_deliver
+from vibemq_server.protocol.codec import encode_deliver, encode_publish_ack
 from vibemq_server.protocol.names import valid_queue_name
 
 if TYPE_CHECKING:
@@ -255,10 +255,7 @@ class Session:
             self.reply_error(self._core_error(msg, exc))
             return True
         if outcome is PublishOutcome.ACCEPTED:
-            headers = {"messageId": msg.id, "queueName": msg.queue}
-            self.link.send(
-                encode(Message(CommandType.PUBLISH_ACK, msg.id, msg.queue, headers=headers))
-            )
+            self.link.send(encode_publish_ack(msg.id, msg.queue))
             return True
         if outcome is PublishOutcome.REJECTED_FULL:
             self.send_error(msg.id, ErrorCode.QUEUE_FULL, f"queue {msg.queue!r} is full")
