@@ -210,7 +210,7 @@ class Queue:
     def _dispatch_one_each(self) -> None:
         store = self.store
         manager = self.manager
-        while True:
+        while store.count:
             sub = self._next_with_capacity()
             if sub is None:
                 return
@@ -219,6 +219,7 @@ class Queue:
                 return
             if msg.expires_at and msg.expired(manager.clock()):
                 manager.expire(self, msg)
+                self._rr = (self._rr - 1) % len(self.subscriptions)  # nobody got this turn
                 continue
             manager.send(sub, msg)
 
@@ -228,7 +229,7 @@ class Queue:
         store = self.store
         manager = self.manager
         subs = self.subscriptions
-        while len(store):
+        while store.count:
             head = store.popleft()
             if head is None:
                 return

@@ -1,0 +1,315 @@
+"""The protocol-free core with an injected clock: delivery modes, acks, redelivery, TTL,
+dead letters, overflow and flow control, without sockets and without sleeping."""
+
+from __future__ import annotations
+
+import pytest
+
+from vibemq_server.config import DeliveryMode, OverflowStrategy, QueueDefaults
+from vibemq_server.core import (
+    InvalidQueueOptions,
+    ManualClock,
+    PublishOutcome,
+    QueueExists,
+    QueueManager,
+    QueueNotFound,
+    StoredMessage,
+    Subscription,
+)
+
+
+class Recorder:
+    """A consumer that records what it is given (the core's port, not the broker)."""
+
+    def __init__(self, writable: bool = True) -> None:
+        self.writable = writable
+        self.got: list[tuple[str, int, dict[str, str]]] = []
+        self.cancelled: list[str] = []
+
+    def deliver(self, sub: Subscription, msg: StoredMessage) -> None:
+        self.got.append((msg.id, msg.attempts, dict(msg.headers)))
+
+    def subscription_cancelled(self, sub: Subscription, reason: str) -> None:
+        self.cancelled.append(reason)
+
+    @property
+    def ids(self) -> list[str]:
+        return [g[0] for g in self.got]
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def mgr(clock: ManualClock) -> QueueManager:
+    return QueueManager(QueueDefaults(), clock)
+
+
+def make(mgr: QueueManager, name: str = "q", **options: object) -> None:
+    mgr.create_queue(name, mgr.options_from(options))
+
+
+def publish(mgr: QueueManager, queue: str, *ids: str, **headers: str) -> list[PublishOutcome]:
+    return [mgr.publish(queue, i, b"{}", headers) for i in ids]
+
+
+def test_round_robin_rotates(mgr: QueueManager) -> None:
+    a, b, c = Recorder(), Recorder(), Recorder()
+    for i, r in enumerate((a, b, c)):
+        mgr.subscribe("q", f"s{i}", r, 100)
+    publish(mgr, "q", *[f"m{i}" for i in range(6)])
+    assert (a.ids, b.ids, c.ids) == (["m0", "m3"], ["m1", "m4"], ["m2", "m5"])
+
+
+def test_fan_out_with_ack_copies_and_needs_acks(mgr: QueueManager) -> None:
+    make(mgr, mode="FanOutWithAck")
+    a, b = Recorder(), Recorder()
+    sa = mgr.subscribe("q", "a", a, 1)
+    sb = mgr.subscribe("q", "b", b, 1)
+    publish(mgr, "q", "m1", "m2")
+    assert a.ids == ["m1"] and b.ids == ["m1"]
+    assert mgr.ack(sa, "m1")
+    assert b.ids == ["m1"]  # the slowest subscriber paces a fan-out queue
+    assert mgr.ack(sb, "m1")
+    assert a.ids == ["m1", "m2"] and b.ids == ["m1", "m2"]
+    assert mgr.queues["q"].unacked_count == 2
+
+
+def test_fan_out_without_ack(mgr: QueueManager) -> None:
+    make(mgr, mode=2)  # by number, as the original accepts
+    a, b = Recorder(), Recorder()
+    sa = mgr.subscribe("q", "a", a, 1)
+    mgr.subscribe("q", "b", b, 1)
+    publish(mgr, "q", "m1", "m2", "m3")
+    assert a.ids == b.ids == ["m1", "m2", "m3"]
+    assert not sa.inflight
+    assert not mgr.ack(sa, "m1")
+
+
+def test_priority_based_highest_first_fifo_within_level(mgr: QueueManager) -> None:
+    make(mgr, deliveryMode="PriorityBased")
+    for mid, prio in [
+        ("l1", "Low"),
+        ("n1", "normal"),
+        ("c1", "CRITICAL"),
+        ("h1", "High"),
+        ("n2", "Normal"),
+        ("c2", "Critical"),
+        ("x1", "bogus"),
+    ]:
+        mgr.publish("q", mid, b"{}", {"priority": prio})
+    r = Recorder()
+    mgr.subscribe("q", "s", r, 100)
+    assert r.ids == ["c1", "c2", "h1", "n1", "n2", "x1", "l1"]
+
+
+def test_prefetch_limits_unacked(mgr: QueueManager) -> None:
+    r = Recorder()
+    sub = mgr.subscribe("q", "s", r, 2)
+    publish(mgr, "q", "m1", "m2", "m3", "m4")
+    assert r.ids == ["m1", "m2"]
+    mgr.ack(sub, "m1")
+    assert r.ids == ["m1", "m2", "m3"]
+    assert mgr.queues["q"].message_count == 1
+
+
+def test_unwritable_consumer_makes_messages_wait_in_queue(mgr: QueueManager) -> None:
+    r = Recorder(writable=False)
+    mgr.subscribe("q", "s", r, 100)
+    publish(mgr, "q", "m1", "m2")
+    assert r.ids == [] and mgr.queues["q"].message_count == 2
+    r.writable = True
+    mgr.queues["q"].dispatch()
+    assert r.ids == ["m1", "m2"]
+
+
+def test_disconnect_redelivers_with_attempts(mgr: QueueManager) -> None:
+    a = Recorder()
+    sa = mgr.subscribe("q", "a", a, 10)
+    publish(mgr, "q", "m1", "m2")
+    mgr.ack(sa, "m1")
+    mgr.unsubscribe(sa)
+    b = Recorder()
+    mgr.subscribe("q", "b", b, 10)
+    assert b.got == [("m2", 2, {})]
+
+
+def test_ack_timeout_redelivery_then_dead_letter(mgr: QueueManager, clock: ManualClock) -> None:
+    make(mgr, ackTimeout=1000, maxRetryAttempts=2, enableDeadLetterQueue=True)
+    r = Recorder()
+    mgr.subscribe("q", "s", r, 10)
+    publish(mgr, "q", "m1")
+    clock.advance(999)
+    mgr.tick()
+    assert r.got == [("m1", 1, {})]
+    clock.advance(1)
+    mgr.tick()
+    assert r.got[-1] == ("m1", 2, {})
+    clock.advance(1000)
+    mgr.tick()
+    assert len(r.got) == 2  # two attempts made: the third failure dead-letters it
+    dlq = mgr.queues["q.dlq"]
+    assert dlq.message_count == 1
+    d = Recorder()
+    mgr.subscribe("q.dlq", "d", d, 10)
+    (mid, attempts, headers) = d.got[0]
+    assert (mid, attempts) == ("m1", 1)
+    assert headers["deadLetterReason"] == "MaxRetriesExceeded"
+    assert headers["originalQueue"] == "q"
+    assert headers["originalDeliveryAttempts"] == "2"
+
+
+def test_ttl_expired_never_delivered(mgr: QueueManager, clock: ManualClock) -> None:
+    make(mgr, "dl", messageTtl=500, enableDeadLetterQueue=True, deadLetterQueueName="graveyard")
+    make(mgr, "drop", messageTtl=500)
+    publish(mgr, "dl", "m1")
+    publish(mgr, "drop", "m2")
+    clock.advance(500)
+    # expiry is checked at dispatch even before the timer has swept
+    r = Recorder()
+    mgr.subscribe("drop", "s", r, 10)
+    assert r.ids == []
+    mgr.tick()
+    assert mgr.queues["dl"].message_count == 0
+    g = Recorder()
+    mgr.subscribe("graveyard", "g", g, 10)
+    assert g.got[0][0] == "m1" and g.got[0][2]["deadLetterReason"] == "MessageExpired"
+    assert mgr.queues["drop"].stats.expired == 1
+
+
+def test_overflow_drop_oldest(mgr: QueueManager) -> None:
+    make(mgr, maxQueueSize=2, overflowStrategy="DropOldest")
+    assert publish(mgr, "q", "m1", "m2", "m3") == [PublishOutcome.ACCEPTED] * 3
+    r = Recorder()
+    mgr.subscribe("q", "s", r, 10)
+    assert r.ids == ["m2", "m3"]
+
+
+def test_overflow_drop_newest(mgr: QueueManager) -> None:
+    make(mgr, maxQueueSize=2, overflowStrategy="DropNewest")
+    outcomes = publish(mgr, "q", "m1", "m2", "m3")
+    assert outcomes[-1] is PublishOutcome.REJECTED_FULL
+    r = Recorder()
+    mgr.subscribe("q", "s", r, 10)
+    assert r.ids == ["m1", "m2"]
+
+
+def test_overflow_block_publisher_and_room_waiter(mgr: QueueManager) -> None:
+    make(mgr, maxQueueSize=1, overflowStrategy="BlockPublisher")
+    assert publish(mgr, "q", "m1", "m2") == [PublishOutcome.ACCEPTED, PublishOutcome.BLOCKED]
+    woken: list[bool] = []
+    mgr.wait_for_room("q", lambda: woken.append(True))
+    assert not woken
+    r = Recorder()
+    mgr.subscribe("q", "s", r, 10)
+    assert woken == [True]
+    assert publish(mgr, "q", "m2") == [PublishOutcome.ACCEPTED]
+
+
+def test_overflow_redirect_to_dlq(mgr: QueueManager) -> None:
+    make(mgr, maxQueueSize=1, overflowStrategy="RedirectToDlq", enableDeadLetterQueue="true")
+    assert publish(mgr, "q", "m1", "m2") == [PublishOutcome.ACCEPTED] * 2
+    assert mgr.queues["q.dlq"].message_count == 1
+    r = Recorder()
+    mgr.subscribe("q.dlq", "s", r, 10)
+    assert r.got[0][0] == "m2" and r.got[0][2]["deadLetterReason"] == "QueueOverflow"
+
+
+def test_redirect_without_dlq_rejects(mgr: QueueManager) -> None:
+    make(mgr, maxQueueSize=1, overflowStrategy=3)
+    assert publish(mgr, "q", "m1", "m2")[-1] is PublishOutcome.REJECTED_FULL
+
+
+def test_delete_queue_tells_subscribers(mgr: QueueManager) -> None:
+    r = Recorder()
+    mgr.subscribe("q", "s", r, 10)
+    mgr.delete_queue("q")
+    assert r.cancelled == ["queue_deleted"]
+    assert "q" not in mgr.queues
+    with pytest.raises(QueueNotFound):
+        mgr.delete_queue("q")
+
+
+def test_create_queue_idempotent_or_exists(mgr: QueueManager) -> None:
+    _, created = mgr.create_queue("q", mgr.options_from({"maxQueueSize": 5}))
+    assert created
+    _, created = mgr.create_queue("q", mgr.options_from({"maxQueueSize": "5"}))
+    assert not created
+    with pytest.raises(QueueExists):
+        mgr.create_queue("q", mgr.options_from({"maxQueueSize": 6}))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"mode": "Sideways"},
+        {"mode": 9},
+        {"maxQueueSize": 0},
+        {"maxQueueSize": "ten"},
+        {"messageTtl": -1},
+        {"enableDeadLetterQueue": "maybe"},
+        {"overflowStrategy": "Explode"},
+        {"maxRetryAttempts": True},
+    ],
+)
+def test_invalid_options(mgr: QueueManager, options: dict[str, object]) -> None:
+    with pytest.raises(InvalidQueueOptions):
+        mgr.options_from(options)
+
+
+def test_options_by_name_and_number(mgr: QueueManager) -> None:
+    o = mgr.options_from({"mode": "fanoutwithack", "overflowStrategy": "2"})
+    assert o.delivery_mode is DeliveryMode.FAN_OUT_WITH_ACK
+    assert o.overflow_strategy is OverflowStrategy.BLOCK_PUBLISHER
+
+
+def test_auto_create_off(clock: ManualClock) -> None:
+    mgr = QueueManager(QueueDefaults(), clock, auto_create=False)
+    with pytest.raises(QueueNotFound):
+        mgr.publish("nope", "m", b"{}", {})
+    with pytest.raises(QueueNotFound):
+        mgr.subscribe("nope", "s", Recorder(), 1)
+
+
+def test_memory_watermark_blocks_and_releases(clock: ManualClock) -> None:
+    mgr = QueueManager(QueueDefaults(max_queue_size=100_000), clock, memory_high_watermark=1000)
+    for i in range(11):
+        mgr.publish("q", f"m{i}", b"x" * 100, {})
+    assert mgr.memory_blocked
+    woken: list[bool] = []
+    mgr.wait_for_memory(lambda: woken.append(True))
+    r = Recorder()
+    sub = mgr.subscribe("q", "s", r, 100)
+    mgr.tick()
+    assert woken == [True] and not mgr.memory_blocked
+    for mid in r.ids:
+        mgr.ack(sub, mid)
+    assert mgr.memory_bytes == 0
+
+
+def test_duplicate_id_waits_for_first_ack(mgr: QueueManager) -> None:
+    r = Recorder()
+    sub = mgr.subscribe("q", "s", r, 10)
+    publish(mgr, "q", "same", "same")
+    assert r.ids == ["same"]
+    mgr.ack(sub, "same")
+    assert r.ids == ["same", "same"]
+    mgr.ack(sub, "same")
+    assert mgr.queues["q"].stats.acked == 2
+
+
+def test_queue_info_live_figures(mgr: QueueManager) -> None:
+    make(mgr, maxQueueSize=42)
+    publish(mgr, "q", "m1", "m2")
+    r = Recorder()
+    mgr.subscribe("q", "s", r, 1)
+    info = mgr.queue_info("q")
+    assert info["name"] == "q"
+    assert info["messageCount"] == 1
+    assert info["subscriberCount"] == 1
+    assert info["deliveryMode"] == "RoundRobin"
+    assert info["maxSize"] == 42
+    assert info["createdAt"].endswith("Z")
+    assert info["unackedCount"] == 1
