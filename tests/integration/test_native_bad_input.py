@@ -145,9 +145,9 @@ async def test_good_frames_before_a_fatal_one_are_still_answered(world: World) -
     good = Message(T.PING, "before_fatal")
     c.send_raw(frame(encode_body(good)) + b"\x00\x00\x00\x00")
     left = await c.wait_closed()
-    assert [(m.type, m.id) for m in left][0] == (T.PONG, "before_fatal")
-    assert_error(left[1], "INVALID_MESSAGE")
     assert len(left) == 2
+    assert (left[0].type, left[0].id) == (T.PONG, "before_fatal")
+    assert_error(left[1], "INVALID_MESSAGE")
     await world.assert_healthy()
 
 
@@ -314,7 +314,7 @@ async def test_header_value_of_4097_chars_is_invalid_message(world: World) -> No
     await world.assert_healthy()
 
 
-# -- timing, limits ---------------------------------------------------------------------------------
+# -- timing, limits -------------------------------------------------------------------------------
 
 
 async def test_half_frame_then_stall_gets_error_and_close(broker_factory: BrokerFactory) -> None:

@@ -118,7 +118,8 @@ class Session:
         self.config = config
         self.conn_id = conn_id
         self.log = log
-        self.state = State.AWAITING_CONNECT
+        self._state = State.AWAITING_CONNECT
+        self._handlers = _HANDLERS[self._state]
         self.limits = Limits(config.max_message_size, config.max_headers, config.max_header_value)
         self.subs: dict[str, Subscription] = {}
         # Publishes held back while a BlockPublisher queue is full, in arrival order.
@@ -129,13 +130,22 @@ class Session:
         self._refilled = time.monotonic()
         self._error_seq = 0
 
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @state.setter
+    def state(self, state: State) -> None:
+        self._state = state
+        self._handlers = _HANDLERS[state]
+
     # -- input -------------------------------------------------------------------------------
 
     def handle_body(self, body: bytes) -> None:
         """Decode and run one frame body; protocol errors become Error replies."""
         try:
             msg = decode_body(body, self.limits)
-            handler = _TRANSITIONS[self.state].get(msg.type)
+            handler = self._handlers[msg.type]
             if handler is None:
                 raise self._refusal(msg)
             handler(self, msg)
@@ -441,4 +451,12 @@ _TRANSITIONS: dict[State, dict[CommandType, Handler]] = {
         CommandType.ERROR: Session.on_client_error,
     },
     State.CLOSED: {},
+}
+
+# The same table as lists indexed by the type byte: no hashing on the hot path.
+_HANDLERS: dict[State, list[Handler | None]] = {
+    state: [
+        row.get(CommandType(t)) if t in CommandType._value2member_map_ else None for t in range(256)
+    ]
+    for state, row in _TRANSITIONS.items()
 }
