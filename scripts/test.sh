@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/_venv.sh
 .venv/bin/pip install -q -e '.[test]'
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
+.venv/bin/ruff check vibemq_server adapters tests bench
+.venv/bin/ruff format --check vibemq_server adapters tests bench
 .venv/bin/mypy
 exec .venv/bin/python -m pytest -q "$@"

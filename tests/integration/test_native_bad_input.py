@@ -418,3 +418,91 @@ async def test_publish_rate_limit(broker_factory: BrokerFactory) -> None:
     await w.assert_healthy()
     await c.close()
     await w.witness.close()
+
+
+async def test_rate_limit_below_one_per_second_still_allows_a_publish(
+    broker_factory: BrokerFactory,
+) -> None:
+    """publish_rate_limit=0.5 means one publish every two seconds, not none at all."""
+    broker = await broker_factory(publish_rate_limit=0.5)
+    c = await RawClient.connected(broker.port)
+    assert_ok(await c.publish("slow", 1, msg_id="slow_1"), T.PUBLISH_ACK)
+    assert_error(await c.publish("slow", 2, msg_id="slow_2"), "RATE_LIMITED", "slow_2")
+    await c.close()
+
+
+async def test_steady_stream_of_split_frames_is_not_a_stall(broker_factory: BrokerFactory) -> None:
+    """Frames that keep completing are progress: only a frame that stalls may time out,
+    even when every TCP chunk happens to end in the middle of the next frame."""
+    broker = await broker_factory(frame_timeout_s=0.5, housekeeping_interval_ms=20)
+    c = await RawClient.connected(broker.port)
+    frames = [frame(encode_body(c.publish_msg("stream", i, msg_id=f"st_{i}"))) for i in range(40)]
+    halves = [(f[: len(f) // 2], f[len(f) // 2 :]) for f in frames]
+    c.send_raw(halves[0][0])
+    for i in range(len(frames) - 1):
+        await asyncio.sleep(0.05)  # 40 chunks over ~2 s, each ending mid-frame
+        c.send_raw(halves[i][1] + halves[i + 1][0])
+    c.send_raw(halves[-1][1])
+    for i in range(len(frames)):
+        assert_ok(await c.reply_to(f"st_{i}"), T.PUBLISH_ACK)
+    await assert_still_open(c)
+    await c.close()
+
+
+async def test_bad_prefetch_is_invalid_message(world: World) -> None:
+    c = await world.bad_client()
+    for value in ("0", "-1", "abc", "65536"):
+        msg = Message(T.SUBSCRIBE, f"pf_{value}", "kept", headers={"prefetch": value})
+        assert_error(await c.request(msg), "INVALID_MESSAGE", msg.id)
+    await assert_still_open(c)
+    await world.assert_healthy()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"null", b"0", b'"s"', b"[]", b" {} ", b"123456789012345678901234567890", b'"\\ud83d\\ude00"'],
+)
+async def test_any_json_value_is_a_valid_payload(world: World, payload: bytes) -> None:
+    c = await world.bad_client()
+    q = new_id("jsonq")
+    assert_ok(await c.subscribe(q), T.SUBSCRIBE_ACK)
+    assert_ok(await c.publish(q, payload, msg_id=f"{q}_m"), T.PUBLISH_ACK)
+    d = await c.delivery(q)
+    assert d.payload == payload  # delivered byte for byte
+    await world.assert_healthy()
+
+
+async def test_deeply_nested_payload_is_invalid_payload_not_a_crash(world: World) -> None:
+    c = await world.bad_client()
+    reply = await c.publish("kept", b"[" * 100_000 + b"]" * 100_000, msg_id="deep")
+    assert_error(reply, "INVALID_PAYLOAD", "deep")
+    await assert_still_open(c)
+    await world.assert_healthy()
+
+
+async def test_many_bad_frames_in_one_write(world: World) -> None:
+    """One chunk holding good and bad bodies: each gets its own answer, in order."""
+    c = await world.bad_client()
+    bad_version = bytearray(encode_body(Message(T.PING, "b2")))
+    bad_version[0] = 9
+    chunk = b"".join(
+        [
+            frame(encode_body(Message(T.PING, "b1"))),
+            frame(bytes(bad_version)),
+            frame(hand_body(200, b"b3")),
+            frame(hand_body(T.PUBLISH, b"b4", b"kept", b"{x")),
+            frame(hand_body(T.PUBLISH, b"b5", b"bad name", b"1")),
+            frame(encode_body(Message(T.PING, "b6"))),
+        ]
+    )
+    c.send_raw(chunk)
+    got = [await c.recv() for _ in range(6)]
+    assert [(m.id, m.type, m.error_code) for m in got] == [
+        ("b1", T.PONG, ""),
+        ("b2", T.ERROR, "INVALID_MESSAGE"),
+        ("b3", T.ERROR, "UNKNOWN_COMMAND"),
+        ("b4", T.ERROR, "INVALID_PAYLOAD"),
+        ("b5", T.ERROR, "INVALID_QUEUE"),
+        ("b6", T.PONG, ""),
+    ]
+    await world.assert_healthy()

@@ -346,3 +346,69 @@ async def test_overflow_redirect_to_dlq(clients: list[RawClient]) -> None:
     assert dead.headers["deadLetterReason"] == "QueueOverflow"
     assert_ok(await sub.subscribe("rdq"), T.SUBSCRIBE_ACK)
     assert [d.id for d in await sub.deliveries(2, "rdq")] == ["rq_0", "rq_1"]
+
+
+# -- memory high watermark ----------------------------------------------------------------------
+
+
+async def assert_memory_pauses_publisher(pub: RawClient, consumer: RawClient, queue: str) -> None:
+    """About 5 KB queued (over a 4 KB watermark) pauses the publisher until drained."""
+    for i in range(5):
+        assert_ok(await pub.publish(queue, "x" * 1000, msg_id=f"{queue}_{i}"), T.PUBLISH_ACK)
+    pub.send(pub.publish_msg(queue, "x" * 1000, msg_id=f"{queue}_held"))
+    await pub.expect_nothing(duration=0.3)
+    assert_ok(await consumer.subscribe(queue), T.SUBSCRIBE_ACK)
+    for _ in range(6):
+        consumer.ack((await consumer.delivery(queue)).id)
+    assert_ok(await pub.reply_to(f"{queue}_held"), T.PUBLISH_ACK)
+
+
+async def test_memory_watermark_pauses_publisher(broker_factory: BrokerFactory) -> None:
+    broker = await broker_factory(memory_high_watermark_bytes=4096, housekeeping_interval_ms=20)
+    pub, consumer = [await RawClient.connected(broker.port) for _ in range(2)]
+    await assert_memory_pauses_publisher(pub, consumer, "mem")
+
+
+async def test_memory_watermark_still_works_after_fan_out_traffic(
+    broker_factory: BrokerFactory,
+) -> None:
+    """Fan-out copies must not be subtracted from the memory figure more than once each."""
+    broker = await broker_factory(memory_high_watermark_bytes=4096, housekeeping_interval_ms=20)
+    pub, a, b, consumer = [await RawClient.connected(broker.port) for _ in range(4)]
+    for mode in ("FanOutWithoutAck", "FanOutWithAck"):
+        queue = f"fan-{mode}"
+        assert_ok(await pub.create_queue(queue, options={"mode": mode}), T.CREATE_QUEUE)
+        for s in (a, b):
+            assert_ok(await s.subscribe(queue), T.SUBSCRIBE_ACK)
+        for i in range(10):
+            assert_ok(await pub.publish(queue, "y" * 1000, msg_id=f"{queue}_{i}"), T.PUBLISH_ACK)
+        for s in (a, b):
+            for d in await s.deliveries(10, queue):
+                s.ack(d.id)
+    await assert_memory_pauses_publisher(pub, consumer, "after-fan")
+
+
+async def test_unsubscribe_returns_unacked_to_other_subscribers(clients: list[RawClient]) -> None:
+    pub, a, b, _ = clients
+    assert_ok(await a.subscribe("ret", prefetch=2), T.SUBSCRIBE_ACK)
+    for i in range(2):
+        assert_ok(await pub.publish("ret", i, msg_id=f"ret_{i}"), T.PUBLISH_ACK)
+    assert [d.id for d in await a.deliveries(2, "ret")] == ["ret_0", "ret_1"]
+    assert_ok(await b.subscribe("ret"), T.SUBSCRIBE_ACK)
+    assert_ok(await a.unsubscribe("ret"), T.UNSUBSCRIBE_ACK)
+    got = await b.deliveries(2, "ret")
+    assert [(d.id, d.headers["deliveryAttempts"]) for d in got] == [("ret_0", "2"), ("ret_1", "2")]
+    # An ack for the old delivery from the unsubscribed client changes nothing.
+    a.ack("ret_0")
+    await a.expect_nothing(is_deliver, 0.1)
+    value = await info(pub, "ret")
+    assert value["unackedCount"] == 2
+
+
+async def test_publisher_cannot_forge_delivery_attempts(clients: list[RawClient]) -> None:
+    pub, sub, _, _ = clients
+    assert_ok(await sub.subscribe("forge"), T.SUBSCRIBE_ACK)
+    headers = {"deliveryAttempts": "99"}
+    assert_ok(await pub.publish("forge", 1, headers, msg_id="forge_1"), T.PUBLISH_ACK)
+    d = await sub.delivery("forge")
+    assert d.headers["deliveryAttempts"] == "1"

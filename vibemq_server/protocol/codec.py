@@ -109,25 +109,38 @@ def encode_deliver(
     msg_id: str, queue: str, payload: bytes, headers: Mapping[str, str], attempts: int
 ) -> bytes:
     """A Deliver frame, built directly: the hot path of every delivery."""
-    parts: list[bytes] = [
-        b"",
-        b"\x01\x1a",
-        _s(msg_id),
-        _s(queue),
-        _U32.pack(len(payload)),
-        payload,
-        _U16.pack(len(headers) + ("deliveryAttempts" not in headers)),
-    ]
-    for key, value in headers.items():
-        if key != "deliveryAttempts":
-            parts.append(_s(key))
-            parts.append(_s(value))
-    parts.append(_DELIVERY_ATTEMPTS_KEY)
-    parts.append(_s(str(attempts)))
-    parts[0] = _U32.pack(sum(map(len, parts)))
-    return b"".join(parts)
+    i = msg_id.encode()
+    q = queue.encode()
+    a = str(attempts).encode()
+    if headers:
+        extra = [_s(k) + _s(v) for k, v in headers.items() if k != "deliveryAttempts" and k and v]
+        count = len(extra) + 1
+        tail = b"".join(extra)
+    else:
+        count = 1
+        tail = b""
+    body_len = (
+        14 + len(i) + len(q) + len(payload) + len(tail) + len(_DELIVERY_ATTEMPTS_KEY) + len(a)
+    )
+    return b"".join(
+        (
+            _DELIVER_HEAD.pack(body_len, PROTOCOL_VERSION, CommandType.DELIVER, len(i)),
+            i,
+            _U16.pack(len(q)),
+            q,
+            _U32.pack(len(payload)),
+            payload,
+            _U16.pack(count),
+            tail,
+            _DELIVERY_ATTEMPTS_KEY,
+            _U16.pack(len(a)),
+            a,
+        )
+    )
 
 
+# length prefix, version 1, type Deliver (26), id length
+_DELIVER_HEAD = Struct(">IBBH")
 _DELIVERY_ATTEMPTS_KEY = _s("deliveryAttempts")
 _PUBLISH_ACK_HEADERS = b"\x00\x00\x00\x00\x00\x02" + _s("messageId")
 _QUEUE_NAME_KEY = _s("queueName")
@@ -238,7 +251,7 @@ def _fast_decode(body: bytes, limits: Limits) -> Message | None:
         pos += 2
         headers: dict[str, str] = {}
         max_value = limits.max_header_value
-        for _ in range(count):
+        for _ in range(count) if count else ():
             (n,) = u16(body, pos)
             key = body[pos + 2 : pos + 2 + n].decode()
             pos += 2 + n

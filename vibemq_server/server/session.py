@@ -45,6 +45,9 @@ if TYPE_CHECKING:
     from vibemq_server.config import Config
 
 
+_LOUD_ERRORS = 10
+
+
 class State(Enum):
     AWAITING_CONNECT = "awaiting_connect"
     OPEN = "open"
@@ -129,6 +132,7 @@ class Session:
         self._tokens = self._rate
         self._refilled = time.monotonic()
         self._error_seq = 0
+        self._errors_logged = 0
 
     @property
     def state(self) -> State:
@@ -163,9 +167,19 @@ class Session:
         return ProtocolError(ErrorCode.INVALID_MESSAGE, "connection is closing", message_id=msg.id)
 
     def reply_error(self, exc: ProtocolError) -> None:
-        self.log.warning(
-            "protocol error", code=str(exc.code), detail=exc.message, message_id=exc.message_id
+        # A client stuck in a loop of bad messages must not flood the log: the first few
+        # errors of a connection are warnings, the rest debug lines.
+        self._errors_logged += 1
+        level = self.log.warning if self._errors_logged <= _LOUD_ERRORS else self.log.debug
+        level(
+            "protocol error",
+            code=str(exc.code),
+            detail=exc.message,
+            message_id=exc.message_id,
+            count=self._errors_logged,
         )
+        if self._errors_logged == _LOUD_ERRORS:
+            self.log.warning("further protocol errors of this connection are logged at debug")
         self.send_error(exc.message_id, exc.code, exc.message)
         if exc.fatal:
             self.close()
