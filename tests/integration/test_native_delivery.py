@@ -412,3 +412,22 @@ async def test_publisher_cannot_forge_delivery_attempts(clients: list[RawClient]
     assert_ok(await pub.publish("forge", 1, headers, msg_id="forge_1"), T.PUBLISH_ACK)
     d = await sub.delivery("forge")
     assert d.headers["deliveryAttempts"] == "1"
+
+
+async def test_fan_out_with_ack_timeout_redelivers_to_the_subscriber_that_did_not_ack(
+    clients: list[RawClient],
+) -> None:
+    pub, a, b, _ = clients
+    options = {"mode": "FanOutWithAck", "ackTimeout": 200, "maxRetryAttempts": 3}
+    assert_ok(await pub.create_queue("fat", options=options), T.CREATE_QUEUE)
+    for s in (a, b):
+        assert_ok(await s.subscribe("fat"), T.SUBSCRIBE_ACK)
+    assert_ok(await pub.publish("fat", 1, msg_id="fat_1"), T.PUBLISH_ACK)
+    a.ack((await a.delivery("fat")).id)
+    first = await b.delivery("fat")  # b never acks this one
+    assert first.headers["deliveryAttempts"] == "1"
+    again = await b.delivery("fat")
+    assert (again.id, again.headers["deliveryAttempts"]) == ("fat_1", "2")
+    b.ack(again.id)
+    # a acked its copy: it must not get the message a second time.
+    await a.expect_nothing(is_deliver, 0.3)

@@ -416,14 +416,18 @@ class QueueManager:
         dlq.dispatch()
         return True
 
-    def _return(self, queue: Queue, msgs: list[StoredMessage]) -> None:
-        """Put unacknowledged deliveries back at the head, in order, or dead-letter them."""
+    def _return(
+        self, queue: Queue, msgs: list[StoredMessage], owner: Subscription | None = None
+    ) -> None:
+        """Put unacknowledged deliveries back at the head, in order, or dead-letter them.
+        ``owner`` is the subscription that still holds them (an ack timeout)."""
         fan_out = queue.options.delivery_mode is DeliveryMode.FAN_OUT_WITH_ACK
         for msg in reversed(msgs):
             if msg.attempts >= queue.options.max_retry_attempts:
                 self.dead_letter(queue, msg, DeadLetterReason.MAX_RETRIES_EXCEEDED)
                 continue
             msg.single = fan_out
+            msg.target = owner if fan_out else None
             queue.store.appendleft(msg)
             self.memory_bytes += len(msg.payload)
 
@@ -462,7 +466,7 @@ class QueueManager:
         for mid in late:
             del deadlines[mid]
             returned.append(sub.inflight.pop(mid))
-        self._return(queue, returned)
+        self._return(queue, returned, sub)
 
     # -- publisher flow control ----------------------------------------------------------------
 

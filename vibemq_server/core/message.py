@@ -38,6 +38,7 @@ class StoredMessage:
         "published_at",
         "queue",
         "single",
+        "target",
     )
 
     def __init__(
@@ -61,6 +62,9 @@ class StoredMessage:
         self.attempts = attempts
         # A fan-out copy that came back unacked goes to one subscriber, not to all again.
         self.single = False
+        # The subscription a timed-out fan-out copy belongs to (a Subscription; typed loosely
+        # to keep this module free of the queue module).
+        self.target: object = None
 
     def copy(self) -> StoredMessage:
         dup = StoredMessage(

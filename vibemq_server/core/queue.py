@@ -237,7 +237,7 @@ class Queue:
                 manager.expire(self, head)
                 continue
             if head.single:
-                sub = self._next_with_capacity()
+                sub = self._redelivery_target(head)
                 if sub is None:
                     store.appendleft(head)
                     return
@@ -246,8 +246,20 @@ class Queue:
             if not all(s.has_capacity() and head.id not in s.inflight for s in subs):
                 store.appendleft(head)
                 return
+            # Each copy is accounted for when it is sent; only ``head`` was counted on enqueue.
+            manager.memory_bytes += len(head.payload) * (len(subs) - 1)
             for i, sub in enumerate(subs):
                 manager.send(sub, head if i == len(subs) - 1 else head.copy())
+
+    def _redelivery_target(self, msg: StoredMessage) -> Subscription | None:
+        """Where a returned fan-out copy goes: back to the subscriber that did not ack it,
+        when it is still here; otherwise to any one subscriber."""
+        target = msg.target
+        if isinstance(target, Subscription) and target in self.subscriptions:
+            if target.has_capacity() and msg.id not in target.inflight:
+                return target
+            return None
+        return self._next_with_capacity()
 
 
 _FAN_OUT = frozenset({DeliveryMode.FAN_OUT_WITH_ACK, DeliveryMode.FAN_OUT_WITHOUT_ACK})

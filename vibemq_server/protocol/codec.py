@@ -344,13 +344,24 @@ def _decode_body(body: bytes, limits: Limits) -> Message:
     )
 
 
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
 def validate_json(payload: bytes, message_id: str = "") -> None:
     """Raise INVALID_PAYLOAD unless the payload is UTF-8 JSON (empty means no payload)."""
     if not payload:
         return
     try:
         orjson.loads(payload)
+        return
     except orjson.JSONDecodeError:
+        pass
+    # orjson is stricter than the JSON grammar (huge exponents, lone surrogate escapes):
+    # let the standard parser, minus its NaN/Infinity extension, have the last word.
+    try:
+        json.loads(payload, parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise ProtocolError(
             ErrorCode.INVALID_PAYLOAD, "payload is not valid UTF-8 JSON", message_id=message_id
         ) from None

@@ -86,7 +86,8 @@ class Connection(asyncio.Protocol):
             session.reply_error(self.decoder.error)
             return
         if self.decoder.buffered:
-            if self.partial_since is None:
+            # A stall is no progress at all: a frame completing restarts the clock.
+            if bodies or self.partial_since is None:
                 self.partial_since = self.last_rx
         else:
             self.partial_since = None

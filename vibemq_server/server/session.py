@@ -129,7 +129,9 @@ class Session:
         self._deferred: deque[Message] = deque()
         self._memory_paused = False
         self._rate = config.publish_rate_limit
-        self._tokens = self._rate
+        # The bucket holds at least one token, so a rate under 1/s still lets publishes through.
+        self._burst = max(1.0, self._rate)
+        self._tokens = self._burst
         self._refilled = time.monotonic()
         self._error_seq = 0
         self._errors_logged = 0
@@ -308,7 +310,7 @@ class Session:
 
     def _take_token(self) -> bool:
         now = time.monotonic()
-        self._tokens = min(self._rate, self._tokens + (now - self._refilled) * self._rate)
+        self._tokens = min(self._burst, self._tokens + (now - self._refilled) * self._rate)
         self._refilled = now
         if self._tokens >= 1:
             self._tokens -= 1
@@ -366,9 +368,9 @@ class Session:
         raw.update({k: v for k, v in msg.headers.items() if k in _OPTION_HEADERS})
         try:
             options = self.manager.options_from(raw)
-            dlq = options.dead_letter_queue_name
-            if dlq and not valid_queue_name(dlq):
-                raise InvalidQueueOptions(f"invalid deadLetterQueueName {dlq!r}")
+            dlq = options.dead_letter_queue_name or f"{queue}.dlq"
+            if options.enable_dead_letter_queue and not valid_queue_name(dlq):
+                raise InvalidQueueOptions(f"invalid dead-letter queue name {dlq!r}")
             self.manager.create_queue(queue, options)
         except CoreError as exc:
             raise self._core_error(msg, exc) from None
