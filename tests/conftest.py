@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,11 +18,16 @@ BrokerFactory = Callable[..., Awaitable[Broker]]
 
 
 @pytest.fixture
-async def broker_factory() -> AsyncIterator[BrokerFactory]:
+async def broker_factory(tmp_path: Path) -> AsyncIterator[BrokerFactory]:
     started: list[Broker] = []
 
     async def make(**overrides: Any) -> Broker:
-        settings: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "drain_timeout_s": 2.0}
+        settings: dict[str, Any] = {
+            "host": "127.0.0.1",
+            "port": 0,
+            "drain_timeout_s": 2.0,
+            "data_dir": tmp_path / f"data{len(started)}",
+        }
         settings.update(overrides)
         broker = Broker(Config(**settings))
         await broker.start()

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from vibemq_server import __version__
 from vibemq_server.config import Config, load_config
+from vibemq_server.journal import JournalCorrupt
 from vibemq_server.logs import configure_logging
 from vibemq_server.server import Broker
 
@@ -42,6 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TOKEN",
         help="accepted client token; repeatable; any token turns authentication on",
     )
+    p.add_argument(
+        "--fsync",
+        choices=["always", "interval", "never"],
+        help="journal durability: fsync before PublishAck, every --fsync-interval, or never",
+    )
+    p.add_argument("--fsync-interval", type=int, dest="fsync_interval_ms", metavar="MS")
+    p.add_argument("--segment-size", type=int, dest="segment_size_bytes", metavar="BYTES")
     p.add_argument("--max-connections", type=int)
     p.add_argument("--max-message-size", type=int, help="bytes (default 1 MiB)")
     p.add_argument("--publish-rate-limit", type=float, help="publishes/s per client (0 = off)")
@@ -96,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         uvloop.run(serve(config, args.ready_file))
-    except OSError as exc:
+    except (OSError, JournalCorrupt) as exc:
         log.error("cannot start", error=str(exc))
         return 1
     return 0

@@ -45,6 +45,7 @@ class QueueDefaults(BaseModel):
     max_retry_attempts: int = Field(3, ge=1)
     ack_timeout_ms: int = Field(30_000, ge=1)
     overflow_strategy: OverflowStrategy = OverflowStrategy.DROP_OLDEST
+    durable: bool = True
 
 
 class Config(BaseModel):
@@ -75,6 +76,10 @@ class Config(BaseModel):
     memory_high_watermark_bytes: int = Field(512 * 1024 * 1024, ge=1024)
     write_buffer_high_bytes: int = Field(1024 * 1024, ge=4096)
     queue_defaults: QueueDefaults = Field(default_factory=QueueDefaults)
+
+    fsync: Literal["always", "interval", "never"] = "always"
+    fsync_interval_ms: int = Field(10, ge=1)
+    segment_size_bytes: int = Field(64 * 1024 * 1024, ge=4096)
 
     @property
     def auth_enabled(self) -> bool:

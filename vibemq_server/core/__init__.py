@@ -5,12 +5,14 @@ from vibemq_server.core.manager import (
     CoreError,
     DeadLetterReason,
     InvalidQueueOptions,
+    PersistenceUnavailable,
     PublishOutcome,
     QueueExists,
     QueueManager,
     QueueNotFound,
 )
 from vibemq_server.core.message import Priority, StoredMessage
+from vibemq_server.core.persistence import Persistence, SettleReason
 from vibemq_server.core.queue import Consumer, Queue, QueueOptions, Subscription
 
 __all__ = [
@@ -20,6 +22,8 @@ __all__ = [
     "DeadLetterReason",
     "InvalidQueueOptions",
     "ManualClock",
+    "Persistence",
+    "PersistenceUnavailable",
     "Priority",
     "PublishOutcome",
     "Queue",
@@ -27,6 +31,7 @@ __all__ = [
     "QueueManager",
     "QueueNotFound",
     "QueueOptions",
+    "SettleReason",
     "StoredMessage",
     "Subscription",
     "wall_clock_ms",

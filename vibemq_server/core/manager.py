@@ -16,6 +16,7 @@ import structlog
 from vibemq_server.config import DeliveryMode, OverflowStrategy, QueueDefaults
 from vibemq_server.core.clock import Clock, wall_clock_ms
 from vibemq_server.core.message import Priority, StoredMessage, parse_priority
+from vibemq_server.core.persistence import Persistence, SettleReason
 from vibemq_server.core.queue import (
     Consumer,
     DeliveryDeferred,
@@ -43,8 +44,13 @@ class InvalidQueueOptions(CoreError):
     pass
 
 
+class PersistenceUnavailable(CoreError):
+    """Storage is failing; durable publishes are refused rather than acknowledged falsely."""
+
+
 class PublishOutcome(Enum):
     ACCEPTED = "accepted"
+    ACCEPTED_DURABLE = "accepted_durable"  # acknowledge once persistence says it is durable
     REJECTED_FULL = "rejected_full"  # DropNewest (or RedirectToDlq without a DLQ)
     BLOCKED = "blocked"  # BlockPublisher: not taken; retry when the queue has room
 
@@ -75,6 +81,7 @@ _OPTION_KEYS: dict[str, str] = {
     "maxRetryAttempts": "max_retry_attempts",
     "ackTimeout": "ack_timeout_ms",
     "overflowStrategy": "overflow_strategy",
+    "durable": "durable",
 }
 _MODES = list(DeliveryMode)
 _OVERFLOWS = list(OverflowStrategy)
@@ -122,7 +129,23 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "max_retry_attempts": lambda v: _int_value(v, "maxRetryAttempts", 1),
     "ack_timeout_ms": lambda v: _int_value(v, "ackTimeout", 1),
     "overflow_strategy": lambda v: _enum_value(_OVERFLOWS, v, "overflowStrategy"),
+    "durable": lambda v: _bool_value(v, "durable"),
 }
+
+
+def options_to_dict(o: QueueOptions) -> dict[str, Any]:
+    """Queue options under the names ``options_from`` reads (for the journal)."""
+    return {
+        "mode": str(o.delivery_mode),
+        "maxQueueSize": o.max_queue_size,
+        "messageTtl": o.message_ttl_ms,
+        "enableDeadLetterQueue": o.enable_dead_letter_queue,
+        "deadLetterQueueName": o.dead_letter_queue_name,
+        "maxRetryAttempts": o.max_retry_attempts,
+        "ackTimeout": o.ack_timeout_ms,
+        "overflowStrategy": str(o.overflow_strategy),
+        "durable": o.durable,
+    }
 
 
 class QueueManager:
@@ -147,6 +170,8 @@ class QueueManager:
         self.memory_blocked = False
         self._memory_waiters: list[Callable[[], None]] = []
         self._valid_name = name_validator or (lambda _name: True)
+        self.persistence: Persistence | None = None
+        self.next_seq = 1
 
     # -- options -----------------------------------------------------------------------------
 
@@ -162,6 +187,7 @@ class QueueManager:
             "max_retry_attempts": d.max_retry_attempts,
             "ack_timeout_ms": d.ack_timeout_ms,
             "overflow_strategy": d.overflow_strategy,
+            "durable": d.durable,
         }
         for key, value in (raw or {}).items():
             field_name = _OPTION_KEYS.get(key)
@@ -169,7 +195,7 @@ class QueueManager:
                 values[field_name] = _PARSERS[field_name](value)
         return QueueOptions(**values)
 
-    def _dlq_options(self) -> QueueOptions:
+    def _dlq_options(self, source: Queue) -> QueueOptions:
         d = self.defaults
         return QueueOptions(
             DeliveryMode.ROUND_ROBIN,
@@ -180,6 +206,7 @@ class QueueManager:
             d.max_retry_attempts,
             d.ack_timeout_ms,
             OverflowStrategy.DROP_OLDEST,
+            source.options.durable,
         )
 
     # -- queues ------------------------------------------------------------------------------
@@ -197,7 +224,38 @@ class QueueManager:
             return existing, False
         queue = Queue(name, options, self.clock(), self)
         self.queues[name] = queue
+        if options.durable and self.persistence is not None:
+            self.persistence.queue_created(queue)
         return queue, True
+
+    def restore_queue(self, name: str, options: QueueOptions, created_at: int) -> Queue:
+        """Recreate a queue from the journal (no journal record is written)."""
+        queue = Queue(name, options, created_at, self)
+        self.queues[name] = queue
+        return queue
+
+    def restore_message(self, queue: Queue, msg: StoredMessage) -> None:
+        """Put a recovered message back, in journal order (no record, no dispatch)."""
+        queue.store.append(msg)
+        self.memory_bytes += len(msg.payload)
+        if msg.seq >= self.next_seq:
+            self.next_seq = msg.seq + 1
+
+    def _durable(self, queue: Queue) -> Persistence | None:
+        return self.persistence if queue.options.durable else None
+
+    def _settle(
+        self, queue: Queue, msg: StoredMessage, reason: SettleReason, detail: str = ""
+    ) -> None:
+        """Record that a message (or, for fan-out, its last outstanding copy) is done."""
+        group = msg.group
+        if group is not None:
+            group[0] -= 1
+            if group[0] > 0:
+                return
+        persistence = self._durable(queue)
+        if persistence is not None:
+            persistence.settled(queue, msg, reason, detail)
 
     def get(self, name: str) -> Queue:
         queue = self.queues.get(name)
@@ -218,6 +276,8 @@ class QueueManager:
         if queue is None:
             raise QueueNotFound(f"queue {name!r} not found")
         queue.deleted = True
+        if queue.options.durable and self.persistence is not None:
+            self.persistence.queue_deleted(name)
         subs, queue.subscriptions = queue.subscriptions, []
         for sub in subs:
             sub.inflight.clear()
@@ -262,6 +322,9 @@ class QueueManager:
     ) -> PublishOutcome:
         queue = self._get_or_create(queue_name)
         opts = queue.options
+        persistence = self._durable(queue)
+        if persistence is not None and not persistence.available:
+            raise PersistenceUnavailable("the journal cannot be written; message not accepted")
         now = self.clock()
         msg = StoredMessage(
             msg_id,
@@ -272,6 +335,8 @@ class QueueManager:
             now + opts.message_ttl_ms if opts.message_ttl_ms else 0,
             parse_priority(headers.get("priority")) if headers else Priority.NORMAL,
         )
+        msg.seq = self.next_seq
+        self.next_seq += 1
         if queue.store.count >= opts.max_queue_size:
             outcome = self._overflow(queue, msg)
             if outcome is not None:
@@ -279,10 +344,12 @@ class QueueManager:
         queue.stats.published += 1
         queue.store.append(msg)
         self.memory_bytes += len(payload)
+        if persistence is not None:
+            persistence.published(queue, msg)
         queue.dispatch()
         if self.memory_bytes > self.memory_high:
             self.memory_blocked = True
-        return PublishOutcome.ACCEPTED
+        return PublishOutcome.ACCEPTED if persistence is None else PublishOutcome.ACCEPTED_DURABLE
 
     def _overflow(self, queue: Queue, msg: StoredMessage) -> PublishOutcome | None:
         """Apply the queue's overflow strategy; None means go on and enqueue ``msg``."""
@@ -294,11 +361,14 @@ class QueueManager:
             if old is not None:
                 self.memory_bytes -= len(old.payload)
                 queue.stats.dropped += 1
+                self._settle(queue, old, SettleReason.DROPPED, "QueueOverflow")
             return None
         if strategy is OverflowStrategy.REDIRECT_TO_DLQ and queue.options.enable_dead_letter_queue:
             queue.stats.published += 1
-            self.dead_letter(queue, msg, DeadLetterReason.QUEUE_OVERFLOW)
-            return PublishOutcome.ACCEPTED
+            self.dead_letter(queue, msg, DeadLetterReason.QUEUE_OVERFLOW, stored=False)
+            dlq = self.queues.get(self._dlq_name(queue))
+            durable = dlq is not None and self._durable(dlq) is not None
+            return PublishOutcome.ACCEPTED_DURABLE if durable else PublishOutcome.ACCEPTED
         queue.stats.dropped += 1
         return PublishOutcome.REJECTED_FULL
 
@@ -344,6 +414,7 @@ class QueueManager:
         del sub.deadlines[msg_id]
         queue = sub.queue
         queue.stats.acked += 1
+        self._settle(queue, msg, SettleReason.ACKED)
         if queue.store.count:
             queue.dispatch()
         return True
@@ -368,6 +439,10 @@ class QueueManager:
                 raise DeliveryDeferred
             inflight[msg.id] = msg
             sub.deadlines[msg.id] = self.clock() + queue.options.ack_timeout_ms
+            if queue.options.durable and self.persistence is not None:
+                self.persistence.delivered(queue, msg)
+        else:
+            self._settle(queue, msg, SettleReason.DELIVERED_NO_ACK)
         sub.consumer.deliver(sub, msg)
 
     # -- expiry, dead letters, timers ----------------------------------------------------------
@@ -378,24 +453,32 @@ class QueueManager:
     def expire(self, queue: Queue, msg: StoredMessage) -> None:
         queue.stats.expired += 1
         self.memory_bytes -= len(msg.payload)
-        self.dead_letter(queue, msg, DeadLetterReason.MESSAGE_EXPIRED, counted=False)
+        self.dead_letter(queue, msg, DeadLetterReason.MESSAGE_EXPIRED)
 
     def dead_letter(
-        self, queue: Queue, msg: StoredMessage, reason: str, *, counted: bool = False
+        self, queue: Queue, msg: StoredMessage, reason: str, *, stored: bool = True
     ) -> bool:
-        """Move a message to the queue's dead-letter queue, or drop it when there is none."""
-        if not queue.options.enable_dead_letter_queue:
+        """Move a message to the queue's dead-letter queue, or drop it when there is none.
+        ``stored`` is False for a message that never entered ``queue`` (RedirectToDlq)."""
+        dlq_name = self._dlq_name(queue)
+        if (
+            not queue.options.enable_dead_letter_queue
+            or dlq_name == queue.name
+            or not self._valid_name(dlq_name)
+        ):
             queue.stats.dropped += 1
             log.debug("message dropped", queue=queue.name, message_id=msg.id, reason=reason)
-            return False
-        dlq_name = self._dlq_name(queue)
-        if dlq_name == queue.name or not self._valid_name(dlq_name):
-            queue.stats.dropped += 1
+            if stored:
+                expired = reason == DeadLetterReason.MESSAGE_EXPIRED
+                why = SettleReason.EXPIRED if expired else SettleReason.DROPPED
+                self._settle(queue, msg, why, reason)
             return False
         queue.stats.dead_lettered += 1
         dlq = self.queues.get(dlq_name)
         if dlq is None:
-            dlq, _ = self.create_queue(dlq_name, self._dlq_options())
+            dlq, _ = self.create_queue(dlq_name, self._dlq_options(queue))
+        if stored:
+            self._settle(queue, msg, SettleReason.DEAD_LETTERED, reason)
         now = self.clock()
         headers = dict(msg.headers)
         headers.update(
@@ -405,14 +488,20 @@ class QueueManager:
             originalDeliveryAttempts=str(msg.attempts),
         )
         dead = StoredMessage(msg.id, dlq_name, msg.payload, headers, now, 0, msg.priority)
-        if len(dlq.store) >= dlq.options.max_queue_size:
+        dead.seq = self.next_seq
+        self.next_seq += 1
+        if dlq.store.count >= dlq.options.max_queue_size:
             old = dlq.store.pop_oldest_lowest()
             if old is not None:
                 self.memory_bytes -= len(old.payload)
                 dlq.stats.dropped += 1
+                self._settle(dlq, old, SettleReason.DROPPED, "QueueOverflow")
         dlq.stats.published += 1
         dlq.store.append(dead)
         self.memory_bytes += len(dead.payload)
+        persistence = self._durable(dlq)
+        if persistence is not None:
+            persistence.published(dlq, dead)
         dlq.dispatch()
         return True
 

@@ -31,12 +31,15 @@ class StoredMessage:
     __slots__ = (
         "attempts",
         "expires_at",
+        "group",
         "headers",
         "id",
         "payload",
         "priority",
         "published_at",
         "queue",
+        "seg",
+        "seq",
         "single",
         "target",
     )
@@ -65,6 +68,12 @@ class StoredMessage:
         # The subscription a timed-out fan-out copy belongs to (a Subscription; typed loosely
         # to keep this module free of the queue module).
         self.target: object = None
+        # Journal identity: a broker-wide sequence number and the segment holding the record.
+        self.seq = 0
+        self.seg = 0
+        # Fan-out copies share one counter of copies not yet settled: the message is settled
+        # in the journal when the last copy is.
+        self.group: list[int] | None = None
 
     def copy(self) -> StoredMessage:
         dup = StoredMessage(
@@ -77,6 +86,9 @@ class StoredMessage:
             self.priority,
             self.attempts,
         )
+        dup.seq = self.seq
+        dup.seg = self.seg
+        dup.group = self.group
         return dup
 
     def expired(self, now: int) -> bool:

@@ -44,6 +44,7 @@ class QueueOptions:
     max_retry_attempts: int
     ack_timeout_ms: int
     overflow_strategy: OverflowStrategy
+    durable: bool = True
 
     @property
     def needs_ack(self) -> bool:
@@ -248,6 +249,7 @@ class Queue:
                 return
             # Each copy is accounted for when it is sent; only ``head`` was counted on enqueue.
             manager.memory_bytes += len(head.payload) * (len(subs) - 1)
+            head.group = [len(subs)]
             for i, sub in enumerate(subs):
                 manager.send(sub, head if i == len(subs) - 1 else head.copy())
 

@@ -9,6 +9,7 @@ import structlog
 
 from vibemq_server.config import Config
 from vibemq_server.core import Clock, QueueManager, wall_clock_ms
+from vibemq_server.journal import FsyncPolicy, Journal
 from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.server.connection import Connection
 
@@ -27,6 +28,13 @@ class Broker:
             memory_high_watermark=self.config.memory_high_watermark_bytes,
             name_validator=valid_queue_name,
         )
+        self.journal = Journal(
+            self.config.data_dir / "journal",
+            fsync=FsyncPolicy(self.config.fsync),
+            fsync_interval_ms=self.config.fsync_interval_ms,
+            segment_size=self.config.segment_size_bytes,
+            clock=clock,
+        )
         self.connections: set[Connection] = set()
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -36,6 +44,10 @@ class Broker:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         cfg = self.config
+        # Recovery comes first: no client may see a queue before its messages are back.
+        self.journal.recover(self.manager)
+        self.journal.start(self.manager)
+        self.manager.persistence = self.journal
         self._server = await loop.create_server(
             lambda: Connection(self), cfg.host, cfg.port, backlog=4096, reuse_address=True
         )
@@ -61,6 +73,7 @@ class Broker:
             await asyncio.sleep(interval)
             try:
                 self.manager.tick()
+                self.journal.maintain()
                 now = loop.time()
                 if now >= next_conn_check:
                     next_conn_check = now + 1.0
@@ -90,6 +103,7 @@ class Broker:
                 await self._housekeeping
         with contextlib.suppress(Exception):
             await asyncio.wait_for(server.wait_closed(), 1.0)
+        await self.journal.close()
         self._stopped.set()
         log.info("stopped")
 

@@ -21,6 +21,7 @@ from vibemq_server import __version__
 from vibemq_server.core import (
     CoreError,
     InvalidQueueOptions,
+    PersistenceUnavailable,
     PublishOutcome,
     QueueExists,
     QueueManager,
@@ -76,6 +77,7 @@ _CORE_ERRORS: dict[type[CoreError], ErrorCode] = {
     QueueNotFound: ErrorCode.QUEUE_NOT_FOUND,
     QueueExists: ErrorCode.QUEUE_EXISTS,
     InvalidQueueOptions: ErrorCode.INVALID_MESSAGE,
+    PersistenceUnavailable: ErrorCode.SERVER_ERROR,
 }
 
 _SERVER_TO_CLIENT = frozenset(
@@ -283,6 +285,11 @@ class Session:
         if outcome is PublishOutcome.ACCEPTED:
             self.link.send(encode_publish_ack(msg.id, msg.queue))
             return True
+        if outcome is PublishOutcome.ACCEPTED_DURABLE:
+            persistence = self.manager.persistence
+            assert persistence is not None
+            persistence.when_durable(lambda err: self._durable_ack(msg, err))
+            return True
         if outcome is PublishOutcome.REJECTED_FULL:
             self.send_error(msg.id, ErrorCode.QUEUE_FULL, f"queue {msg.queue!r} is full")
             return True
@@ -291,6 +298,15 @@ class Session:
         self.link.pause_reading()
         self.manager.wait_for_room(msg.queue, lambda: self.link.call_soon(self._retry_deferred))
         return False
+
+    def _durable_ack(self, msg: Message, err: Exception | None) -> None:
+        """PublishAck only once the journal has the message; never a false one."""
+        if self.state is State.CLOSED:
+            return
+        if err is None:
+            self.link.send(encode_publish_ack(msg.id, msg.queue))
+        else:
+            self.send_error(msg.id, ErrorCode.SERVER_ERROR, f"message not stored: {err}")
 
     def _retry_deferred(self) -> None:
         if self.state is State.CLOSED:

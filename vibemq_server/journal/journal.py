@@ -1,0 +1,539 @@
+"""The durable journal: append-only segment files, group commit, recovery and reclamation.
+
+Records are gathered during a loop tick and written with one ``os.write``; with
+``fsync = always`` the writers' callbacks (PublishAcks) run only after an ``fsync`` that
+started after their data was written, and every publish that arrived meanwhile shares the
+next one (group commit). fsync runs in a worker thread so the loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
+
+from vibemq_server.core.clock import Clock, wall_clock_ms
+from vibemq_server.core.manager import options_to_dict
+from vibemq_server.core.message import Priority, StoredMessage
+from vibemq_server.core.persistence import SettleReason
+from vibemq_server.journal.records import (
+    RECORD_PREFIX,
+    SEGMENT_HEADER_SIZE,
+    Deliver,
+    JournalError,
+    Publish,
+    QueueCreate,
+    QueueDelete,
+    Record,
+    Settle,
+    check_segment_header,
+    decode_record,
+    encode_record,
+    encode_segment_header,
+    iter_records,
+)
+
+if TYPE_CHECKING:
+    from vibemq_server.core.manager import QueueManager
+    from vibemq_server.core.queue import Queue
+
+log = structlog.get_logger("vibemq.journal")
+
+Waiter = Callable[[Exception | None], None]
+SUFFIX = ".seg"
+# A torn tail is what one interrupted write leaves; a bad record followed by a valid one
+# further than this is damage in the middle, never a torn tail.
+_TORN_SCAN_LIMIT = 8 * 1024 * 1024
+
+
+class FsyncPolicy(StrEnum):
+    ALWAYS = "always"
+    INTERVAL = "interval"
+    NEVER = "never"
+
+
+class JournalCorrupt(Exception):
+    """Damage in the middle of the journal: refuse to start rather than drop data."""
+
+
+@dataclass(slots=True)
+class _Segment:
+    number: int
+    path: Path
+    live: int = 0  # publishes in this segment not yet settled
+    published: int = 0  # publishes ever written to it
+    deleting: bool = False
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A message seen during recovery: its publish record, segment and latest attempts."""
+
+    record: Publish
+    segment: int
+    attempts: int
+
+
+def segment_path(directory: Path, number: int) -> Path:
+    return directory / f"{number:020d}{SUFFIX}"
+
+
+def list_segments(directory: Path) -> list[tuple[int, Path]]:
+    """Segment files in order (number from the file name)."""
+    out = []
+    for path in directory.glob(f"*{SUFFIX}"):
+        stem = path.name[: -len(SUFFIX)]
+        if stem.isdigit():
+            out.append((int(stem), path))
+    return sorted(out)
+
+
+def _valid_record_at(data: bytes, offset: int) -> bool:
+    try:
+        decode_record(data, offset)
+    except JournalError:
+        return False
+    return True
+
+
+def _is_torn_tail(data: bytes, offset: int) -> bool:
+    """Whether the bad bytes from ``offset`` to the end are what a cut-off write leaves:
+    no valid record starts anywhere after them (or they are all zero)."""
+    rest = len(data) - offset
+    if rest > _TORN_SCAN_LIMIT:
+        return False
+    if not any(data[offset:]):
+        return True
+    unpack = RECORD_PREFIX.unpack_from
+    end = len(data)
+    for pos in range(offset + 1, end - RECORD_PREFIX.size):
+        (length, _crc) = unpack(data, pos)
+        if 9 <= length <= end - pos - RECORD_PREFIX.size and _valid_record_at(data, pos):
+            return False
+    return True
+
+
+class Journal:
+    """Implements the core's Persistence protocol on segment files in one directory."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        fsync: FsyncPolicy = FsyncPolicy.ALWAYS,
+        fsync_interval_ms: int = 10,
+        segment_size: int = 64 * 1024 * 1024,
+        clock: Clock = wall_clock_ms,
+    ) -> None:
+        self.directory = directory
+        self.policy = fsync
+        self.fsync_interval = fsync_interval_ms / 1000
+        self.segment_size = segment_size
+        self.clock = clock
+        self.segments: dict[int, _Segment] = {}
+        self.active = 0
+        self._fd = -1
+        self._size = 0
+        self._buf: list[bytes] = []
+        self._waiters: list[Waiter] = []  # written with the next flush
+        self._sync_waiters: list[Waiter] = []  # written, waiting for an fsync
+        self._syncing = False
+        self._dirty = False  # written since the last fsync (interval policy)
+        self._flush_scheduled = False
+        self._failed: Exception | None = None
+        self._retry: bytes = b""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, "vibemq-fsync")
+        self._manager: QueueManager | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self.recovered_messages = 0
+
+    # -- recovery ----------------------------------------------------------------------------
+
+    def recover(self, manager: QueueManager) -> None:
+        """Rebuild queues and messages from the segments; cut a torn tail; refuse damage."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        files = list_segments(self.directory)
+        queues: dict[str, tuple[bytes, int]] = {}
+        messages: dict[int, _Pending] = {}
+        published: dict[int, int] = {}
+        for index, (number, path) in enumerate(files):
+            last = index == len(files) - 1
+            data = path.read_bytes()
+            if last and len(data) < SEGMENT_HEADER_SIZE:
+                log.warning("removing torn segment header", file=str(path), size=len(data))
+                path.unlink()
+                continue
+            try:
+                check_segment_header(data, str(path))
+            except JournalError as exc:
+                raise JournalCorrupt(str(exc)) from None
+            self.segments[number] = _Segment(number, path)
+            try:
+                for entry in iter_records(data, SEGMENT_HEADER_SIZE, str(path)):
+                    self._apply(entry.record, number, queues, messages, published)
+            except JournalError as exc:
+                if not (last and _is_torn_tail(data, exc.offset)):
+                    raise JournalCorrupt(
+                        f"journal damaged: {exc}; refusing to start (move the file away "
+                        "to start without it, losing its messages)"
+                    ) from None
+                log.warning(
+                    "truncating torn journal tail",
+                    file=str(path),
+                    offset=exc.offset,
+                    dropped_bytes=len(data) - exc.offset,
+                )
+                with path.open("r+b") as fh:
+                    fh.truncate(exc.offset)
+                    os.fsync(fh.fileno())
+        for name, (options_json, created_at) in queues.items():
+            options = manager.options_from(json.loads(options_json))
+            manager.restore_queue(name, options, created_at)
+        restored = 0
+        for seq in sorted(messages):
+            pending = messages[seq]
+            rec, number, attempts = pending.record, pending.segment, pending.attempts
+            queue = manager.queues.get(rec.queue)
+            if queue is None:
+                continue
+            msg = StoredMessage(
+                rec.message_id,
+                rec.queue,
+                rec.payload,
+                rec.headers,
+                rec.published_at,
+                rec.expires_at,
+                Priority(rec.priority),
+                attempts,
+            )
+            msg.seq = seq
+            msg.seg = number
+            manager.restore_message(queue, msg)
+            self.segments[number].live += 1
+            restored += 1
+        for number, count in published.items():
+            if number in self.segments:
+                self.segments[number].published = count
+        self.recovered_messages = restored
+        log.info(
+            "journal recovered",
+            segments=len(self.segments),
+            queues=len(queues),
+            messages=restored,
+        )
+
+    @staticmethod
+    def _apply(
+        record: Record,
+        number: int,
+        queues: dict[str, tuple[bytes, int]],
+        messages: dict[int, _Pending],
+        published: dict[int, int],
+    ) -> None:
+        if isinstance(record, Publish):
+            messages[record.seq] = _Pending(record, number, record.attempts)
+            published[number] = published.get(number, 0) + 1
+        elif isinstance(record, Settle):
+            messages.pop(record.seq, None)
+        elif isinstance(record, Deliver):
+            entry = messages.get(record.seq)
+            if entry is not None:
+                entry.attempts = record.attempts
+        elif isinstance(record, QueueCreate):
+            queues[record.name] = (record.options_json, record.created_at)
+        else:
+            queues.pop(record.name, None)
+            for seq in [s for s, p in messages.items() if p.record.queue == record.name]:
+                del messages[seq]
+
+    # -- running -----------------------------------------------------------------------------
+
+    def start(self, manager: QueueManager) -> None:
+        """Open a fresh segment (after recovery) and start recording."""
+        self._loop = asyncio.get_running_loop()
+        self._manager = manager
+        self._open_segment(max(self.segments, default=0) + 1)
+        if self.policy is FsyncPolicy.INTERVAL:
+            self._timer = self._loop.call_later(self.fsync_interval, self._interval_sync)
+
+    def _open_segment(self, number: int) -> None:
+        path = segment_path(self.directory, number)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        header = encode_segment_header(number)
+        os.write(fd, header)
+        if self.policy is not FsyncPolicy.NEVER:
+            os.fsync(fd)
+            dir_fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)  # the new file's name must survive a crash too
+            finally:
+                os.close(dir_fd)
+        self._fd = fd
+        self._size = len(header)
+        self.active = number
+        self.segments[number] = _Segment(number, path)
+        # Every segment starts with the definitions of the durable queues, so older
+        # segments can be reclaimed without losing any queue.
+        if self._manager is not None:
+            for queue in self._manager.queues.values():
+                if queue.options.durable and not queue.deleted:
+                    self.queue_created(queue)
+
+    @property
+    def available(self) -> bool:
+        return self._failed is None
+
+    def _append(self, record: Record) -> None:
+        self._buf.append(encode_record(record, self.clock()))
+        if not self._flush_scheduled and self._loop is not None:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def queue_created(self, queue: Queue) -> None:
+        options = json.dumps(options_to_dict(queue.options), separators=(",", ":")).encode()
+        self._append(QueueCreate(queue.name, queue.created_at, options))
+
+    def queue_deleted(self, name: str) -> None:
+        self._append(QueueDelete(name))
+        if self._manager is not None and name in self._manager.queues:
+            queue = self._manager.queues[name]
+            for msg in self._all_messages(queue):
+                self._release(msg)
+
+    def published(self, queue: Queue, msg: StoredMessage) -> None:
+        self._append(
+            Publish(
+                msg.seq,
+                queue.name,
+                msg.id,
+                msg.published_at,
+                msg.expires_at,
+                int(msg.priority),
+                msg.attempts,
+                msg.headers,
+                msg.payload,
+            )
+        )
+        msg.seg = self.active
+        seg = self.segments[self.active]
+        seg.live += 1
+        seg.published += 1
+
+    def delivered(self, queue: Queue, msg: StoredMessage) -> None:
+        self._append(Deliver(msg.seq, queue.name, msg.attempts))
+
+    def settled(
+        self, queue: Queue, msg: StoredMessage, reason: SettleReason, detail: str = ""
+    ) -> None:
+        self._append(Settle(msg.seq, queue.name, reason, detail))
+        self._release(msg)
+
+    def _release(self, msg: StoredMessage) -> None:
+        seg = self.segments.get(msg.seg)
+        if seg is not None:
+            seg.live -= 1
+        msg.seg = 0
+
+    def when_durable(self, callback: Waiter) -> None:
+        self._waiters.append(callback)
+        if not self._flush_scheduled and self._loop is not None:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._failed is not None:
+            self._fail_waiters(self._failed)
+            return
+        if self._buf:
+            data = b"".join(self._buf)
+            self._buf.clear()
+            try:
+                self._write(data)
+            except OSError as exc:
+                self._fail(exc, data)
+                return
+        waiters, self._waiters = self._waiters, []
+        if self.policy is FsyncPolicy.ALWAYS:
+            if waiters:
+                self._sync_waiters.extend(waiters)
+                if not self._syncing:
+                    self._start_sync()
+        else:
+            for waiter in waiters:
+                waiter(None)
+        if not self._syncing:
+            self._maybe_rotate()
+
+    def _write(self, data: bytes) -> None:
+        start = self._size
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+                self._size += n
+        except OSError:
+            # Half a batch on disk would put a torn record before later good ones: cut it.
+            self._size = start
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, start)
+            raise
+        self._dirty = True
+
+    def _start_sync(self) -> None:
+        assert self._loop is not None
+        self._syncing = True
+        batch, self._sync_waiters = self._sync_waiters, []
+        self._dirty = False
+        future = self._loop.run_in_executor(self._executor, os.fsync, self._fd)
+        future.add_done_callback(lambda f: self._synced(f, batch))
+
+    def _synced(self, future: asyncio.Future[None], batch: list[Waiter]) -> None:
+        self._syncing = False
+        exc = future.exception()
+        if exc is not None:
+            self._dirty = True
+            self._fail(exc if isinstance(exc, Exception) else OSError(str(exc)), b"")
+            for waiter in batch:
+                waiter(self._failed)
+            return
+        for waiter in batch:
+            waiter(None)
+        if self._sync_waiters:
+            self._start_sync()
+        else:
+            self._maybe_rotate()
+
+    def _fail(self, exc: Exception, unwritten: bytes) -> None:
+        """Storage failed: refuse durable publishes, keep the records to write them later."""
+        if self._failed is None:
+            log.error("journal write failed; refusing durable publishes", error=str(exc))
+        self._failed = exc
+        self._retry = unwritten + self._retry
+        self._fail_waiters(exc)
+
+    def _fail_waiters(self, exc: Exception) -> None:
+        waiters = self._waiters + self._sync_waiters
+        self._waiters, self._sync_waiters = [], []
+        for waiter in waiters:
+            waiter(exc)
+
+    def _maybe_rotate(self) -> None:
+        if self._size < self.segment_size or self._syncing:
+            return
+        if self.policy is not FsyncPolicy.NEVER:
+            os.fsync(self._fd)
+        os.close(self._fd)
+        self._open_segment(self.active + 1)
+
+    def maintain(self) -> None:
+        """Called on a timer: retry after a failure, reclaim settled segments."""
+        loop = self._loop
+        if loop is None:
+            return
+        if self._failed is not None:
+            self._try_recover()
+            return
+        self._reclaim()
+
+    def _interval_sync(self) -> None:
+        if self._dirty and not self._syncing and self._failed is None:
+            self._start_sync()
+        assert self._loop is not None
+        self._timer = self._loop.call_later(self.fsync_interval, self._interval_sync)
+
+    def _try_recover(self) -> None:
+        data = self._retry + b"".join(self._buf)
+        try:
+            self._write(data)
+            if self.policy is not FsyncPolicy.NEVER:
+                os.fsync(self._fd)
+        except OSError as exc:
+            self._failed = exc
+            return
+        self._retry = b""
+        self._buf.clear()
+        self._failed = None
+        log.info("journal writable again")
+
+    def _reclaim(self) -> None:
+        """Delete the oldest segments whose every publish is settled; move the few live
+        messages out of an old, mostly settled segment so it can go too."""
+        for number, seg in list(self.segments.items()):
+            if number == self.active or seg.deleting:
+                break
+            if seg.live <= 0:
+                seg.deleting = True
+                self._delete(seg)
+                continue
+            if seg.live * 10 <= seg.published:
+                self._compact(seg)
+            break
+
+    def _delete(self, seg: _Segment) -> None:
+        try:
+            seg.path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("cannot delete segment", file=str(seg.path), error=str(exc))
+            seg.deleting = False
+            return
+        self.segments.pop(seg.number, None)
+        log.debug("segment reclaimed", file=str(seg.path))
+
+    def _compact(self, seg: _Segment) -> None:
+        """Re-record the live messages of ``seg`` in the active segment; delete ``seg`` once
+        the copies are durable."""
+        if self._manager is None:
+            return
+        moved = 0
+        for queue in self._manager.queues.values():
+            if not queue.options.durable:
+                continue
+            for msg in self._all_messages(queue):
+                if msg.seg == seg.number:
+                    seg.live -= 1
+                    self.published(queue, msg)
+                    moved += 1
+        seg.live = 0
+        seg.deleting = True
+        log.debug("segment compacted", file=str(seg.path), moved=moved)
+
+        def done(err: Exception | None) -> None:
+            if err is None:
+                self._delete(seg)
+            else:
+                seg.deleting = False
+
+        self.when_durable(done)
+
+    @staticmethod
+    def _all_messages(queue: Queue) -> list[StoredMessage]:
+        msgs = list(queue.store)
+        for sub in queue.subscriptions:
+            msgs.extend(sub.inflight.values())
+        return msgs
+
+    async def close(self) -> None:
+        """Write and sync what is buffered, then close the active segment."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._flush()
+        while self._syncing:
+            await asyncio.sleep(0.001)
+        if self._fd >= 0:
+            if self._failed is None and self.policy is not FsyncPolicy.NEVER:
+                os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+        self._executor.shutdown(wait=True)
