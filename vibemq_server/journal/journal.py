@@ -37,8 +37,11 @@ from vibemq_server.journal.records import (
     Settle,
     check_segment_header,
     decode_record,
+    encode_deliver,
+    encode_publish,
     encode_record,
     encode_segment_header,
+    encode_settle,
     iter_records,
 )
 
@@ -294,7 +297,10 @@ class Journal:
         return self._failed is None
 
     def _append(self, record: Record) -> None:
-        self._buf.append(encode_record(record, self.clock()))
+        self._add(encode_record(record, self.clock()))
+
+    def _add(self, data: bytes) -> None:
+        self._buf.append(data)
         if not self._flush_scheduled and self._loop is not None:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -311,14 +317,15 @@ class Journal:
                 self._release(msg)
 
     def published(self, queue: Queue, msg: StoredMessage) -> None:
-        self._append(
-            Publish(
+        self._add(
+            encode_publish(
+                self.clock(),
                 msg.seq,
                 queue.name,
                 msg.id,
                 msg.published_at,
                 msg.expires_at,
-                int(msg.priority),
+                msg.priority,
                 msg.attempts,
                 msg.headers,
                 msg.payload,
@@ -330,12 +337,12 @@ class Journal:
         seg.published += 1
 
     def delivered(self, queue: Queue, msg: StoredMessage) -> None:
-        self._append(Deliver(msg.seq, queue.name, msg.attempts))
+        self._add(encode_deliver(self.clock(), msg.seq, queue.name, msg.attempts))
 
     def settled(
         self, queue: Queue, msg: StoredMessage, reason: SettleReason, detail: str = ""
     ) -> None:
-        self._append(Settle(msg.seq, queue.name, reason, detail))
+        self._add(encode_settle(self.clock(), msg.seq, queue.name, reason, detail))
         self._release(msg)
 
     def _release(self, msg: StoredMessage) -> None:

@@ -153,6 +153,54 @@ def encode_record(record: Record, timestamp: int) -> bytes:
     return RECORD_PREFIX.pack(len(inner), zlib.crc32(inner)) + inner
 
 
+# Direct encoders of the three records every message writes (publish, deliver, settle):
+# byte-for-byte what encode_record writes, without building a record object first.
+_PUBLISH_HEAD = Struct(">BQQQQBH")  # type, timestamp, seq, published_at, expires_at, prio, attempts
+_DELIVER_HEAD = Struct(">BQQH")  # type, timestamp, seq, attempts
+_SETTLE_HEAD = Struct(">BQQB")  # type, timestamp, seq, reason
+
+
+def _framed(inner: bytes) -> bytes:
+    return RECORD_PREFIX.pack(len(inner), zlib.crc32(inner)) + inner
+
+
+def encode_publish(
+    timestamp: int,
+    seq: int,
+    queue: str,
+    message_id: str,
+    published_at: int,
+    expires_at: int,
+    priority: int,
+    attempts: int,
+    headers: Mapping[str, str],
+    payload: bytes,
+) -> bytes:
+    parts = [
+        _PUBLISH_HEAD.pack(
+            RecordType.PUBLISH, timestamp, seq, published_at, expires_at, priority, attempts
+        ),
+        _s16(queue),
+        _s16(message_id),
+        _U16.pack(len(headers)),
+    ]
+    for key, value in headers.items():
+        parts.append(_s16(key))
+        parts.append(_s16(value))
+    parts.append(_U32.pack(len(payload)))
+    parts.append(payload)
+    return _framed(b"".join(parts))
+
+
+def encode_deliver(timestamp: int, seq: int, queue: str, attempts: int) -> bytes:
+    return _framed(_DELIVER_HEAD.pack(RecordType.DELIVER, timestamp, seq, attempts) + _s16(queue))
+
+
+def encode_settle(timestamp: int, seq: int, queue: str, reason: int, detail: str) -> bytes:
+    head = _SETTLE_HEAD.pack(RecordType.SETTLE, timestamp, seq, reason)
+    return _framed(head + _s16(queue) + _s16(detail))
+
+
 def encode_segment_header(segment: int) -> bytes:
     return SEGMENT_HEADER.pack(MAGIC, FORMAT_VERSION, 0, segment)
 
