@@ -1,0 +1,103 @@
+"""MQTT 3.1 / 3.1.1 adapter (groundwork): packets, the sans-IO codec and topic rules.
+
+* :mod:`adapters.mqtt.packets` -- one frozen dataclass per control packet.
+* :mod:`adapters.mqtt.codec` -- ``encode(packet)`` and the incremental :class:`MqttParser`,
+  which raises only :class:`MqttProtocolError` (with an :class:`MqttErrorCode`).
+* :mod:`adapters.mqtt.topics` -- topic name / filter validation, ``matches`` and the
+  ``a/b/c`` <-> ``a.b.c`` address mapping.
+
+The connection handler (session state, keep-alive, QoS flows, mapping onto the core) is not
+here yet.
+"""
+
+from adapters.mqtt.codec import (
+    MAX_PACKET_SIZE,
+    MAX_REMAINING_LENGTH,
+    MqttErrorCode,
+    MqttParser,
+    MqttProtocolError,
+    decode_remaining_length,
+    encode,
+    encode_remaining_length,
+)
+from adapters.mqtt.packets import (
+    PROTOCOL_LEVEL_V31,
+    PROTOCOL_LEVEL_V311,
+    PROTOCOL_NAME_V31,
+    PROTOCOL_NAME_V311,
+    SUBACK_FAILURE,
+    Connack,
+    ConnackCode,
+    Connect,
+    Disconnect,
+    Packet,
+    PacketType,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    QoS,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+)
+from adapters.mqtt.topics import (
+    InvalidTopicError,
+    TopicMappingError,
+    address_to_topic,
+    filter_to_pattern,
+    is_valid_topic_filter,
+    is_valid_topic_name,
+    matches,
+    topic_to_address,
+    validate_topic_filter,
+    validate_topic_name,
+)
+
+__all__ = [
+    "MAX_PACKET_SIZE",
+    "MAX_REMAINING_LENGTH",
+    "PROTOCOL_LEVEL_V31",
+    "PROTOCOL_LEVEL_V311",
+    "PROTOCOL_NAME_V31",
+    "PROTOCOL_NAME_V311",
+    "SUBACK_FAILURE",
+    "Connack",
+    "ConnackCode",
+    "Connect",
+    "Disconnect",
+    "InvalidTopicError",
+    "MqttErrorCode",
+    "MqttParser",
+    "MqttProtocolError",
+    "Packet",
+    "PacketType",
+    "Pingreq",
+    "Pingresp",
+    "Puback",
+    "Pubcomp",
+    "Publish",
+    "Pubrec",
+    "Pubrel",
+    "QoS",
+    "Suback",
+    "Subscribe",
+    "TopicMappingError",
+    "Unsuback",
+    "Unsubscribe",
+    "address_to_topic",
+    "decode_remaining_length",
+    "encode",
+    "encode_remaining_length",
+    "filter_to_pattern",
+    "is_valid_topic_filter",
+    "is_valid_topic_name",
+    "matches",
+    "topic_to_address",
+    "validate_topic_filter",
+    "validate_topic_name",
+]

@@ -1,0 +1,180 @@
+"""MQTT topic names and topic filters: validation, matching and the VibeMQ address mapping.
+
+Rules (MQTT 3.1.1 section 4.7, which 3.1 brokers follow in practice):
+
+* Topic names and filters are 1..65,535 bytes of UTF-8 without U+0000; levels are separated
+  by ``/`` and may be empty (``/a``, ``a//b`` and ``a/`` are all distinct, valid topics).
+* A topic *name* (PUBLISH, will topic) contains no wildcard at all.
+* In a topic *filter*, ``+`` must occupy a whole level and matches exactly one level (possibly
+  empty); ``#`` must be the whole last level and matches the parent level and any number of
+  levels below it (``a/#`` matches ``a``, ``a/`` and ``a/b/c``).
+* Topics starting with ``$`` (such as ``$SYS/...``) are not matched by a filter whose first
+  level is a wildcard: ``#`` and ``+/x`` do not match ``$SYS/x``, ``$SYS/#`` does.
+
+Address mapping (as RabbitMQ's MQTT plugin does): the MQTT topic ``a/b/c`` is the VibeMQ address
+``a.b.c`` and back. VibeMQ addresses are queue names, 1..256 of ``[A-Za-z0-9_.-]``, so:
+
+* a topic containing ``.`` cannot map (``a.b/c`` would become indistinguishable from
+  ``a/b/c``), and neither can one using any other character outside that set (``$``, spaces,
+  non-ASCII, ...) or mapping to more than 256 characters. :func:`topic_to_address` raises
+  :class:`TopicMappingError` for those rather than inventing an escape scheme; the adapter
+  should refuse such a PUBLISH / SUBSCRIBE (SUBACK 0x80) instead of silently renaming it.
+* Empty levels map to empty segments (``/a`` <-> ``.a``), so the mapping is a bijection
+  between mappable topics and valid addresses.
+* Filters map level by level with ``+`` -> ``*`` and ``#`` -> ``#`` (RabbitMQ's topic-exchange
+  syntax), see :func:`filter_to_pattern`. The core has no patterns yet; the function exists so
+  the adapter and the core agree on one spelling when it does.
+"""
+
+from __future__ import annotations
+
+from vibemq_server.protocol.names import valid_queue_name
+
+MAX_TOPIC_BYTES = 65_535
+LEVEL_SEPARATOR = "/"
+SINGLE_LEVEL_WILDCARD = "+"
+MULTI_LEVEL_WILDCARD = "#"
+ADDRESS_SEPARATOR = "."
+_PATTERN_WILDCARDS = {SINGLE_LEVEL_WILDCARD: "*", MULTI_LEVEL_WILDCARD: "#"}
+
+
+class InvalidTopicError(ValueError):
+    """A topic name or filter breaks the MQTT rules; the message says which."""
+
+
+class TopicMappingError(ValueError):
+    """A valid MQTT topic (or filter) that has no VibeMQ address, or an address with no topic."""
+
+
+def _common_error(text: str, kind: str) -> str | None:
+    if not text:
+        return f"{kind} must not be empty"
+    if "\x00" in text:
+        return f"{kind} must not contain U+0000"
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return f"{kind} is not valid UTF-8 (lone surrogate)"
+    if size > MAX_TOPIC_BYTES:
+        return f"{kind} is {size} bytes, more than {MAX_TOPIC_BYTES}"
+    return None
+
+
+def topic_name_error(name: str) -> str | None:
+    """Why ``name`` is not a valid topic name, or None if it is."""
+    error = _common_error(name, "topic name")
+    if error is not None:
+        return error
+    if SINGLE_LEVEL_WILDCARD in name or MULTI_LEVEL_WILDCARD in name:
+        return "topic name must not contain the wildcards '+' or '#'"
+    return None
+
+
+def topic_filter_error(topic_filter: str) -> str | None:
+    """Why ``topic_filter`` is not a valid topic filter, or None if it is."""
+    error = _common_error(topic_filter, "topic filter")
+    if error is not None:
+        return error
+    levels = topic_filter.split(LEVEL_SEPARATOR)
+    last = len(levels) - 1
+    for index, level in enumerate(levels):
+        if MULTI_LEVEL_WILDCARD in level and (level != MULTI_LEVEL_WILDCARD or index != last):
+            return "'#' must be a whole level and the last one"
+        if SINGLE_LEVEL_WILDCARD in level and level != SINGLE_LEVEL_WILDCARD:
+            return "'+' must be a whole level"
+    return None
+
+
+def is_valid_topic_name(name: str) -> bool:
+    return topic_name_error(name) is None
+
+
+def is_valid_topic_filter(topic_filter: str) -> bool:
+    return topic_filter_error(topic_filter) is None
+
+
+def validate_topic_name(name: str) -> None:
+    """Raise :class:`InvalidTopicError` unless ``name`` is a valid topic name."""
+    error = topic_name_error(name)
+    if error is not None:
+        raise InvalidTopicError(error)
+
+
+def validate_topic_filter(topic_filter: str) -> None:
+    """Raise :class:`InvalidTopicError` unless ``topic_filter`` is a valid topic filter."""
+    error = topic_filter_error(topic_filter)
+    if error is not None:
+        raise InvalidTopicError(error)
+
+
+def matches(topic_filter: str, topic: str) -> bool:
+    """Whether the topic name ``topic`` matches ``topic_filter``.
+
+    Both arguments must be valid (see :func:`validate_topic_filter` and
+    :func:`validate_topic_name`); this function is the hot path of delivery and does not
+    re-check them. With invalid input the result is unspecified but no exception is raised.
+    """
+    if topic.startswith("$") and topic_filter[:1] in (SINGLE_LEVEL_WILDCARD, MULTI_LEVEL_WILDCARD):
+        return False
+    filter_levels = topic_filter.split(LEVEL_SEPARATOR)
+    topic_levels = topic.split(LEVEL_SEPARATOR)
+    for index, level in enumerate(filter_levels):
+        if level == MULTI_LEVEL_WILDCARD:
+            # "a/#" covers "a" itself as well as everything below it.
+            return True
+        if index >= len(topic_levels):
+            return False
+        if level != SINGLE_LEVEL_WILDCARD and level != topic_levels[index]:
+            return False
+    return len(filter_levels) == len(topic_levels)
+
+
+def topic_to_address(topic: str) -> str:
+    """The VibeMQ address of a valid MQTT topic name: ``a/b/c`` -> ``a.b.c``.
+
+    Raises :class:`TopicMappingError` when the topic contains ``.`` or the result is not a
+    valid VibeMQ address (see the module docstring).
+    """
+    if ADDRESS_SEPARATOR in topic:
+        raise TopicMappingError(f"topic {topic!r} contains '.', which has no address form")
+    address = topic.replace(LEVEL_SEPARATOR, ADDRESS_SEPARATOR)
+    if not valid_queue_name(address):
+        raise TopicMappingError(
+            f"topic {topic!r} maps to {address!r}, not a valid address "
+            "(1..256 of letters, digits, '-', '_', '.')"
+        )
+    return address
+
+
+def address_to_topic(address: str) -> str:
+    """The MQTT topic name of a VibeMQ address: ``a.b.c`` -> ``a/b/c``.
+
+    Every valid address maps (and maps back with :func:`topic_to_address`); anything else
+    raises :class:`TopicMappingError`.
+    """
+    if not valid_queue_name(address):
+        raise TopicMappingError(f"{address!r} is not a valid address")
+    return address.replace(ADDRESS_SEPARATOR, LEVEL_SEPARATOR)
+
+
+def filter_to_pattern(topic_filter: str) -> str:
+    """The address pattern of a valid topic filter: ``a/+/#`` -> ``a.*.#``.
+
+    Literal levels follow :func:`topic_to_address`'s rules (no ``.``, only address
+    characters), raising :class:`TopicMappingError` otherwise. A wildcard-free filter maps to
+    exactly the address of the same topic.
+    """
+    if ADDRESS_SEPARATOR in topic_filter:
+        raise TopicMappingError(f"filter {topic_filter!r} contains '.', which has no address form")
+    levels = []
+    for level in topic_filter.split(LEVEL_SEPARATOR):
+        wildcard = _PATTERN_WILDCARDS.get(level)
+        if wildcard is not None:
+            levels.append(wildcard)
+            continue
+        if level and not valid_queue_name(level):
+            raise TopicMappingError(
+                f"filter {topic_filter!r} has level {level!r} with no address form"
+            )
+        levels.append(level)
+    return ADDRESS_SEPARATOR.join(levels)
