@@ -272,12 +272,14 @@ class QueueManager:
         return queue
 
     def delete_queue(self, name: str) -> None:
-        queue = self.queues.pop(name, None)
+        queue = self.queues.get(name)
         if queue is None:
             raise QueueNotFound(f"queue {name!r} not found")
-        queue.deleted = True
+        # Persistence sees the queue still registered, with its messages, to release them.
         if queue.options.durable and self.persistence is not None:
             self.persistence.queue_deleted(name)
+        del self.queues[name]
+        queue.deleted = True
         subs, queue.subscriptions = queue.subscriptions, []
         for sub in subs:
             sub.inflight.clear()
@@ -511,9 +513,12 @@ class QueueManager:
         """Put unacknowledged deliveries back at the head, in order, or dead-letter them.
         ``owner`` is the subscription that still holds them (an ack timeout)."""
         fan_out = queue.options.delivery_mode is DeliveryMode.FAN_OUT_WITH_ACK
-        for msg in reversed(msgs):
-            if msg.attempts >= queue.options.max_retry_attempts:
+        limit = queue.options.max_retry_attempts
+        for msg in msgs:
+            if msg.attempts >= limit:
                 self.dead_letter(queue, msg, DeadLetterReason.MAX_RETRIES_EXCEEDED)
+        for msg in reversed(msgs):
+            if msg.attempts >= limit:
                 continue
             msg.single = fan_out
             msg.target = owner if fan_out else None

@@ -158,6 +158,7 @@ class Journal:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, "vibemq-fsync")
         self._manager: QueueManager | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._closing = False
         self.recovered_messages = 0
 
     # -- recovery ----------------------------------------------------------------------------
@@ -313,7 +314,7 @@ class Journal:
         self._append(QueueDelete(name))
         if self._manager is not None and name in self._manager.queues:
             queue = self._manager.queues[name]
-            for msg in self._all_messages(queue):
+            for msg in self._distinct_messages(queue):
                 self._release(msg)
 
     def published(self, queue: Queue, msg: StoredMessage) -> None:
@@ -359,6 +360,8 @@ class Journal:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self._fd < 0:
+            return  # closed: the broker is shutting down and nobody waits any more
         if self._failed is not None:
             self._fail_waiters(self._failed)
             return
@@ -437,7 +440,7 @@ class Journal:
             waiter(exc)
 
     def _maybe_rotate(self) -> None:
-        if self._size < self.segment_size or self._syncing:
+        if self._size < self.segment_size or self._syncing or self._closing:
             return
         if self.policy is not FsyncPolicy.NEVER:
             os.fsync(self._fd)
@@ -507,11 +510,17 @@ class Journal:
         for queue in self._manager.queues.values():
             if not queue.options.durable:
                 continue
+            copies: dict[int, list[StoredMessage]] = {}
             for msg in self._all_messages(queue):
                 if msg.seg == seg.number:
-                    seg.live -= 1
-                    self.published(queue, msg)
-                    moved += 1
+                    copies.setdefault(msg.seq, []).append(msg)
+            for same in copies.values():
+                # Fan-out copies share one seq: one record, and all copies point at it.
+                seg.live -= 1
+                self.published(queue, same[0])
+                for other in same[1:]:
+                    other.seg = same[0].seg
+                moved += 1
         seg.live = 0
         seg.deleting = True
         log.debug("segment compacted", file=str(seg.path), moved=moved)
@@ -524,6 +533,17 @@ class Journal:
 
         self.when_durable(done)
 
+    @classmethod
+    def _distinct_messages(cls, queue: Queue) -> list[StoredMessage]:
+        """One message per seq (fan-out copies share theirs)."""
+        seen: set[int] = set()
+        out = []
+        for msg in cls._all_messages(queue):
+            if msg.seq not in seen:
+                seen.add(msg.seq)
+                out.append(msg)
+        return out
+
     @staticmethod
     def _all_messages(queue: Queue) -> list[StoredMessage]:
         msgs = list(queue.store)
@@ -533,6 +553,7 @@ class Journal:
 
     async def close(self) -> None:
         """Write and sync what is buffered, then close the active segment."""
+        self._closing = True
         if self._timer is not None:
             self._timer.cancel()
         self._flush()
