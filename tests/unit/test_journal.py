@@ -663,7 +663,11 @@ async def test_reclaim_never_deletes_a_segment_with_live_messages(env: Env) -> N
     assert live(journal) == 100
     journal.maintain()
     await durable(journal)
-    assert [n for n, _ in env.segments()] == before
+    # The oldest segment pins later ones with only a few live messages, so it may be
+    # compacted: its messages copied forward, never dropped.
+    assert live(journal) == 100
+    after = [n for n, _ in env.segments()]
+    assert set(after) - set(before) <= {journal.active}
     mgr2, _ = await env.restart(journal, segment_size=4096)
     assert [m for m, _ in ready(mgr2, "r")] == [f"m{i}" for i in range(1, 200, 2)]
 
@@ -822,9 +826,10 @@ async def test_write_failure_refuses_durable_publishes_then_recovers(
         mgr.publish("d", "m3", b"{}", {})
     assert mgr.publish("mem", "x", b"{}", {}) is PublishOutcome.ACCEPTED  # not journaled
     # consumers keep being served; their acks are kept for later
+    # m2's publisher got the error and no consumer had it yet: it was withdrawn
     c = Consumer()
     sub = mgr.subscribe("d", "s", c, 10)
-    assert c.seen == [("m1", 1), ("m2", 1)]
+    assert c.seen == [("m1", 1)]
     assert mgr.ack(sub, "m1")
     err2 = await durable(journal)
     assert isinstance(err2, OSError)
@@ -843,7 +848,7 @@ async def test_write_failure_refuses_durable_publishes_then_recovers(
 
     mgr2, _ = await env.restart(journal)
     assert c.seen[-1] == ("m4", 1)
-    assert ready(mgr2, "d") == [("m2", 1), ("m4", 1)]
+    assert ready(mgr2, "d") == [("m4", 1)]
     assert "mem" not in mgr2.queues
 
 

@@ -241,6 +241,15 @@ class QueueManager:
         if msg.seq >= self.next_seq:
             self.next_seq = msg.seq + 1
 
+    def withdraw(self, queue: Queue, msg: StoredMessage) -> bool:
+        """Take back a just-published message that storage failed to record, unless a
+        consumer already has it. Only the newest messages can be withdrawn (in reverse)."""
+        if queue.deleted or not queue.store.pop_if_newest(msg):
+            return False
+        self.memory_bytes -= len(msg.payload)
+        queue.stats.published -= 1
+        return True
+
     def _durable(self, queue: Queue) -> Persistence | None:
         return self.persistence if queue.options.durable else None
 
@@ -347,7 +356,7 @@ class QueueManager:
         queue.store.append(msg)
         self.memory_bytes += len(payload)
         if persistence is not None:
-            persistence.published(queue, msg)
+            persistence.published(queue, msg, client=True)
         queue.dispatch()
         if self.memory_bytes > self.memory_high:
             self.memory_blocked = True

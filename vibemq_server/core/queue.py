@@ -123,6 +123,16 @@ class _Store:
                 return msg
         return None
 
+    def pop_if_newest(self, msg: StoredMessage) -> bool:
+        """Take ``msg`` back if it is the last one appended at its level."""
+        level = self._level(msg)
+        if level and level[-1] is msg:
+            level.pop()
+            self.nbytes -= len(msg.payload)
+            self.count -= 1
+            return True
+        return False
+
     def pop_oldest_lowest(self) -> StoredMessage | None:
         """The message DropOldest sacrifices: the oldest of the lowest priority present."""
         for level in self._levels:

@@ -58,6 +58,10 @@ SUFFIX = ".seg"
 _TORN_SCAN_LIMIT = 8 * 1024 * 1024
 
 
+# Live messages few enough to copy forward at once when they pin older segments.
+_SMALL_LIVE = 1000
+
+
 class FsyncPolicy(StrEnum):
     ALWAYS = "always"
     INTERVAL = "interval"
@@ -154,6 +158,8 @@ class Journal:
         self._flush_scheduled = False
         self._failed: Exception | None = None
         self._retry: bytes = b""
+        # Client publishes in _buf (index, queue, message): withdrawn if their write fails.
+        self._batch_publishes: list[tuple[int, Queue, StoredMessage]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, "vibemq-fsync")
         self._manager: QueueManager | None = None
@@ -274,14 +280,19 @@ class Journal:
         path = segment_path(self.directory, number)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         header = encode_segment_header(number)
-        os.write(fd, header)
-        if self.policy is not FsyncPolicy.NEVER:
-            os.fsync(fd)
-            dir_fd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)  # the new file's name must survive a crash too
-            finally:
-                os.close(dir_fd)
+        try:
+            if os.write(fd, header) != len(header):
+                raise OSError(f"short write of the header of {path}")
+            if self.policy is not FsyncPolicy.NEVER:
+                os.fsync(fd)
+                dir_fd = os.open(self.directory, os.O_RDONLY)
+                try:
+                    os.fsync(dir_fd)  # the new file's name must survive a crash too
+                finally:
+                    os.close(dir_fd)
+        except OSError:
+            os.close(fd)
+            raise
         self._fd = fd
         self._size = len(header)
         self.active = number
@@ -317,7 +328,9 @@ class Journal:
             for msg in self._distinct_messages(queue):
                 self._release(msg)
 
-    def published(self, queue: Queue, msg: StoredMessage) -> None:
+    def published(self, queue: Queue, msg: StoredMessage, *, client: bool = False) -> None:
+        if client:
+            self._batch_publishes.append((len(self._buf), queue, msg))
         self._add(
             encode_publish(
                 self.clock(),
@@ -366,12 +379,13 @@ class Journal:
             self._fail_waiters(self._failed)
             return
         if self._buf:
-            data = b"".join(self._buf)
-            self._buf.clear()
+            records, self._buf = self._buf, []
+            publishes, self._batch_publishes = self._batch_publishes, []
             try:
-                self._write(data)
+                self._write(b"".join(records))
             except OSError as exc:
-                self._fail(exc, data)
+                self._withdraw(records, publishes)
+                self._fail(exc, b"".join(records))
                 return
         waiters, self._waiters = self._waiters, []
         if self.policy is FsyncPolicy.ALWAYS:
@@ -425,6 +439,18 @@ class Journal:
         else:
             self._maybe_rotate()
 
+    def _withdraw(
+        self, records: list[bytes], publishes: list[tuple[int, Queue, StoredMessage]]
+    ) -> None:
+        """The write of these records failed and their publishers get an error: take the
+        messages no consumer has yet back out of their queues, and drop their records."""
+        if self._manager is None:
+            return
+        for index, queue, msg in reversed(publishes):
+            if self._manager.withdraw(queue, msg):
+                records[index] = b""
+                self._release(msg)
+
     def _fail(self, exc: Exception, unwritten: bytes) -> None:
         """Storage failed: refuse durable publishes, keep the records to write them later."""
         if self._failed is None:
@@ -442,10 +468,22 @@ class Journal:
     def _maybe_rotate(self) -> None:
         if self._size < self.segment_size or self._syncing or self._closing:
             return
-        if self.policy is not FsyncPolicy.NEVER:
-            os.fsync(self._fd)
-        os.close(self._fd)
-        self._open_segment(self.active + 1)
+        old_fd = self._fd
+        try:
+            if self.policy is not FsyncPolicy.NEVER:
+                os.fsync(old_fd)
+            self._open_segment(self.active + 1)
+        except OSError as exc:
+            # Stay on the old segment (it is still open) and retry once storage recovers.
+            self._remove_partial_segment(self.active + 1)
+            self._fail(exc, b"")
+            return
+        os.close(old_fd)
+
+    def _remove_partial_segment(self, number: int) -> None:
+        if number not in self.segments:
+            with contextlib.suppress(OSError):
+                segment_path(self.directory, number).unlink()
 
     def maintain(self) -> None:
         """Called on a timer: retry after a failure, reclaim settled segments."""
@@ -480,14 +518,19 @@ class Journal:
     def _reclaim(self) -> None:
         """Delete the oldest segments whose every publish is settled; move the few live
         messages out of an old, mostly settled segment so it can go too."""
-        for number, seg in list(self.segments.items()):
-            if number == self.active or seg.deleting:
+        closed = [n for n in self.segments if n != self.active]
+        for number in closed:
+            seg = self.segments[number]
+            if seg.deleting:
                 break
             if seg.live <= 0:
                 seg.deleting = True
                 self._delete(seg)
                 continue
-            if seg.live * 10 <= seg.published:
+            # Compact when few of its messages are alive, or when a handful of live messages
+            # hold back later closed segments (a restart's small segment, a parked message).
+            behind = len(closed) - closed.index(number) - 1
+            if seg.live * 10 <= seg.published or (behind >= 2 and seg.live <= _SMALL_LIVE):
                 self._compact(seg)
             break
 

@@ -390,15 +390,33 @@ class Session:
             self.manager.create_queue(queue, options)
         except CoreError as exc:
             raise self._core_error(msg, exc) from None
-        self._reply(CommandType.CREATE_QUEUE, msg)
+        self._reply_when_durable(CommandType.CREATE_QUEUE, msg, options.durable)
 
     def on_delete_queue(self, msg: Message) -> None:
         queue = self._queue_name(msg)
         try:
+            durable = self.manager.get(queue).options.durable
             self.manager.delete_queue(queue)
         except CoreError as exc:
             raise self._core_error(msg, exc) from None
-        self._reply(CommandType.DELETE_QUEUE, msg)
+        self._reply_when_durable(CommandType.DELETE_QUEUE, msg, durable)
+
+    def _reply_when_durable(self, kind: CommandType, msg: Message, durable: bool) -> None:
+        """Confirm a queue operation only once the journal has it (durable queues)."""
+        persistence = self.manager.persistence
+        if not durable or persistence is None:
+            self._reply(kind, msg)
+            return
+
+        def done(err: Exception | None) -> None:
+            if self.state is State.CLOSED:
+                return
+            if err is None:
+                self._reply(kind, msg)
+            else:
+                self.send_error(msg.id, ErrorCode.SERVER_ERROR, f"not stored: {err}")
+
+        persistence.when_durable(done)
 
     def on_queue_info(self, msg: Message) -> None:
         queue = self._queue_name(msg)
