@@ -22,7 +22,9 @@ from vibemq_server.core import (
     Subscription,
 )
 from vibemq_server.journal import journal as journal_mod
-from vibemq_server.journal.journal import FsyncPolicy, Journal, JournalCorrupt, list_segments
+from vibemq_server.journal import records as records_mod
+from vibemq_server.journal import recovery as recovery_mod
+from vibemq_server.journal.journal import FsyncPolicy, Journal
 from vibemq_server.journal.records import (
     SEGMENT_HEADER_SIZE,
     Deliver,
@@ -32,6 +34,7 @@ from vibemq_server.journal.records import (
     encode_record,
     iter_records,
 )
+from vibemq_server.journal.recovery import JournalCorrupt, list_segments
 
 # -- doubles and helpers ---------------------------------------------------------------------
 
@@ -506,6 +509,7 @@ async def test_torn_tail_is_truncated(env: Env, tail: str, monkeypatch: pytest.M
         fh.write(junk[tail])
     logs = LogRecorder()
     monkeypatch.setattr(journal_mod, "log", logs)
+    monkeypatch.setattr(recovery_mod, "log", logs)
 
     mgr, _ = env.open()
     assert ready(mgr, "q") == [("m1", 0), ("m2", 0), ("m3", 0)]
@@ -529,6 +533,7 @@ async def test_damaged_last_record_is_a_torn_tail(
     path.write_bytes(bytes(data))
     logs = LogRecorder()
     monkeypatch.setattr(journal_mod, "log", logs)
+    monkeypatch.setattr(recovery_mod, "log", logs)
     mgr, _ = env.open()
     assert ready(mgr, "q") == [("m1", 0), ("m2", 0)]
     assert path.stat().st_size == last.offset
@@ -591,16 +596,17 @@ async def test_bad_magic_is_corrupt(env: Env, which: str) -> None:
 async def test_short_last_segment_is_removed(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     await _three_messages(env)
     number = env.segments()[-1][0] + 1
-    torn = journal_mod.segment_path(env.directory, number)
+    torn = recovery_mod.segment_path(env.directory, number)
     torn.write_bytes(b"VMQJ\x00\x01\x00")  # a header cut off by a crash
     logs = LogRecorder()
     monkeypatch.setattr(journal_mod, "log", logs)
+    monkeypatch.setattr(recovery_mod, "log", logs)
     mgr, journal = env.open()
     assert ready(mgr, "q") == [("m1", 0), ("m2", 0), ("m3", 0)]
     assert len(logs.at("warning")) == 1
     # the new segment took the free number and is a whole segment
     assert journal.active == number
-    assert torn.read_bytes()[:SEGMENT_HEADER_SIZE] == journal_mod.encode_segment_header(number)
+    assert torn.read_bytes()[:SEGMENT_HEADER_SIZE] == records_mod.encode_segment_header(number)
     publish(mgr, "q", "m4")
     mgr2, _ = await env.restart(journal)
     assert [m for m, _ in ready(mgr2, "q")] == ["m1", "m2", "m3", "m4"]
@@ -809,6 +815,7 @@ async def test_write_failure_refuses_durable_publishes_then_recovers(
     monkeypatch.setattr(journal_mod, "os", fake)
     logs = LogRecorder()
     monkeypatch.setattr(journal_mod, "log", logs)
+    monkeypatch.setattr(recovery_mod, "log", logs)
     mgr, journal = env.open()
     make(mgr, "d")
     make(mgr, "mem", durable=False)
@@ -890,7 +897,7 @@ async def test_every_segment_starts_with_the_queue_definitions(env: Env) -> None
     assert len(segs) >= 3
     for number, path in segs:
         data = path.read_bytes()
-        assert journal_mod.check_segment_header(data) == number
+        assert records_mod.check_segment_header(data) == number
         first = next(iter_records(data)).record
         assert isinstance(first, QueueCreate) and first.name == "a"
     assert not any(isinstance(r, Deliver) for r in env.records())
@@ -903,6 +910,7 @@ async def test_close_at_a_rotation_boundary_is_clean(
     would log a failure) and no segment without the queue definitions at its head."""
     logs = LogRecorder()
     monkeypatch.setattr(journal_mod, "log", logs)
+    monkeypatch.setattr(recovery_mod, "log", logs)
     mgr, journal = env.open(segment_size=200)
     make(mgr, "q")
     for i in range(5):  # more than a segment, all buffered in this loop turn

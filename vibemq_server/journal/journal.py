@@ -23,27 +23,19 @@ import structlog
 
 from vibemq_server.core.clock import Clock, wall_clock_ms
 from vibemq_server.core.manager import options_to_dict
-from vibemq_server.core.message import Priority, StoredMessage
+from vibemq_server.core.message import StoredMessage
 from vibemq_server.core.persistence import SettleReason
 from vibemq_server.journal.records import (
-    RECORD_PREFIX,
-    SEGMENT_HEADER_SIZE,
-    Deliver,
-    JournalError,
-    Publish,
     QueueCreate,
     QueueDelete,
     Record,
-    Settle,
-    check_segment_header,
-    decode_record,
     encode_deliver,
     encode_publish,
     encode_record,
     encode_segment_header,
     encode_settle,
-    iter_records,
 )
+from vibemq_server.journal.recovery import recover, segment_path
 
 if TYPE_CHECKING:
     from vibemq_server.core.manager import QueueManager
@@ -52,10 +44,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("vibemq.journal")
 
 Waiter = Callable[[Exception | None], None]
-SUFFIX = ".seg"
-# A torn tail is what one interrupted write leaves; a bad record followed by a valid one
-# further than this is damage in the middle, never a torn tail.
-_TORN_SCAN_LIMIT = 8 * 1024 * 1024
 
 
 # Live messages few enough to copy forward at once when they pin older segments.
@@ -68,10 +56,6 @@ class FsyncPolicy(StrEnum):
     NEVER = "never"
 
 
-class JournalCorrupt(Exception):
-    """Damage in the middle of the journal: refuse to start rather than drop data."""
-
-
 @dataclass(slots=True)
 class _Segment:
     number: int
@@ -79,54 +63,6 @@ class _Segment:
     live: int = 0  # publishes in this segment not yet settled
     published: int = 0  # publishes ever written to it
     deleting: bool = False
-
-
-@dataclass(slots=True)
-class _Pending:
-    """A message seen during recovery: its publish record, segment and latest attempts."""
-
-    record: Publish
-    segment: int
-    attempts: int
-
-
-def segment_path(directory: Path, number: int) -> Path:
-    return directory / f"{number:020d}{SUFFIX}"
-
-
-def list_segments(directory: Path) -> list[tuple[int, Path]]:
-    """Segment files in order (number from the file name)."""
-    out = []
-    for path in directory.glob(f"*{SUFFIX}"):
-        stem = path.name[: -len(SUFFIX)]
-        if stem.isdigit():
-            out.append((int(stem), path))
-    return sorted(out)
-
-
-def _valid_record_at(data: bytes, offset: int) -> bool:
-    try:
-        decode_record(data, offset)
-    except JournalError:
-        return False
-    return True
-
-
-def _is_torn_tail(data: bytes, offset: int) -> bool:
-    """Whether the bad bytes from ``offset`` to the end are what a cut-off write leaves:
-    no valid record starts anywhere after them (or they are all zero)."""
-    rest = len(data) - offset
-    if rest > _TORN_SCAN_LIMIT:
-        return False
-    if not any(data[offset:]):
-        return True
-    unpack = RECORD_PREFIX.unpack_from
-    end = len(data)
-    for pos in range(offset + 1, end - RECORD_PREFIX.size):
-        (length, _crc) = unpack(data, pos)
-        if 9 <= length <= end - pos - RECORD_PREFIX.size and _valid_record_at(data, pos):
-            return False
-    return True
 
 
 class Journal:
@@ -172,99 +108,18 @@ class Journal:
     def recover(self, manager: QueueManager) -> None:
         """Rebuild queues and messages from the segments; cut a torn tail; refuse damage."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        files = list_segments(self.directory)
-        queues: dict[str, tuple[bytes, int]] = {}
-        messages: dict[int, _Pending] = {}
-        published: dict[int, int] = {}
-        for index, (number, path) in enumerate(files):
-            last = index == len(files) - 1
-            data = path.read_bytes()
-            if last and len(data) < SEGMENT_HEADER_SIZE:
-                log.warning("removing torn segment header", file=str(path), size=len(data))
-                path.unlink()
-                continue
-            try:
-                check_segment_header(data, str(path))
-            except JournalError as exc:
-                raise JournalCorrupt(str(exc)) from None
-            self.segments[number] = _Segment(number, path)
-            try:
-                for entry in iter_records(data, SEGMENT_HEADER_SIZE, str(path)):
-                    self._apply(entry.record, number, queues, messages, published)
-            except JournalError as exc:
-                if not (last and _is_torn_tail(data, exc.offset)):
-                    raise JournalCorrupt(
-                        f"journal damaged: {exc}; refusing to start (move the file away "
-                        "to start without it, losing its messages)"
-                    ) from None
-                log.warning(
-                    "truncating torn journal tail",
-                    file=str(path),
-                    offset=exc.offset,
-                    dropped_bytes=len(data) - exc.offset,
-                )
-                with path.open("r+b") as fh:
-                    fh.truncate(exc.offset)
-                    os.fsync(fh.fileno())
-        for name, (options_json, created_at) in queues.items():
-            options = manager.options_from(json.loads(options_json))
-            manager.restore_queue(name, options, created_at)
-        restored = 0
-        for seq in sorted(messages):
-            pending = messages[seq]
-            rec, number, attempts = pending.record, pending.segment, pending.attempts
-            queue = manager.queues.get(rec.queue)
-            if queue is None:
-                continue
-            msg = StoredMessage(
-                rec.message_id,
-                rec.queue,
-                rec.payload,
-                rec.headers,
-                rec.published_at,
-                rec.expires_at,
-                Priority(rec.priority),
-                attempts,
+        found = recover(self.directory, manager)
+        for number, path in found.segments:
+            self.segments[number] = _Segment(
+                number, path, found.live.get(number, 0), found.published.get(number, 0)
             )
-            msg.seq = seq
-            msg.seg = number
-            manager.restore_message(queue, msg)
-            self.segments[number].live += 1
-            restored += 1
-        for number, count in published.items():
-            if number in self.segments:
-                self.segments[number].published = count
-        self.recovered_messages = restored
+        self.recovered_messages = found.messages
         log.info(
             "journal recovered",
             segments=len(self.segments),
-            queues=len(queues),
-            messages=restored,
+            queues=found.queues,
+            messages=found.messages,
         )
-
-    @staticmethod
-    def _apply(
-        record: Record,
-        number: int,
-        queues: dict[str, tuple[bytes, int]],
-        messages: dict[int, _Pending],
-        published: dict[int, int],
-    ) -> None:
-        if isinstance(record, Publish):
-            messages[record.seq] = _Pending(record, number, record.attempts)
-            published[number] = published.get(number, 0) + 1
-        elif isinstance(record, Settle):
-            messages.pop(record.seq, None)
-        elif isinstance(record, Deliver):
-            entry = messages.get(record.seq)
-            if entry is not None:
-                entry.attempts = record.attempts
-        elif isinstance(record, QueueCreate):
-            queues[record.name] = (record.options_json, record.created_at)
-        else:
-            queues.pop(record.name, None)
-            for seq in [s for s, p in messages.items() if p.record.queue == record.name]:
-                del messages[seq]
 
     # -- running -----------------------------------------------------------------------------
 
