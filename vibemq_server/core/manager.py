@@ -234,12 +234,12 @@ class QueueManager:
         self.queues[name] = queue
         return queue
 
-    def restore_message(self, queue: Queue, msg: StoredMessage) -> None:
-        """Put a recovered message back, in journal order (no record, no dispatch)."""
-        queue.store.append(msg)
-        self.memory_bytes += len(msg.payload)
-        if msg.seq >= self.next_seq:
-            self.next_seq = msg.seq + 1
+    def restore_messages(self, queue: Queue, msgs: list[StoredMessage]) -> None:
+        """Put recovered messages back, in journal order (no record, no dispatch)."""
+        queue.store.extend(msgs)
+        self.memory_bytes += sum(len(m.payload) for m in msgs)
+        if msgs:
+            self.next_seq = max(self.next_seq, max(m.seq for m in msgs) + 1)
 
     def withdraw(self, queue: Queue, msg: StoredMessage) -> bool:
         """Take back a just-published message that storage failed to record, unless a

@@ -109,6 +109,15 @@ class _Store:
         self.nbytes += len(msg.payload)
         self.count += 1
 
+    def extend(self, msgs: list[StoredMessage]) -> None:
+        if len(self._levels) == 1:
+            self._levels[0].extend(msgs)
+            self.nbytes += sum(len(m.payload) for m in msgs)
+            self.count += len(msgs)
+        else:
+            for msg in msgs:
+                self.append(msg)
+
     def appendleft(self, msg: StoredMessage) -> None:
         self._level(msg).appendleft(msg)
         self.nbytes += len(msg.payload)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from struct import Struct
 from struct import error as StructError
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -34,6 +34,7 @@ from vibemq_server.journal.records import (
 
 if TYPE_CHECKING:
     from vibemq_server.core.manager import QueueManager
+    from vibemq_server.core.queue import Queue
 
 log = structlog.get_logger("vibemq.journal")
 
@@ -51,10 +52,6 @@ _PUBLISH, _DELIVER, _SETTLE = RecordType.PUBLISH, RecordType.DELIVER, RecordType
 
 class JournalCorrupt(Exception):
     """Damage in the middle of the journal: refuse to start rather than drop data."""
-
-
-# A publish seen during the scan: [segment, record offset, attempts, queue name bytes].
-_Pending = list[Any]
 
 
 @dataclass(slots=True)
@@ -116,7 +113,9 @@ def _is_torn_tail(data: bytes, offset: int) -> bool:
 def recover(directory: Path, manager: QueueManager) -> Recovered:
     out = Recovered()
     queues: dict[str, tuple[bytes, int]] = {}
-    pending: dict[int, _Pending] = {}
+    # seq -> where its PUBLISH record is: segment number << 40 | offset
+    pending: dict[int, int] = {}
+    attempts: dict[int, int] = {}  # seq -> deliveries so far, from DELIVER records
     data_of: dict[int, bytes] = {}
     files = list_segments(directory)
     for index, (number, path) in enumerate(files):
@@ -133,7 +132,9 @@ def recover(directory: Path, manager: QueueManager) -> Recovered:
         out.segments.append((number, path))
         data_of[number] = data
         try:
-            out.published[number] = _scan(data, number, str(path), queues, pending)
+            out.published[number] = _scan(
+                data, number, str(path), queues, pending, attempts, data_of
+            )
         except JournalError as exc:
             if not (last and _is_torn_tail(data, exc.offset)):
                 raise JournalCorrupt(
@@ -154,24 +155,45 @@ def recover(directory: Path, manager: QueueManager) -> Recovered:
     for name, (options_json, created_at) in queues.items():
         manager.restore_queue(name, manager.options_from(json.loads(options_json)), created_at)
     out.queues = len(queues)
-    names: dict[bytes, str] = {}
+    paths = {number: str(path) for number, path in out.segments}
     live = out.live
+    # queue-name bytes -> (name, queue or None)
+    targets: dict[bytes, tuple[str, Queue | None]] = {}
+    by_queue: dict[str, list[StoredMessage]] = {}
+    load = _load
+    mask = (1 << _OFFSET_BITS) - 1
     for seq in sorted(pending):
-        number, offset, attempts, queue_raw = pending[seq]
-        known = names.get(queue_raw)
-        if known is None:
-            known = names[queue_raw] = queue_raw.decode()
-        name = known
-        queue = manager.queues.get(name)
+        where = pending[seq]
+        number = where >> _OFFSET_BITS
+        offset = where & mask
+        data = data_of[number]
+        raw = _queue_at(data, offset)
+        target = targets.get(raw)
+        if target is None:
+            decoded = raw.decode()
+            target = targets[raw] = (decoded, manager.queues.get(decoded))
+        name, queue = target
         if queue is None:
             continue
-        where = str(segment_path(directory, number))
-        msg = _load(data_of[number], offset, name, attempts, where)
-        msg.seg = number
-        manager.restore_message(queue, msg)
+        msg = load(data, offset, name, attempts.get(seq), paths, number)
+        by_queue.setdefault(name, []).append(msg)
         live[number] = live.get(number, 0) + 1
-        out.messages += 1
+    for name, msgs in by_queue.items():
+        manager.restore_messages(manager.queues[name], msgs)
+        out.messages += len(msgs)
     return out
+
+
+_OFFSET_BITS = 40
+# Smallest PUBLISH record: type, timestamp, fixed fields, then empty queue, id, headers, payload.
+_PUBLISH_MIN = _PUBLISH_QUEUE + 2 + 2 + 2 + 4
+
+
+def _queue_at(data: bytes, offset: int) -> bytes:
+    """The queue name bytes of the PUBLISH record at ``offset``."""
+    q = offset + RECORD_PREFIX.size + _PUBLISH_QUEUE
+    (n,) = _U16.unpack_from(data, q)
+    return data[q + 2 : q + 2 + n]
 
 
 def _scan(
@@ -179,7 +201,9 @@ def _scan(
     number: int,
     path: str,
     queues: dict[str, tuple[bytes, int]],
-    pending: dict[int, _Pending],
+    pending: dict[int, int],
+    attempts: dict[int, int],
+    data_of: dict[int, bytes],
 ) -> int:
     """Replay one segment's records into ``queues``/``pending``; the publishes it holds."""
     view = memoryview(data)
@@ -188,6 +212,7 @@ def _scan(
     u64 = _U64.unpack_from
     pos = SEGMENT_HEADER_SIZE
     end = len(data)
+    base = number << _OFFSET_BITS
     publishes = 0
     while pos < end:
         if end - pos < RECORD_PREFIX.size:
@@ -202,36 +227,37 @@ def _scan(
         if crc32(view[start:stop]) != crc:
             raise JournalError("checksum mismatch", path, pos)
         kind = data[start]
-        try:
-            if kind == _PUBLISH:
-                (seq,) = u64(data, start + _BODY)
-                (attempts,) = _U16.unpack_from(data, start + _PUBLISH_QUEUE - 2)
-                (qlen,) = _U16.unpack_from(data, start + _PUBLISH_QUEUE)
-                q0 = start + _PUBLISH_QUEUE + 2
-                pending[seq] = [number, pos, attempts, data[q0 : q0 + qlen]]
-                publishes += 1
-            elif kind == _SETTLE:
-                pending.pop(u64(data, start + _BODY)[0], None)
-            elif kind == _DELIVER:
-                seq, attempts = _SEQ_ATTEMPTS.unpack_from(data, start + _BODY)
-                entry = pending.get(seq)
-                if entry is not None:
-                    entry[2] = attempts
+        if kind == _PUBLISH and length >= _PUBLISH_MIN:
+            pending[u64(data, start + _BODY)[0]] = base | pos
+            publishes += 1
+        elif kind == _SETTLE and length >= _BODY + 8:
+            pending.pop(u64(data, start + _BODY)[0], None)
+        elif kind == _DELIVER and length >= _BODY + 10:
+            seq, count = _SEQ_ATTEMPTS.unpack_from(data, start + _BODY)
+            if seq in pending:
+                attempts[seq] = count
+        else:
+            record = decode_record(data, pos, path).record
+            if isinstance(record, QueueCreate):
+                queues[record.name] = (record.options_json, record.created_at)
+            elif isinstance(record, QueueDelete):
+                queues.pop(record.name, None)
+                _drop_queue(record.name.encode(), pending, data_of)
             else:
-                record = decode_record(data, pos, path).record
-                if isinstance(record, QueueCreate):
-                    queues[record.name] = (record.options_json, record.created_at)
-                elif isinstance(record, QueueDelete):
-                    queues.pop(record.name, None)
-                    raw = record.name.encode()
-                    for seq in [s for s, e in pending.items() if e[3] == raw]:
-                        del pending[seq]
-                else:
-                    raise JournalError(f"unexpected record type {kind}", path, pos)
-        except StructError:
-            raise JournalError("malformed record body", path, pos) from None
+                raise JournalError(f"malformed record of type {kind}", path, pos)
         pos = stop
     return publishes
+
+
+def _drop_queue(raw: bytes, pending: dict[int, int], data_of: dict[int, bytes]) -> None:
+    mask = (1 << _OFFSET_BITS) - 1
+    doomed = [
+        seq
+        for seq, where in pending.items()
+        if _queue_at(data_of[where >> _OFFSET_BITS], where & mask) == raw
+    ]
+    for seq in doomed:
+        del pending[seq]
 
 
 def _count_publishes(data: bytes) -> int:
@@ -244,13 +270,20 @@ def _count_publishes(data: bytes) -> int:
     return count
 
 
-def _load(data: bytes, offset: int, queue: str, attempts: int, where: str) -> StoredMessage:
+def _load(
+    data: bytes,
+    offset: int,
+    queue: str,
+    attempts: int | None,
+    paths: dict[int, str],
+    number: int,
+) -> StoredMessage:
     """Decode the PUBLISH record at ``offset`` into the message it stored."""
     try:
         start = offset + RECORD_PREFIX.size
         (length,) = _U32.unpack_from(data, offset)
         stop = start + length
-        seq, published_at, expires_at, priority, _attempts = _PUBLISH_FIXED.unpack_from(
+        seq, published_at, expires_at, priority, written = _PUBLISH_FIXED.unpack_from(
             data, start + _BODY
         )
         (qlen,) = _U16.unpack_from(data, start + _PUBLISH_QUEUE)
@@ -282,12 +315,13 @@ def _load(data: bytes, offset: int, queue: str, attempts: int, where: str) -> St
             published_at,
             expires_at,
             _PRIORITIES[priority],
-            attempts,
+            written if attempts is None else attempts,
         )
     except (StructError, UnicodeDecodeError, ValueError, IndexError) as exc:
         raise JournalCorrupt(
-            f"journal damaged: malformed publish record in {where} at offset {offset} "
+            f"journal damaged: malformed publish record in {paths[number]} at offset {offset} "
             f"({exc}); refusing to start"
         ) from None
     msg.seq = seq
+    msg.seg = number
     return msg
