@@ -101,6 +101,7 @@ class Journal:
         self._manager: QueueManager | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._closing = False
+        self.epoch = 0
         self.recovered_messages = 0
 
     # -- recovery ----------------------------------------------------------------------------
@@ -230,6 +231,7 @@ class Journal:
         self._flush_scheduled = False
         if self._fd < 0:
             return  # closed: the broker is shutting down and nobody waits any more
+        self.epoch += 1
         if self._failed is not None:
             self._fail_waiters(self._failed)
             return

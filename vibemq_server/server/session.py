@@ -129,6 +129,9 @@ class Session:
         self.subs: dict[str, Subscription] = {}
         # Publishes held back while a BlockPublisher queue is full, in arrival order.
         self._deferred: deque[Message] = deque()
+        # Publishes waiting for the journal's next flush, and that flush's epoch.
+        self._ack_batch: list[Message] | None = None
+        self._ack_epoch = -1
         self._memory_paused = False
         self._rate = config.publish_rate_limit
         # The bucket holds at least one token, so a rate under 1/s still lets publishes through.
@@ -286,9 +289,7 @@ class Session:
             self.link.send(encode_publish_ack(msg.id, msg.queue))
             return True
         if outcome is PublishOutcome.ACCEPTED_DURABLE:
-            persistence = self.manager.persistence
-            assert persistence is not None
-            persistence.when_durable(lambda err: self._durable_ack(msg, err))
+            self._await_durable(msg)
             return True
         if outcome is PublishOutcome.REJECTED_FULL:
             self.send_error(msg.id, ErrorCode.QUEUE_FULL, f"queue {msg.queue!r} is full")
@@ -299,14 +300,31 @@ class Session:
         self.manager.wait_for_room(msg.queue, lambda: self.link.call_soon(self._retry_deferred))
         return False
 
-    def _durable_ack(self, msg: Message, err: Exception | None) -> None:
-        """PublishAck only once the journal has the message; never a false one."""
+    def _await_durable(self, msg: Message) -> None:
+        """PublishAck only once the journal has the message; never a false one.
+
+        Publishes recorded before the journal's next flush share one callback: the batch
+        is keyed by the journal's flush epoch."""
+        persistence = self.manager.persistence
+        assert persistence is not None
+        if self._ack_batch is None or self._ack_epoch != persistence.epoch:
+            batch: list[Message] = []
+            self._ack_batch = batch
+            self._ack_epoch = persistence.epoch
+            persistence.when_durable(lambda err: self._durable_acks(batch, err))
+        self._ack_batch.append(msg)
+
+    def _durable_acks(self, batch: list[Message], err: Exception | None) -> None:
+        if batch is self._ack_batch:
+            self._ack_batch = None
         if self.state is State.CLOSED:
             return
         if err is None:
-            self.link.send(encode_publish_ack(msg.id, msg.queue))
+            for msg in batch:
+                self.link.send(encode_publish_ack(msg.id, msg.queue))
         else:
-            self.send_error(msg.id, ErrorCode.SERVER_ERROR, f"message not stored: {err}")
+            for msg in batch:
+                self.send_error(msg.id, ErrorCode.SERVER_ERROR, f"message not stored: {err}")
 
     def _retry_deferred(self) -> None:
         if self.state is State.CLOSED:
