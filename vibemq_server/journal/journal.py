@@ -102,6 +102,7 @@ class Journal:
         self._timer: asyncio.TimerHandle | None = None
         self._closing = False
         self.epoch = 0
+        self._queue_names: dict[str, bytes] = {}  # name -> its str16 encoding
         self.recovered_messages = 0
 
     # -- recovery ----------------------------------------------------------------------------
@@ -187,11 +188,18 @@ class Journal:
     def published(self, queue: Queue, msg: StoredMessage, *, client: bool = False) -> None:
         if client:
             self._batch_publishes.append((len(self._buf), queue, msg))
+        name = self._queue_names.get(queue.name)
+        if name is None:
+            if len(self._queue_names) > 10_000:
+                self._queue_names.clear()  # bounded: names of deleted queues do not pile up
+            raw = queue.name.encode()
+            name = self._queue_names[queue.name] = len(raw).to_bytes(2, "big") + raw
+        # The record's timestamp is the publish time itself: no second clock read.
         self._add(
             encode_publish(
-                self.clock(),
+                msg.published_at,
                 msg.seq,
-                queue.name,
+                name,
                 msg.id,
                 msg.published_at,
                 msg.expires_at,

@@ -167,7 +167,7 @@ def _framed(inner: bytes) -> bytes:
 def encode_publish(
     timestamp: int,
     seq: int,
-    queue: str,
+    queue: str | bytes,
     message_id: str,
     published_at: int,
     expires_at: int,
@@ -176,11 +176,12 @@ def encode_publish(
     headers: Mapping[str, str],
     payload: bytes,
 ) -> bytes:
+    """``queue`` may be given already encoded as str16 (the journal caches them)."""
     parts = [
         _PUBLISH_HEAD.pack(
             RecordType.PUBLISH, timestamp, seq, published_at, expires_at, priority, attempts
         ),
-        _s16(queue),
+        queue if isinstance(queue, bytes) else _s16(queue),
         _s16(message_id),
         _U16.pack(len(headers)),
     ]
