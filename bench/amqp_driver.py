@@ -186,11 +186,16 @@ class AmqpDriver:
         expect_method(conn, 10, 41)
         conn.send(method(1, 20, 10, shortstr(b"")))
         expect_method(conn, 20, 11)
-        # Queue.Declare: non-durable, non-exclusive, not auto-delete
-        declare = U16.pack(0) + shortstr(self.queue.encode()) + b"\x00" + EMPTY_TABLE
+        flags, arguments = self.declare_options()
+        declare = U16.pack(0) + shortstr(self.queue.encode()) + flags + arguments
         conn.send(method(1, 50, 10, declare))
         expect_method(conn, 50, 11)
         return conn
+
+    def declare_options(self) -> tuple[bytes, bytes]:
+        """Queue.Declare flag bits and arguments table: non-durable, non-exclusive, not
+        auto-delete, no arguments."""
+        return b"\x00", EMPTY_TABLE
 
     def connect_publisher(self) -> BlockingConn:
         conn = self._open()

@@ -62,7 +62,6 @@ from bench.amqp_driver import (
     FRAME_BODY,
     FRAME_HEADER,
     AmqpDriver,
-    expect_method,
     longstr,
     method,
     shortstr,
@@ -688,32 +687,13 @@ class DurableAmqpDriver(AmqpDriver):
     queue_type: str = "classic"
     name: str = "rabbitmq-durable"
 
-    def _open(self) -> BlockingConn:
-        conn = BlockingConn(self.host, self.port)
-        conn.send(b"AMQP\x00\x00\x09\x01")
-        expect_method(conn, 10, 10)
-        response = b"\x00" + self.user.encode() + b"\x00" + self.password.encode()
-        props = b"\x07productS" + longstr(b"vibemq-bench")
-        start_ok = (
-            AMQP_U32.pack(len(props)) + props + shortstr(b"PLAIN") + longstr(response)
-        ) + shortstr(b"en_US")
-        conn.send(method(0, 10, 11, start_ok))
-        tune = expect_method(conn, 10, 30)
-        channel_max, frame_max, _hb = struct.unpack_from(">HIH", tune, 0)
-        conn.send(method(0, 10, 31, struct.pack(">HIH", channel_max or 2047, frame_max, 0)))
-        conn.send(method(0, 10, 40, shortstr(b"/") + shortstr(b"") + b"\x00"))
-        expect_method(conn, 10, 41)
-        conn.send(method(1, 20, 10, shortstr(b"")))
-        expect_method(conn, 20, 11)
+    def declare_options(self) -> tuple[bytes, bytes]:
         table = EMPTY_TABLE
         if self.queue_type != "classic":
             entry = shortstr(b"x-queue-type") + b"S" + longstr(self.queue_type.encode())
             table = AMQP_U32.pack(len(entry)) + entry
-        # Queue.Declare: bits passive=1 durable=2 -> durable, not exclusive, not auto-delete
-        declare = AMQP_U16.pack(0) + shortstr(self.queue.encode()) + b"\x02" + table
-        conn.send(method(1, 50, 10, declare))
-        expect_method(conn, 50, 11)
-        return conn
+        # bits: passive=1 durable=2 -> durable, not exclusive, not auto-delete
+        return b"\x02", table
 
     def publish_batch(self, start: int, count: int) -> bytes:
         pub = method(

@@ -11,10 +11,8 @@ import asyncio
 import contextlib
 import itertools
 import json
-import os
 import random
 import signal
-import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from rawclient import Closed, RawClient, assert_error, assert_ok
+from serverproc import clean_env, server_args
 
 from vibemq_server.journal.records import (
     SEGMENT_HEADER_SIZE,
@@ -35,30 +34,6 @@ T = CommandType
 START_TIMEOUT = 15.0
 EXIT_TIMEOUT = 15.0
 _starts = itertools.count(1)
-
-
-def clean_env() -> dict[str, str]:
-    """The test's environment without any VIBEMQ_* setting of the outer shell."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("VIBEMQ_")}
-
-
-def server_args(data_dir: Path, ready: Path, *flags: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "vibemq_server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--ready-file",
-        str(ready),
-        "--data-dir",
-        str(data_dir),
-        "--log-format",
-        "json",
-        *flags,
-    ]
 
 
 @dataclass

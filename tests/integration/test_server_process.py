@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from rawclient import RawClient, assert_error, assert_ok
+from serverproc import clean_env, server_args
 
 from vibemq_server.cli import build_parser, config_from_args
 from vibemq_server.config import Config, DeliveryMode, OverflowStrategy, load_config
@@ -23,13 +23,6 @@ T = CommandType
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TOML = REPO / "config" / "vibemq.toml"
 START_TIMEOUT = 15.0
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """The test's environment without any VIBEMQ_* setting of the outer shell."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VIBEMQ_")}
-    env.update(extra)
-    return env
 
 
 @dataclass
@@ -50,24 +43,8 @@ async def start_server(
     tmp_path: Path, *flags: str, env: dict[str, str] | None = None
 ) -> ServerProcess:
     ready = tmp_path / "ready.json"
-    args = [
-        sys.executable,
-        "-m",
-        "vibemq_server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--ready-file",
-        str(ready),
-        "--data-dir",
-        str(tmp_path / "data"),
-        "--log-format",
-        "json",
-        *flags,
-    ]
     proc = await asyncio.create_subprocess_exec(
-        *args,
+        *server_args(tmp_path / "data", ready, *flags),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
