@@ -947,3 +947,19 @@ async def test_broker_recovers_from_its_data_dir(tmp_path: Path) -> None:
         assert [m.id for m in second.manager.queues["q"].store] == ["m1"]
     finally:
         await second.stop()
+
+
+async def test_seq_is_never_reused_after_everything_was_settled(env: Env) -> None:
+    """Recovery continues the seq after the highest ever journaled, not after the highest
+    still live: docs/journal.md promises seqs are never reused (Spark relies on it)."""
+    mgr, journal = env.open()
+    make(mgr, "q")
+    c = Consumer()
+    sub = mgr.subscribe("q", "s", c, 100)
+    publish(mgr, "q", "a", "b", "c")
+    for mid in ("a", "b", "c"):
+        assert mgr.ack(sub, mid)
+    top = mgr.next_seq
+    await durable(journal)
+    mgr2, _ = await env.restart(journal)
+    assert mgr2.next_seq >= top

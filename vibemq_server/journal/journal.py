@@ -111,6 +111,7 @@ class Journal:
         """Rebuild queues and messages from the segments; cut a torn tail; refuse damage."""
         self.directory.mkdir(parents=True, exist_ok=True)
         found = recover(self.directory, manager)
+        manager.next_seq = max(manager.next_seq, found.max_seq + 1)
         for number, path in found.segments:
             self.segments[number] = _Segment(
                 number, path, found.live.get(number, 0), found.published.get(number, 0)

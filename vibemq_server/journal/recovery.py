@@ -63,6 +63,7 @@ class Recovered:
     live: dict[int, int] = field(default_factory=dict)
     queues: int = 0
     messages: int = 0
+    max_seq: int = 0  # highest seq ever journaled: seqs are never reused, settled or not
 
 
 SUFFIX = ".seg"
@@ -133,7 +134,7 @@ def recover(directory: Path, manager: QueueManager) -> Recovered:
         data_of[number] = data
         try:
             out.published[number] = _scan(
-                data, number, str(path), queues, pending, attempts, data_of
+                data, number, str(path), queues, pending, attempts, data_of, out
             )
         except JournalError as exc:
             if not (last and _is_torn_tail(data, exc.offset)):
@@ -204,8 +205,11 @@ def _scan(
     pending: dict[int, int],
     attempts: dict[int, int],
     data_of: dict[int, bytes],
+    out: Recovered,
 ) -> int:
-    """Replay one segment's records into ``queues``/``pending``; the publishes it holds."""
+    """Replay one segment's records into ``queues``/``pending`` (and the highest seq into
+    ``out.max_seq``); returns how many publishes it holds. JournalError at the first bad
+    record, whose offset says where the good part ends."""
     view = memoryview(data)
     crc32 = zlib.crc32
     prefix = RECORD_PREFIX.unpack_from
@@ -228,8 +232,11 @@ def _scan(
             raise JournalError("checksum mismatch", path, pos)
         kind = data[start]
         if kind == _PUBLISH and length >= _PUBLISH_MIN:
-            pending[u64(data, start + _BODY)[0]] = base | pos
+            (seq,) = u64(data, start + _BODY)
+            pending[seq] = base | pos
             publishes += 1
+            if seq > out.max_seq:
+                out.max_seq = seq
         elif kind == _SETTLE and length >= _BODY + 8:
             pending.pop(u64(data, start + _BODY)[0], None)
         elif kind == _DELIVER and length >= _BODY + 10:
