@@ -12,11 +12,12 @@ CRC-32, IEEE polynomial) computed over those same bytes.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from struct import Struct
 from struct import error as StructError
+from typing import Any
 
 from vibemq_server.core.persistence import SettleReason
 
@@ -112,49 +113,8 @@ def _s16(value: str) -> bytes:
     return _U16.pack(len(raw)) + raw
 
 
-def _body(record: Record) -> tuple[RecordType, bytes]:
-    if isinstance(record, Publish):
-        parts = [
-            _PUBLISH_FIXED.pack(
-                record.seq,
-                record.published_at,
-                record.expires_at,
-                record.priority,
-                record.attempts,
-            ),
-            _s16(record.queue),
-            _s16(record.message_id),
-            _U16.pack(len(record.headers)),
-        ]
-        for key, value in record.headers.items():
-            parts.append(_s16(key))
-            parts.append(_s16(value))
-        parts.append(_U32.pack(len(record.payload)))
-        parts.append(record.payload)
-        return RecordType.PUBLISH, b"".join(parts)
-    if isinstance(record, Settle):
-        body = _SEQ_REASON.pack(record.seq, record.reason) + _s16(record.queue)
-        return RecordType.SETTLE, body + _s16(record.detail)
-    if isinstance(record, Deliver):
-        return RecordType.DELIVER, _SEQ_ATTEMPTS.pack(record.seq, record.attempts) + _s16(
-            record.queue
-        )
-    if isinstance(record, QueueCreate):
-        body = _s16(record.name) + _U64.pack(record.created_at)
-        return RecordType.QUEUE_CREATE, body + _U32.pack(len(record.options_json)) + (
-            record.options_json
-        )
-    return RecordType.QUEUE_DELETE, _s16(record.name)
-
-
-def encode_record(record: Record, timestamp: int) -> bytes:
-    kind, body = _body(record)
-    inner = RECORD_HEAD.pack(kind, timestamp) + body
-    return RECORD_PREFIX.pack(len(inner), zlib.crc32(inner)) + inner
-
-
-# Direct encoders of the three records every message writes (publish, deliver, settle):
-# byte-for-byte what encode_record writes, without building a record object first.
+# Encoders, one per record type. The three that every message writes (publish, deliver,
+# settle) take plain values, so the journal never builds a record object on its hot path.
 _PUBLISH_HEAD = Struct(">BQQQQBH")  # type, timestamp, seq, published_at, expires_at, prio, attempts
 _DELIVER_HEAD = Struct(">BQQH")  # type, timestamp, seq, attempts
 _SETTLE_HEAD = Struct(">BQQB")  # type, timestamp, seq, reason
@@ -202,6 +162,39 @@ def encode_settle(timestamp: int, seq: int, queue: str, reason: int, detail: str
     return _framed(head + _s16(queue) + _s16(detail))
 
 
+def _encode_queue_create(r: QueueCreate, timestamp: int) -> bytes:
+    head = RECORD_HEAD.pack(RecordType.QUEUE_CREATE, timestamp) + _s16(r.name)
+    return _framed(head + _U64.pack(r.created_at) + _U32.pack(len(r.options_json)) + r.options_json)
+
+
+def _encode_queue_delete(r: QueueDelete, timestamp: int) -> bytes:
+    return _framed(RECORD_HEAD.pack(RecordType.QUEUE_DELETE, timestamp) + _s16(r.name))
+
+
+_ENCODERS: dict[type, Callable[[Any, int], bytes]] = {
+    Publish: lambda r, ts: encode_publish(
+        ts,
+        r.seq,
+        r.queue,
+        r.message_id,
+        r.published_at,
+        r.expires_at,
+        r.priority,
+        r.attempts,
+        r.headers,
+        r.payload,
+    ),
+    Deliver: lambda r, ts: encode_deliver(ts, r.seq, r.queue, r.attempts),
+    Settle: lambda r, ts: encode_settle(ts, r.seq, r.queue, r.reason, r.detail),
+    QueueCreate: _encode_queue_create,
+    QueueDelete: _encode_queue_delete,
+}
+
+
+def encode_record(record: Record, timestamp: int) -> bytes:
+    return _ENCODERS[type(record)](record, timestamp)
+
+
 def encode_segment_header(segment: int) -> bytes:
     return SEGMENT_HEADER.pack(MAGIC, FORMAT_VERSION, 0, segment)
 
@@ -231,33 +224,55 @@ class _Cursor:
         return bytes(self.buf[start : self.pos])
 
 
+def _decode_publish(c: _Cursor) -> Record:
+    seq, published_at, expires_at, priority, attempts = c.take(_PUBLISH_FIXED)
+    queue = c.s16()
+    message_id = c.s16()
+    (count,) = c.take(_U16)
+    headers = {}
+    for _ in range(count):
+        key = c.s16()
+        headers[key] = c.s16()
+    payload = c.raw32()
+    return Publish(
+        seq, queue, message_id, published_at, expires_at, priority, attempts, headers, payload
+    )
+
+
+def _decode_settle(c: _Cursor) -> Record:
+    seq, reason = c.take(_SEQ_REASON)
+    return Settle(seq, c.s16(), SettleReason(reason), c.s16())
+
+
+def _decode_deliver(c: _Cursor) -> Record:
+    seq, attempts = c.take(_SEQ_ATTEMPTS)
+    return Deliver(seq, c.s16(), attempts)
+
+
+def _decode_queue_create(c: _Cursor) -> Record:
+    name = c.s16()
+    (created_at,) = c.take(_U64)
+    return QueueCreate(name, created_at, c.raw32())
+
+
+def _decode_queue_delete(c: _Cursor) -> Record:
+    return QueueDelete(c.s16())
+
+
+_DECODERS: dict[int, Callable[[_Cursor], Record]] = {
+    RecordType.PUBLISH: _decode_publish,
+    RecordType.SETTLE: _decode_settle,
+    RecordType.DELIVER: _decode_deliver,
+    RecordType.QUEUE_CREATE: _decode_queue_create,
+    RecordType.QUEUE_DELETE: _decode_queue_delete,
+}
+
+
 def _decode_inner(kind: int, c: _Cursor) -> Record:
-    if kind == RecordType.PUBLISH:
-        seq, published_at, expires_at, priority, attempts = c.take(_PUBLISH_FIXED)
-        queue = c.s16()
-        message_id = c.s16()
-        (count,) = c.take(_U16)
-        headers = {}
-        for _ in range(count):
-            key = c.s16()
-            headers[key] = c.s16()
-        payload = c.raw32()
-        return Publish(
-            seq, queue, message_id, published_at, expires_at, priority, attempts, headers, payload
-        )
-    if kind == RecordType.SETTLE:
-        seq, reason = c.take(_SEQ_REASON)
-        return Settle(seq, c.s16(), SettleReason(reason), c.s16())
-    if kind == RecordType.DELIVER:
-        seq, attempts = c.take(_SEQ_ATTEMPTS)
-        return Deliver(seq, c.s16(), attempts)
-    if kind == RecordType.QUEUE_CREATE:
-        name = c.s16()
-        (created_at,) = c.take(_U64)
-        return QueueCreate(name, created_at, c.raw32())
-    if kind == RecordType.QUEUE_DELETE:
-        return QueueDelete(c.s16())
-    raise ValueError(f"unknown record type {kind}")
+    decoder = _DECODERS.get(kind)
+    if decoder is None:
+        raise ValueError(f"unknown record type {kind}")
+    return decoder(c)
 
 
 def decode_record(data: bytes | memoryview, offset: int = 0, path: str = "") -> Entry:
