@@ -286,3 +286,30 @@ def test_fast_decoder_agrees_with_careful_decoder(body: bytes, data: st.DataObje
         assert fast is None
         return
     assert fast is None or fast == careful
+
+
+@settings(max_examples=400)
+@given(
+    st.one_of(
+        messages.map(lambda m: Message(CommandType.ACK, m.id, m.queue, m.payload, m.headers)),
+        messages,
+    ).map(encode_body),
+    st.data(),
+)
+def test_ack_peek_agrees_with_the_decoder(body: bytes, data: st.DataObject) -> None:
+    """The Ack fast path answers exactly what decoding would, or steps aside (None)."""
+    from vibemq_server.protocol.codec import peek_ack_target
+
+    if data.draw(st.booleans()):
+        i = data.draw(st.integers(0, len(body) - 1))
+        body = body[:i] + bytes([data.draw(st.integers(0, 255))]) + body[i + 1 :]
+    peeked = peek_ack_target(body)
+    try:
+        msg = decode_body(body)
+    except ProtocolError:
+        assert peeked is None
+        return
+    if msg.type != CommandType.ACK:
+        assert peeked is None
+    elif peeked is not None:
+        assert peeked == (msg.headers.get("messageId") or msg.id)

@@ -39,7 +39,7 @@ from vibemq_server.protocol import (
     encode,
     validate_json,
 )
-from vibemq_server.protocol.codec import encode_deliver, encode_publish_ack
+from vibemq_server.protocol.codec import encode_deliver, encode_publish_ack, peek_ack_target
 from vibemq_server.protocol.names import valid_queue_name
 
 if TYPE_CHECKING:
@@ -154,6 +154,11 @@ class Session:
 
     def handle_body(self, body: bytes) -> None:
         """Decode and run one frame body; protocol errors become Error replies."""
+        if self._state is State.OPEN:
+            target = peek_ack_target(body, self.limits)
+            if target is not None:
+                self._ack(target)
+                return
         try:
             msg = decode_body(body, self.limits)
             handler = self._handlers[msg.type]
@@ -379,7 +384,9 @@ class Session:
         self._reply(CommandType.UNSUBSCRIBE_ACK, msg, {"queueName": queue})
 
     def on_ack(self, msg: Message) -> None:
-        msg_id = msg.headers.get("messageId") or msg.id
+        self._ack(msg.headers.get("messageId") or msg.id)
+
+    def _ack(self, msg_id: str) -> None:
         ack = self.manager.ack
         for sub in self.subs.values():
             if ack(sub, msg_id):
