@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
 
 _LOUD_ERRORS = 10
+_ACK_TYPE = int(CommandType.ACK)
 
 
 class State(Enum):
@@ -154,7 +155,7 @@ class Session:
 
     def handle_body(self, body: bytes) -> None:
         """Decode and run one frame body; protocol errors become Error replies."""
-        if self._state is State.OPEN:
+        if len(body) > 1 and body[1] == _ACK_TYPE and self._state is State.OPEN:
             target = peek_ack_target(body, self.limits)
             if target is not None:
                 self._ack(target)
