@@ -254,7 +254,8 @@ class Session:
         self.log.info("client reported error", code=msg.error_code, detail=msg.error_message)
 
     def _queue_name(self, msg: Message) -> str:
-        if not valid_queue_name(msg.queue):
+        # An existing queue's name was validated when it was created.
+        if msg.queue not in self.manager.queues and not valid_queue_name(msg.queue):
             raise ProtocolError(
                 ErrorCode.INVALID_QUEUE,
                 "queue name must be 1..256 letters, digits, '-', '_' or '.'",
