@@ -590,8 +590,9 @@ async def test_a_long_lived_message_does_not_pin_the_whole_journal(
         await publish_all(c, "work", work[i : i + 10], payload={"pad": "y" * 1000})
         for d in await c.deliveries(10, "work"):
             c.ack(d.id)
-        peak = max(peak, len(segments(data)))
+        peak = max(peak, int(segments(data)[-1].stem))
     await publish_all(c, "work-done", ["done"])  # the acks are durable now
+    # Many segments were written (reclamation may already have removed some meanwhile).
     assert peak > 20, peak
     deadline = time.monotonic() + 5
     while len(segments(data)) > 10 and time.monotonic() < deadline:
