@@ -327,8 +327,7 @@ class Session:
         if self.state is State.CLOSED:
             return
         if err is None:
-            for msg in batch:
-                self.link.send(encode_publish_ack(msg.id, msg.queue))
+            self.link.send(b"".join([encode_publish_ack(m.id, m.queue) for m in batch]))
         else:
             for msg in batch:
                 self.send_error(msg.id, ErrorCode.SERVER_ERROR, f"message not stored: {err}")
