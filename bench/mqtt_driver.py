@@ -9,6 +9,7 @@ import os
 import struct
 from dataclasses import dataclass
 
+from adapters.mqtt.codec import encode_remaining_length
 from bench.common import BenchError, BlockingConn, make_payload
 
 U16 = struct.Struct(">H")
@@ -19,24 +20,12 @@ PUBACK = 0x40
 SUBACK = 0x90
 
 
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def _s(value: bytes) -> bytes:
     return U16.pack(len(value)) + value
 
 
 def packet(first: int, rest: bytes) -> bytes:
-    return bytes((first,)) + varint(len(rest)) + rest
+    return bytes((first,)) + encode_remaining_length(len(rest)) + rest
 
 
 def parse_header(buf: bytearray, pos: int) -> tuple[int, int] | None:
