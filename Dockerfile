@@ -39,7 +39,8 @@ ENV PYTHONUNBUFFERED=1 \
     VIBEMQ_HOST=0.0.0.0 \
     VIBEMQ_PORT=2925 \
     VIBEMQ_DATA_DIR=/data \
-    VIBEMQ_LOG_FORMAT=json
+    VIBEMQ_LOG_FORMAT=json \
+    VIBEMQ_DRAIN_TIMEOUT_S=8
 
 # An unprivileged system user owns the data directory; the broker never runs as root.
 RUN groupadd --system --gid "${VIBEMQ_GID}" vibemq \
