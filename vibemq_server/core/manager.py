@@ -418,7 +418,9 @@ class QueueManager:
             self._return(queue, returned)
             queue.dispatch()
 
-    def ack(self, sub: Subscription, msg_id: str) -> bool:
+    def ack(self, sub: Subscription, msg_id: str, *, dispatch: bool = True) -> bool:
+        """Settle a delivery. ``dispatch=False`` leaves refilling the subscriber to the
+        caller (one dispatch after a batch of acks instead of one per ack)."""
         msg = sub.inflight.pop(msg_id, None)
         if msg is None:
             return False
@@ -426,7 +428,7 @@ class QueueManager:
         queue = sub.queue
         queue.stats.acked += 1
         self._settle(queue, msg, SettleReason.ACKED)
-        if queue.store.count:
+        if dispatch and queue.store.count:
             queue.dispatch()
         return True
 

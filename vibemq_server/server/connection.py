@@ -77,11 +77,9 @@ class Connection(asyncio.Protocol):
         except Exception as exc:  # only ProtocolError can come out of the decoder
             bodies = []
             self.log.debug("framing error", error=str(exc))
-        handle = session.handle_body
-        for body in bodies:
-            handle(body)
-            if self._closing:
-                return
+        session.handle_bodies(bodies)
+        if self._closing:
+            return
         if self.decoder.error is not None:
             session.reply_error(self.decoder.error)
             return

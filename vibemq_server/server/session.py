@@ -23,6 +23,7 @@ from vibemq_server.core import (
     InvalidQueueOptions,
     PersistenceUnavailable,
     PublishOutcome,
+    Queue,
     QueueExists,
     QueueManager,
     QueueNotFound,
@@ -130,6 +131,9 @@ class Session:
         self.subs: dict[str, Subscription] = {}
         # Publishes held back while a BlockPublisher queue is full, in arrival order.
         self._deferred: deque[Message] = deque()
+        # Queues whose subscribers acks freed during a batch of frames, refilled after it.
+        self._acked: dict[str, Queue] = {}
+        self._batching = False
         # Publishes waiting for the journal's next flush, and that flush's epoch.
         self._ack_batch: list[Message] | None = None
         self._ack_epoch = -1
@@ -152,6 +156,26 @@ class Session:
         self._handlers = _HANDLERS[state]
 
     # -- input -------------------------------------------------------------------------------
+
+    def handle_bodies(self, bodies: list[bytes]) -> None:
+        """Run the frames of one read. Acks only free capacity here; the queues they freed
+        are refilled once, after the whole batch."""
+        self._batching = True
+        try:
+            for body in bodies:
+                self.handle_body(body)
+                if self._state is State.CLOSED:
+                    break
+        finally:
+            self._batching = False
+            self._refill()
+
+    def _refill(self) -> None:
+        if self._acked:
+            queues, self._acked = self._acked, {}
+            for queue in queues.values():
+                if not queue.deleted and queue.store.count:
+                    queue.dispatch()
 
     def handle_body(self, body: bytes) -> None:
         """Decode and run one frame body; protocol errors become Error replies."""
@@ -390,7 +414,10 @@ class Session:
     def _ack(self, msg_id: str) -> None:
         ack = self.manager.ack
         for sub in self.subs.values():
-            if ack(sub, msg_id):
+            if ack(sub, msg_id, dispatch=False):
+                self._acked[sub.queue.name] = sub.queue
+                if not self._batching:
+                    self._refill()
                 return
         self.log.debug("ack for unknown delivery", message_id=msg_id)
 
