@@ -435,25 +435,23 @@ class QueueManager:
     def send(self, sub: Subscription, msg: StoredMessage) -> None:
         """Deliver one message to one subscription (called by the queue's dispatch)."""
         queue = sub.queue
+        needs_ack = queue.options.needs_ack
+        if needs_ack and msg.id in sub.inflight:
+            # A publisher reused an id that this subscriber still holds; tracking both under
+            # one key would lose one, so hold this one back until the first is acked.
+            queue.store.appendleft(msg)
+            raise DeliveryDeferred
         msg.attempts += 1
         queue.stats.delivered += 1
         if msg.attempts > 1:
             queue.stats.redelivered += 1
         self.memory_bytes -= len(msg.payload)
-        if queue.options.needs_ack:
-            inflight = sub.inflight
-            if msg.id in inflight:
-                # A publisher reused an id that this subscriber still holds; tracking both
-                # under one key would lose one, so hold this one back until the first is acked.
-                msg.attempts -= 1
-                queue.stats.delivered -= 1
-                self.memory_bytes += len(msg.payload)
-                queue.store.appendleft(msg)
-                raise DeliveryDeferred
-            inflight[msg.id] = msg
+        if needs_ack:
+            sub.inflight[msg.id] = msg
             sub.deadlines[msg.id] = self.clock() + queue.options.ack_timeout_ms
-            if queue.options.durable and self.persistence is not None:
-                self.persistence.delivered(queue, msg)
+            persistence = self._durable(queue)
+            if persistence is not None:
+                persistence.delivered(queue, msg)
         else:
             self._settle(queue, msg, SettleReason.DELIVERED_NO_ACK)
         sub.consumer.deliver(sub, msg)

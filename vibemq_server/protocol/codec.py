@@ -151,14 +151,12 @@ def encode_publish_ack(msg_id: str, queue: str) -> bytes:
     queueName. Built directly because every publish pays for it."""
     i = _s(msg_id)
     q = _s(queue)
-    body = b"".join((b"\x01\x15", i, q, _PUBLISH_ACK_HEADERS, i, _QUEUE_NAME_KEY, q))
-    return _U32.pack(len(body)) + body
+    return frame(b"".join((b"\x01\x15", i, q, _PUBLISH_ACK_HEADERS, i, _QUEUE_NAME_KEY, q)))
 
 
 def encode(msg: Message) -> bytes:
     """Encode a message as one complete frame: length prefix plus body."""
-    body = encode_body(msg)
-    return _U32.pack(len(body)) + body
+    return frame(encode_body(msg))
 
 
 def frame(body: bytes) -> bytes:
