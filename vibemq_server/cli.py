@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keepalive-timeout", type=float, dest="keepalive_timeout_s", metavar="S")
     p.add_argument("--drain-timeout", type=float, dest="drain_timeout_s", metavar="S")
     p.add_argument(
+        "--mqtt-port", type=int, help="MQTT 3.1/3.1.1 port (default 1883; 0 = any free port)"
+    )
+    p.add_argument("--no-mqtt", action="store_true", help="do not open the MQTT listener")
+    p.add_argument(
         "--ready-file",
         type=Path,
         help='write {"vibemq": port} here once listening (for scripts using port 0)',
@@ -65,13 +69,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-_NOT_CONFIG = {"config", "ready_file"}
+_NOT_CONFIG = {"config", "ready_file", "mqtt_port", "no_mqtt"}
 
 
 def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Config:
     overrides: dict[str, Any] = {
         k: v for k, v in vars(args).items() if v is not None and k not in _NOT_CONFIG
     }
+    mqtt: dict[str, Any] = {}
+    if args.mqtt_port is not None:
+        mqtt["port"] = args.mqtt_port
+    if args.no_mqtt:
+        mqtt["enabled"] = False
+    if mqtt:
+        overrides["mqtt"] = mqtt
     path = args.config or (Path(environ["VIBEMQ_CONFIG"]) if environ.get("VIBEMQ_CONFIG") else None)
     return load_config(path, environ, overrides)
 
@@ -87,7 +98,7 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
     await broker.start()
     if ready_file is not None:
         tmp = ready_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"vibemq": broker.port}))
+        tmp.write_text(json.dumps({"vibemq": broker.port, "mqtt": broker.mqtt_port}))
         tmp.replace(ready_file)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

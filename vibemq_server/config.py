@@ -48,6 +48,27 @@ class QueueDefaults(BaseModel):
     durable: bool = True
 
 
+class MqttConfig(BaseModel):
+    """The MQTT 3.1 / 3.1.1 listener (see docs/mqtt.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    host: str | None = Field(None, description="None = the broker's host")
+    port: int = Field(1883, ge=0, le=65535)
+    max_packet_size: int = Field(1024 * 1024 + 1024, ge=64, le=268_435_460)
+    max_inflight: int = Field(1000, ge=1, le=65_535, description="QoS 1/2 deliveries unacked")
+    max_queued_messages: int = Field(
+        1000, ge=1, description="per session, beyond those in flight; newer ones are dropped"
+    )
+    max_client_id_length: int = Field(1024, ge=23, le=16_384)
+    max_retained: int = Field(100_000, ge=0)
+    connect_timeout_s: float = Field(10.0, gt=0)
+    users: dict[str, str] = Field(default_factory=dict, description="username -> password")
+    deny_subscribe: list[str] = Field(default_factory=list, description="topic filters")
+    deny_publish: list[str] = Field(default_factory=list, description="topic filters")
+
+
 class Config(BaseModel):
     """Every broker setting. Defaults are the embedded default config."""
 
@@ -76,6 +97,7 @@ class Config(BaseModel):
     memory_high_watermark_bytes: int = Field(512 * 1024 * 1024, ge=1024)
     write_buffer_high_bytes: int = Field(1024 * 1024, ge=4096)
     queue_defaults: QueueDefaults = Field(default_factory=QueueDefaults)
+    mqtt: MqttConfig = Field(default_factory=MqttConfig)
 
     fsync: Literal["always", "interval", "never"] = "always"
     fsync_interval_ms: int = Field(10, ge=1)

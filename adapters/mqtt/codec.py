@@ -195,6 +195,31 @@ def decode_remaining_length(
 # Encoding
 
 
+_REMAINING_LENGTHS = [encode_remaining_length(n) for n in range(16_384)]
+
+
+def encode_publish(
+    topic: bytes,
+    payload: bytes,
+    qos: int = 0,
+    packet_id: int = 0,
+    *,
+    retain: bool = False,
+    dup: bool = False,
+) -> bytes:
+    """A PUBLISH from already-valid parts (the delivery hot path: no dataclass, no checks).
+
+    ``topic`` is the UTF-8 topic name; ``packet_id`` is ignored at QoS 0.
+    """
+    first = 0x30 | (qos << 1) | (8 if dup else 0) | (1 if retain else 0)
+    head = len(topic).to_bytes(2, "big") + topic
+    if qos:
+        head += packet_id.to_bytes(2, "big")
+    size = len(head) + len(payload)
+    length = _REMAINING_LENGTHS[size] if size < 16_384 else encode_remaining_length(size)
+    return b"".join((bytes((first,)), length, head, payload))
+
+
 def _check_packet_id(packet_id: int) -> bytes:
     if not 1 <= packet_id <= MAX_PACKET_ID:
         raise ValueError(f"packet id {packet_id} outside 1..{MAX_PACKET_ID}")

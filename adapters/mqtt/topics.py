@@ -11,23 +11,17 @@ Rules (MQTT 3.1.1 section 4.7, which 3.1 brokers follow in practice):
 * Topics starting with ``$`` (such as ``$SYS/...``) are not matched by a filter whose first
   level is a wildcard: ``#`` and ``+/x`` do not match ``$SYS/x``, ``$SYS/#`` does.
 
-Address mapping (as RabbitMQ's MQTT plugin does): the MQTT topic ``a/b/c`` is the VibeMQ address
-``a.b.c`` and back. VibeMQ addresses are queue names, 1..256 of ``[A-Za-z0-9_.-]``, so:
-
-* a topic containing ``.`` cannot map (``a.b/c`` would become indistinguishable from
-  ``a/b/c``), and neither can one using any other character outside that set (``$``, spaces,
-  non-ASCII, ...) or mapping to more than 256 characters. :func:`topic_to_address` raises
-  :class:`TopicMappingError` for those rather than inventing an escape scheme; the adapter
-  should refuse such a PUBLISH / SUBSCRIBE (SUBACK 0x80) instead of silently renaming it.
-* Empty levels map to empty segments (``/a`` <-> ``.a``), so the mapping is a bijection
-  between mappable topics and valid addresses.
-* Filters map level by level with ``+`` -> ``*`` and ``#`` -> ``#`` (RabbitMQ's topic-exchange
-  syntax), see :func:`filter_to_pattern`. The core has no patterns yet; the function exists so
-  the adapter and the core agree on one spelling when it does.
+Address mapping (as RabbitMQ's MQTT plugin does): the MQTT topic ``a/b/c`` is the broker address
+``a.b.c``, and a ``.`` inside an MQTT level becomes ``/`` in the address (the two separators
+swap), so every topic has exactly one address and back. Routing works on any address; a
+VibeMQ queue can only be named by an address that is a valid queue name (1..256 of
+``[A-Za-z0-9_.-]``), so only such topics reach VibeMQ queues. Filters map level by level to
+the core router's patterns, ``+`` to :data:`ONE` and ``#`` to :data:`MANY`.
 """
 
 from __future__ import annotations
 
+from vibemq_server.core.topics import MANY, ONE
 from vibemq_server.protocol.names import valid_queue_name
 
 MAX_TOPIC_BYTES = 65_535
@@ -35,15 +29,10 @@ LEVEL_SEPARATOR = "/"
 SINGLE_LEVEL_WILDCARD = "+"
 MULTI_LEVEL_WILDCARD = "#"
 ADDRESS_SEPARATOR = "."
-_PATTERN_WILDCARDS = {SINGLE_LEVEL_WILDCARD: "*", MULTI_LEVEL_WILDCARD: "#"}
 
 
 class InvalidTopicError(ValueError):
     """A topic name or filter breaks the MQTT rules; the message says which."""
-
-
-class TopicMappingError(ValueError):
-    """A valid MQTT topic (or filter) that has no VibeMQ address, or an address with no topic."""
 
 
 def _common_error(text: str, kind: str) -> str | None:
@@ -129,52 +118,31 @@ def matches(topic_filter: str, topic: str) -> bool:
     return len(filter_levels) == len(topic_levels)
 
 
-def topic_to_address(topic: str) -> str:
-    """The VibeMQ address of a valid MQTT topic name: ``a/b/c`` -> ``a.b.c``.
+_SWAP = str.maketrans({"/": ".", ".": "/"})
 
-    Raises :class:`TopicMappingError` when the topic contains ``.`` or the result is not a
-    valid VibeMQ address (see the module docstring).
-    """
-    if ADDRESS_SEPARATOR in topic:
-        raise TopicMappingError(f"topic {topic!r} contains '.', which has no address form")
-    address = topic.replace(LEVEL_SEPARATOR, ADDRESS_SEPARATOR)
-    if not valid_queue_name(address):
-        raise TopicMappingError(
-            f"topic {topic!r} maps to {address!r}, not a valid address "
-            "(1..256 of letters, digits, '-', '_', '.')"
-        )
-    return address
+
+def topic_to_address(topic: str) -> str:
+    """The broker address of a topic name: ``a/b/c`` -> ``a.b.c``, ``v1.0/x`` -> ``v1/0.x``."""
+    return topic.translate(_SWAP)
 
 
 def address_to_topic(address: str) -> str:
-    """The MQTT topic name of a VibeMQ address: ``a.b.c`` -> ``a/b/c``.
-
-    Every valid address maps (and maps back with :func:`topic_to_address`); anything else
-    raises :class:`TopicMappingError`.
-    """
-    if not valid_queue_name(address):
-        raise TopicMappingError(f"{address!r} is not a valid address")
-    return address.replace(ADDRESS_SEPARATOR, LEVEL_SEPARATOR)
+    """The MQTT topic name of a broker address (the inverse of :func:`topic_to_address`)."""
+    return address.translate(_SWAP)
 
 
-def filter_to_pattern(topic_filter: str) -> str:
-    """The address pattern of a valid topic filter: ``a/+/#`` -> ``a.*.#``.
+def queue_address(topic: str) -> str | None:
+    """The VibeMQ queue a topic's publishes also reach, None when its address cannot name one."""
+    address = topic.translate(_SWAP)
+    return address if valid_queue_name(address) else None
 
-    Literal levels follow :func:`topic_to_address`'s rules (no ``.``, only address
-    characters), raising :class:`TopicMappingError` otherwise. A wildcard-free filter maps to
-    exactly the address of the same topic.
-    """
-    if ADDRESS_SEPARATOR in topic_filter:
-        raise TopicMappingError(f"filter {topic_filter!r} contains '.', which has no address form")
-    levels = []
-    for level in topic_filter.split(LEVEL_SEPARATOR):
-        wildcard = _PATTERN_WILDCARDS.get(level)
-        if wildcard is not None:
-            levels.append(wildcard)
-            continue
-        if level and not valid_queue_name(level):
-            raise TopicMappingError(
-                f"filter {topic_filter!r} has level {level!r} with no address form"
-            )
-        levels.append(level)
-    return ADDRESS_SEPARATOR.join(levels)
+
+_PATTERN_WORDS = {SINGLE_LEVEL_WILDCARD: ONE, MULTI_LEVEL_WILDCARD: MANY}
+
+
+def filter_to_pattern(topic_filter: str) -> tuple[str, ...]:
+    """The router pattern of a valid topic filter: ``a/+/#`` -> ``("a", ONE, MANY)``."""
+    return tuple(
+        _PATTERN_WORDS.get(level) or level.replace(ADDRESS_SEPARATOR, LEVEL_SEPARATOR)
+        for level in topic_filter.split(LEVEL_SEPARATOR)
+    )

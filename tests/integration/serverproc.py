@@ -24,6 +24,8 @@ def server_args(data_dir: Path, ready: Path, *flags: str) -> list[str]:
         "127.0.0.1",
         "--port",
         "0",
+        "--mqtt-port",
+        "0",
         "--ready-file",
         str(ready),
         "--data-dir",

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Protocol, Self
 
+from vibemq_server.protocol.payload import from_core
+
 _UNPARSED: Any = object()
 
 
@@ -32,7 +34,8 @@ class ReceivedMessage:
     """One delivered message.
 
     ``payload`` is the JSON payload parsed on first access (``None`` when absent); ``raw`` is the
-    exact UTF-8 JSON bytes. Call :meth:`ack` once it is processed; an unacknowledged message is
+    exact UTF-8 JSON bytes; ``payload_bytes`` the bytes an MQTT (or other byte-oriented)
+    publisher sent. Call :meth:`ack` once it is processed; an unacknowledged message is
     redelivered by the server after its ack timeout (``delivery_attempts`` then grows).
     """
 
@@ -63,6 +66,13 @@ class ReceivedMessage:
         if self._payload is _UNPARSED:
             self._payload = json.loads(self.raw) if self.raw else None
         return self._payload
+
+    @property
+    def payload_bytes(self) -> bytes:
+        """The payload's original bytes: a message published over MQTT (or another
+        byte-oriented protocol) as non-JSON arrives base64-encoded with the header
+        ``payloadEncoding: base64``; this undoes that (and is ``raw`` for anything else)."""
+        return from_core(self.raw, self.headers)
 
     @property
     def delivery_attempts(self) -> int:

@@ -54,6 +54,10 @@ class PublishOutcome(Enum):
     REJECTED_FULL = "rejected_full"  # DropNewest (or RedirectToDlq without a DLQ)
     BLOCKED = "blocked"  # BlockPublisher: not taken; retry when the queue has room
 
+    @property
+    def accepted(self) -> bool:
+        return self is PublishOutcome.ACCEPTED or self is PublishOutcome.ACCEPTED_DURABLE
+
 
 class DeadLetterReason:
     MAX_RETRIES_EXCEEDED = "MaxRetriesExceeded"
@@ -172,6 +176,11 @@ class QueueManager:
         self._valid_name = name_validator or (lambda _name: True)
         self.persistence: Persistence | None = None
         self.next_seq = 1
+        # Called with (address, message) for every publish that asks to be routed: how the
+        # protocol adapters' own subscriptions (MQTT topic filters, ...) see other publishes.
+        # An observer returns True when it journaled a copy (the publish is then only
+        # acknowledged once the journal is durable).
+        self.observers: list[Callable[[str, StoredMessage], bool]] = []
 
     # -- options -----------------------------------------------------------------------------
 
@@ -329,8 +338,16 @@ class QueueManager:
     # -- publish / subscribe / ack -------------------------------------------------------------
 
     def publish(
-        self, queue_name: str, msg_id: str, payload: bytes, headers: Mapping[str, str]
+        self,
+        queue_name: str,
+        msg_id: str,
+        payload: bytes,
+        headers: Mapping[str, str],
+        *,
+        route: bool = True,
     ) -> PublishOutcome:
+        """Publish into a queue (created if allowed); with ``route`` the observers see it too,
+        whatever the queue's outcome: the address has subscribers beyond the queue."""
         queue = self._get_or_create(queue_name)
         opts = queue.options
         persistence = self._durable(queue)
@@ -351,6 +368,9 @@ class QueueManager:
         if queue.store.count >= opts.max_queue_size:
             outcome = self._overflow(queue, msg)
             if outcome is not None:
+                # A refused publish is retried or reported by its publisher: route it then.
+                if route and self.observers and outcome.accepted and self._observe(queue_name, msg):
+                    return PublishOutcome.ACCEPTED_DURABLE
                 return outcome
         queue.stats.published += 1
         queue.store.append(msg)
@@ -358,9 +378,18 @@ class QueueManager:
         if persistence is not None:
             persistence.published(queue, msg, client=True)
         queue.dispatch()
+        durable = persistence is not None
+        if route and self.observers and self._observe(queue_name, msg):
+            durable = True
         if self.memory_bytes > self.memory_high:
             self.memory_blocked = True
-        return PublishOutcome.ACCEPTED if persistence is None else PublishOutcome.ACCEPTED_DURABLE
+        return PublishOutcome.ACCEPTED_DURABLE if durable else PublishOutcome.ACCEPTED
+
+    def _observe(self, address: str, msg: StoredMessage) -> bool:
+        durable = False
+        for observer in self.observers:
+            durable |= observer(address, msg)
+        return durable and self.persistence is not None
 
     def _overflow(self, queue: Queue, msg: StoredMessage) -> PublishOutcome | None:
         """Apply the queue's overflow strategy; None means go on and enqueue ``msg``."""

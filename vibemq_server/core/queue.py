@@ -180,6 +180,8 @@ class Queue:
     subscriptions: list[Subscription] = field(default_factory=list)
     stats: QueueStats = field(default_factory=QueueStats)
     room_waiters: list[Callable[[], None]] = field(default_factory=list)
+    # Messages held by key outside delivery (a DurableTable's entries): live for the journal.
+    parked: dict[str, StoredMessage] = field(default_factory=dict)
     deleted: bool = False
     _rr: int = 0
     _dispatching: bool = False

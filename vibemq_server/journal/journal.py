@@ -456,6 +456,7 @@ class Journal:
     @staticmethod
     def _all_messages(queue: Queue) -> list[StoredMessage]:
         msgs = list(queue.store)
+        msgs.extend(queue.parked.values())
         for sub in queue.subscriptions:
             msgs.extend(sub.inflight.values())
         return msgs

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Protocol
 
 import structlog
 
+from adapters.mqtt.server import MqttServer
 from vibemq_server.config import Config
 from vibemq_server.core import Clock, QueueManager, wall_clock_ms
 from vibemq_server.journal import FsyncPolicy, Journal
@@ -14,6 +16,16 @@ from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.server.connection import Connection
 
 log = structlog.get_logger("vibemq.broker")
+
+
+class Link(Protocol):
+    """What the broker needs of a client connection, whatever its protocol."""
+
+    def check_timers(self, now: float, keepalive: float, frame_timeout: float) -> None: ...
+
+    def shutdown(self, reason: str) -> None: ...
+
+    def abort(self) -> None: ...
 
 
 class Broker:
@@ -35,7 +47,10 @@ class Broker:
             segment_size=self.config.segment_size_bytes,
             clock=clock,
         )
-        self.connections: set[Connection] = set()
+        self.connections: set[Link] = set()
+        self.mqtt: MqttServer | None = None
+        if self.config.mqtt.enabled:
+            self.mqtt = MqttServer(self.config, self.manager, self.register, self.unregister)
         self.port = 0
         self._server: asyncio.Server | None = None
         self._housekeeping: asyncio.Task[None] | None = None
@@ -48,20 +63,32 @@ class Broker:
         self.journal.recover(self.manager)
         self.journal.start(self.manager)
         self.manager.persistence = self.journal
+        if self.mqtt is not None:
+            self.mqtt.restore()
         self._server = await loop.create_server(
             lambda: Connection(self), cfg.host, cfg.port, backlog=4096, reuse_address=True
         )
         self.port = self._server.sockets[0].getsockname()[1]
+        if self.mqtt is not None:
+            try:
+                await self.mqtt.start(cfg.mqtt.host or cfg.host)
+            except OSError:
+                self._server.close()
+                raise
         self._housekeeping = loop.create_task(self._housekeep())
         log.info("listening", protocol="vibemq", host=cfg.host, port=self.port)
 
-    def register(self, conn: Connection) -> bool:
+    @property
+    def mqtt_port(self) -> int | None:
+        return self.mqtt.port if self.mqtt is not None else None
+
+    def register(self, conn: Link) -> bool:
         if len(self.connections) >= self.config.max_connections:
             return False
         self.connections.add(conn)
         return True
 
-    def unregister(self, conn: Connection) -> None:
+    def unregister(self, conn: Link) -> None:
         self.connections.discard(conn)
 
     async def _housekeep(self) -> None:
@@ -88,6 +115,8 @@ class Broker:
             return
         server, self._server = self._server, None
         server.close()
+        if self.mqtt is not None:
+            self.mqtt.close()
         log.info("shutting down", connections=len(self.connections), reason=reason)
         for conn in list(self.connections):
             conn.shutdown(reason)

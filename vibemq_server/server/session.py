@@ -278,8 +278,10 @@ class Session:
         self.log.info("client reported error", code=msg.error_code, detail=msg.error_message)
 
     def _queue_name(self, msg: Message) -> str:
-        # An existing queue's name was validated when it was created.
-        if msg.queue not in self.manager.queues and not valid_queue_name(msg.queue):
+        # An existing queue's name was validated when it was created; "$" queues are the
+        # adapters' internal state and out of clients' reach.
+        name = msg.queue
+        if (name not in self.manager.queues or name[:1] == "$") and not valid_queue_name(name):
             raise ProtocolError(
                 ErrorCode.INVALID_QUEUE,
                 "queue name must be 1..256 letters, digits, '-', '_' or '.'",
@@ -480,7 +482,8 @@ class Session:
         self._reply(CommandType.QUEUE_INFO, msg, payload=_json(info))
 
     def on_list_queues(self, msg: Message) -> None:
-        names = sorted(self.manager.queues)
+        # Internal queues ("$mqtt...") are the adapters' own state, not the user's.
+        names = sorted(n for n in self.manager.queues if not n.startswith("$"))
         self._reply(CommandType.LIST_QUEUES, msg, payload=_json(names))
 
     # -- the core's Consumer interface -------------------------------------------------------

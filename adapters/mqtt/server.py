@@ -1,0 +1,313 @@
+"""The MQTT side of one broker: listener, session registry, routing, retained messages, auth.
+
+Routing (docs/mqtt.md): a PUBLISH on topic ``a/b/c`` is the address ``a.b.c``. It reaches the
+VibeMQ queue of that name when one exists, and every MQTT session with a matching filter, at
+min(publish QoS, granted QoS), once per session however many of its filters match. A VibeMQ
+Publish reaches MQTT subscribers through the core's publish observers, as QoS 1.
+
+Durable state lives in the journal through two core tables: ``$mqtt.retained`` (topic ->
+retained message) and ``$mqtt.sessions`` (client id -> filters of a clean-session-0 client);
+the messages waiting for such a client are in its own durable queue (see session.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+import structlog
+
+from adapters.mqtt.codec import encode_publish
+from adapters.mqtt.packets import ConnackCode, Connect
+from adapters.mqtt.session import MqttSession, session_queue_name
+from adapters.mqtt.topics import (
+    address_to_topic,
+    filter_to_pattern,
+    matches,
+    queue_address,
+    topic_to_address,
+)
+from vibemq_server.config import Config, DeliveryMode, OverflowStrategy
+from vibemq_server.core import CoreError, PublishOutcome, QueueManager, QueueOptions, StoredMessage
+from vibemq_server.core.table import DurableTable
+from vibemq_server.core.topics import TopicRouter, pattern_overlaps
+from vibemq_server.protocol.payload import PAYLOAD_ENCODING, from_core, to_core
+
+if TYPE_CHECKING:
+    from adapters.mqtt.connection import MqttConnection
+
+log = structlog.get_logger("vibemq.mqtt")
+
+RETAINED_TABLE = "$mqtt.retained"
+SESSIONS_TABLE = "$mqtt.sessions"
+_NEVER = 2**62
+
+#: Headers a message published over MQTT carries into VibeMQ queues.
+HEADER_TOPIC = "mqttTopic"
+HEADER_QOS = "mqttQos"
+
+#: A VibeMQ Publish counts as QoS 1 for MQTT subscribers: it was acknowledged to its sender.
+NATIVE_QOS = 1
+
+
+class MqttServer:
+    def __init__(
+        self,
+        config: Config,
+        manager: QueueManager,
+        register: Callable[[MqttConnection], bool] = lambda _conn: True,
+        unregister: Callable[[MqttConnection], None] = lambda _conn: None,
+    ) -> None:
+        """``register``/``unregister``: the broker's connection registry (limit, timers)."""
+        self.register = register
+        self.unregister = unregister
+        self.config = config
+        self.cfg = config.mqtt
+        self.manager = manager
+        self.router: TopicRouter[MqttSession] = TopicRouter()
+        self.sessions: dict[str, MqttSession] = {}
+        self._ids = itertools.count(1)
+        self._id_prefix = f"mqtt-{os.urandom(4).hex()}-"
+        self._deny_subscribe = [filter_to_pattern(f) for f in self.cfg.deny_subscribe]
+        self._deny_publish = list(self.cfg.deny_publish)
+        self._addresses: dict[str, tuple[str, str | None]] = {}
+        self.retained: DurableTable | None = None
+        self.session_table: DurableTable | None = None
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    # -- start / stop ----------------------------------------------------------------------------
+
+    def restore(self) -> None:
+        """After journal recovery: the retained messages and the persistent sessions."""
+        self.retained = DurableTable(self.manager, RETAINED_TABLE)
+        self.session_table = DurableTable(self.manager, SESSIONS_TABLE)
+        for client_id, entry in self.session_table.items():
+            try:
+                filters = json.loads(entry.payload)["filters"]
+            except (ValueError, KeyError, TypeError):
+                log.warning("unreadable session record dropped", client_id=client_id)
+                self.session_table.delete(client_id)
+                continue
+            session = self._new_session(client_id, clean=False)
+            for topic_filter, qos in filters.items():
+                session.filters[topic_filter] = int(qos)
+                self.router.add(session, filter_to_pattern(topic_filter), int(qos))
+        # A clean session's queue cannot outlive a restart (it is not durable), but be sure.
+        for name in [n for n in self.manager.queues if n.startswith("$mqtt.s.")]:
+            if name[len("$mqtt.s.") :] not in self.sessions:
+                self.manager.delete_queue(name)
+        self.manager.observers.append(self._observe)
+        if self.sessions or len(self.retained):
+            log.info(
+                "mqtt state restored", sessions=len(self.sessions), retained=len(self.retained)
+            )
+
+    async def start(self, host: str) -> None:
+        from adapters.mqtt.connection import MqttConnection
+
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: MqttConnection(self), host, self.cfg.port, backlog=4096, reuse_address=True
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("listening", protocol="mqtt", host=host, port=self.port)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    # -- authentication and sessions -------------------------------------------------------------
+
+    def authenticate(self, packet: Connect) -> ConnackCode:
+        tokens = self.config.auth_tokens
+        users = self.cfg.users
+        if not tokens and not users:
+            return ConnackCode.ACCEPTED
+        if packet.username is None and packet.password is None:
+            return ConnackCode.NOT_AUTHORIZED
+        password = (packet.password or b"").decode("utf-8", "replace")
+        expected = users.get(packet.username or "")
+        if expected is not None and hmac.compare_digest(expected.encode(), password.encode()):
+            return ConnackCode.ACCEPTED
+        # The VibeMQ side's tokens work as passwords, with any user name.
+        if any(hmac.compare_digest(t.encode(), password.encode()) for t in tokens):
+            return ConnackCode.ACCEPTED
+        return ConnackCode.BAD_USERNAME_OR_PASSWORD
+
+    def next_msg_id(self) -> str:
+        return f"{self._id_prefix}{next(self._ids)}"
+
+    def _new_session(self, client_id: str, clean: bool) -> MqttSession:
+        cfg = self.cfg
+        options = QueueOptions(
+            DeliveryMode.ROUND_ROBIN,
+            cfg.max_queued_messages,
+            0,
+            False,
+            "",
+            2**31,
+            _NEVER,  # MQTT 3.1.1 resends on reconnect only, not on a timer
+            OverflowStrategy.DROP_NEWEST,
+            not clean,
+        )
+        name = session_queue_name(client_id)
+        queue = self.manager.queues.get(name)
+        if queue is None:
+            queue, _ = self.manager.create_queue(name, options)
+        session = MqttSession(
+            client_id,
+            clean,
+            queue,
+            self.manager,
+            self.router,
+            self.next_msg_id,
+            cfg.max_inflight,
+            cfg.max_queued_messages,
+        )
+        self.sessions[client_id] = session
+        return session
+
+    def open_session(self, client_id: str, clean: bool) -> tuple[MqttSession, bool]:
+        """The session for a CONNECT (after any takeover); and whether one was resumed."""
+        existing = self.sessions.get(client_id)
+        if existing is not None:
+            if not clean and not existing.clean:
+                return existing, True
+            self.end_session(existing)
+        session = self._new_session(client_id, clean)
+        if not clean:
+            self.save_session(session)
+        return session, False
+
+    def end_session(self, session: MqttSession) -> None:
+        """Forget a session: its filters, its queue, its durable record."""
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        self.router.remove_key(session)
+        session.detach()
+        if not session.queue.deleted:
+            with contextlib.suppress(CoreError):
+                self.manager.delete_queue(session.queue.name)
+        if not session.clean and self.session_table is not None:
+            self.session_table.delete(session.client_id)
+
+    def save_session(self, session: MqttSession) -> None:
+        if session.clean or self.session_table is None:
+            return
+        record = json.dumps({"filters": session.filters}, separators=(",", ":")).encode()
+        self.session_table.put(session.client_id, record, {})
+
+    # -- subscriptions ---------------------------------------------------------------------------
+
+    def subscribe(self, session: MqttSession, topic_filter: str, qos: int) -> int:
+        """Add or replace a filter; the granted QoS or 0x80 when a deny rule refuses it."""
+        pattern = filter_to_pattern(topic_filter)
+        if any(pattern_overlaps(pattern, deny) for deny in self._deny_subscribe):
+            return 0x80
+        session.filters[topic_filter] = qos
+        self.router.add(session, pattern, qos)
+        return qos
+
+    def unsubscribe(self, session: MqttSession, topic_filter: str) -> None:
+        if session.filters.pop(topic_filter, None) is not None:
+            self.router.remove(session, filter_to_pattern(topic_filter))
+
+    def send_retained(self, session: MqttSession, topic_filter: str, granted: int) -> bool:
+        """The retained messages matching a new subscription, RETAIN set; True when one of
+        them went into a durable queue."""
+        if self.retained is None or not len(self.retained):
+            return False
+        durable = False
+        for topic, msg in self.retained.items():
+            if not matches(topic_filter, topic):
+                continue
+            qos = min(int(msg.headers.get(HEADER_QOS, "0")), granted)
+            if qos == 0:
+                session.send_qos0(encode_publish(topic.encode(), msg.payload, 0, retain=True))
+            else:
+                durable |= session.enqueue(topic, msg.payload, qos, retain=True)
+        return durable
+
+    # -- routing ---------------------------------------------------------------------------------
+
+    def publish_denied(self, topic: str) -> bool:
+        return any(matches(deny, topic) for deny in self._deny_publish)
+
+    def route(self, topic: str, payload: bytes, qos: int, retain: bool = False) -> bool:
+        """Deliver an MQTT publish everywhere it belongs. True when some copy will be
+        journaled: the publisher's PUBACK/PUBREC then waits for the journal."""
+        durable = False
+        if retain:
+            durable = self._retain(topic, payload, qos)
+        cached = self._addresses.get(topic)
+        if cached is None:
+            if len(self._addresses) > 10_000:
+                self._addresses.clear()
+            cached = self._addresses[topic] = (topic_to_address(topic), queue_address(topic))
+        address, queue_name = cached
+        if queue_name is not None and queue_name in self.manager.queues:
+            durable |= self._to_queue(queue_name, topic, payload, qos)
+        targets = self.router.match(address)
+        if targets:
+            durable |= self._to_sessions(targets, topic, payload, qos)
+        return durable
+
+    def _to_sessions(
+        self, targets: Mapping[MqttSession, int], topic: str, payload: bytes, qos: int
+    ) -> bool:
+        durable = False
+        qos0: bytes | None = None
+        for session, granted in targets.items():
+            effective = granted if granted < qos else qos
+            if effective == 0:
+                if qos0 is None:
+                    qos0 = encode_publish(topic.encode(), payload)
+                session.send_qos0(qos0)
+            else:
+                durable |= session.enqueue(topic, payload, effective)
+        return durable
+
+    def _to_queue(self, queue_name: str, topic: str, payload: bytes, qos: int) -> bool:
+        body, encoding = to_core(payload)
+        headers = {HEADER_TOPIC: topic, HEADER_QOS: str(qos)}
+        if encoding is not None:
+            headers[PAYLOAD_ENCODING] = encoding
+        try:
+            outcome = self.manager.publish(
+                queue_name, self.next_msg_id(), body, headers, route=False
+            )
+        except CoreError as exc:
+            log.warning("publish into queue failed", queue=queue_name, error=str(exc))
+            return False
+        if not outcome.accepted:
+            log.debug("queue refused an MQTT publish", queue=queue_name, outcome=outcome.value)
+        return outcome is PublishOutcome.ACCEPTED_DURABLE
+
+    def _retain(self, topic: str, payload: bytes, qos: int) -> bool:
+        table = self.retained
+        if table is None:
+            return False
+        if not payload:
+            table.delete(topic)
+            return self.manager.persistence is not None
+        if topic not in table and len(table) >= self.cfg.max_retained:
+            log.warning("retained message not stored: limit reached", limit=self.cfg.max_retained)
+            return False
+        table.put(topic, payload, {HEADER_QOS: str(qos)})
+        return self.manager.persistence is not None
+
+    def _observe(self, address: str, msg: StoredMessage) -> bool:
+        """A VibeMQ Publish (or another protocol's) at ``address``: to matching sessions."""
+        targets = self.router.match(address)
+        if not targets:
+            return False
+        payload = from_core(msg.payload, msg.headers)
+        return self._to_sessions(targets, address_to_topic(address), payload, NATIVE_QOS)

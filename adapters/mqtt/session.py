@@ -1,0 +1,236 @@
+"""One MQTT client session: its subscriptions, outbound queue and packet-id state machines.
+
+A session outlives its connections when the client asked for clean session = 0. QoS 1 and 2
+messages for it wait in a core queue of its own (``$mqtt.s.<client id>``, durable for a
+persistent session), so acks, the in-flight window (the subscription's prefetch), bounds and
+the journal are the core's. QoS 0 messages go straight to the socket, or wait in a small
+bounded backlog while the socket is paused, and are not kept for an absent client (as
+Mosquitto does by default).
+
+Packet-id flows, as the server sends them (3.1.1 section 4.3):
+
+* QoS 1: PUBLISH -> PUBACK settles the core message.
+* QoS 2: PUBLISH -> PUBREC settles it and we answer PUBREL -> PUBCOMP frees the packet id.
+* A message unacknowledged when the connection drops goes back to the queue front and is
+  sent again on the next connection with DUP set and the same packet id; PUBRELs still owed
+  are sent again first.
+
+Inbound QoS 2 (the client publishing) is "method B": the message is routed on PUBLISH, its
+packet id remembered until PUBREL, and a duplicate PUBLISH with that id is not routed again.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from adapters.mqtt.codec import encode_publish
+from vibemq_server.core import PublishOutcome, Queue, QueueManager, StoredMessage, Subscription
+
+if TYPE_CHECKING:
+    from vibemq_server.core.topics import TopicRouter
+
+#: Headers of the messages in a session queue.
+TOPIC = "mqttTopic"
+QOS = "mqttQos"
+RETAIN = "mqttRetain"
+
+MAX_PACKET_ID = 65_535
+
+
+class Link(Protocol):
+    """What a session needs of its current connection."""
+
+    @property
+    def writable(self) -> bool: ...
+
+    def send(self, data: bytes) -> None: ...
+
+
+def session_queue_name(client_id: str) -> str:
+    return f"$mqtt.s.{client_id}"
+
+
+class MqttSession:
+    """Implements the core's Consumer for its own queue."""
+
+    def __init__(
+        self,
+        client_id: str,
+        clean: bool,
+        queue: Queue,
+        manager: QueueManager,
+        router: TopicRouter[MqttSession],
+        next_msg_id: Callable[[], str],
+        max_inflight: int,
+        max_backlog: int,
+    ) -> None:
+        self.client_id = client_id
+        self.clean = clean
+        self.queue = queue
+        self.manager = manager
+        self.router = router
+        self._next_msg_id = next_msg_id
+        self.max_inflight = max_inflight
+        self.max_backlog = max_backlog
+        self.link: Link | None = None
+        self.sub: Subscription | None = None
+        #: topic filter -> granted QoS
+        self.filters: dict[str, int] = {}
+        #: packet id -> message sent and awaiting PUBACK (QoS 1) or PUBREC (QoS 2)
+        self.outbound: dict[int, StoredMessage] = {}
+        #: packet ids of QoS 2 deliveries that got PUBREC and now await PUBCOMP
+        self.pubrel: set[int] = set()
+        #: packet ids of QoS 2 publishes received and awaiting the client's PUBREL
+        self.inbound_qos2: set[int] = set()
+        #: message id -> packet id, for every message sent and not yet acknowledged: a
+        #: redelivery after a reconnect reuses the id
+        self.packet_ids: dict[str, int] = {}
+        self._used: set[int] = set()
+        self._next_pid = 1
+        self._backlog: deque[bytes] = deque()
+        self.dropped_qos0 = 0
+        self.dropped_queued = 0
+
+    # -- connection lifecycle ------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self.link is not None
+
+    def attach(self, link: Link) -> None:
+        """Bind to a new connection; PUBRELs still owed go out before anything else."""
+        self.link = link
+        for pid in sorted(self.pubrel):
+            link.send(b"\x62\x02" + pid.to_bytes(2, "big"))
+        self.sub = self.manager.subscribe(
+            self.queue.name, self.client_id, self, self.max_inflight, dispatch=False
+        )
+
+    def start_delivery(self) -> None:
+        """After CONNACK: resend what the last connection left unacknowledged, then the rest."""
+        self.queue.dispatch()
+
+    def detach(self) -> None:
+        """The connection is gone: unacknowledged deliveries go back to the queue front."""
+        self.link = None
+        self._backlog.clear()
+        self.outbound.clear()
+        sub, self.sub = self.sub, None
+        if sub is not None and not self.queue.deleted:
+            self.manager.unsubscribe(sub)
+
+    # -- core Consumer -------------------------------------------------------------------------
+
+    @property
+    def writable(self) -> bool:
+        link = self.link
+        return link is not None and link.writable and not self._backlog
+
+    def deliver(self, sub: Subscription, msg: StoredMessage) -> None:
+        link = self.link
+        if link is None:  # not reachable: the subscription ends with the connection
+            return
+        pid = self.packet_ids.get(msg.id)
+        if pid is None:
+            pid = self._allocate()
+            self.packet_ids[msg.id] = pid
+        self.outbound[pid] = msg
+        headers = msg.headers
+        link.send(
+            encode_publish(
+                headers[TOPIC].encode(),
+                msg.payload,
+                2 if headers.get(QOS) == "2" else 1,
+                pid,
+                retain=RETAIN in headers,
+                dup=msg.attempts > 1,
+            )
+        )
+
+    def subscription_cancelled(self, sub: Subscription, reason: str) -> None:
+        self.sub = None
+
+    def _allocate(self) -> int:
+        used = self._used
+        pid = self._next_pid
+        # At most max_inflight + owed PUBRELs (< 65,535) ids are in use, so this ends.
+        while pid in used:
+            pid = pid % MAX_PACKET_ID + 1
+        used.add(pid)
+        self._next_pid = pid % MAX_PACKET_ID + 1
+        return pid
+
+    # -- acknowledgements from the client --------------------------------------------------------
+
+    def puback(self, pid: int) -> bool:
+        """PUBACK: settle the QoS 1 delivery; False when the id is not one we wait for."""
+        msg = self.outbound.get(pid)
+        if msg is None or msg.headers.get(QOS) == "2":
+            return False
+        del self.outbound[pid]
+        self._settle(pid, msg)
+        return True
+
+    def pubrec(self, pid: int) -> None:
+        """PUBREC: the QoS 2 delivery is the client's now; it settles here, PUBREL follows."""
+        msg = self.outbound.pop(pid, None)
+        if msg is not None:
+            self._settle(pid, msg)
+        self._used.add(pid)
+        self.pubrel.add(pid)
+
+    def pubcomp(self, pid: int) -> None:
+        if pid in self.pubrel:
+            self.pubrel.discard(pid)
+            self._used.discard(pid)
+
+    def _settle(self, pid: int, msg: StoredMessage) -> None:
+        self.packet_ids.pop(msg.id, None)
+        self._used.discard(pid)
+        if self.sub is not None:
+            # The caller refills once per read (refill), not once per ack.
+            self.manager.ack(self.sub, msg.id, dispatch=False)
+
+    def refill(self) -> None:
+        if self.queue.store.count and self.link is not None:
+            self.queue.dispatch()
+
+    # -- messages for this client ----------------------------------------------------------------
+
+    def send_qos0(self, packet: bytes) -> None:
+        """A QoS 0 PUBLISH: now if the socket takes it, else a bounded backlog, else dropped."""
+        link = self.link
+        if link is None:
+            return
+        if not self._backlog and link.writable:
+            link.send(packet)
+        elif len(self._backlog) < self.max_backlog:
+            self._backlog.append(packet)
+        else:
+            self.dropped_qos0 += 1
+
+    def enqueue(self, topic: str, payload: bytes, qos: int, retain: bool = False) -> bool:
+        """A QoS 1/2 message into the session queue; True when it will be journaled (the
+        publisher's acknowledgement waits for the journal then)."""
+        headers = {TOPIC: topic, QOS: "2" if qos == 2 else "1"}
+        if retain:
+            headers[RETAIN] = "1"
+        outcome = self.manager.publish(
+            self.queue.name, self._next_msg_id(), payload, headers, route=False
+        )
+        if not outcome.accepted:
+            self.dropped_queued += 1
+            return False
+        return outcome is PublishOutcome.ACCEPTED_DURABLE
+
+    def on_writable(self) -> None:
+        link = self.link
+        if link is None:
+            return
+        backlog = self._backlog
+        while backlog and link.writable:
+            link.send(backlog.popleft())
+        if not backlog:
+            self.queue.dispatch()
