@@ -89,6 +89,10 @@ class MqttConnection(asyncio.Protocol):
         self._reading_paused = False
         self._closing = False
         self._acked_any = False
+        # Packets not yet handled while a subscriber drains (see _process).
+        self._held: tuple[list[Packet], int] | None = None
+        self._held_error: MqttProtocolError | None = None
+        self._holds = 0
         # Acknowledgements that wait for the journal, keyed by its flush epoch.
         self._durable_batch: list[bytes] | None = None
         self._durable_epoch = -1
@@ -120,15 +124,31 @@ class MqttConnection(asyncio.Protocol):
         except MqttProtocolError as exc:
             packets = list(exc.packets)
             error = exc
-        for packet in packets:
+        if self._process(packets, 0):
+            self._after_read(bool(packets), error)
+        else:
+            self._held_error = error
+
+    def _process(self, packets: list[Packet], start: int) -> bool:
+        """Handle ``packets[start:]``. False when a publish found a subscriber's socket
+        backed up: the rest waits (reading paused) until that subscriber has drained."""
+        server = self.server
+        for index in range(start, len(packets)):
             if self.state not in _RUNNING:
                 break
+            packet = packets[index]
             if type(packet) not in _ACCEPTS[self.state]:
                 self._violation(
                     f"{type(packet).__name__.upper()} not allowed in {self.state.value}"
                 )
                 break
             _HANDLERS[type(packet)](self, packet)
+            if server.congested:
+                self._hold(packets, index + 1)
+                return False
+        return True
+
+    def _after_read(self, progressed: bool, error: MqttProtocolError | None) -> None:
         if self._acked_any:
             self._acked_any = False
             if self.session is not None:
@@ -137,14 +157,43 @@ class MqttConnection(asyncio.Protocol):
             self._malformed(error)
             return
         if self.parser.buffered:
-            if packets or self.partial_since is None:
+            if progressed or self.partial_since is None:
                 self.partial_since = self.last_rx
         else:
             self.partial_since = None
-        if self.manager.memory_blocked and not self._reading_paused and packets:
+        if self.manager.memory_blocked and not self._reading_paused and progressed:
             self.log.info("publisher paused: memory high watermark")
             self.pause_reading()
             self.manager.wait_for_memory(self.resume_reading)
+
+    def _hold(self, packets: list[Packet], rest: int) -> None:
+        sessions, self.server.congested = self.server.congested, []
+        self._held = (packets, rest)
+        self._holds = len(sessions)
+        self.pause_reading()
+        for session in sessions:
+            session.when_drained(self._drained)
+
+    def _drained(self) -> None:
+        self._holds -= 1
+        if self._holds > 0 or self._held is None:
+            return
+        # Called from inside a session's flush: carry on in a loop callback of our own.
+        self.loop.call_soon(self._resume_held)
+
+    def _resume_held(self) -> None:
+        held, self._held = self._held, None
+        if held is None or self._closing:
+            return
+        packets, rest = held
+        if self._process(packets, rest):
+            error, self._held_error = self._held_error, None
+            self._after_read(True, error)
+            if not self._reading_paused_for_memory():
+                self.resume_reading()
+
+    def _reading_paused_for_memory(self) -> bool:
+        return self.manager.memory_blocked
 
     def eof_received(self) -> bool | None:
         return None

@@ -81,6 +81,8 @@ class MqttServer:
         self.session_table: DurableTable | None = None
         self._server: asyncio.Server | None = None
         self.port = 0
+        #: sessions whose QoS 0 backlog grew during the last route(): the publisher pauses
+        self.congested: list[MqttSession] = []
 
     # -- start / stop ----------------------------------------------------------------------------
 
@@ -271,6 +273,8 @@ class MqttServer:
                 if qos0 is None:
                     qos0 = encode_publish(topic.encode(), payload)
                 session.send_qos0(qos0)
+                if session.congested:
+                    self.congested.append(session)
             else:
                 durable |= session.enqueue(topic, payload, effective)
         return durable

@@ -90,6 +90,8 @@ class MqttSession:
         self._used: set[int] = set()
         self._next_pid = 1
         self._backlog: deque[bytes] = deque()
+        # Publishers paused until the QoS 0 backlog has drained.
+        self._drain_waiters: list[Callable[[], None]] = []
         self.dropped_qos0 = 0
         self.dropped_queued = 0
 
@@ -116,6 +118,7 @@ class MqttSession:
         """The connection is gone: unacknowledged deliveries go back to the queue front."""
         self.link = None
         self._backlog.clear()
+        self._release_publishers()
         self.outbound.clear()
         sub, self.sub = self.sub, None
         if sub is not None and not self.queue.deleted:
@@ -200,7 +203,8 @@ class MqttSession:
     # -- messages for this client ----------------------------------------------------------------
 
     def send_qos0(self, packet: bytes) -> None:
-        """A QoS 0 PUBLISH: now if the socket takes it, else a bounded backlog, else dropped."""
+        """A QoS 0 PUBLISH: now if the socket takes it, else a bounded backlog (the publisher
+        is paused meanwhile, see ``congested``), else dropped."""
         link = self.link
         if link is None:
             return
@@ -210,6 +214,22 @@ class MqttSession:
             self._backlog.append(packet)
         else:
             self.dropped_qos0 += 1
+
+    @property
+    def congested(self) -> bool:
+        """Messages wait for this client's socket: publishers to it should pause."""
+        return bool(self._backlog)
+
+    def when_drained(self, waiter: Callable[[], None]) -> None:
+        if self._backlog:
+            self._drain_waiters.append(waiter)
+        else:
+            waiter()
+
+    def _release_publishers(self) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for waiter in waiters:
+            waiter()
 
     def enqueue(self, topic: str, payload: bytes, qos: int, retain: bool = False) -> bool:
         """A QoS 1/2 message into the session queue; True when it will be journaled (the
@@ -233,4 +253,6 @@ class MqttSession:
         while backlog and link.writable:
             link.send(backlog.popleft())
         if not backlog:
+            if self._drain_waiters:
+                self._release_publishers()
             self.queue.dispatch()

@@ -46,6 +46,7 @@ from adapters.mqtt import (
     encode,
     encode_remaining_length,
 )
+from adapters.mqtt.codec import encode_publish
 
 E = MqttErrorCode
 
@@ -984,3 +985,19 @@ def test_paho_client_against_the_codec(version: str) -> None:
         ("up/é", b"m1", 1, True),
         ("up/é", b"m2", 2, False),
     ]
+
+
+@given(
+    st.text(st.characters(blacklist_characters="+#\x00", blacklist_categories=("Cs",)), min_size=1),
+    st.binary(max_size=20_000),
+    st.integers(0, 2),
+    st.integers(1, 65_535),
+    st.booleans(),
+    st.booleans(),
+)
+def test_fast_publish_encoder_equals_the_codec(
+    topic: str, payload: bytes, qos: int, pid: int, retain: bool, dup: bool
+) -> None:
+    dup = dup and qos > 0  # DUP is only defined with a packet id
+    fast = encode_publish(topic.encode(), payload, qos, pid, retain=retain, dup=dup)
+    assert fast == encode(Publish(topic, payload, qos, retain, dup, pid if qos else None))

@@ -11,16 +11,17 @@ from hypothesis import strategies as st
 
 from adapters.mqtt import (
     InvalidTopicError,
-    TopicMappingError,
     address_to_topic,
     filter_to_pattern,
     is_valid_topic_filter,
     is_valid_topic_name,
     matches,
+    queue_address,
     topic_to_address,
     validate_topic_filter,
     validate_topic_name,
 )
+from vibemq_server.core.topics import MANY, ONE, TopicRouter
 from vibemq_server.protocol.names import valid_queue_name
 
 # --------------------------------------------------------------------------------------------
@@ -203,30 +204,28 @@ def test_topic_address_mapping(topic: str, address: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "topic",
+    ("topic", "address"),
     [
-        "a.b/c",  # '.' would collide with the separator
-        "v1.0",
-        "$SYS/broker",  # '$' is not an address character
-        "a b",
-        "é",
-        "x" * 257,  # addresses are at most 256 characters
+        ("a.b/c", "a/b.c"),  # '/' and '.' swap, as in RabbitMQ
+        ("v1.0", "v1/0"),
+        ("$SYS/broker", "$SYS.broker"),
+        ("a b", "a b"),
+        ("é/x", "é.x"),
     ],
 )
-def test_topics_without_an_address_are_refused(topic: str) -> None:
-    assert is_valid_topic_name(topic)
-    with pytest.raises(TopicMappingError):
-        topic_to_address(topic)
+def test_every_topic_has_an_address(topic: str, address: str) -> None:
+    assert topic_to_address(topic) == address
+    assert address_to_topic(address) == topic
 
 
-@pytest.mark.parametrize("address", ["", "a/b", "a b", "x" * 257, "a*b", "a#"])
-def test_invalid_addresses_have_no_topic(address: str) -> None:
-    with pytest.raises(TopicMappingError):
-        address_to_topic(address)
-
-
-def test_mapping_error_is_a_value_error() -> None:
-    assert issubclass(TopicMappingError, ValueError)
+@pytest.mark.parametrize(
+    ("topic", "queue"),
+    [("a/b", "a.b"), ("a.b/c", None), ("$SYS/x", None), ("a b", None), ("x" * 257, None)],
+)
+def test_only_topics_whose_address_is_a_queue_name_reach_queues(
+    topic: str, queue: str | None
+) -> None:
+    assert queue_address(topic) == queue
 
 
 @given(st.from_regex(r"[A-Za-z0-9_.\-]{1,256}", fullmatch=True))
@@ -237,35 +236,39 @@ def test_every_address_round_trips_through_a_valid_topic(address: str) -> None:
 
 
 @given(st.text(st.sampled_from("ab./-$+#"), min_size=1, max_size=10))
-def test_topic_to_address_returns_valid_addresses_or_refuses(topic: str) -> None:
+def test_topic_address_mapping_is_a_bijection(topic: str) -> None:
     if not is_valid_topic_name(topic):
         return
-    try:
-        address = topic_to_address(topic)
-    except TopicMappingError:
-        assert "." in topic or "$" in topic
-    else:
+    address = topic_to_address(topic)
+    assert address_to_topic(address) == topic
+    if queue_address(topic) is not None:
         assert valid_queue_name(address)
-        assert address_to_topic(address) == topic
 
 
 @pytest.mark.parametrize(
     ("topic_filter", "pattern"),
     [
-        ("a/+/#", "a.*.#"),
-        ("#", "#"),
-        ("+", "*"),
-        ("a/b", "a.b"),
-        ("+/+", "*.*"),
-        ("/+", ".*"),
-        ("a//#", "a..#"),
+        ("a/+/#", ("a", ONE, MANY)),
+        ("#", (MANY,)),
+        ("+", (ONE,)),
+        ("a/b", ("a", "b")),
+        ("+/+", (ONE, ONE)),
+        ("/+", ("", ONE)),
+        ("a//#", ("a", "", MANY)),
+        ("v1.0/+", ("v1/0", ONE)),
     ],
 )
-def test_filter_to_pattern(topic_filter: str, pattern: str) -> None:
+def test_filter_to_pattern(topic_filter: str, pattern: tuple[str, ...]) -> None:
     assert filter_to_pattern(topic_filter) == pattern
 
 
-@pytest.mark.parametrize("topic_filter", ["a.b/#", "$SYS/#", "a b/+"])
-def test_filters_without_a_pattern_are_refused(topic_filter: str) -> None:
-    with pytest.raises(TopicMappingError):
-        filter_to_pattern(topic_filter)
+@given(st.text(st.sampled_from("ab./$"), min_size=1, max_size=8), st.data())
+def test_router_patterns_agree_with_mqtt_matching(topic: str, data: st.DataObject) -> None:
+    levels = topic.split("/")
+    # A filter derived from the topic: some levels replaced by '+', maybe a '#' tail.
+    chosen = [data.draw(st.sampled_from([lvl, "+"])) for lvl in levels]
+    cut = data.draw(st.integers(0, len(chosen)))
+    topic_filter = "/".join([*chosen[:cut], "#"] if data.draw(st.booleans()) else chosen)
+    router: TopicRouter[str] = TopicRouter()
+    router.add("s", filter_to_pattern(topic_filter), 1)
+    assert ("s" in router.match(topic_to_address(topic))) == matches(topic_filter, topic)

@@ -67,6 +67,10 @@ class _Node(Generic[K]):
 
 
 def _merge(result: dict[K, int], keys: dict[K, int]) -> None:
+    # Most addresses match a single trie node, whose keys then need no max() at all.
+    if not result:
+        result.update(keys)
+        return
     for key, level in keys.items():
         old = result.get(key)
         if old is None or level > old:
