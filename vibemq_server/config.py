@@ -61,6 +61,9 @@ class MqttConfig(BaseModel):
     max_queued_messages: int = Field(
         1000, ge=1, description="per session, beyond those in flight; newer ones are dropped"
     )
+    max_publisher_pause_s: float = Field(
+        1.0, gt=0, description="longest a publisher waits for slow subscribers before drops"
+    )
     max_client_id_length: int = Field(1024, ge=23, le=16_384)
     max_retained: int = Field(100_000, ge=0)
     connect_timeout_s: float = Field(10.0, gt=0)

@@ -536,20 +536,37 @@ def _decode_connack(flags: int, body: bytes) -> Connack:
     return Connack(return_code=return_code, session_present=session_present)
 
 
+#: Topic names already decoded and validated (publishers reuse a few topics): bytes -> str.
+_TOPICS: dict[bytes, str] = {}
+_TOPICS_MAX = 4096
+
+
 def _decode_publish(flags: int, body: bytes) -> Publish:
     # QoS 3 and DUP on QoS 0 were refused with the first byte (_check_first_byte).
     qos = (flags & _PF_QOS_MASK) >> _PF_QOS_SHIFT
-    r = _Reader(body, "PUBLISH")
-    topic = r.topic_name("topic name")
-    packet_id = r.packet_id() if qos else None
-    return Publish(
-        topic=topic,
-        payload=r.rest(),
-        qos=qos,
-        retain=bool(flags & _PF_RETAIN),
-        dup=bool(flags & _PF_DUP),
-        packet_id=packet_id,
-    )
+    size = len(body)
+    if size < 2:
+        raise _fail(MqttErrorCode.MALFORMED, "PUBLISH truncated in topic name")
+    end = 2 + ((body[0] << 8) | body[1])
+    raw = body[2:end]
+    topic = _TOPICS.get(raw)
+    if topic is None:
+        if end > size:
+            raise _fail(MqttErrorCode.MALFORMED, "PUBLISH truncated in topic name")
+        topic = _Reader(body, "PUBLISH").topic_name("topic name")
+        if len(_TOPICS) >= _TOPICS_MAX:
+            _TOPICS.clear()
+        _TOPICS[raw] = topic
+    if qos:
+        if end + 2 > size:
+            raise _fail(MqttErrorCode.MALFORMED, "PUBLISH truncated in packet id")
+        packet_id = (body[end] << 8) | body[end + 1]
+        if packet_id == 0:
+            raise _fail(MqttErrorCode.INVALID_PACKET_ID, "PUBLISH has packet id 0")
+        return Publish(
+            topic, body[end + 2 :], qos, bool(flags & _PF_RETAIN), bool(flags & _PF_DUP), packet_id
+        )
+    return Publish(topic, body[end:], 0, bool(flags & _PF_RETAIN), False, None)
 
 
 def _packet_id_decoder(
@@ -558,7 +575,11 @@ def _packet_id_decoder(
     name = PACKET_TYPES[cls].name
 
     def decode(flags: int, body: bytes) -> Packet:
-        return cls(_Reader(body, name).packet_id())
+        # The length (2) was checked against _FIXED_LENGTHS.
+        packet_id = (body[0] << 8) | body[1]
+        if packet_id == 0:
+            raise _fail(MqttErrorCode.INVALID_PACKET_ID, f"{name} has packet id 0")
+        return cls(packet_id)
 
     return decode
 
@@ -707,41 +728,54 @@ class MqttParser:
             raise MqttProtocolError(
                 self._error.code, f"parser already failed: {self._error.message}"
             )
-        buffer = self._buffer
-        buffer += data
+        if self._buffer:
+            self._buffer += data
+            buf = bytes(self._buffer)
+        else:
+            buf = bytes(data)  # no copy when data is bytes already
+        size = len(buf)
         packets: list[Packet] = []
+        append = packets.append
+        max_size = self.max_packet_size
         pos = 0
         try:
-            while pos < len(buffer):
-                first = buffer[pos]
-                _check_first_byte(first)
-                decoded = decode_remaining_length(buffer, pos + 1)
-                if decoded is None:
-                    break
-                length, length_size = decoded
+            while pos < size:
+                first = buf[pos]
                 packet_type = first >> 4
-                expected_length = _FIXED_LENGTHS.get(packet_type)
-                if expected_length is not None and length != expected_length:
-                    raise _fail(
-                        MqttErrorCode.MALFORMED,
-                        f"{PacketType(packet_type).name} remaining length {length}, "
-                        f"must be {expected_length}",
-                    )
-                total = 1 + length_size + length
-                if total > self.max_packet_size:
+                # PUBLISH (the hot path) checks its own flags: QoS 3, or DUP at QoS 0.
+                if packet_type != 3 or (first & 0x06) == 0x06 or (first & 0x0E) == 0x08:
+                    _check_first_byte(first)
+                if pos + 1 < size and buf[pos + 1] < 0x80:
+                    length = buf[pos + 1]
+                    header = 2
+                else:
+                    decoded = decode_remaining_length(buf, pos + 1)
+                    if decoded is None:
+                        break
+                    length, length_size = decoded
+                    header = 1 + length_size
+                if packet_type != 3:
+                    expected_length = _FIXED_LENGTHS.get(packet_type)
+                    if expected_length is not None and length != expected_length:
+                        raise _fail(
+                            MqttErrorCode.MALFORMED,
+                            f"{PacketType(packet_type).name} remaining length {length}, "
+                            f"must be {expected_length}",
+                        )
+                total = header + length
+                if total > max_size:
                     raise _fail(
                         MqttErrorCode.PACKET_TOO_LARGE,
-                        f"packet of {total} bytes exceeds the limit of {self.max_packet_size}",
+                        f"packet of {total} bytes exceeds the limit of {max_size}",
                     )
-                if len(buffer) - pos < total:
+                if size - pos < total:
                     break
-                body = bytes(buffer[pos + 1 + length_size : pos + total])
-                packets.append(_DECODERS[packet_type](first & 0x0F, body))
+                append(_DECODERS[packet_type](first & 0x0F, buf[pos + header : pos + total]))
                 pos += total
         except MqttProtocolError as exc:
             exc.packets = tuple(packets)
             self._error = exc
             self._buffer = bytearray()
             raise
-        del buffer[:pos]
+        self._buffer = bytearray(buf[pos:]) if pos < size else bytearray()
         return packets

@@ -93,6 +93,8 @@ class MqttConnection(asyncio.Protocol):
         self._held: tuple[list[Packet], int] | None = None
         self._held_error: MqttProtocolError | None = None
         self._holds = 0
+        self._hold_gen = 0
+        self._hold_timer: asyncio.TimerHandle | None = None
         # Acknowledgements that wait for the journal, keyed by its flush epoch.
         self._durable_batch: list[bytes] | None = None
         self._durable_epoch = -1
@@ -171,17 +173,29 @@ class MqttConnection(asyncio.Protocol):
         self._held = (packets, rest)
         self._holds = len(sessions)
         self.pause_reading()
+        # Bounded: publishers and subscribers that wait on each other must not deadlock;
+        # after this, messages beyond a session's bound are dropped as configured.
+        self._hold_timer = self.loop.call_later(
+            self.server.cfg.max_publisher_pause_s, self._resume_held
+        )
+        self._hold_gen += 1
+        gen = self._hold_gen
         for session in sessions:
-            session.when_drained(self._drained)
+            session.when_drained(lambda: self._drained(gen))
 
-    def _drained(self) -> None:
+    def _drained(self, gen: int) -> None:
+        if gen != self._hold_gen or self._held is None:
+            return  # a hold that already ended (timed out)
         self._holds -= 1
-        if self._holds > 0 or self._held is None:
+        if self._holds > 0:
             return
         # Called from inside a session's flush: carry on in a loop callback of our own.
         self.loop.call_soon(self._resume_held)
 
     def _resume_held(self) -> None:
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
         held, self._held = self._held, None
         if held is None or self._closing:
             return
@@ -376,7 +390,7 @@ class MqttConnection(asyncio.Protocol):
             self.log.debug("publish denied", topic=packet.topic)
             durable = False
         else:
-            durable = self.server.route(packet.topic, packet.payload, qos, packet.retain)
+            durable = self.server.route(packet.topic, packet.payload, qos, packet.retain, session)
         if qos == 1:
             self._acknowledge(b"\x40\x02" + pid.to_bytes(2, "big"), durable)
         elif qos == 2:

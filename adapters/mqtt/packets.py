@@ -1,8 +1,9 @@
 """MQTT 3.1 / 3.1.1 control packets as typed, immutable values.
 
-One frozen, slotted dataclass per control packet type. They carry exactly what is on the wire
-after decoding (no connection state): the codec in :mod:`adapters.mqtt.codec` turns them into
-bytes and back. Field conventions:
+One slotted dataclass per control packet type, treated as immutable (not declared frozen:
+a frozen dataclass costs several times more to build, and a broker builds one per message).
+They carry exactly what is on the wire after decoding (no connection state): the codec in
+:mod:`adapters.mqtt.codec` turns them into bytes and back. Field conventions:
 
 * QoS values are plain ``int`` in ``0..2`` (see :class:`QoS` for names).
 * ``packet_id`` is ``1..65535``; a QoS 0 PUBLISH has ``packet_id=None``.
@@ -71,7 +72,7 @@ class ConnackCode(IntEnum):
     NOT_AUTHORIZED = 5
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Connect:
     """CONNECT. A will is present exactly when ``will_topic`` is not None."""
 
@@ -92,7 +93,7 @@ class Connect:
         return self.will_topic is not None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Connack:
     """CONNACK. ``session_present`` is 3.1.1 only (always False towards a 3.1 client)."""
 
@@ -100,7 +101,7 @@ class Connack:
     session_present: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Publish:
     topic: str
     payload: bytes = b""
@@ -110,27 +111,27 @@ class Publish:
     packet_id: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Puback:
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Pubrec:
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Pubrel:
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Pubcomp:
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Subscribe:
     """SUBSCRIBE: at least one ``(topic filter, requested QoS)`` pair."""
 
@@ -138,7 +139,7 @@ class Subscribe:
     subscriptions: tuple[tuple[str, int], ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Suback:
     """SUBACK: one return code per requested filter, the granted QoS or :data:`SUBACK_FAILURE`."""
 
@@ -146,28 +147,28 @@ class Suback:
     return_codes: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Unsubscribe:
     packet_id: int
     topic_filters: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Unsuback:
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Pingreq:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Pingresp:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Disconnect:
     pass
 

@@ -241,9 +241,17 @@ class MqttServer:
     # -- routing ---------------------------------------------------------------------------------
 
     def publish_denied(self, topic: str) -> bool:
-        return any(matches(deny, topic) for deny in self._deny_publish)
+        deny = self._deny_publish
+        return bool(deny) and any(matches(f, topic) for f in deny)
 
-    def route(self, topic: str, payload: bytes, qos: int, retain: bool = False) -> bool:
+    def route(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        retain: bool = False,
+        origin: MqttSession | None = None,
+    ) -> bool:
         """Deliver an MQTT publish everywhere it belongs. True when some copy will be
         journaled: the publisher's PUBACK/PUBREC then waits for the journal."""
         durable = False
@@ -259,12 +267,19 @@ class MqttServer:
             durable |= self._to_queue(queue_name, topic, payload, qos)
         targets = self.router.match(address)
         if targets:
-            durable |= self._to_sessions(targets, topic, payload, qos)
+            durable |= self._to_sessions(targets, topic, payload, qos, origin)
         return durable
 
     def _to_sessions(
-        self, targets: Mapping[MqttSession, int], topic: str, payload: bytes, qos: int
+        self,
+        targets: Mapping[MqttSession, int],
+        topic: str,
+        payload: bytes,
+        qos: int,
+        origin: MqttSession | None = None,
     ) -> bool:
+        """``origin``: the publisher's own session, which must not make it wait (it could
+        only drain by reading the very acknowledgements the pause holds back)."""
         durable = False
         qos0: bytes | None = None
         for session, granted in targets.items():
@@ -273,10 +288,10 @@ class MqttServer:
                 if qos0 is None:
                     qos0 = encode_publish(topic.encode(), payload)
                 session.send_qos0(qos0)
-                if session.congested:
-                    self.congested.append(session)
             else:
                 durable |= session.enqueue(topic, payload, effective)
+            if session.congested and session is not origin:
+                self.congested.append(session)
         return durable
 
     def _to_queue(self, queue_name: str, topic: str, payload: bytes, qos: int) -> bool:

@@ -92,6 +92,7 @@ class MqttSession:
         self._backlog: deque[bytes] = deque()
         # Publishers paused until the QoS 0 backlog has drained.
         self._drain_waiters: list[Callable[[], None]] = []
+        self._queue_high = max(1, max_backlog // 2)
         self.dropped_qos0 = 0
         self.dropped_queued = 0
 
@@ -199,6 +200,8 @@ class MqttSession:
     def refill(self) -> None:
         if self.queue.store.count and self.link is not None:
             self.queue.dispatch()
+            if self._drain_waiters and not self.congested:
+                self._release_publishers()
 
     # -- messages for this client ----------------------------------------------------------------
 
@@ -217,11 +220,14 @@ class MqttSession:
 
     @property
     def congested(self) -> bool:
-        """Messages wait for this client's socket: publishers to it should pause."""
-        return bool(self._backlog)
+        """This connected client is falling behind (QoS 0 waiting for its socket, or its
+        queue half full): publishers to it should pause rather than have messages dropped."""
+        return self.link is not None and (
+            bool(self._backlog) or self.queue.store.count >= self._queue_high
+        )
 
     def when_drained(self, waiter: Callable[[], None]) -> None:
-        if self._backlog:
+        if self.congested:
             self._drain_waiters.append(waiter)
         else:
             waiter()
@@ -253,6 +259,6 @@ class MqttSession:
         while backlog and link.writable:
             link.send(backlog.popleft())
         if not backlog:
-            if self._drain_waiters:
-                self._release_publishers()
             self.queue.dispatch()
+            if self._drain_waiters and not self.congested:
+                self._release_publishers()

@@ -373,11 +373,12 @@ class QueueManager:
                     return PublishOutcome.ACCEPTED_DURABLE
                 return outcome
         queue.stats.published += 1
-        queue.store.append(msg)
         self.memory_bytes += len(payload)
         if persistence is not None:
             persistence.published(queue, msg, client=True)
-        queue.dispatch()
+        if not queue.deliver_now(msg):
+            queue.store.append(msg)
+            queue.dispatch()
         durable = persistence is not None
         if route and self.observers and self._observe(queue_name, msg):
             durable = True

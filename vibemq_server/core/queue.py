@@ -213,6 +213,28 @@ class Queue:
                 return sub
         return None
 
+    def deliver_now(self, msg: StoredMessage) -> bool:
+        """Hand a new message straight to a subscriber when nothing waits ahead of it (what
+        enqueue + dispatch would do, without the round trip through the store)."""
+        if (
+            self.store.count
+            or self._dispatching
+            or not self.subscriptions
+            or self.options.delivery_mode in _FAN_OUT
+        ):
+            return False
+        sub = self._next_with_capacity()
+        if sub is None:
+            return False
+        self._dispatching = True
+        try:
+            self.manager.send(sub, msg)
+        except DeliveryDeferred:
+            pass  # send() put it back in the store
+        finally:
+            self._dispatching = False
+        return True
+
     def dispatch(self) -> None:
         """Hand ready messages to subscriptions that can take them, until one side runs out."""
         if self._dispatching or not self.subscriptions or not self.store.count:
