@@ -121,7 +121,9 @@ async def test_sigterm_sends_server_shutdown_and_exits_zero(
     assert "listening" in events
     assert "shutting down" in events
     assert all("level" in entry and "timestamp" in entry for entry in logs)
-    listening = next(e for e in logs if e.get("event") == "listening")
+    listening = next(
+        e for e in logs if e.get("event") == "listening" and e.get("protocol") == "vibemq"
+    )
     assert listening["port"] == server.port
 
 
