@@ -105,10 +105,22 @@ class Broker:
 class VibeMQBroker(Broker):
     name = "vibemq"
 
-    def __init__(self, command: list[str] | None = None, extra_args: list[str] | None = None):
+    def __init__(
+        self,
+        command: list[str] | None = None,
+        extra_args: list[str] | None = None,
+        *,
+        mqtt: bool = False,
+        env: dict[str, str] | None = None,
+    ):
+        """``mqtt``: also open the MQTT listener on a free port (``self.mqtt_port``);
+        ``env``: extra environment variables (``VIBEMQ_*`` settings) for the server."""
         super().__init__()
         self.command = command
         self.extra_args = extra_args or []
+        self.mqtt = mqtt
+        self.mqtt_port = 0
+        self.env = env or {}
 
     @staticmethod
     def default_command() -> list[str]:
@@ -138,7 +150,12 @@ class VibeMQBroker(Broker):
             "warning",
             *self.extra_args,
         ]
-        self._spawn(argv)
+        if self.mqtt:
+            self.mqtt_port = free_port()
+            argv += ["--mqtt-port", str(self.mqtt_port)]
+        else:
+            argv += ["--no-mqtt"]  # 1883 may be taken (a system mosquitto)
+        self._spawn(argv, env={**os.environ, **self.env} if self.env else None)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
@@ -146,9 +163,15 @@ class VibeMQBroker(Broker):
             try:
                 info = json.loads(ready.read_text())
                 self.port = int(info["vibemq"])
-                return
             except (OSError, ValueError, KeyError, TypeError):
                 time.sleep(0.05)
+                continue
+            if self.mqtt:
+                self.mqtt_port = int(info.get("mqtt") or self.mqtt_port)
+                if not wait_port(self.host, self.mqtt_port, max(1.0, deadline - time.monotonic())):
+                    self.stop()
+                    raise BenchError(f"vibemq-server: MQTT port {self.mqtt_port} not listening")
+            return
         self.stop()
         raise BenchError(f"vibemq-server wrote no ready file within {timeout:.0f}s")
 

@@ -28,7 +28,7 @@ def packet(first: int, rest: bytes) -> bytes:
     return bytes((first,)) + encode_remaining_length(len(rest)) + rest
 
 
-def parse_header(buf: bytearray, pos: int) -> tuple[int, int] | None:
+def parse_header(buf: bytes | bytearray, pos: int) -> tuple[int, int] | None:
     """(header length, remaining length) of the packet at ``pos``, None if incomplete."""
     end = len(buf)
     mult = 1

@@ -73,7 +73,8 @@ class MqttConnection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.conn_id = f"mqtt_{next(_ids)}"
         self.parser = MqttParser(server.cfg.max_packet_size)
-        self.state = State.AWAIT_CONNECT
+        self._state = State.AWAIT_CONNECT
+        self._accepts = _ACCEPTS[State.AWAIT_CONNECT]
         self.transport: asyncio.Transport | None = None
         self.session: MqttSession | None = None
         self.will: Connect | None = None
@@ -100,6 +101,16 @@ class MqttConnection(asyncio.Protocol):
         self._durable_epoch = -1
         self._durable_pending = 0
         self.log: structlog.typing.FilteringBoundLogger = structlog.get_logger("vibemq.mqtt")
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @state.setter
+    def state(self, state: State) -> None:
+        # The hot path reads the accepted packet types directly (no Enum hashing per packet).
+        self._state = state
+        self._accepts = _ACCEPTS[state]
 
     # -- asyncio.Protocol --------------------------------------------------------------------
 
@@ -136,10 +147,11 @@ class MqttConnection(asyncio.Protocol):
         backed up: the rest waits (reading paused) until that subscriber has drained."""
         server = self.server
         for index in range(start, len(packets)):
-            if self.state not in _RUNNING:
-                break
+            accepts = self._accepts
+            if not accepts:
+                break  # closed
             packet = packets[index]
-            if type(packet) not in _ACCEPTS[self.state]:
+            if type(packet) not in accepts:
                 self._violation(
                     f"{type(packet).__name__.upper()} not allowed in {self.state.value}"
                 )
@@ -309,7 +321,9 @@ class MqttConnection(asyncio.Protocol):
                 session.detach()
         if publish_will and will is not None and will.will_topic is not None:
             self.log.debug("publishing will", topic=will.will_topic)
-            self.server.route(will.will_topic, will.will_payload, will.will_qos, will.will_retain)
+            self.server.route(
+                will.will_topic, will.will_payload, will.will_qos, will.will_retain, pause=False
+            )
 
     def taken_over(self) -> None:
         """Another connection CONNECTed with our client id: it gets the session."""

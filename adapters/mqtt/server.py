@@ -160,10 +160,14 @@ class MqttServer:
             OverflowStrategy.DROP_NEWEST,
             not clean,
         )
-        name = session_queue_name(client_id)
-        queue = self.manager.queues.get(name)
-        if queue is None:
-            queue, _ = self.manager.create_queue(name, options)
+        # Only a persistent session needs a (durable) core queue: a clean session's
+        # messages live and die with it, in memory (session.py).
+        queue = None
+        if not clean:
+            name = session_queue_name(client_id)
+            queue = self.manager.queues.get(name)
+            if queue is None:
+                queue, _ = self.manager.create_queue(name, options)
         session = MqttSession(
             client_id,
             clean,
@@ -195,7 +199,7 @@ class MqttServer:
             del self.sessions[session.client_id]
         self.router.remove_key(session)
         session.detach()
-        if not session.queue.deleted:
+        if session.queue is not None and not session.queue.deleted:
             with contextlib.suppress(CoreError):
                 self.manager.delete_queue(session.queue.name)
         if not session.clean and self.session_table is not None:
@@ -251,9 +255,14 @@ class MqttServer:
         qos: int,
         retain: bool = False,
         origin: MqttSession | None = None,
+        *,
+        pause: bool = True,
     ) -> bool:
         """Deliver an MQTT publish everywhere it belongs. True when some copy will be
-        journaled: the publisher's PUBACK/PUBREC then waits for the journal."""
+        journaled: the publisher's PUBACK/PUBREC then waits for the journal.
+
+        ``pause``: whether the caller pauses for the slow subscribers this leaves in
+        ``congested`` (a PUBLISH being handled does; a will has no publisher to pause)."""
         durable = False
         if retain:
             durable = self._retain(topic, payload, qos)
@@ -267,7 +276,7 @@ class MqttServer:
             durable |= self._to_queue(queue_name, topic, payload, qos)
         targets = self.router.match(address)
         if targets:
-            durable |= self._to_sessions(targets, topic, payload, qos, origin)
+            durable |= self._to_sessions(targets, topic, payload, qos, origin, pause=pause)
         return durable
 
     def _to_sessions(
@@ -277,9 +286,14 @@ class MqttServer:
         payload: bytes,
         qos: int,
         origin: MqttSession | None = None,
+        *,
+        pause: bool = True,
     ) -> bool:
         """``origin``: the publisher's own session, which must not make it wait (it could
-        only drain by reading the very acknowledgements the pause holds back)."""
+        only drain by reading the very acknowledgements the pause holds back). ``pause``:
+        False when no MQTT connection will consume ``congested`` right after (a VibeMQ
+        Publish, a will): entries left there would pause whichever connection handles a
+        packet next, even the slow subscriber itself."""
         durable = False
         qos0: bytes | None = None
         for session, granted in targets.items():
@@ -290,7 +304,7 @@ class MqttServer:
                 session.send_qos0(qos0)
             else:
                 durable |= session.enqueue(topic, payload, effective)
-            if session.congested and session is not origin:
+            if pause and session.congested and session is not origin:
                 self.congested.append(session)
         return durable
 
@@ -329,4 +343,7 @@ class MqttServer:
         if not targets:
             return False
         payload = from_core(msg.payload, msg.headers)
-        return self._to_sessions(targets, address_to_topic(address), payload, NATIVE_QOS)
+        # Not an MQTT connection's publish: nobody to pause (see _to_sessions).
+        return self._to_sessions(
+            targets, address_to_topic(address), payload, NATIVE_QOS, pause=False
+        )

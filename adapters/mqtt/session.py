@@ -1,11 +1,13 @@
 """One MQTT client session: its subscriptions, outbound queue and packet-id state machines.
 
-A session outlives its connections when the client asked for clean session = 0. QoS 1 and 2
-messages for it wait in a core queue of its own (``$mqtt.s.<client id>``, durable for a
-persistent session), so acks, the in-flight window (the subscription's prefetch), bounds and
-the journal are the core's. QoS 0 messages go straight to the socket, or wait in a small
-bounded backlog while the socket is paused, and are not kept for an absent client (as
-Mosquitto does by default).
+A session outlives its connections when the client asked for clean session = 0. Its QoS 1
+and 2 messages then wait in a durable core queue of its own (``$mqtt.s.<client id>``), so
+acks, the in-flight window (the subscription's prefetch), bounds and the journal are the
+core's. A clean session's messages live and die with it: they go out directly, tracked by
+packet id alone (``direct``), or wait in a bounded in-memory list for the in-flight window,
+without the core's per-message bookkeeping. QoS 0 messages go straight to the socket, or
+wait in a bounded backlog while the socket is paused, and are not kept for an absent client
+(as Mosquitto does by default).
 
 Packet-id flows, as the server sends them (3.1.1 section 4.3):
 
@@ -59,7 +61,7 @@ class MqttSession:
         self,
         client_id: str,
         clean: bool,
-        queue: Queue,
+        queue: Queue | None,
         manager: QueueManager,
         router: TopicRouter[MqttSession],
         next_msg_id: Callable[[], str],
@@ -80,6 +82,8 @@ class MqttSession:
         self.filters: dict[str, int] = {}
         #: packet id -> message sent and awaiting PUBACK (QoS 1) or PUBREC (QoS 2)
         self.outbound: dict[int, StoredMessage] = {}
+        #: packet id -> QoS of a clean session's delivery sent without the core queue
+        self.direct: dict[int, int] = {}
         #: packet ids of QoS 2 deliveries that got PUBREC and now await PUBCOMP
         self.pubrel: set[int] = set()
         #: packet ids of QoS 2 publishes received and awaiting the client's PUBREL
@@ -93,6 +97,10 @@ class MqttSession:
         # Publishers paused until the QoS 0 backlog has drained.
         self._drain_waiters: list[Callable[[], None]] = []
         self._queue_high = max(1, max_backlog // 2)
+        self._headers: dict[tuple[str, int, bool], dict[str, str]] = {}
+        self._topics: dict[str, bytes] = {}
+        # A clean session's QoS 1/2 messages waiting for the in-flight window.
+        self._pending: deque[tuple[str, bytes, int, bool]] = deque()
         self.dropped_qos0 = 0
         self.dropped_queued = 0
 
@@ -107,13 +115,15 @@ class MqttSession:
         self.link = link
         for pid in sorted(self.pubrel):
             link.send(b"\x62\x02" + pid.to_bytes(2, "big"))
-        self.sub = self.manager.subscribe(
-            self.queue.name, self.client_id, self, self.max_inflight, dispatch=False
-        )
+        if self.queue is not None:
+            self.sub = self.manager.subscribe(
+                self.queue.name, self.client_id, self, self.max_inflight, dispatch=False
+            )
 
     def start_delivery(self) -> None:
         """After CONNACK: resend what the last connection left unacknowledged, then the rest."""
-        self.queue.dispatch()
+        if self.queue is not None:
+            self.queue.dispatch()
 
     def detach(self) -> None:
         """The connection is gone: unacknowledged deliveries go back to the queue front."""
@@ -121,8 +131,12 @@ class MqttSession:
         self._backlog.clear()
         self._release_publishers()
         self.outbound.clear()
+        for pid in self.direct:
+            self._used.discard(pid)
+        self.direct.clear()
+        self._pending.clear()
         sub, self.sub = self.sub, None
-        if sub is not None and not self.queue.deleted:
+        if sub is not None and not sub.queue.deleted:
             self.manager.unsubscribe(sub)
 
     # -- core Consumer -------------------------------------------------------------------------
@@ -144,7 +158,7 @@ class MqttSession:
         headers = msg.headers
         link.send(
             encode_publish(
-                headers[TOPIC].encode(),
+                self._topic_bytes(headers[TOPIC]),
                 msg.payload,
                 2 if headers.get(QOS) == "2" else 1,
                 pid,
@@ -152,6 +166,14 @@ class MqttSession:
                 dup=msg.attempts > 1,
             )
         )
+
+    def _topic_bytes(self, topic: str) -> bytes:
+        raw = self._topics.get(topic)
+        if raw is None:
+            if len(self._topics) >= 1024:
+                self._topics.clear()
+            raw = self._topics[topic] = topic.encode()
+        return raw
 
     def subscription_cancelled(self, sub: Subscription, reason: str) -> None:
         self.sub = None
@@ -170,6 +192,13 @@ class MqttSession:
 
     def puback(self, pid: int) -> bool:
         """PUBACK: settle the QoS 1 delivery; False when the id is not one we wait for."""
+        direct = self.direct
+        if pid in direct:
+            if direct[pid] == 2:
+                return False
+            del direct[pid]
+            self._used.discard(pid)
+            return True
         msg = self.outbound.get(pid)
         if msg is None or msg.headers.get(QOS) == "2":
             return False
@@ -179,6 +208,7 @@ class MqttSession:
 
     def pubrec(self, pid: int) -> None:
         """PUBREC: the QoS 2 delivery is the client's now; it settles here, PUBREL follows."""
+        self.direct.pop(pid, None)
         msg = self.outbound.pop(pid, None)
         if msg is not None:
             self._settle(pid, msg)
@@ -198,10 +228,17 @@ class MqttSession:
             self.manager.ack(self.sub, msg.id, dispatch=False)
 
     def refill(self) -> None:
-        if self.queue.store.count and self.link is not None:
+        """After acknowledgements: fill the in-flight window again."""
+        if self.link is None:
+            return
+        if self._pending:
+            self._pump()
+        elif self.queue is not None and self.queue.store.count:
             self.queue.dispatch()
-            if self._drain_waiters and not self.congested:
-                self._release_publishers()
+        else:
+            return
+        if self._drain_waiters and not self.congested:
+            self._release_publishers()
 
     # -- messages for this client ----------------------------------------------------------------
 
@@ -222,9 +259,12 @@ class MqttSession:
     def congested(self) -> bool:
         """This connected client is falling behind (QoS 0 waiting for its socket, or its
         queue half full): publishers to it should pause rather than have messages dropped."""
-        return self.link is not None and (
-            bool(self._backlog) or self.queue.store.count >= self._queue_high
-        )
+        if self.link is None:
+            return False
+        if self._backlog:
+            return True
+        queued = len(self._pending) if self.queue is None else self.queue.store.count
+        return queued >= self._queue_high
 
     def when_drained(self, waiter: Callable[[], None]) -> None:
         if self.congested:
@@ -238,11 +278,20 @@ class MqttSession:
             waiter()
 
     def enqueue(self, topic: str, payload: bytes, qos: int, retain: bool = False) -> bool:
-        """A QoS 1/2 message into the session queue; True when it will be journaled (the
+        """A QoS 1/2 message for this client; True when it will be journaled (the
         publisher's acknowledgement waits for the journal then)."""
-        headers = {TOPIC: topic, QOS: "2" if qos == 2 else "1"}
-        if retain:
-            headers[RETAIN] = "1"
+        if self.queue is None:
+            return self._enqueue_clean(topic, payload, qos, retain)
+        key = (topic, qos, retain)
+        headers = self._headers.get(key)
+        if headers is None:
+            # Messages share one (read-only) headers dict per topic and QoS.
+            if len(self._headers) >= 1024:
+                self._headers.clear()
+            headers = {TOPIC: topic, QOS: "2" if qos == 2 else "1"}
+            if retain:
+                headers[RETAIN] = "1"
+            self._headers[key] = headers
         outcome = self.manager.publish(
             self.queue.name, self._next_msg_id(), payload, headers, route=False
         )
@@ -250,6 +299,38 @@ class MqttSession:
             self.dropped_queued += 1
             return False
         return outcome is PublishOutcome.ACCEPTED_DURABLE
+
+    def _enqueue_clean(self, topic: str, payload: bytes, qos: int, retain: bool) -> bool:
+        """A clean session keeps its messages in memory only (they die with it): straight
+        out when the window and the socket allow, else in a bounded list, else dropped."""
+        pending = self._pending
+        if not pending and self._can_send():
+            self._send_direct(topic, payload, qos, retain)
+        elif len(pending) < self.max_backlog:
+            pending.append((topic, payload, qos, retain))
+        else:
+            self.dropped_queued += 1
+        return False
+
+    def _can_send(self) -> bool:
+        link = self.link
+        return (
+            link is not None
+            and link.writable
+            and not self._backlog
+            and len(self.direct) < self.max_inflight
+        )
+
+    def _send_direct(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
+        assert self.link is not None
+        pid = self._allocate()
+        self.direct[pid] = qos
+        self.link.send(encode_publish(self._topic_bytes(topic), payload, qos, pid, retain=retain))
+
+    def _pump(self) -> None:
+        pending = self._pending
+        while pending and self._can_send():
+            self._send_direct(*pending.popleft())
 
     def on_writable(self) -> None:
         link = self.link
@@ -259,6 +340,9 @@ class MqttSession:
         while backlog and link.writable:
             link.send(backlog.popleft())
         if not backlog:
-            self.queue.dispatch()
+            if self.queue is not None:
+                self.queue.dispatch()
+            else:
+                self._pump()
             if self._drain_waiters and not self.congested:
                 self._release_publishers()

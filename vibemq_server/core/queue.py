@@ -220,7 +220,8 @@ class Queue:
             self.store.count
             or self._dispatching
             or not self.subscriptions
-            or self.options.delivery_mode in _FAN_OUT
+            or self.options.delivery_mode is DeliveryMode.FAN_OUT_WITH_ACK
+            or self.options.delivery_mode is DeliveryMode.FAN_OUT_WITHOUT_ACK
         ):
             return False
         sub = self._next_with_capacity()
