@@ -96,6 +96,7 @@ class MqttConnection(asyncio.Protocol):
         self._holds = 0
         self._hold_gen = 0
         self._hold_timer: asyncio.TimerHandle | None = None
+        self._held_sessions: list[MqttSession] = []
         # Acknowledgements that wait for the journal, keyed by its flush epoch.
         self._durable_batch: list[bytes] | None = None
         self._durable_epoch = -1
@@ -187,8 +188,9 @@ class MqttConnection(asyncio.Protocol):
         self.pause_reading()
         # Bounded: publishers and subscribers that wait on each other must not deadlock;
         # after this, messages beyond a session's bound are dropped as configured.
+        self._held_sessions = sessions
         self._hold_timer = self.loop.call_later(
-            self.server.cfg.max_publisher_pause_s, self._resume_held
+            self.server.cfg.max_publisher_pause_s, self._hold_expired
         )
         self._hold_gen += 1
         gen = self._hold_gen
@@ -204,7 +206,18 @@ class MqttConnection(asyncio.Protocol):
         # Called from inside a session's flush: carry on in a loop callback of our own.
         self.loop.call_soon(self._resume_held)
 
+    def _hold_expired(self) -> None:
+        self._hold_timer = None
+        for session in self._held_sessions:
+            if session.congested and not session.stalled:
+                session.stalled = True
+                self.log.info(
+                    "subscriber not keeping up; publishers go on", client=session.client_id
+                )
+        self._resume_held()
+
     def _resume_held(self) -> None:
+        self._held_sessions = []
         if self._hold_timer is not None:
             self._hold_timer.cancel()
             self._hold_timer = None

@@ -304,7 +304,7 @@ class MqttServer:
                 session.send_qos0(qos0)
             else:
                 durable |= session.enqueue(topic, payload, effective)
-            if pause and session.congested and session is not origin:
+            if pause and session.congested and not session.stalled and session is not origin:
                 self.congested.append(session)
         return durable
 

@@ -97,6 +97,10 @@ class MqttSession:
         # Publishers paused until the QoS 0 backlog has drained.
         self._drain_waiters: list[Callable[[], None]] = []
         self._queue_high = max(1, max_backlog // 2)
+        # Made a publisher wait the longest pause without catching up: a stuck client
+        # (connected, not reading or not acking) must not slow every publisher down, so it
+        # pauses nobody until it has drained; meanwhile its bounds drop messages.
+        self.stalled = False
         self._headers: dict[tuple[str, int, bool], dict[str, str]] = {}
         self._topics: dict[str, bytes] = {}
         # A clean session's QoS 1/2 messages waiting for the in-flight window.
@@ -129,6 +133,7 @@ class MqttSession:
         """The connection is gone: unacknowledged deliveries go back to the queue front."""
         self.link = None
         self._backlog.clear()
+        self.stalled = False
         self._release_publishers()
         self.outbound.clear()
         for pid in self.direct:
@@ -237,8 +242,7 @@ class MqttSession:
             self.queue.dispatch()
         else:
             return
-        if self._drain_waiters and not self.congested:
-            self._release_publishers()
+        self._check_drained()
 
     # -- messages for this client ----------------------------------------------------------------
 
@@ -271,6 +275,12 @@ class MqttSession:
             self._drain_waiters.append(waiter)
         else:
             waiter()
+
+    def _check_drained(self) -> None:
+        if not self.congested:
+            self.stalled = False
+            if self._drain_waiters:
+                self._release_publishers()
 
     def _release_publishers(self) -> None:
         waiters, self._drain_waiters = self._drain_waiters, []
@@ -344,5 +354,4 @@ class MqttSession:
                 self.queue.dispatch()
             else:
                 self._pump()
-            if self._drain_waiters and not self.congested:
-                self._release_publishers()
+            self._check_drained()
