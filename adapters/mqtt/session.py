@@ -149,7 +149,14 @@ class MqttSession:
     @property
     def writable(self) -> bool:
         link = self.link
-        return link is not None and link.writable and not self._backlog
+        # Every packet id in use (in flight, PUBREL owed, kept for a redelivery) counts
+        # against the window, so a free id always exists (max_inflight <= 65,535).
+        return (
+            link is not None
+            and link.writable
+            and not self._backlog
+            and len(self._used) < self.max_inflight
+        )
 
     def deliver(self, sub: Subscription, msg: StoredMessage) -> None:
         link = self.link
@@ -186,7 +193,7 @@ class MqttSession:
     def _allocate(self) -> int:
         used = self._used
         pid = self._next_pid
-        # At most max_inflight + owed PUBRELs (< 65,535) ids are in use, so this ends.
+        # Callers check len(_used) < max_inflight <= 65,535 first, so a free id exists.
         while pid in used:
             pid = pid % MAX_PACKET_ID + 1
         used.add(pid)
@@ -212,10 +219,15 @@ class MqttSession:
         return True
 
     def pubrec(self, pid: int) -> None:
-        """PUBREC: the QoS 2 delivery is the client's now; it settles here, PUBREL follows."""
-        self.direct.pop(pid, None)
-        msg = self.outbound.pop(pid, None)
-        if msg is not None:
+        """PUBREC: the QoS 2 delivery is the client's now; it settles here, PUBREL follows
+        (the caller answers every PUBREC; only our own QoS 2 deliveries are tracked)."""
+        if self.direct.get(pid) == 2:
+            del self.direct[pid]
+        else:
+            msg = self.outbound.get(pid)
+            if msg is None or msg.headers.get(QOS) != "2":
+                return
+            del self.outbound[pid]
             self._settle(pid, msg)
         self._used.add(pid)
         self.pubrel.add(pid)
@@ -328,7 +340,7 @@ class MqttSession:
             link is not None
             and link.writable
             and not self._backlog
-            and len(self.direct) < self.max_inflight
+            and len(self._used) < self.max_inflight
         )
 
     def _send_direct(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
