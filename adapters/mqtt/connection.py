@@ -270,8 +270,8 @@ class MqttConnection(asyncio.Protocol):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if not self._out or self.transport is None:
-            return
+        if not self._out or self.transport is None or self._closing:
+            return  # (closing: close() flushed already; a lost connection's output is void)
         was_full = self._out_size >= self._out_limit
         out, self._out, self._out_size = self._out, [], 0
         self.transport.write(b"".join(out))
@@ -333,6 +333,10 @@ class MqttConnection(asyncio.Protocol):
             else:
                 session.detach()
         if publish_will and will is not None and will.will_topic is not None:
+            if self.server.publish_denied(will.will_topic):
+                # deny_publish covers wills too, or a will would be a way around it.
+                self.log.debug("will denied", topic=will.will_topic)
+                return
             self.log.debug("publishing will", topic=will.will_topic)
             self.server.route(
                 will.will_topic, will.will_payload, will.will_qos, will.will_retain, pause=False
