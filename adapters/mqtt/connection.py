@@ -138,10 +138,21 @@ class MqttConnection(asyncio.Protocol):
         except MqttProtocolError as exc:
             packets = list(exc.packets)
             error = exc
-        if self._process(packets, 0):
-            self._after_read(bool(packets), error)
-        else:
-            self._held_error = error
+        server = self.server
+        # Output of this read (acks to us, deliveries to subscribers) is written when the
+        # read is done, one write per connection: batched, and without waiting a loop turn.
+        server.reading = True
+        try:
+            if self._process(packets, 0):
+                self._after_read(bool(packets), error)
+            else:
+                self._held_error = error
+        finally:
+            server.reading = False
+            if server.dirty:
+                dirty, server.dirty = server.dirty, []
+                for conn in dirty:
+                    conn._flush()
 
     def _process(self, packets: list[Packet], start: int) -> bool:
         """Handle ``packets[start:]``. False when a publish found a subscriber's socket
@@ -266,7 +277,11 @@ class MqttConnection(asyncio.Protocol):
         self._out_size += len(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
+            server = self.server
+            if server.reading:
+                server.dirty.append(self)
+            else:
+                self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False

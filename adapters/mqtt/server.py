@@ -81,6 +81,10 @@ class MqttServer:
         self.session_table: DurableTable | None = None
         self._server: asyncio.Server | None = None
         self.port = 0
+        #: set while a connection handles a read; connections given output meanwhile are
+        #: in ``dirty`` and written once the read is done (see MqttConnection.send)
+        self.reading = False
+        self.dirty: list[MqttConnection] = []
         #: sessions whose QoS 0 backlog grew during the last route(): the publisher pauses
         self.congested: list[MqttSession] = []
 
