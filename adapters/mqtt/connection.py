@@ -41,6 +41,7 @@ from adapters.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
+from vibemq_server.server.transport import BufferedConnection
 
 if TYPE_CHECKING:
     from adapters.mqtt.server import MqttServer
@@ -66,29 +67,21 @@ _ACCEPTS: dict[State, frozenset[type]] = {
 }
 
 
-class MqttConnection(asyncio.Protocol):
+class MqttConnection(BufferedConnection):
     def __init__(self, server: MqttServer) -> None:
         self.server = server
         self.manager = server.manager
-        self.loop = asyncio.get_running_loop()
+        self._init_buffers(asyncio.get_running_loop(), server.config.write_buffer_high_bytes)
         self.conn_id = f"mqtt_{next(_ids)}"
         self.parser = MqttParser(server.cfg.max_packet_size)
         self._state = State.AWAIT_CONNECT
         self._accepts = _ACCEPTS[State.AWAIT_CONNECT]
-        self.transport: asyncio.Transport | None = None
         self.session: MqttSession | None = None
         self.will: Connect | None = None
         self.keep_alive = 0.0
         self.opened_at = self.loop.time()
         self.last_rx = self.opened_at
         self.partial_since: float | None = None
-        self._out: list[bytes] = []
-        self._out_size = 0
-        self._out_limit = server.config.write_buffer_high_bytes
-        self._flush_scheduled = False
-        self._write_paused = False
-        self._reading_paused = False
-        self._closing = False
         self._acked_any = False
         # Packets not yet handled while a subscriber drains (see _process).
         self._held: tuple[list[Packet], int] | None = None
@@ -241,6 +234,8 @@ class MqttConnection(asyncio.Protocol):
             self._after_read(True, error)
             if not self._reading_paused_for_memory():
                 self.resume_reading()
+            else:  # still paused (by the hold): go on once memory is free
+                self.manager.wait_for_memory(self.resume_reading)
 
     def _reading_paused_for_memory(self) -> bool:
         return self.manager.memory_blocked
@@ -256,67 +251,19 @@ class MqttConnection(asyncio.Protocol):
         self._end(publish_will=abnormal)
         self.log.debug("connection closed", error=str(exc) if exc else None)
 
-    def pause_writing(self) -> None:
-        self._write_paused = True
+    # -- BufferedConnection hooks -------------------------------------------------------------
 
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        if self.session is not None and self.session.link is self:
-            self.session.on_writable()
-
-    # -- the session's Link ------------------------------------------------------------------
-
-    @property
-    def writable(self) -> bool:
-        return not (self._write_paused or self._closing) and self._out_size < self._out_limit
-
-    def send(self, data: bytes) -> None:
-        if self._closing:
-            return
-        self._out.append(data)
-        self._out_size += len(data)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            server = self.server
-            if server.reading:
-                server.dirty.append(self)
-            else:
-                self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        if not self._out or self.transport is None or self._closing:
-            return  # (closing: close() flushed already; a lost connection's output is void)
-        was_full = self._out_size >= self._out_limit
-        out, self._out, self._out_size = self._out, [], 0
-        self.transport.write(b"".join(out))
+    def _writable_again(self) -> None:
         session = self.session
-        if was_full and self.writable and session is not None and session.link is self:
+        if session is not None and session.link is self:
             session.on_writable()
 
-    def pause_reading(self) -> None:
-        if not self._reading_paused and self.transport is not None and not self._closing:
-            self._reading_paused = True
-            self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self._reading_paused and self.transport is not None and not self._closing:
-            self._reading_paused = False
-            self.transport.resume_reading()
-
-    # -- closing -----------------------------------------------------------------------------
-
-    def close(self) -> None:
-        """Close after what is queued has been written (no will: a deliberate close)."""
-        if self._closing or self.transport is None:
-            return
-        self._flush()
-        self._closing = True
-        self.transport.close()
-
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
+    def _schedule_flush(self) -> None:
+        server = self.server
+        if server.reading:
+            server.dirty.append(self)  # written when the read is done
+        else:
+            self.loop.call_soon(self._flush)
 
     def _drop(self, reason: str) -> None:
         """Close because of the client (violation, silence, takeover): the will goes out."""
@@ -493,6 +440,7 @@ class MqttConnection(asyncio.Protocol):
     def on_pubcomp(self, packet: Pubcomp) -> None:
         assert self.session is not None
         self.session.pubcomp(packet.packet_id)
+        self._acked_any = True  # a packet id came free: the window may take the next message
 
     def on_subscribe(self, packet: Subscribe) -> None:
         session = self.session

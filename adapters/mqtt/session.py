@@ -326,22 +326,13 @@ class MqttSession:
         """A clean session keeps its messages in memory only (they die with it): straight
         out when the window and the socket allow, else in a bounded list, else dropped."""
         pending = self._pending
-        if not pending and self._can_send():
+        if not pending and self.writable:
             self._send_direct(topic, payload, qos, retain)
         elif len(pending) < self.max_backlog:
             pending.append((topic, payload, qos, retain))
         else:
             self.dropped_queued += 1
         return False
-
-    def _can_send(self) -> bool:
-        link = self.link
-        return (
-            link is not None
-            and link.writable
-            and not self._backlog
-            and len(self._used) < self.max_inflight
-        )
 
     def _send_direct(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
         assert self.link is not None
@@ -351,7 +342,7 @@ class MqttSession:
 
     def _pump(self) -> None:
         pending = self._pending
-        while pending and self._can_send():
+        while pending and self.writable:
             self._send_direct(*pending.popleft())
 
     def on_writable(self) -> None:

@@ -17,6 +17,7 @@ import structlog
 
 from vibemq_server.protocol import CommandType, ErrorCode, FrameDecoder, Message, encode
 from vibemq_server.server.session import Session, State
+from vibemq_server.server.transport import BufferedConnection
 
 if TYPE_CHECKING:
     from vibemq_server.server.broker import Broker
@@ -24,21 +25,13 @@ if TYPE_CHECKING:
 _ids = itertools.count(1)
 
 
-class Connection(asyncio.Protocol):
+class Connection(BufferedConnection):
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self.loop = asyncio.get_running_loop()
+        self._init_buffers(asyncio.get_running_loop(), broker.config.write_buffer_high_bytes)
         self.conn_id = f"srv_{next(_ids)}"
         self.decoder = FrameDecoder(broker.config.max_message_size)
-        self.transport: asyncio.Transport | None = None
         self.session: Session | None = None
-        self._out: list[bytes] = []
-        self._out_size = 0
-        self._out_limit = broker.config.write_buffer_high_bytes
-        self._flush_scheduled = False
-        self._write_paused = False
-        self._reading_paused = False
-        self._closing = False
         self.last_rx = self.loop.time()
         self.partial_since: float | None = None
         self.log: structlog.typing.FilteringBoundLogger = structlog.get_logger("vibemq.conn")
@@ -100,60 +93,9 @@ class Connection(asyncio.Protocol):
             self.session.connection_lost()
         self.log.debug("connection closed", error=str(exc) if exc else None)
 
-    def pause_writing(self) -> None:
-        self._write_paused = True
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
+    def _writable_again(self) -> None:
         if self.session is not None:
             self.session.on_writable()
-
-    # -- the session's Link ------------------------------------------------------------------
-
-    @property
-    def writable(self) -> bool:
-        return not (self._write_paused or self._closing) and self._out_size < self._out_limit
-
-    def send(self, data: bytes) -> None:
-        if self._closing:
-            return
-        self._out.append(data)
-        self._out_size += len(data)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        if not self._out or self.transport is None:
-            return
-        was_full = self._out_size >= self._out_limit
-        out, self._out, self._out_size = self._out, [], 0
-        self.transport.write(b"".join(out))
-        if was_full and self.writable and self.session is not None:
-            self.session.on_writable()
-
-    def close(self) -> None:
-        """Close after what is queued has been written."""
-        if self._closing or self.transport is None:
-            return
-        self._flush()
-        self._closing = True
-        self.transport.close()
-
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
-
-    def pause_reading(self) -> None:
-        if not self._reading_paused and self.transport is not None and not self._closing:
-            self._reading_paused = True
-            self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self._reading_paused and self.transport is not None and not self._closing:
-            self._reading_paused = False
-            self.transport.resume_reading()
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         self.loop.call_soon(callback)

@@ -1,0 +1,94 @@
+"""Write batching and flow control shared by the connections of every protocol.
+
+Output is gathered and written once (``_schedule_flush`` decides when: by default at the end
+of the loop turn). While the socket is paused, or our own pending output is over its bound,
+``writable`` is False so deliveries wait in their queues instead of in memory here; when it
+drains, ``_writable_again`` lets the protocol resume them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class BufferedConnection(asyncio.Protocol):
+    transport: asyncio.Transport | None
+
+    def _init_buffers(self, loop: asyncio.AbstractEventLoop, out_limit: int) -> None:
+        self.loop = loop
+        self.transport = None
+        self._out: list[bytes] = []
+        self._out_size = 0
+        self._out_limit = out_limit
+        self._flush_scheduled = False
+        self._write_paused = False
+        self._reading_paused = False
+        self._closing = False
+
+    # -- hooks for the protocol ------------------------------------------------------------------
+
+    def _writable_again(self) -> None:
+        """The socket drained: resume deliveries."""
+
+    def _schedule_flush(self) -> None:
+        self.loop.call_soon(self._flush)
+
+    # -- asyncio.Protocol flow control -------------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._writable_again()
+
+    # -- output ------------------------------------------------------------------------------------
+
+    @property
+    def writable(self) -> bool:
+        return not (self._write_paused or self._closing) and self._out_size < self._out_limit
+
+    def send(self, data: bytes) -> None:
+        if self._closing:
+            return
+        self._out.append(data)
+        self._out_size += len(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._schedule_flush()
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._out or self.transport is None or self._closing:
+            return  # (closing: close() flushed already; a lost connection's output is void)
+        was_full = self._out_size >= self._out_limit
+        out, self._out, self._out_size = self._out, [], 0
+        self.transport.write(b"".join(out))
+        if was_full and self.writable:
+            self._writable_again()
+
+    # -- input -------------------------------------------------------------------------------------
+
+    def pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None and not self._closing:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._reading_paused and self.transport is not None and not self._closing:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    # -- closing -----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close after what is queued has been written."""
+        if self._closing or self.transport is None:
+            return
+        self._flush()
+        self._closing = True
+        self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
