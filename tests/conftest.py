@@ -27,6 +27,7 @@ async def broker_factory(tmp_path: Path) -> AsyncIterator[BrokerFactory]:
             "port": 0,
             "drain_timeout_s": 2.0,
             "mqtt": {"port": 0},
+            "amqp": {"port": 0},
             "data_dir": tmp_path / f"data{len(started)}",
         }
         settings.update(overrides)

@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-mqtt", action="store_true", help="do not open the MQTT listener")
     p.add_argument(
+        "--amqp-port", type=int, help="AMQP 0-9-1 port (default 5672; 0 = any free port)"
+    )
+    p.add_argument("--no-amqp", action="store_true", help="do not open the AMQP listener")
+    p.add_argument(
         "--ready-file",
         type=Path,
         help='write {"vibemq": port} here once listening (for scripts using port 0)',
@@ -69,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-_NOT_CONFIG = {"config", "ready_file", "mqtt_port", "no_mqtt"}
+_NOT_CONFIG = {"config", "ready_file", "mqtt_port", "no_mqtt", "amqp_port", "no_amqp"}
 
 
 def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Config:
@@ -83,6 +87,13 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Confi
         mqtt["enabled"] = False
     if mqtt:
         overrides["mqtt"] = mqtt
+    amqp: dict[str, Any] = {}
+    if args.amqp_port is not None:
+        amqp["port"] = args.amqp_port
+    if args.no_amqp:
+        amqp["enabled"] = False
+    if amqp:
+        overrides["amqp"] = amqp
     path = args.config or (Path(environ["VIBEMQ_CONFIG"]) if environ.get("VIBEMQ_CONFIG") else None)
     return load_config(path, environ, overrides)
 
@@ -98,7 +109,9 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
     await broker.start()
     if ready_file is not None:
         tmp = ready_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"vibemq": broker.port, "mqtt": broker.mqtt_port}))
+        tmp.write_text(
+            json.dumps({"vibemq": broker.port, "mqtt": broker.mqtt_port, "amqp": broker.amqp_port})
+        )
         tmp.replace(ready_file)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -72,6 +72,21 @@ class MqttConfig(BaseModel):
     deny_publish: list[str] = Field(default_factory=list, description="topic filters")
 
 
+class AmqpConfig(BaseModel):
+    """The AMQP 0-9-1 listener (see docs/amqp.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    host: str | None = Field(None, description="None = the broker's host")
+    port: int = Field(5672, ge=0, le=65535)
+    frame_max: int = Field(131_072, ge=4096, le=1024 * 1024)
+    channel_max: int = Field(2047, ge=1, le=65_535)
+    heartbeat_s: int = Field(60, ge=0, le=65_535, description="proposed in connection.tune")
+    max_message_size: int = Field(16 * 1024 * 1024, ge=1024)
+    handshake_timeout_s: float = Field(10.0, gt=0)
+
+
 class Config(BaseModel):
     """Every broker setting. Defaults are the embedded default config."""
 
@@ -101,6 +116,10 @@ class Config(BaseModel):
     write_buffer_high_bytes: int = Field(1024 * 1024, ge=4096)
     queue_defaults: QueueDefaults = Field(default_factory=QueueDefaults)
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
+    amqp: AmqpConfig = Field(default_factory=AmqpConfig)
+    users: dict[str, str] = Field(
+        default_factory=dict, description="username -> password, for MQTT and AMQP clients"
+    )
 
     fsync: Literal["always", "interval", "never"] = "always"
     fsync_interval_ms: int = Field(10, ge=1)

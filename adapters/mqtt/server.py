@@ -134,7 +134,7 @@ class MqttServer:
 
     def authenticate(self, packet: Connect) -> ConnackCode:
         tokens = self.config.auth_tokens
-        users = self.cfg.users
+        users = self.config.users | self.cfg.users
         if not tokens and not users:
             return ConnackCode.ACCEPTED
         if packet.username is None and packet.password is None:
@@ -281,7 +281,20 @@ class MqttServer:
         targets = self.router.match(address)
         if targets:
             durable |= self._to_sessions(targets, topic, payload, qos, origin, pause=pause)
+        if len(self.manager.observers) > 1:
+            # Other protocols' subscriptions to the address (AMQP queues bound to amq.topic).
+            body, headers = self._core_form(topic, payload, qos)
+            msg = StoredMessage(self.next_msg_id(), address, body, headers, 0)
+            durable |= self.manager.notify(address, msg, skip=self._observe)
         return durable
+
+    @staticmethod
+    def _core_form(topic: str, payload: bytes, qos: int) -> tuple[bytes, dict[str, str]]:
+        body, encoding = to_core(payload)
+        headers = {HEADER_TOPIC: topic, HEADER_QOS: str(qos)}
+        if encoding is not None:
+            headers[PAYLOAD_ENCODING] = encoding
+        return body, headers
 
     def _to_sessions(
         self,
@@ -313,10 +326,7 @@ class MqttServer:
         return durable
 
     def _to_queue(self, queue_name: str, topic: str, payload: bytes, qos: int) -> bool:
-        body, encoding = to_core(payload)
-        headers = {HEADER_TOPIC: topic, HEADER_QOS: str(qos)}
-        if encoding is not None:
-            headers[PAYLOAD_ENCODING] = encoding
+        body, headers = self._core_form(topic, payload, qos)
         try:
             outcome = self.manager.publish(
                 queue_name, self.next_msg_id(), body, headers, route=False

@@ -73,6 +73,7 @@ class ThreadBroker:
             "port": 0,
             "drain_timeout_s": 2.0,
             "mqtt": {"port": 0},
+            "amqp": {"port": 0},
             "data_dir": data_dir,
         }
         settings.update(overrides)

@@ -26,6 +26,8 @@ def server_args(data_dir: Path, ready: Path, *flags: str) -> list[str]:
         "0",
         "--mqtt-port",
         "0",
+        "--amqp-port",
+        "0",
         "--ready-file",
         str(ready),
         "--data-dir",

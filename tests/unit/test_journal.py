@@ -931,7 +931,14 @@ async def test_broker_recovers_from_its_data_dir(tmp_path: Path) -> None:
     from vibemq_server.config import Config
     from vibemq_server.server import Broker
 
-    config = Config(host="127.0.0.1", port=0, data_dir=tmp_path / "data", drain_timeout_s=1.0)
+    config = Config(
+        host="127.0.0.1",
+        port=0,
+        data_dir=tmp_path / "data",
+        drain_timeout_s=1.0,
+        mqtt={"port": 0},
+        amqp={"port": 0},
+    )
     first = Broker(config)
     await first.start()
     try:

@@ -63,6 +63,7 @@ class DeadLetterReason:
     MAX_RETRIES_EXCEEDED = "MaxRetriesExceeded"
     MESSAGE_EXPIRED = "MessageExpired"
     QUEUE_OVERFLOW = "QueueOverflow"
+    REJECTED = "Rejected"
 
 
 def iso_ms(ms: int) -> str:
@@ -392,6 +393,20 @@ class QueueManager:
             durable |= observer(address, msg)
         return durable and self.persistence is not None
 
+    def notify(
+        self,
+        address: str,
+        msg: StoredMessage,
+        skip: Callable[[str, StoredMessage], bool] | None = None,
+    ) -> bool:
+        """Show a publish routed by an adapter itself to the other adapters' subscriptions
+        (``skip``: the caller's own observer). True when one of them journaled a copy."""
+        durable = False
+        for observer in self.observers:
+            if observer != skip:
+                durable |= observer(address, msg)
+        return durable and self.persistence is not None
+
     def _overflow(self, queue: Queue, msg: StoredMessage) -> PublishOutcome | None:
         """Apply the queue's overflow strategy; None means go on and enqueue ``msg``."""
         strategy = queue.options.overflow_strategy
@@ -461,6 +476,60 @@ class QueueManager:
         if dispatch and queue.store.count:
             queue.dispatch()
         return True
+
+    def detach(self, sub: Subscription) -> None:
+        """Stop delivering to a subscription but leave its unacknowledged deliveries with it
+        (AMQP basic.cancel: they can still be acked, or go back when the channel ends)."""
+        if sub in sub.queue.subscriptions:
+            sub.queue.subscriptions.remove(sub)
+
+    def purge(self, name: str) -> int:
+        """Drop every queued (not in-flight) message of a queue; how many there were."""
+        queue = self.get(name)
+        msgs = queue.store.clear()
+        for msg in msgs:
+            self.memory_bytes -= len(msg.payload)
+            queue.stats.dropped += 1
+            self._settle(queue, msg, SettleReason.DROPPED, "Purged")
+        self._wake(queue)
+        return len(msgs)
+
+    def nack(self, sub: Subscription, msg_id: str, *, requeue: bool, dispatch: bool = True) -> bool:
+        """Give a delivery back: to the head of its queue (``requeue``), or dead-letter it
+        (dropped when the queue has no dead-letter queue)."""
+        msg = sub.inflight.pop(msg_id, None)
+        if msg is None:
+            return False
+        del sub.deadlines[msg_id]
+        queue = sub.queue
+        if requeue:
+            queue.store.appendleft(msg)
+            self.memory_bytes += len(msg.payload)
+            if dispatch:
+                queue.dispatch()
+        else:
+            self.dead_letter(queue, msg, DeadLetterReason.REJECTED)
+        return True
+
+    def take(self, sub: Subscription) -> StoredMessage | None:
+        """Pull the next message of the subscription's queue and deliver it to that
+        subscription now (a client's "get"), whatever its capacity; None when empty."""
+        queue = sub.queue
+        now = self.clock()
+        while queue.store.count:
+            msg = queue.store.popleft()
+            if msg is None:
+                break
+            if msg.expires_at and msg.expired(now):
+                self.expire(queue, msg)
+                continue
+            try:
+                self.send(sub, msg)
+            except DeliveryDeferred:
+                return None  # its id is still held by this subscription: it went back
+            self.after_dequeue(queue)
+            return msg
+        return None
 
     def send(self, sub: Subscription, msg: StoredMessage) -> None:
         """Deliver one message to one subscription (called by the queue's dispatch)."""

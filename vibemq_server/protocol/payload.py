@@ -20,7 +20,14 @@ PAYLOAD_ENCODING = "payloadEncoding"
 BASE64 = "base64"
 
 
+#: Bytes a JSON text can start with (after whitespace): anything else is not JSON, and
+#: saying so early spares the two parsers (and their exceptions) for binary payloads.
+_JSON_STARTS = frozenset(b'{["-0123456789tfn \t\r\n')
+
+
 def is_json(payload: bytes) -> bool:
+    if payload and payload[0] not in _JSON_STARTS:
+        return False
     try:
         validate_json(payload)
     except ProtocolError:

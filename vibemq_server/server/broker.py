@@ -8,6 +8,7 @@ from typing import Protocol
 
 import structlog
 
+from adapters.amqp.server import AmqpServer
 from adapters.mqtt.server import MqttServer
 from vibemq_server.config import Config
 from vibemq_server.core import Clock, QueueManager, wall_clock_ms
@@ -51,6 +52,9 @@ class Broker:
         self.mqtt: MqttServer | None = None
         if self.config.mqtt.enabled:
             self.mqtt = MqttServer(self.config, self.manager, self.register, self.unregister)
+        self.amqp: AmqpServer | None = None
+        if self.config.amqp.enabled:
+            self.amqp = AmqpServer(self.config, self.manager, self.register, self.unregister)
         self.port = 0
         self._server: asyncio.Server | None = None
         self._housekeeping: asyncio.Task[None] | None = None
@@ -65,22 +69,32 @@ class Broker:
         self.manager.persistence = self.journal
         if self.mqtt is not None:
             self.mqtt.restore()
+        if self.amqp is not None:
+            self.amqp.restore()
         self._server = await loop.create_server(
             lambda: Connection(self), cfg.host, cfg.port, backlog=4096, reuse_address=True
         )
         self.port = self._server.sockets[0].getsockname()[1]
-        if self.mqtt is not None:
-            try:
+        try:
+            if self.mqtt is not None:
                 await self.mqtt.start(cfg.mqtt.host or cfg.host)
-            except OSError:
-                self._server.close()
-                raise
+            if self.amqp is not None:
+                await self.amqp.start(cfg.amqp.host or cfg.host)
+        except OSError:
+            self._server.close()
+            if self.mqtt is not None:
+                self.mqtt.close()
+            raise
         self._housekeeping = loop.create_task(self._housekeep())
         log.info("listening", protocol="vibemq", host=cfg.host, port=self.port)
 
     @property
     def mqtt_port(self) -> int | None:
         return self.mqtt.port if self.mqtt is not None else None
+
+    @property
+    def amqp_port(self) -> int | None:
+        return self.amqp.port if self.amqp is not None else None
 
     def register(self, conn: Link) -> bool:
         if len(self.connections) >= self.config.max_connections:
@@ -117,6 +131,8 @@ class Broker:
         server.close()
         if self.mqtt is not None:
             self.mqtt.close()
+        if self.amqp is not None:
+            self.amqp.close()
         log.info("shutting down", connections=len(self.connections), reason=reason)
         for conn in list(self.connections):
             conn.shutdown(reason)

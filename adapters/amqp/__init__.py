@@ -1,0 +1,64 @@
+"""AMQP 0-9-1 adapter (groundwork): the sans-IO frame codec.
+
+* :mod:`adapters.amqp.codec` -- :class:`FrameParser` (bytes -> :class:`ProtocolHeader`,
+  :class:`MethodFrame` with a pamqp command, :class:`HeaderFrame` with raw properties,
+  :class:`BodyFrame`, :class:`Heartbeat`), raising only :class:`AmqpError`; the ``encode_*``
+  functions (hand-written for deliver / get-ok / return / confirms, pamqp for cold methods);
+  field tables and basic properties.
+
+The connection handler (channels, consumers, confirms, mapping onto the core) is not here yet.
+"""
+
+from adapters.amqp.codec import (
+    EMPTY_PROPERTIES,
+    FRAME_MIN_SIZE,
+    HEARTBEAT,
+    PROTOCOL_HEADER,
+    AmqpError,
+    BodyFrame,
+    Frame,
+    FrameParser,
+    HeaderFrame,
+    Heartbeat,
+    MethodFrame,
+    ProtocolHeader,
+    ReplyCode,
+    decode_properties,
+    decode_table,
+    encode_ack,
+    encode_content,
+    encode_deliver,
+    encode_get_ok,
+    encode_method,
+    encode_nack,
+    encode_properties,
+    encode_return,
+    encode_table,
+)
+
+__all__ = [
+    "EMPTY_PROPERTIES",
+    "FRAME_MIN_SIZE",
+    "HEARTBEAT",
+    "PROTOCOL_HEADER",
+    "AmqpError",
+    "BodyFrame",
+    "Frame",
+    "FrameParser",
+    "HeaderFrame",
+    "Heartbeat",
+    "MethodFrame",
+    "ProtocolHeader",
+    "ReplyCode",
+    "decode_properties",
+    "decode_table",
+    "encode_ack",
+    "encode_content",
+    "encode_deliver",
+    "encode_get_ok",
+    "encode_method",
+    "encode_nack",
+    "encode_properties",
+    "encode_return",
+    "encode_table",
+]

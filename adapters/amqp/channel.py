@@ -1,0 +1,266 @@
+"""One AMQP channel: consumers, delivery tags and acks, prefetch, publisher confirms, tx.
+
+Consumers are core subscriptions (``AmqpConsumer`` is the core's Consumer); a delivery tag
+maps to the subscription and message id it acknowledges. Publishes arrive as a method frame,
+a content header and body frames, assembled here and routed by the server once complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from adapters.amqp.codec import AmqpError, ReplyCode, decode_properties, encode_ack, encode_deliver
+from vibemq_server.core import StoredMessage, Subscription
+
+if TYPE_CHECKING:
+    from adapters.amqp.connection import AmqpConnection
+
+#: prefetch 0 means "no limit"
+UNLIMITED = 2**31
+
+BASIC_CLASS = 60
+
+
+class AmqpConsumer:
+    """The core's Consumer for one basic.consume."""
+
+    __slots__ = ("channel", "no_ack", "queue", "sub", "tag", "tag_bytes")
+
+    def __init__(self, channel: Channel, tag: str, queue: str, no_ack: bool) -> None:
+        self.channel = channel
+        self.tag = tag
+        self.tag_bytes = tag.encode()
+        self.queue = queue
+        self.no_ack = no_ack
+        self.sub: Subscription | None = None
+
+    @property
+    def writable(self) -> bool:
+        return self.channel.can_deliver()
+
+    def deliver(self, sub: Subscription, msg: StoredMessage) -> None:
+        self.channel.deliver(self, sub, msg)
+
+    def subscription_cancelled(self, sub: Subscription, reason: str) -> None:
+        self.channel.cancelled_by_broker(self)
+
+
+class _Getter:
+    """The core's Consumer behind basic.get: never pushed to, only pulled (manager.take)."""
+
+    writable = False
+
+    def __init__(self) -> None:
+        self.last: StoredMessage | None = None
+
+    def deliver(self, sub: Subscription, msg: StoredMessage) -> None:
+        self.last = msg
+
+    def subscription_cancelled(self, sub: Subscription, reason: str) -> None:
+        pass
+
+
+class Pending:
+    """A publish waiting for its content header and body."""
+
+    __slots__ = (
+        "body_size",
+        "chunks",
+        "exchange",
+        "mandatory",
+        "properties",
+        "received",
+        "routing_key",
+    )
+
+    def __init__(self, exchange: str, routing_key: str, mandatory: bool) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.mandatory = mandatory
+        self.body_size = -1  # until the content header
+        self.properties = b""
+        self.chunks: list[bytes] = []
+        self.received = 0
+
+
+class Channel:
+    def __init__(self, conn: AmqpConnection, number: int) -> None:
+        self.conn = conn
+        self.number = number
+        self.closing = False
+        self.flow = True
+        self.next_tag = 1
+        #: delivery tag -> (subscription, message id, consumer or None for basic.get)
+        self.unacked: dict[int, tuple[Subscription, str]] = {}
+        self.consumers: dict[str, AmqpConsumer] = {}
+        self.prefetch = 0  # per consumer, for consumers started after basic.qos
+        self.global_prefetch = 0
+        self.confirm = False
+        self.publish_seq = 0
+        self.tx: list[Callable[[], None]] | None = None
+        self.pending: Pending | None = None
+        self.getters: dict[str, tuple[Subscription, _Getter]] = {}
+        self.last_queue = ""  # what an empty queue name means (RabbitMQ)
+        self.confirmed_upto = 0  # every publish up to this seq is confirmed
+        self._tags = 0
+
+    # -- delivery ----------------------------------------------------------------------------------
+
+    def can_deliver(self) -> bool:
+        return (
+            self.flow
+            and not self.closing
+            and self.conn.writable
+            and (not self.global_prefetch or len(self.unacked) < self.global_prefetch)
+        )
+
+    def deliver(self, consumer: AmqpConsumer, sub: Subscription, msg: StoredMessage) -> None:
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        conn = self.conn
+        properties, body = conn.server.mapper.from_core(msg.payload, msg.headers)
+        exchange, routing_key = conn.server.mapper.origin(msg.headers, sub.queue.name)
+        conn.send(
+            encode_deliver(
+                self.number,
+                consumer.tag_bytes,
+                tag,
+                msg.attempts > 1,
+                exchange.encode(),
+                routing_key.encode(),
+                properties,
+                body,
+                conn.frame_max,
+            )
+        )
+        if consumer.no_ack:
+            conn.manager.ack(sub, msg.id, dispatch=False)
+        else:
+            self.unacked[tag] = (sub, msg.id)
+
+    def new_consumer_tag(self) -> str:
+        self._tags += 1
+        return f"amq.ctag-{self.conn.conn_id}-{self.number}-{self._tags}"
+
+    def cancelled_by_broker(self, consumer: AmqpConsumer) -> None:
+        """Its queue was deleted: tell the client (consumer_cancel_notify), forget it."""
+        self.consumers.pop(consumer.tag, None)
+        self.conn.server.consumer_ended(consumer)
+        consumer.sub = None
+        self.conn.consumer_cancelled(self, consumer.tag)
+
+    # -- acknowledgements ------------------------------------------------------------------------
+
+    def _tags_for(self, delivery_tag: int, multiple: bool) -> list[int]:
+        if multiple:
+            if delivery_tag == 0:
+                return list(self.unacked)
+            return [t for t in self.unacked if t <= delivery_tag]
+        if delivery_tag not in self.unacked:
+            raise AmqpError(
+                ReplyCode.PRECONDITION_FAILED,
+                f"PRECONDITION_FAILED - unknown delivery tag {delivery_tag}",
+                self.number,
+                BASIC_CLASS,
+                80,
+            )
+        return [delivery_tag]
+
+    def ack(self, delivery_tag: int, multiple: bool) -> set[str]:
+        """Settle deliveries; returns the queues to refill (once per read, by the caller)."""
+        manager = self.conn.manager
+        queues: set[str] = set()
+        for tag in self._tags_for(delivery_tag, multiple):
+            sub, msg_id = self.unacked.pop(tag)
+            manager.ack(sub, msg_id, dispatch=False)
+            queues.add(sub.queue.name)
+        return queues
+
+    def nack(self, delivery_tag: int, multiple: bool, requeue: bool) -> set[str]:
+        manager = self.conn.manager
+        queues: set[str] = set()
+        for tag in self._tags_for(delivery_tag, multiple):
+            sub, msg_id = self.unacked.pop(tag)
+            manager.nack(sub, msg_id, requeue=requeue, dispatch=False)
+            queues.add(sub.queue.name)
+        return queues
+
+    def recover(self) -> set[str]:
+        """basic.recover: every unacknowledged delivery goes back to its queue."""
+        return self.nack(0, True, True)
+
+    # -- publishing ------------------------------------------------------------------------------
+
+    def content_header(self, body_size: int, properties: bytes, limit: int) -> bool:
+        """True when the message is complete (an empty body)."""
+        pending = self.pending
+        if pending is None or pending.body_size >= 0:
+            raise AmqpError(
+                ReplyCode.UNEXPECTED_FRAME,
+                f"UNEXPECTED_FRAME - content header on channel {self.number} without basic.publish",
+                0,
+            )
+        if body_size > limit:
+            raise AmqpError(
+                ReplyCode.PRECONDITION_FAILED,
+                f"PRECONDITION_FAILED - message size {body_size} is larger than the configured "
+                f"max size {limit}",
+                self.number,
+                BASIC_CLASS,
+                40,
+            )
+        pending.body_size = body_size
+        pending.properties = properties
+        return body_size == 0
+
+    def content_body(self, data: bytes) -> bool:
+        pending = self.pending
+        if pending is None or pending.body_size < 0:
+            raise AmqpError(
+                ReplyCode.UNEXPECTED_FRAME,
+                f"UNEXPECTED_FRAME - content body on channel {self.number} without a header",
+                0,
+            )
+        pending.chunks.append(data)
+        pending.received += len(data)
+        if pending.received > pending.body_size:
+            raise AmqpError(
+                ReplyCode.FRAME_ERROR,
+                "FRAME_ERROR - more content body than the header announced",
+                0,
+            )
+        return pending.received == pending.body_size
+
+    def headers_of(self, pending: Pending) -> Callable[[], dict[str, Any]]:
+        def decode() -> dict[str, Any]:
+            return dict(decode_properties(pending.properties).headers or {})
+
+        return decode
+
+    # -- closing ---------------------------------------------------------------------------------
+
+    def release(self) -> set[str]:
+        """The channel ends: consumers stop, unacknowledged deliveries go back."""
+        manager = self.conn.manager
+        queues: set[str] = set()
+        for consumer in list(self.consumers.values()):
+            self.conn.server.consumer_ended(consumer)
+            if consumer.sub is not None:
+                manager.unsubscribe(consumer.sub)
+                queues.add(consumer.queue)
+        self.consumers.clear()
+        for sub, msg_id in self.unacked.values():
+            if sub.queue.deleted:
+                continue
+            manager.nack(sub, msg_id, requeue=True, dispatch=False)
+            queues.add(sub.queue.name)
+        self.unacked.clear()
+        for sub, _getter in self.getters.values():
+            manager.unsubscribe(sub)
+        self.getters.clear()
+        self.pending = None
+        return queues
+
+    def confirm_ack(self, seq: int) -> bytes:
+        return encode_ack(self.number, seq, False)

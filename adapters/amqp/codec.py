@@ -1,0 +1,1117 @@
+"""Sans-IO codec of AMQP 0-9-1 framing: bytes in, typed frames out; frames in, bytes out.
+
+:class:`FrameParser` is an incremental decoder: ``feed(data)`` appends bytes and returns every
+frame completed by them, in order -- first a :class:`ProtocolHeader` (the 8-byte
+``AMQP\\x00\\x00\\x09\\x01`` greeting), then :class:`MethodFrame`, :class:`HeaderFrame`,
+:class:`BodyFrame` and :class:`Heartbeat`. The ``encode_*`` functions build outgoing frames.
+Nothing here awaits, reads a clock or touches a socket.
+
+Frame layout: type (u8), channel (u16), payload size (u32), payload, frame-end 0xCE.
+
+Hot and cold paths. pamqp (the spec-generated codec aiormq uses) decodes and encodes every
+cold method, but it costs microseconds per frame, so the frames a busy connection is made
+of are hand-written here: basic.publish / basic.ack / basic.nack / basic.reject decoding
+(still producing pamqp's own command objects, so the adapter dispatches on one set of
+types), content header and body framing, basic.deliver / get-ok / return encoding and the
+broker's publisher-confirm acks. Content-header properties stay raw bytes end to end:
+consumers receive exactly what the publisher sent; :func:`decode_properties` is there for
+the few places that must look inside (persistence, TTL, headers exchanges).
+
+Errors: everything wrong with the input raises :class:`AmqpError` carrying a
+:class:`ReplyCode`; after one the stream cannot be resynchronised and the parser is spent.
+Codes follow RabbitMQ where it is specific (see ``rabbit_reader`` / ``rabbit_command_assembler``):
+frame-end, oversize, unknown frame type, a truncated frame -> 501 FRAME_ERROR; a content
+header for a class other than basic or with a non-zero weight -> 505 UNEXPECTED_FRAME; an
+unknown class/method id -> 540 NOT_IMPLEMENTED; method arguments that do not decode, and
+garbage properties or tables -> 502 SYNTAX_ERROR (RabbitMQ says 501 there; both close the
+connection). What the parser does *not* know is channel state: "a header must follow a
+content-bearing method", "channel 0 carries only connection methods", body sizes -- those
+are the adapter's.
+
+Field tables follow RabbitMQ's reading of the errata (``rabbit_binary_parser``): ``s`` (and
+the spec's ``U``) is a signed 16-bit short, both ``l`` and ``L`` are signed 64-bit, ``x`` is a
+byte array. Decoded values use pamqp's Python types, so tables decoded here and by pamqp (cold
+methods' ``arguments``) look alike: ``S`` -> ``str`` (``bytes`` when not UTF-8), ``x`` ->
+``bytearray``, ``T`` -> aware UTC ``datetime``, ``D`` -> ``Decimal``, ``V`` -> ``None``.
+
+``encode_*`` validate what they are given with ``ValueError`` / ``TypeError`` (a programming
+error, not a peer's).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from enum import IntEnum
+from typing import Any, Final, TypeAlias
+
+from pamqp import base, commands
+from pamqp import frame as _pamqp_frame
+
+PROTOCOL_HEADER: Final = b"AMQP\x00\x00\x09\x01"
+HEARTBEAT: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+#: The smallest frame-max a peer may negotiate (spec: FRAME-MIN-SIZE).
+FRAME_MIN_SIZE: Final = 4096
+#: Raw properties of a message without any: one flags word, all clear.
+EMPTY_PROPERTIES: Final = b"\x00\x00"
+
+FRAME_METHOD: Final = 1
+FRAME_HEADER: Final = 2
+FRAME_BODY: Final = 3
+FRAME_HEARTBEAT: Final = 8
+FRAME_END: Final = 0xCE
+
+_FRAME_END_BYTE = b"\xce"
+_BASIC_CLASS = 60
+_HEADER_PAYLOAD_MIN = 12  # class-id, weight, body-size; RabbitMQ accepts an empty flags field
+_MAX_NESTING = 64  # tables/arrays within tables; deeper is an attack, not a message
+
+_HEADER = struct.Struct(">BHI")  # frame type, channel, payload size
+_U32 = struct.Struct(">I")
+_CONTENT_HEADER = struct.Struct(">HHQ")  # class-id, weight, body-size
+_ACK_ARGS = struct.Struct(">QB")  # delivery-tag, bits
+# Frame-end of the previous frame + the next frame's header (+ content-header fields): packing
+# them together saves one struct call and one join element per frame.
+_END_HEADER_FRAME = struct.Struct(">BBHIHHQ")
+_END_BODY_FRAME = struct.Struct(">BBHI")
+_DELIVER_HEAD = struct.Struct(">BHIIB")  # type, channel, size, class+method, consumer-tag len
+_DELIVER_MID = struct.Struct(">QBB")  # delivery-tag, redelivered, exchange len
+_GET_OK_HEAD = struct.Struct(">BHIIQBB")  # ..., class+method, tag, redelivered, exchange len
+_RETURN_HEAD = struct.Struct(">BHIIHB")  # ..., class+method, reply-code, reply-text len
+_ACK_FRAME = struct.Struct(">BHIIQBB")  # whole basic.ack / basic.nack frame
+_SHORT_LEN = tuple(bytes((n,)) for n in range(256))  # length prefix of a shortstr
+
+_IDX_PUBLISH = 0x003C0028
+_IDX_DELIVER = 0x003C003C
+_IDX_GET_OK = 0x003C0047
+_IDX_RETURN = 0x003C0032
+_IDX_ACK = 0x003C0050
+_IDX_REJECT = 0x003C005A
+_IDX_NACK = 0x003C0078
+
+
+class ReplyCode(IntEnum):
+    """AMQP 0-9-1 reply codes (connection.close / channel.close / basic.return)."""
+
+    SUCCESS = 200
+    CONTENT_TOO_LARGE = 311
+    NO_ROUTE = 312
+    NO_CONSUMERS = 313
+    CONNECTION_FORCED = 320
+    INVALID_PATH = 402
+    ACCESS_REFUSED = 403
+    NOT_FOUND = 404
+    RESOURCE_LOCKED = 405
+    PRECONDITION_FAILED = 406
+    FRAME_ERROR = 501
+    SYNTAX_ERROR = 502
+    COMMAND_INVALID = 503
+    CHANNEL_ERROR = 504
+    UNEXPECTED_FRAME = 505
+    RESOURCE_ERROR = 506
+    NOT_ALLOWED = 530
+    NOT_IMPLEMENTED = 540
+    INTERNAL_ERROR = 541
+
+
+# The spec's "hard errors": they close the connection; every other code closes a channel.
+_CONNECTION_CODES: Final = frozenset(
+    (
+        ReplyCode.CONNECTION_FORCED,
+        ReplyCode.INVALID_PATH,
+        ReplyCode.FRAME_ERROR,
+        ReplyCode.SYNTAX_ERROR,
+        ReplyCode.COMMAND_INVALID,
+        ReplyCode.CHANNEL_ERROR,
+        ReplyCode.UNEXPECTED_FRAME,
+        ReplyCode.RESOURCE_ERROR,
+        ReplyCode.NOT_ALLOWED,
+        ReplyCode.NOT_IMPLEMENTED,
+        ReplyCode.INTERNAL_ERROR,
+    )
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Events
+
+
+@dataclass(slots=True)
+class ProtocolHeader:
+    """The first 8 bytes of the stream. ``ok`` is False for anything but :data:`PROTOCOL_HEADER`
+    (the adapter then answers with our header and closes, as the spec asks)."""
+
+    ok: bool
+    raw: bytes
+
+
+@dataclass(slots=True)
+class MethodFrame:
+    """A method: a pamqp command object (``commands.Basic.Publish`` ...)."""
+
+    channel: int
+    method: base.Frame
+
+
+@dataclass(slots=True)
+class HeaderFrame:
+    """A content header of class basic. ``properties`` is the raw property flags + list,
+    passed through to consumers unparsed (:func:`decode_properties` reads it)."""
+
+    channel: int
+    body_size: int
+    properties: bytes
+
+
+@dataclass(slots=True)
+class BodyFrame:
+    """A slice of a message body."""
+
+    channel: int
+    data: bytes
+
+
+@dataclass(slots=True)
+class Heartbeat:
+    """A heartbeat frame (always on channel 0: anything else is refused)."""
+
+    channel: int
+
+
+Frame: TypeAlias = ProtocolHeader | MethodFrame | HeaderFrame | BodyFrame | Heartbeat
+
+
+class AmqpError(Exception):
+    """The one protocol error.
+
+    ``text`` is the reply text to send, RabbitMQ style (``"FRAME_ERROR - <detail>"`` for the
+    errors raised here). ``code`` says what to put in the close method; ``fatal`` says which
+    one: True for the connection-level codes (320, 402, 501..506, 530, 540, 541) ->
+    connection.close, else channel.close on ``channel``. ``channel`` is the channel the
+    offending frame arrived on (0 for connection-level frames); ``class_id`` / ``method_id``
+    identify the offending method (0 if none), for the close method's fields. ``frames``
+    holds the frames the same :meth:`FrameParser.feed` call decoded before the bad one, so
+    the adapter can still act on them.
+    """
+
+    def __init__(
+        self,
+        code: ReplyCode,
+        text: str,
+        channel: int = 0,
+        class_id: int = 0,
+        method_id: int = 0,
+        frames: tuple[Frame, ...] = (),
+    ) -> None:
+        super().__init__(f"{int(code)} {text}")
+        self.code = code
+        self.text = text
+        self.channel = channel
+        self.class_id = class_id
+        self.method_id = method_id
+        self.frames = frames
+
+    @property
+    def fatal(self) -> bool:
+        """True when the error closes the whole connection rather than one channel."""
+        return self.code in _CONNECTION_CODES
+
+
+def _error(
+    code: ReplyCode, detail: str, channel: int = 0, class_id: int = 0, method_id: int = 0
+) -> AmqpError:
+    """An error whose text is RabbitMQ-style reply text: ``"FRAME_ERROR - <detail>"``."""
+    return AmqpError(code, f"{code.name} - {detail}", channel, class_id, method_id)
+
+
+def _frame_error(detail: str, channel: int = 0) -> AmqpError:
+    return _error(ReplyCode.FRAME_ERROR, detail, channel)
+
+
+def _syntax_error(detail: str) -> AmqpError:
+    return _error(ReplyCode.SYNTAX_ERROR, detail)
+
+
+# --------------------------------------------------------------------------------------------
+# Method decoding: hand-written hot methods, pamqp for the rest
+
+_new = object.__new__
+_Publish = commands.Basic.Publish
+_Ack = commands.Basic.Ack
+_Nack = commands.Basic.Nack
+_Reject = commands.Basic.Reject
+
+
+class _Malformed(Exception):
+    """Internal: the arguments of a fast-path method do not decode."""
+
+
+def _decode_publish(view: bytes, pos: int, stop: int) -> base.Frame:
+    # ticket (short), exchange (shortstr), routing-key (shortstr), mandatory|immediate bits;
+    # every offset is checked against ``stop``: ``view`` may hold further frames after it.
+    ex = pos + 2
+    if ex >= stop:
+        raise _Malformed
+    rk = ex + 1 + view[ex]
+    if rk >= stop:
+        raise _Malformed
+    bits = rk + 1 + view[rk]
+    if bits + 1 != stop:  # exactly one bits octet and nothing after it, as RabbitMQ demands
+        raise _Malformed
+    method = _new(_Publish)
+    method.ticket = (view[pos] << 8) | view[pos + 1]
+    method.exchange = view[ex + 1 : rk].decode()  # UnicodeDecodeError: caught by the caller
+    method.routing_key = view[rk + 1 : bits].decode()
+    flags = view[bits]
+    method.mandatory = flags & 1 != 0  # bits pack from the least significant one
+    method.immediate = flags & 2 != 0
+    return method
+
+
+def _decode_ack(view: bytes, pos: int, stop: int) -> base.Frame:
+    if stop - pos != _ACK_ARGS.size:
+        raise _Malformed
+    tag, flags = _ACK_ARGS.unpack_from(view, pos)
+    method = _new(_Ack)
+    method.delivery_tag = tag
+    method.multiple = flags & 1 != 0
+    return method
+
+
+def _decode_nack(view: bytes, pos: int, stop: int) -> base.Frame:
+    if stop - pos != _ACK_ARGS.size:
+        raise _Malformed
+    tag, flags = _ACK_ARGS.unpack_from(view, pos)
+    method = _new(_Nack)
+    method.delivery_tag = tag
+    method.multiple = flags & 1 != 0
+    method.requeue = flags & 2 != 0
+    return method
+
+
+def _decode_reject(view: bytes, pos: int, stop: int) -> base.Frame:
+    if stop - pos != _ACK_ARGS.size:
+        raise _Malformed
+    tag, flags = _ACK_ARGS.unpack_from(view, pos)
+    method = _new(_Reject)
+    method.delivery_tag = tag
+    method.requeue = flags & 1 != 0
+    return method
+
+
+_FAST_METHODS: Final[dict[int, Callable[[bytes, int, int], base.Frame]]] = {
+    _IDX_PUBLISH: _decode_publish,
+    _IDX_ACK: _decode_ack,
+    _IDX_NACK: _decode_nack,
+    _IDX_REJECT: _decode_reject,
+}
+
+
+def _decode_method(channel: int, view: bytes, start: int, stop: int) -> MethodFrame:
+    if stop - start < 4:
+        raise _frame_error("method frame too short for class and method ids", channel)
+    index = _U32.unpack_from(view, start)[0]
+    fast = _FAST_METHODS.get(index)
+    try:
+        if fast is not None:
+            return MethodFrame(channel, fast(view, start + 4, stop))
+        method_class = commands.INDEX_MAPPING.get(index)
+        if method_class is None:
+            raise _error(
+                ReplyCode.NOT_IMPLEMENTED,
+                f"unknown method {index >> 16}.{index & 0xFFFF}",
+                channel,
+                index >> 16,
+                index & 0xFFFF,
+            )
+        # __new__ skips __init__: its validation and (for basic.recover-async) a warning;
+        # unmarshal assigns every attribute.
+        method: base.Frame = _new(method_class)
+        method.unmarshal(view[start + 4 : stop])
+    except AmqpError:
+        raise
+    except Exception as exc:
+        # pamqp's decoders let struct.error, ValueError, TypeError, RecursionError, ... out on
+        # hostile input; the fast paths raise _Malformed / UnicodeDecodeError. All mean the same.
+        raise _error(
+            ReplyCode.SYNTAX_ERROR,
+            f"cannot decode arguments of method {index >> 16}.{index & 0xFFFF}",
+            channel,
+            index >> 16,
+            index & 0xFFFF,
+        ) from exc
+    return MethodFrame(channel, method)
+
+
+def _decode_header(channel: int, view: bytes, start: int, stop: int) -> HeaderFrame:
+    size = stop - start
+    if size < _HEADER_PAYLOAD_MIN:
+        raise _frame_error("content header frame too short", channel)
+    class_id, weight, body_size = _CONTENT_HEADER.unpack_from(view, start)
+    if class_id != _BASIC_CLASS or weight:
+        raise _error(
+            ReplyCode.UNEXPECTED_FRAME,
+            f"expected content header for class 60, weight 0; got {class_id}, {weight}",
+            channel,
+        )
+    if size == _HEADER_PAYLOAD_MIN:  # no flags word at all: same as "no properties"
+        return HeaderFrame(channel, body_size, EMPTY_PROPERTIES)
+    if size == _HEADER_PAYLOAD_MIN + 1:
+        raise _frame_error("content header property flags truncated", channel)
+    return HeaderFrame(channel, body_size, view[start + _HEADER_PAYLOAD_MIN : stop])
+
+
+def _decode_body(channel: int, view: bytes, start: int, stop: int) -> BodyFrame:
+    return BodyFrame(channel, view[start:stop])
+
+
+def _decode_heartbeat(channel: int, view: bytes, start: int, stop: int) -> Heartbeat:
+    if stop != start:
+        raise _frame_error("heartbeat frame with a payload", channel)
+    if channel:
+        raise _frame_error(f"heartbeat frame on channel {channel}", channel)
+    return Heartbeat(0)
+
+
+_FRAME_DECODERS: Final[dict[int, Callable[[int, bytes, int, int], Frame]]] = {
+    FRAME_METHOD: _decode_method,
+    FRAME_HEADER: _decode_header,
+    FRAME_BODY: _decode_body,
+    FRAME_HEARTBEAT: _decode_heartbeat,
+}
+
+# Parser states.
+_AWAIT_HEADER = 0
+_FRAMES = 1
+_REFUSED = 2  # bad protocol header: everything after it is ignored
+
+
+class FrameParser:
+    """Incremental AMQP 0-9-1 decoder: ``feed(data)`` returns the frames completed by ``data``.
+
+    ``max_frame_size`` bounds a frame's *payload* (the negotiated frame-max; like RabbitMQ's
+    FRAME_SIZE_FUDGE this leaves room for the clients that forget the 8 framing bytes); the
+    adapter lowers it after connection.tune-ok. A frame over it is refused as soon as its
+    7-byte header is in, before any payload is buffered.
+
+    After an :class:`AmqpError` the parser is spent: every later ``feed`` raises the same
+    error again (with empty ``frames``). After a bad protocol header (``ok`` False) every later
+    byte is ignored and ``feed`` returns ``[]``.
+    """
+
+    __slots__ = ("_buf", "_failure", "_need", "_state", "max_frame_size")
+
+    def __init__(self, max_frame_size: int = 131072) -> None:
+        self.max_frame_size = max_frame_size
+        self._buf = bytearray()
+        self._need = len(PROTOCOL_HEADER)  # bytes needed before parsing can make progress
+        self._state = _AWAIT_HEADER
+        self._failure: AmqpError | None = None
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Append ``data``; return every frame it completes, in order.
+
+        Raises :class:`AmqpError` (with ``frames`` set to those decoded before the bad one).
+        """
+        if self._failure is not None:
+            failure = self._failure
+            raise AmqpError(
+                failure.code, failure.text, failure.channel, failure.class_id, failure.method_id
+            )
+        if self._state == _REFUSED:
+            return []
+        buf = self._buf
+        if buf:
+            buf += data
+            if len(buf) < self._need:
+                return []
+            view = bytes(buf)
+            buf.clear()
+        elif len(data) < self._need:
+            buf += data
+            return []
+        else:
+            # The common case: nothing pending, parse straight out of the caller's bytes.
+            view = data if type(data) is bytes else bytes(data)
+        frames: list[Frame] = []
+        try:
+            pos = self._parse(view, frames)
+        except AmqpError as exc:
+            exc.frames = tuple(frames)
+            self._failure = exc
+            raise
+        if pos < len(view) and self._state != _REFUSED:
+            buf += memoryview(view)[pos:]
+        return frames
+
+    def _parse(self, view: bytes, frames: list[Frame]) -> int:
+        """Decode every complete frame of ``view``; return where the unparsed rest starts."""
+        pos = 0
+        end = len(view)
+        if self._state == _AWAIT_HEADER:
+            raw = view[:8]
+            ok = raw == PROTOCOL_HEADER
+            frames.append(ProtocolHeader(ok, raw))
+            if not ok:
+                self._state = _REFUSED
+                return end
+            self._state = _FRAMES
+            pos = 8
+        max_size = self.max_frame_size
+        unpack_header = _HEADER.unpack_from
+        decoders = _FRAME_DECODERS
+        append = frames.append
+        while True:
+            if end - pos < 7:
+                self._need = 7
+                return pos
+            frame_type, channel, size = unpack_header(view, pos)
+            if size > max_size:
+                raise _frame_error(
+                    f"frame payload of {size} bytes exceeds frame-max {max_size}", channel
+                )
+            decode = decoders.get(frame_type)
+            if decode is None:
+                raise _frame_error(f"unknown frame type {frame_type}", channel)
+            stop = pos + 7 + size
+            if stop >= end:  # payload or frame-end still missing
+                self._need = size + 8
+                return pos
+            if view[stop] != FRAME_END:
+                raise _frame_error(f"invalid frame end marker 0x{view[stop]:02x}", channel)
+            append(decode(channel, view, pos + 7, stop))
+            pos = stop + 1
+
+
+# --------------------------------------------------------------------------------------------
+# Encoding
+
+
+def encode_method(channel: int, method: base.Frame) -> bytes:
+    """A method frame, by pamqp (validates the arguments: ``ValueError``)."""
+    return _pamqp_frame.marshal(method, channel)
+
+
+def _append_content(
+    parts: list[bytes | memoryview], channel: int, properties: bytes, body: bytes, frame_max: int
+) -> None:
+    """Append the content header and body frames; ``parts`` ends with the method's payload
+    (whose frame-end this supplies)."""
+    size = len(body)
+    parts.append(
+        _END_HEADER_FRAME.pack(
+            FRAME_END, FRAME_HEADER, channel, 12 + len(properties), _BASIC_CLASS, 0, size
+        )
+    )
+    parts.append(properties)
+    if not size:  # no body frame for an empty body
+        parts.append(_FRAME_END_BYTE)
+        return
+    chunk = frame_max - 8
+    if size <= chunk:
+        parts.append(_END_BODY_FRAME.pack(FRAME_END, FRAME_BODY, channel, size))
+        parts.append(body)
+        parts.append(_FRAME_END_BYTE)
+        return
+    if frame_max < FRAME_MIN_SIZE:
+        raise ValueError(f"frame_max {frame_max} is below the minimum {FRAME_MIN_SIZE}")
+    view = memoryview(body)
+    for offset in range(0, size, chunk):
+        piece = view[offset : offset + chunk]
+        parts.append(_END_BODY_FRAME.pack(FRAME_END, FRAME_BODY, channel, len(piece)))
+        parts.append(piece)
+    parts.append(_FRAME_END_BYTE)
+
+
+def encode_content(
+    channel: int, method_frame: bytes, properties: bytes, body: bytes, frame_max: int
+) -> bytes:
+    """``method_frame`` (already encoded) + content header (class 60, weight 0, raw
+    ``properties``) + body frames of at most ``frame_max - 8`` bytes each (none if empty)."""
+    if method_frame[-1:] != _FRAME_END_BYTE:
+        raise ValueError("method_frame is not an encoded frame (no frame-end)")
+    # Its frame-end is re-added by _append_content, packed with the header frame's start.
+    parts: list[bytes | memoryview] = [memoryview(method_frame)[:-1]]
+    _append_content(parts, channel, properties, body, frame_max)
+    return b"".join(parts)
+
+
+def encode_deliver(
+    channel: int,
+    consumer_tag: bytes,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange: bytes,
+    routing_key: bytes,
+    properties: bytes,
+    body: bytes,
+    frame_max: int,
+) -> bytes:
+    """basic.deliver + content header + body frames, in one buffer."""
+    try:
+        parts: list[bytes | memoryview] = [
+            _DELIVER_HEAD.pack(
+                FRAME_METHOD,
+                channel,
+                16 + len(consumer_tag) + len(exchange) + len(routing_key),
+                _IDX_DELIVER,
+                len(consumer_tag),
+            ),
+            consumer_tag,
+            _DELIVER_MID.pack(delivery_tag, redelivered, len(exchange)),
+            exchange,
+            _SHORT_LEN[len(routing_key)],
+            routing_key,
+        ]
+    except (struct.error, IndexError) as exc:
+        raise ValueError(f"basic.deliver argument out of range: {exc}") from exc
+    _append_content(parts, channel, properties, body, frame_max)
+    return b"".join(parts)
+
+
+def encode_get_ok(
+    channel: int,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange: bytes,
+    routing_key: bytes,
+    message_count: int,
+    properties: bytes,
+    body: bytes,
+    frame_max: int,
+) -> bytes:
+    """basic.get-ok + content header + body frames."""
+    try:
+        parts: list[bytes | memoryview] = [
+            _GET_OK_HEAD.pack(
+                FRAME_METHOD,
+                channel,
+                19 + len(exchange) + len(routing_key),
+                _IDX_GET_OK,
+                delivery_tag,
+                redelivered,
+                len(exchange),
+            ),
+            exchange,
+            _SHORT_LEN[len(routing_key)],
+            routing_key,
+            _U32.pack(message_count),
+        ]
+    except (struct.error, IndexError) as exc:
+        raise ValueError(f"basic.get-ok argument out of range: {exc}") from exc
+    _append_content(parts, channel, properties, body, frame_max)
+    return b"".join(parts)
+
+
+def encode_return(
+    channel: int,
+    reply_code: int,
+    reply_text: bytes,
+    exchange: bytes,
+    routing_key: bytes,
+    properties: bytes,
+    body: bytes,
+    frame_max: int,
+) -> bytes:
+    """basic.return + content header + body frames (``reply_text`` as bytes, like the
+    other shortstrs)."""
+    text = reply_text
+    try:
+        parts: list[bytes | memoryview] = [
+            _RETURN_HEAD.pack(
+                FRAME_METHOD,
+                channel,
+                9 + len(text) + len(exchange) + len(routing_key),
+                _IDX_RETURN,
+                reply_code,
+                len(text),
+            ),
+            text,
+            _SHORT_LEN[len(exchange)],
+            exchange,
+            _SHORT_LEN[len(routing_key)],
+            routing_key,
+        ]
+    except (struct.error, IndexError) as exc:
+        raise ValueError(f"basic.return argument out of range: {exc}") from exc
+    _append_content(parts, channel, properties, body, frame_max)
+    return b"".join(parts)
+
+
+def encode_ack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
+    """The broker's basic.ack (publisher confirms)."""
+    try:
+        return _ACK_FRAME.pack(
+            FRAME_METHOD, channel, 13, _IDX_ACK, delivery_tag, multiple, FRAME_END
+        )
+    except struct.error as exc:
+        raise ValueError(f"basic.ack argument out of range: {exc}") from exc
+
+
+def encode_nack(channel: int, delivery_tag: int, multiple: bool, requeue: bool = False) -> bytes:
+    """The broker's basic.nack (publisher confirms)."""
+    try:
+        return _ACK_FRAME.pack(
+            FRAME_METHOD,
+            channel,
+            13,
+            _IDX_NACK,
+            delivery_tag,
+            multiple | (requeue << 1),
+            FRAME_END,
+        )
+    except struct.error as exc:
+        raise ValueError(f"basic.nack argument out of range: {exc}") from exc
+
+
+# --------------------------------------------------------------------------------------------
+# Field values: tables, arrays and the typed scalars in them
+
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
+_ONE_SECOND = _dt.timedelta(seconds=1)
+_MAX_TIMESTAMP = (_dt.datetime.max.replace(tzinfo=_dt.UTC) - _EPOCH) // _ONE_SECOND
+
+_ValueDecoder: TypeAlias = Callable[[bytes, int, int, int], tuple[Any, int]]
+
+
+def _truncated() -> AmqpError:
+    return _syntax_error("field value runs past the end of its table")
+
+
+def _fixed(fmt: str) -> _ValueDecoder:
+    """A decoder of one fixed-width big-endian number."""
+    packer = struct.Struct(fmt)
+    size = packer.size
+    unpack = packer.unpack_from
+
+    def decode(raw: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+        stop = pos + size
+        if stop > end:
+            raise _truncated()
+        return unpack(raw, pos)[0], stop
+
+    return decode
+
+
+def _decode_bool(raw: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+    if pos >= end:
+        raise _truncated()
+    return raw[pos] != 0, pos + 1
+
+
+_DECIMAL = struct.Struct(">Bi")
+
+
+def _decode_decimal(raw: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+    if pos + 5 > end:
+        raise _truncated()
+    scale, mantissa = _DECIMAL.unpack_from(raw, pos)
+    # pamqp's (and the spec text's) reading: a signed mantissa. Exact: at most 10 digits.
+    return Decimal(mantissa).scaleb(-scale), pos + 5
+
+
+def _long_bytes(raw: bytes, pos: int, end: int) -> tuple[bytes, int]:
+    if pos + 4 > end:
+        raise _truncated()
+    start = pos + 4
+    stop = start + _U32.unpack_from(raw, pos)[0]
+    if stop > end:
+        raise _truncated()
+    return raw[start:stop], stop
+
+
+def _decode_longstr(raw: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+    value, stop = _long_bytes(raw, pos, end)
+    try:
+        return value.decode(), stop
+    except UnicodeDecodeError:
+        return value, stop  # a longstr is binary; pamqp keeps the non-UTF-8 ones as bytes
+
+
+def _decode_byte_array(raw: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+    value, stop = _long_bytes(raw, pos, end)
+    return bytearray(value), stop
+
+
+def _timestamp(seconds: int) -> _dt.datetime:
+    if seconds <= _MAX_TIMESTAMP:
+        return _EPOCH + _dt.timedelta(seconds=seconds)
+    # Past year 9999: some clients send milliseconds (pamqp guesses the same way).
+    if seconds // 1000 <= _MAX_TIMESTAMP:
+        return _EPOCH + _dt.timedelta(milliseconds=seconds)
+    raise _syntax_error(f"timestamp {seconds} out of range")
+
+
+_U64 = struct.Struct(">Q")
+
+
+def _decode_timestamp(raw: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+    if pos + 8 > end:
+        raise _truncated()
+    return _timestamp(_U64.unpack_from(raw, pos)[0]), pos + 8
+
+
+def _decode_void(raw: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+    return None, pos
+
+
+def _decode_field_table(raw: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+    if depth > _MAX_NESTING:
+        raise _syntax_error("field tables nested too deeply")
+    if pos + 4 > end:
+        raise _truncated()
+    stop = pos + 4 + _U32.unpack_from(raw, pos)[0]
+    if stop > end:
+        raise _truncated()
+    pos += 4
+    table: dict[str, Any] = {}
+    decoders = _FIELD_DECODERS
+    while pos < stop:
+        key_end = pos + 1 + raw[pos]
+        if key_end >= stop:  # the key, and at least the value's type octet
+            raise _truncated()
+        # Keys are shortstrs: any bytes. surrogateescape keeps non-UTF-8 ones lossless.
+        key = raw[pos + 1 : key_end].decode("utf-8", "surrogateescape")
+        decode = decoders.get(raw[key_end])
+        if decode is None:
+            raise _syntax_error(f"unknown field type {raw[key_end]:#04x} in table")
+        table[key], pos = decode(raw, key_end + 1, stop, depth + 1)
+    return table, stop
+
+
+def _decode_field_array(raw: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+    if depth > _MAX_NESTING:
+        raise _syntax_error("field arrays nested too deeply")
+    if pos + 4 > end:
+        raise _truncated()
+    stop = pos + 4 + _U32.unpack_from(raw, pos)[0]
+    if stop > end:
+        raise _truncated()
+    pos += 4
+    items: list[Any] = []
+    decoders = _FIELD_DECODERS
+    while pos < stop:
+        decode = decoders.get(raw[pos])
+        if decode is None:
+            raise _syntax_error(f"unknown field type {raw[pos]:#04x} in array")
+        value, pos = decode(raw, pos + 1, stop, depth + 1)
+        items.append(value)
+    return items, stop
+
+
+_FIELD_DECODERS: Final[dict[int, _ValueDecoder]] = {
+    ord("t"): _decode_bool,
+    ord("b"): _fixed(">b"),
+    ord("B"): _fixed(">B"),
+    ord("s"): _fixed(">h"),  # RabbitMQ / errata: signed short
+    ord("U"): _fixed(">h"),  # the 0-9-1 grammar's letter for the same
+    ord("u"): _fixed(">H"),
+    ord("I"): _fixed(">i"),
+    ord("i"): _fixed(">I"),
+    ord("l"): _fixed(">q"),  # RabbitMQ decodes both l and L as signed 64-bit
+    ord("L"): _fixed(">q"),
+    ord("f"): _fixed(">f"),
+    ord("d"): _fixed(">d"),
+    ord("D"): _decode_decimal,
+    ord("S"): _decode_longstr,
+    ord("A"): _decode_field_array,
+    ord("T"): _decode_timestamp,
+    ord("F"): _decode_field_table,
+    ord("V"): _decode_void,
+    ord("x"): _decode_byte_array,
+}
+
+
+def decode_table(raw: bytes) -> dict[str, Any]:
+    """A field table (4-byte length + pairs, exactly ``raw``). Garbage -> AmqpError(502)."""
+    table, stop = _decode_field_table(raw, 0, len(raw), 0)
+    if stop != len(raw):
+        raise _syntax_error("trailing bytes after field table")
+    result: dict[str, Any] = table
+    return result
+
+
+# Encoding. Integers use the two types every client reads, I (int32) and l (int64); floats
+# are d: pamqp's f would silently lose precision.
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_F64 = struct.Struct(">d")
+
+
+def _shortstr(text: str) -> bytes:
+    raw = text.encode("utf-8", "surrogateescape")
+    if len(raw) > 255:
+        raise ValueError(f"shortstr of {len(raw)} bytes (max 255)")
+    return _SHORT_LEN[len(raw)] + raw
+
+
+def _longstr(raw: bytes | bytearray) -> bytes:
+    if len(raw) > 0xFFFFFFFF:
+        raise ValueError("longstr over 4 GiB")
+    return _U32.pack(len(raw)) + raw
+
+
+def _encode_int(value: int, depth: int) -> bytes:
+    if -0x80000000 <= value <= 0x7FFFFFFF:
+        return b"I" + _I32.pack(value)
+    if -0x8000000000000000 <= value <= 0x7FFFFFFFFFFFFFFF:
+        return b"l" + _I64.pack(value)
+    raise ValueError(f"integer {value} does not fit a signed 64-bit field")
+
+
+def _encode_bool(value: bool, depth: int) -> bytes:
+    return b"t\x01" if value else b"t\x00"
+
+
+def _encode_float(value: float, depth: int) -> bytes:
+    return b"d" + _F64.pack(value)
+
+
+def _encode_decimal(value: Decimal, depth: int) -> bytes:
+    sign, digits, exponent = value.as_tuple()
+    if not isinstance(exponent, int):
+        raise ValueError(f"cannot encode {value} as a decimal field")
+    mantissa = int("".join(map(str, digits)) or "0")
+    if exponent > 0:
+        if mantissa and exponent > 10:  # would not fit 32 bits; avoid building 10**huge
+            raise ValueError(f"decimal {value} out of range")
+        mantissa *= 10**exponent
+        exponent = 0
+    if sign:
+        mantissa = -mantissa
+    if -exponent > 255 or not -0x80000000 <= mantissa <= 0x7FFFFFFF:
+        raise ValueError(f"decimal {value} out of range (scale 0..255, 32-bit mantissa)")
+    return b"D" + _DECIMAL.pack(-exponent, mantissa)
+
+
+def _encode_str(value: str, depth: int) -> bytes:
+    return b"S" + _longstr(value.encode("utf-8", "surrogateescape"))
+
+
+def _encode_bytes(value: bytes, depth: int) -> bytes:
+    return b"S" + _longstr(value)
+
+
+def _encode_byte_array(value: bytearray, depth: int) -> bytes:
+    return b"x" + _longstr(value)
+
+
+def _timestamp_seconds(value: _dt.datetime) -> int:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=_dt.UTC)  # naive means UTC, as in pamqp
+    seconds = (value - _EPOCH) // _ONE_SECOND
+    if seconds < 0:
+        raise ValueError(f"timestamp {value} is before 1970")
+    return seconds
+
+
+def _encode_datetime(value: _dt.datetime, depth: int) -> bytes:
+    return b"T" + _U64.pack(_timestamp_seconds(value))
+
+
+def _encode_none(value: None, depth: int) -> bytes:
+    return b"V"
+
+
+def _encode_mapping(value: Mapping[str, Any], depth: int) -> bytes:
+    return b"F" + _encode_table(value, depth + 1)
+
+
+def _encode_sequence(value: list[Any] | tuple[Any, ...], depth: int) -> bytes:
+    if depth > _MAX_NESTING:
+        raise ValueError("field arrays nested too deeply")
+    payload = b"".join([_encode_value(item, depth + 1) for item in value])
+    return b"A" + _longstr(payload)
+
+
+_FIELD_ENCODERS: Final[dict[type, Callable[[Any, int], bytes]]] = {
+    str: _encode_str,
+    int: _encode_int,
+    bool: _encode_bool,
+    float: _encode_float,
+    bytes: _encode_bytes,
+    bytearray: _encode_byte_array,
+    Decimal: _encode_decimal,
+    _dt.datetime: _encode_datetime,
+    type(None): _encode_none,
+    dict: _encode_mapping,
+    list: _encode_sequence,
+    tuple: _encode_sequence,
+}
+# Subclasses (IntEnum, OrderedDict, ...): first match wins, so bool precedes int.
+_FIELD_ENCODER_FALLBACK: Final[tuple[tuple[type, Callable[[Any, int], bytes]], ...]] = (
+    (bool, _encode_bool),
+    (int, _encode_int),
+    (float, _encode_float),
+    (str, _encode_str),
+    (bytes, _encode_bytes),
+    (bytearray, _encode_byte_array),
+    (Decimal, _encode_decimal),
+    (_dt.datetime, _encode_datetime),
+    (Mapping, _encode_mapping),
+    (list, _encode_sequence),
+    (tuple, _encode_sequence),
+)
+
+
+def _encode_value(value: Any, depth: int) -> bytes:
+    encode = _FIELD_ENCODERS.get(type(value))
+    if encode is None:
+        for kind, candidate in _FIELD_ENCODER_FALLBACK:
+            if isinstance(value, kind):
+                encode = candidate
+                break
+        else:
+            raise TypeError(f"cannot encode {type(value).__name__} in a field table")
+    return encode(value, depth)
+
+
+def _encode_table(table: Mapping[str, Any], depth: int) -> bytes:
+    if depth > _MAX_NESTING:
+        raise ValueError("field tables nested too deeply")
+    parts: list[bytes] = []
+    for key, value in table.items():
+        if not isinstance(key, str):
+            raise TypeError(f"field table key {key!r} is not a str")
+        parts.append(_shortstr(key))
+        parts.append(_encode_value(value, depth))
+    return _longstr(b"".join(parts))
+
+
+def encode_table(table: Mapping[str, Any]) -> bytes:
+    """A field table: 4-byte length + (shortstr key, typed value) pairs, in ``table``'s order.
+
+    ``bool`` -> t, ``int`` -> I or l, ``float`` -> d, ``Decimal`` -> D, ``str`` / ``bytes`` ->
+    S, ``bytearray`` -> x, ``datetime`` -> T (naive means UTC; whole seconds), ``None`` -> V,
+    mappings -> F, lists / tuples -> A.
+    """
+    return _encode_table(table, 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Basic properties (content header property flags + list)
+
+_Properties = commands.Basic.Properties
+
+
+def _decode_shortstr_prop(raw: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+    if pos >= end:
+        raise _truncated()
+    stop = pos + 1 + raw[pos]
+    if stop > end:
+        raise _truncated()
+    # Properties are pass-through data RabbitMQ never validates; surrogateescape decodes
+    # any bytes and encode_properties restores them exactly.
+    return raw[pos + 1 : stop].decode("utf-8", "surrogateescape"), stop
+
+
+def _decode_octet_prop(raw: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+    if pos >= end:
+        raise _truncated()
+    return raw[pos], pos + 1
+
+
+def _encode_shortstr_prop(value: Any) -> bytes:
+    if not isinstance(value, str):
+        raise TypeError(f"str required, got {type(value).__name__}")
+    return _shortstr(value)
+
+
+def _encode_octet_prop(value: Any) -> bytes:
+    if not isinstance(value, int) or not 0 <= value <= 255:
+        raise ValueError(f"octet property must be an int 0..255, got {value!r}")
+    return _SHORT_LEN[value]
+
+
+def _encode_table_prop(value: Any) -> bytes:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"headers must be a mapping, got {type(value).__name__}")
+    return _encode_table(value, 0)
+
+
+def _encode_timestamp_prop(value: Any) -> bytes:
+    if not isinstance(value, _dt.datetime):
+        raise TypeError(f"timestamp must be a datetime, got {type(value).__name__}")
+    return _U64.pack(_timestamp_seconds(value))
+
+
+# The 14 properties in wire order: (attribute, flag bit, decoder, encoder).
+_PROPERTIES: Final[tuple[tuple[str, int, _ValueDecoder, Callable[[Any], bytes]], ...]] = (
+    ("content_type", 0x8000, _decode_shortstr_prop, _encode_shortstr_prop),
+    ("content_encoding", 0x4000, _decode_shortstr_prop, _encode_shortstr_prop),
+    ("headers", 0x2000, _decode_field_table, _encode_table_prop),
+    ("delivery_mode", 0x1000, _decode_octet_prop, _encode_octet_prop),
+    ("priority", 0x0800, _decode_octet_prop, _encode_octet_prop),
+    ("correlation_id", 0x0400, _decode_shortstr_prop, _encode_shortstr_prop),
+    ("reply_to", 0x0200, _decode_shortstr_prop, _encode_shortstr_prop),
+    ("expiration", 0x0100, _decode_shortstr_prop, _encode_shortstr_prop),
+    ("message_id", 0x0080, _decode_shortstr_prop, _encode_shortstr_prop),
+    ("timestamp", 0x0040, _decode_timestamp, _encode_timestamp_prop),
+    ("message_type", 0x0020, _decode_shortstr_prop, _encode_shortstr_prop),
+    ("user_id", 0x0010, _decode_shortstr_prop, _encode_shortstr_prop),
+    ("app_id", 0x0008, _decode_shortstr_prop, _encode_shortstr_prop),
+    ("cluster_id", 0x0004, _decode_shortstr_prop, _encode_shortstr_prop),
+)
+_KNOWN_FLAGS: Final = 0xFFFC  # bits 15..2; bit 1 is unassigned, bit 0 is "another word follows"
+
+
+def encode_properties(props: commands.Basic.Properties) -> bytes:
+    """Property flags + list. Every property that is not ``None`` is sent (an empty string
+    too, unlike pamqp's marshal); ``cluster_id`` only when non-empty (its default is '')."""
+    flags = 0
+    parts: list[bytes] = [b""]
+    for name, flag, _, encode in _PROPERTIES:
+        value = getattr(props, name, None)
+        if value is None or (flag == 0x0004 and not value):
+            continue
+        flags |= flag
+        parts.append(encode(value))
+    parts[0] = flags.to_bytes(2, "big")
+    return b"".join(parts)
+
+
+def decode_properties(raw: bytes) -> commands.Basic.Properties:
+    """A pamqp ``Basic.Properties`` from raw flags + list; absent ones are ``None`` (and
+    ``cluster_id`` ''). Garbage -> AmqpError(502)."""
+    end = len(raw)
+    if end < 2:
+        raise _syntax_error("property flags truncated")
+    flags = (raw[0] << 8) | raw[1]
+    pos = 2
+    word = flags
+    while word & 1:  # continuation words: legal, but 0-9-1 defines no property in them
+        if pos + 2 > end:
+            raise _syntax_error("property flags truncated")
+        word = (raw[pos] << 8) | raw[pos + 1]
+        pos += 2
+        if word & 0xFFFE:
+            raise _syntax_error("unknown property flag in a continuation word")
+    if flags & 0x0002:
+        raise _syntax_error("unknown property flag 0x0002")
+    values: list[Any] = [None] * 13 + [""]
+    for index, (_, flag, decode, _) in enumerate(_PROPERTIES):
+        if flags & flag:
+            values[index], pos = decode(raw, pos, end, 0)
+    if pos != end:
+        raise _syntax_error("trailing bytes after the property list")
+    props = _new(_Properties)
+    (
+        props.content_type,
+        props.content_encoding,
+        props.headers,
+        props.delivery_mode,
+        props.priority,
+        props.correlation_id,
+        props.reply_to,
+        props.expiration,
+        props.message_id,
+        props.timestamp,
+        props.message_type,
+        props.user_id,
+        props.app_id,
+        props.cluster_id,
+    ) = values
+    return props

@@ -1,0 +1,106 @@
+"""AMQP messages <-> the core's messages (payload bytes + string headers), losslessly.
+
+* The body becomes the core payload by the common rule (``protocol/payload.py``): a JSON
+  body as it is, anything else as a JSON string of its base64 with ``payloadEncoding:
+  base64``; an AMQP consumer always gets the original bytes back.
+* The 14 basic properties travel untouched, as their encoded bytes (base64) in the header
+  ``amqpProperties``; for VibeMQ consumers the string-valued entries of the AMQP ``headers``
+  table are copied as plain headers, and ``content-type`` as ``contentType``.
+* ``amqpExchange`` / ``amqpRoutingKey`` keep where it was published, for basic.deliver.
+* A message published over another protocol reaches an AMQP consumer with its string headers
+  as the ``headers`` table and content-type ``application/json`` when its payload is JSON.
+
+Headers dicts are shared by messages with the same exchange, key and properties (they are
+read-only), so a stream of similar messages costs one dict.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any, cast
+
+from pamqp import commands
+
+from adapters.amqp.codec import decode_properties, encode_properties
+from vibemq_server.protocol.payload import BASE64, PAYLOAD_ENCODING, from_core, to_core
+
+PROPERTIES = "amqpProperties"
+EXCHANGE = "amqpExchange"
+ROUTING_KEY = "amqpRoutingKey"
+_EMPTY_PROPERTIES = b"\x00\x00"
+_INTERNAL = frozenset({PROPERTIES, EXCHANGE, ROUTING_KEY, PAYLOAD_ENCODING})
+_CACHE_MAX = 1024
+
+
+class MessageMapper:
+    def __init__(self) -> None:
+        self._headers: dict[tuple[str, str, bytes], dict[str, str]] = {}
+        self._properties: dict[str, bytes] = {}
+        self._json_properties = encode_properties(
+            commands.Basic.Properties(content_type="application/json")
+        )
+
+    def to_core(
+        self, exchange: str, routing_key: str, properties: bytes, body: bytes
+    ) -> tuple[bytes, Mapping[str, str]]:
+        payload, encoding = to_core(body)
+        key = (exchange, routing_key if exchange else "", properties)
+        if encoding is not None:
+            key = (exchange + "\x00b64", key[1], properties)
+        headers = self._headers.get(key)
+        if headers is None:
+            if len(self._headers) >= _CACHE_MAX:
+                self._headers.clear()
+            headers = self._headers[key] = self._build(exchange, routing_key, properties, encoding)
+        return payload, headers
+
+    @staticmethod
+    def _build(
+        exchange: str, routing_key: str, properties: bytes, encoding: str | None
+    ) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        if encoding is not None:
+            headers[PAYLOAD_ENCODING] = encoding
+        if exchange:
+            headers[EXCHANGE] = exchange
+            headers[ROUTING_KEY] = routing_key
+        # Always recorded (even empty), so an AMQP consumer gets exactly what was published.
+        headers[PROPERTIES] = base64.b64encode(properties or _EMPTY_PROPERTIES).decode()
+        if properties and properties != _EMPTY_PROPERTIES:
+            props = decode_properties(properties)
+            for name, value in (props.headers or {}).items():
+                if isinstance(value, str | int | float) and name not in _INTERNAL:
+                    headers.setdefault(name, str(value))
+            if props.content_type:
+                headers.setdefault("contentType", props.content_type)
+        return headers
+
+    def from_core(self, msg_payload: bytes, headers: Mapping[str, str]) -> tuple[bytes, bytes]:
+        """(encoded properties, body) for an AMQP consumer."""
+        body = from_core(msg_payload, headers)
+        raw = headers.get(PROPERTIES)
+        if raw is not None:
+            props = self._properties.get(raw)
+            if props is None:
+                if len(self._properties) >= _CACHE_MAX:
+                    self._properties.clear()
+                props = self._properties[raw] = base64.b64decode(raw)
+            return props, body
+        if not headers:
+            return (self._json_properties if body else _EMPTY_PROPERTIES), body
+        table = {k: v for k, v in headers.items() if k not in _INTERNAL}
+        json_body = headers.get(PAYLOAD_ENCODING) != BASE64 and bool(body)
+        props_obj = commands.Basic.Properties(
+            content_type="application/json" if json_body else None,
+            headers=cast(Any, table) or None,
+        )
+        return encode_properties(props_obj), body
+
+    @staticmethod
+    def origin(headers: Mapping[str, str], queue: str) -> tuple[str, str]:
+        """(exchange, routing key) a message was published with, for basic.deliver."""
+        exchange = headers.get(EXCHANGE)
+        if exchange is None:
+            return "", queue
+        return exchange, headers.get(ROUTING_KEY, queue)

@@ -1,0 +1,258 @@
+"""The AMQP 0-9-1 side of one broker: listener, exchanges, queue declarations, routing, auth.
+
+AMQP queues are the broker's queues: a VibeMQ subscriber of ``orders`` and an AMQP consumer
+of ``orders`` compete on the same queue. A publish to the default exchange or to ``amq.topic``
+is also a publish at the address of its routing key for the other protocols (MQTT
+subscriptions are, in effect, bound to ``amq.topic``), and a VibeMQ or MQTT publish at an
+address reaches the AMQP queues bound to ``amq.topic`` with a matching key. Message mapping:
+see ``mapping.py`` and docs/amqp.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import os
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from adapters.amqp.mapping import MessageMapper
+from vibemq_server.config import Config, DeliveryMode, OverflowStrategy
+from vibemq_server.core import (
+    CoreError,
+    PublishOutcome,
+    QueueManager,
+    QueueOptions,
+    StoredMessage,
+)
+from vibemq_server.core.exchanges import Exchanges
+
+if TYPE_CHECKING:
+    from adapters.amqp.channel import AmqpConsumer
+    from adapters.amqp.connection import AmqpConnection
+
+log = structlog.get_logger("vibemq.amqp")
+
+#: Without x-max-length an AMQP queue is unbounded, as in RabbitMQ (the memory high
+#: watermark pauses publishers instead).
+UNBOUNDED = 2**62
+#: RabbitMQ's default consumer timeout: an unacknowledged delivery goes back after 30 min.
+ACK_TIMEOUT_MS = 30 * 60 * 1000
+
+_OVERFLOW = {
+    "drop-head": OverflowStrategy.DROP_OLDEST,
+    "reject-publish": OverflowStrategy.DROP_NEWEST,
+    "reject-publish-dlx": OverflowStrategy.DROP_NEWEST,
+}
+
+
+class QueueArgumentError(CoreError):
+    """An x-argument with a wrong type or value (AMQP 406)."""
+
+
+def _int_arg(args: Mapping[str, Any], name: str, minimum: int) -> int | None:
+    value = args.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise QueueArgumentError(f"invalid arg '{name}' for queue: {value!r}")
+    return value
+
+
+class AmqpServer:
+    def __init__(
+        self,
+        config: Config,
+        manager: QueueManager,
+        register: Callable[[AmqpConnection], bool] = lambda _conn: True,
+        unregister: Callable[[AmqpConnection], None] = lambda _conn: None,
+    ) -> None:
+        self.config = config
+        self.cfg = config.amqp
+        self.manager = manager
+        self.register = register
+        self.unregister = unregister
+        self.exchanges: Exchanges | None = None
+        self.mapper = MessageMapper()
+        #: exclusive queue name -> the connection that owns it
+        self.exclusive: dict[str, AmqpConnection] = {}
+        #: queue name -> its exclusive consumer
+        self.exclusive_consumers: dict[str, AmqpConsumer] = {}
+        #: auto-delete queues: deleted when their last consumer goes
+        self.auto_delete: set[str] = set()
+        self._ids = itertools.count(1)
+        self._id_prefix = f"amqp-{os.urandom(4).hex()}-"
+        self._server: asyncio.Server | None = None
+        self.port = 0
+        #: set while a connection handles a read: output is written when it is done
+        self.reading = False
+        self.dirty: list[AmqpConnection] = []
+
+    def restore(self) -> None:
+        """After journal recovery: exchanges and bindings; observe other protocols."""
+        self.exchanges = Exchanges(self.manager)
+        self.manager.observers.append(self._observe)
+
+    async def start(self, host: str) -> None:
+        from adapters.amqp.connection import AmqpConnection
+
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: AmqpConnection(self), host, self.cfg.port, backlog=4096, reuse_address=True
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("listening", protocol="amqp", host=host, port=self.port)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def next_msg_id(self) -> str:
+        return f"{self._id_prefix}{next(self._ids)}"
+
+    # -- authentication --------------------------------------------------------------------------
+
+    def authenticate(self, username: str, password: str) -> bool:
+        tokens = self.config.auth_tokens
+        users = self.config.users | self.config.mqtt.users
+        if not tokens and not users:
+            return True  # auth off: any credentials (guest/guest) are fine
+        expected = users.get(username)
+        if expected is not None and hmac.compare_digest(expected.encode(), password.encode()):
+            return True
+        return any(hmac.compare_digest(t.encode(), password.encode()) for t in tokens)
+
+    # -- queues ----------------------------------------------------------------------------------
+
+    def queue_options(self, durable: bool, args: Mapping[str, Any]) -> QueueOptions:
+        ttl = _int_arg(args, "x-message-ttl", 0)
+        max_length = _int_arg(args, "x-max-length", 0)
+        overflow_name = args.get("x-overflow", "drop-head")
+        if isinstance(overflow_name, bytes):
+            overflow_name = overflow_name.decode()
+        overflow = _OVERFLOW.get(str(overflow_name))
+        if overflow is None:
+            raise QueueArgumentError(f"invalid arg 'x-overflow' for queue: {overflow_name!r}")
+        return QueueOptions(
+            DeliveryMode.ROUND_ROBIN,
+            max_length if max_length is not None else UNBOUNDED,
+            ttl or 0,
+            False,
+            "",
+            2**31,
+            ACK_TIMEOUT_MS,
+            overflow,
+            durable,
+        )
+
+    def message_count(self, name: str) -> tuple[int, int]:
+        queue = self.manager.queues.get(name)
+        if queue is None:
+            return 0, 0
+        return queue.message_count, len(queue.subscriptions)
+
+    def delete_queue(self, name: str) -> int:
+        queue = self.manager.queues.get(name)
+        count = queue.message_count if queue is not None else 0
+        if queue is not None:
+            self.manager.delete_queue(name)
+        self.exclusive.pop(name, None)
+        self.exclusive_consumers.pop(name, None)
+        self.auto_delete.discard(name)
+        if self.exchanges is not None:
+            self.exchanges.queue_deleted(name)
+        return count
+
+    def connection_gone(self, conn: AmqpConnection) -> None:
+        """Exclusive queues die with their connection."""
+        for name in [n for n, owner in self.exclusive.items() if owner is conn]:
+            try:
+                self.delete_queue(name)
+            except CoreError:
+                self.exclusive.pop(name, None)
+
+    def consumer_ended(self, consumer: AmqpConsumer) -> None:
+        if self.exclusive_consumers.get(consumer.queue) is consumer:
+            del self.exclusive_consumers[consumer.queue]
+
+    def consumer_gone(self, queue_name: str) -> None:
+        """An auto-delete queue goes with its last consumer."""
+        if queue_name not in self.auto_delete:
+            return
+        queue = self.manager.queues.get(queue_name)
+        if queue is None or not queue.subscriptions:
+            try:
+                self.delete_queue(queue_name)
+            except CoreError:
+                self.auto_delete.discard(queue_name)
+
+    # -- routing ---------------------------------------------------------------------------------
+
+    def publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        properties: bytes,
+        body: bytes,
+        headers_table: Callable[[], Mapping[str, Any]],
+    ) -> tuple[int, bool, bool]:
+        """Route one message. Returns (queues reached, any refused by a full queue, any
+        journaled). ``headers_table`` decodes the message's headers (only headers
+        exchanges need them)."""
+        exchanges = self.exchanges
+        assert exchanges is not None
+        if exchange:
+            kind = exchanges.get(exchange)
+            needs_headers = kind is not None and kind.type == "headers"
+            queues = exchanges.route(
+                exchange, routing_key, headers_table() if needs_headers else None
+            )
+        else:
+            queues = [routing_key] if routing_key in self.manager.queues else []
+        reached = 0
+        refused = False
+        durable = False
+        payload, headers = self.mapper.to_core(exchange, routing_key, properties, body)
+        manager = self.manager
+        for name in queues:
+            try:
+                outcome = manager.publish(name, self.next_msg_id(), payload, headers, route=False)
+            except CoreError as exc:
+                log.warning("publish into queue failed", queue=name, error=str(exc))
+                refused = True
+                continue
+            if outcome is PublishOutcome.ACCEPTED:
+                reached += 1
+            elif outcome is PublishOutcome.ACCEPTED_DURABLE:
+                reached += 1
+                durable = True
+            else:
+                refused = True
+        if (not exchange or exchange == "amq.topic") and manager.observers:
+            # The routing key is an address for the other protocols' subscriptions.
+            msg = StoredMessage(self.next_msg_id(), routing_key, payload, headers, 0)
+            if manager.notify(routing_key, msg, skip=self._observe):
+                durable = True
+        return reached, refused, durable
+
+    def _observe(self, address: str, msg: StoredMessage) -> bool:
+        """A publish at ``address`` from another protocol: to queues bound to amq.topic."""
+        exchanges = self.exchanges
+        if exchanges is None or not exchanges.has_bindings("amq.topic"):
+            return False
+        durable = False
+        for name in exchanges.route("amq.topic", address):
+            if name == address:
+                continue  # the publish went into that queue already
+            try:
+                outcome = self.manager.publish(
+                    name, self.next_msg_id(), msg.payload, msg.headers, route=False
+                )
+            except CoreError:
+                continue
+            durable |= outcome is PublishOutcome.ACCEPTED_DURABLE
+        return durable
