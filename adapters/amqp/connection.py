@@ -10,6 +10,7 @@ connection.close. The reply text says what was wrong.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import Callable
 from enum import Enum
@@ -600,10 +601,9 @@ class AmqpConnection(BufferedConnection):
             self.send(encode_method(channel.number, commands.Exchange.DeclareOk()))
 
     def ex_delete(self, channel: Channel, method: commands.Exchange.Delete) -> None:
-        try:
+        # RabbitMQ answers delete-ok for an exchange that is not there.
+        with contextlib.suppress(ExchangeNotFound):
             self._exchanges().delete(_text(method.exchange), if_unused=bool(method.if_unused))
-        except ExchangeNotFound:
-            pass  # RabbitMQ answers delete-ok for an exchange that is not there
         if not method.nowait:
             self.send(encode_method(channel.number, commands.Exchange.DeleteOk()))
 
@@ -681,6 +681,7 @@ class AmqpConnection(BufferedConnection):
             args = dict(method.arguments or {})
             if existing is None:
                 manager.create_queue(name, server.queue_options(bool(method.durable), args))
+                server.declared(name, bool(method.durable), args)
                 if method.exclusive:
                     server.exclusive[name] = self
                 if method.auto_delete:
@@ -689,7 +690,7 @@ class AmqpConnection(BufferedConnection):
                 # Redeclared: the same properties, or 406 (a queue from another protocol
                 # declared without arguments is taken as it is).
                 wanted = server.queue_options(bool(method.durable), args)
-                if wanted != existing.options and (
+                if (wanted != existing.options or server.args_differ(name, args)) and (
                     args or existing.options.durable != wanted.durable
                 ):
                     raise AmqpError(

@@ -11,24 +11,30 @@ see ``mapping.py`` and docs/amqp.md.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import hmac
 import itertools
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 
+from adapters.amqp.codec import decode_properties, encode_properties
 from adapters.amqp.mapping import MessageMapper
 from vibemq_server.config import Config, DeliveryMode, OverflowStrategy
 from vibemq_server.core import (
     CoreError,
+    DeadLetterReason,
+    Priority,
     PublishOutcome,
+    Queue,
     QueueManager,
     QueueOptions,
     StoredMessage,
 )
-from vibemq_server.core.exchanges import Exchanges
+from vibemq_server.core.exchanges import Exchanges, canonical_arguments, decode_arguments
+from vibemq_server.core.table import DurableTable
 
 if TYPE_CHECKING:
     from adapters.amqp.channel import AmqpConsumer
@@ -41,6 +47,20 @@ log = structlog.get_logger("vibemq.amqp")
 UNBOUNDED = 2**62
 #: RabbitMQ's default consumer timeout: an unacknowledged delivery goes back after 30 min.
 ACK_TIMEOUT_MS = 30 * 60 * 1000
+
+QUEUES_TABLE = "$amqp.queues"
+#: Queue arguments the adapter itself implements (the rest map onto core queue options).
+_KEPT_ARGS = frozenset(
+    {"x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-priority", "x-overflow"}
+)
+_HAS_EXPIRATION = 0x0100
+_HAS_PRIORITY = 0x0800
+_DEATH_REASONS = {
+    DeadLetterReason.REJECTED: "rejected",
+    DeadLetterReason.MAX_RETRIES_EXCEEDED: "delivery_limit",
+    DeadLetterReason.MESSAGE_EXPIRED: "expired",
+    DeadLetterReason.QUEUE_OVERFLOW: "maxlen",
+}
 
 _OVERFLOW = {
     "drop-head": OverflowStrategy.DROP_OLDEST,
@@ -81,6 +101,10 @@ class AmqpServer:
         self.exclusive: dict[str, AmqpConnection] = {}
         #: queue name -> its exclusive consumer
         self.exclusive_consumers: dict[str, AmqpConsumer] = {}
+        #: x-arguments the core's queue options do not hold, by queue (dead-lettering,
+        #: priorities); durable queues' are kept in the journal table ``$amqp.queues``
+        self.queue_args: dict[str, dict[str, Any]] = {}
+        self.queue_table: DurableTable | None = None
         #: auto-delete queues: deleted when their last consumer goes
         self.auto_delete: set[str] = set()
         self._ids = itertools.count(1)
@@ -92,8 +116,22 @@ class AmqpServer:
         self.dirty: list[AmqpConnection] = []
 
     def restore(self) -> None:
-        """After journal recovery: exchanges and bindings; observe other protocols."""
+        """After journal recovery: exchanges, bindings and queue arguments (dead-letter
+        exchanges, priorities); observe other protocols."""
         self.exchanges = Exchanges(self.manager)
+        self.queue_table = DurableTable(self.manager, QUEUES_TABLE)
+        for name, entry in self.queue_table.items():
+            queue = self.manager.queues.get(name)
+            if queue is None:
+                self.queue_table.delete(name)
+                continue
+            try:
+                args = decode_arguments(entry.payload.decode())
+            except (ValueError, UnicodeDecodeError):
+                log.warning("unreadable queue arguments dropped", queue=name)
+                self.queue_table.delete(name)
+                continue
+            self._apply_args(name, args)
         self.manager.observers.append(self._observe)
 
     async def start(self, host: str) -> None:
@@ -128,9 +166,34 @@ class AmqpServer:
 
     # -- queues ----------------------------------------------------------------------------------
 
+    def declared(self, name: str, durable: bool, args: Mapping[str, Any]) -> None:
+        """A queue was created by queue.declare: keep the arguments the core does not."""
+        kept = {k: v for k, v in args.items() if k in _KEPT_ARGS}
+        if not kept:
+            return
+        self._apply_args(name, kept)
+        if durable and self.queue_table is not None:
+            self.queue_table.put(name, canonical_arguments(kept).encode(), {})
+
+    def args_differ(self, name: str, args: Mapping[str, Any]) -> bool:
+        kept = {k: v for k, v in args.items() if k in _KEPT_ARGS}
+        return kept != self.queue_args.get(name, {})
+
+    def _apply_args(self, name: str, args: Mapping[str, Any]) -> None:
+        self.queue_args[name] = dict(args)
+        queue = self.manager.queues.get(name)
+        if queue is not None and "x-dead-letter-exchange" in args:
+            queue.dead_letter_hook = self._dead_letter
+
     def queue_options(self, durable: bool, args: Mapping[str, Any]) -> QueueOptions:
         ttl = _int_arg(args, "x-message-ttl", 0)
         max_length = _int_arg(args, "x-max-length", 0)
+        max_priority = _int_arg(args, "x-max-priority", 0)
+        if max_priority is not None and max_priority > 255:
+            raise QueueArgumentError(f"invalid arg 'x-max-priority' for queue: {max_priority}")
+        dlx = args.get("x-dead-letter-exchange")
+        if dlx is not None and not isinstance(dlx, str | bytes):
+            raise QueueArgumentError(f"invalid arg 'x-dead-letter-exchange' for queue: {dlx!r}")
         overflow_name = args.get("x-overflow", "drop-head")
         if isinstance(overflow_name, bytes):
             overflow_name = overflow_name.decode()
@@ -138,7 +201,7 @@ class AmqpServer:
         if overflow is None:
             raise QueueArgumentError(f"invalid arg 'x-overflow' for queue: {overflow_name!r}")
         return QueueOptions(
-            DeliveryMode.ROUND_ROBIN,
+            DeliveryMode.PRIORITY_BASED if max_priority else DeliveryMode.ROUND_ROBIN,
             max_length if max_length is not None else UNBOUNDED,
             ttl or 0,
             False,
@@ -162,6 +225,8 @@ class AmqpServer:
             self.manager.delete_queue(name)
         self.exclusive.pop(name, None)
         self.exclusive_consumers.pop(name, None)
+        if self.queue_args.pop(name, None) is not None and self.queue_table is not None:
+            self.queue_table.delete(name)
         self.auto_delete.discard(name)
         if self.exchanges is not None:
             self.exchanges.queue_deleted(name)
@@ -218,9 +283,29 @@ class AmqpServer:
         durable = False
         payload, headers = self.mapper.to_core(exchange, routing_key, properties, body)
         manager = self.manager
+        ttl_ms = 0
+        amqp_priority = -1
+        flags = (properties[0] << 8 | properties[1]) if len(properties) >= 2 else 0
+        if flags & (_HAS_EXPIRATION | _HAS_PRIORITY):
+            # Only these two properties matter to the broker; decode just when present.
+            props = decode_properties(properties)
+            ttl_ms = _expiration_ms(props.expiration)
+            if props.priority is not None:
+                amqp_priority = props.priority
         for name in queues:
+            priority = None
+            if amqp_priority >= 0:
+                priority = self._priority(name, amqp_priority)
             try:
-                outcome = manager.publish(name, self.next_msg_id(), payload, headers, route=False)
+                outcome = manager.publish(
+                    name,
+                    self.next_msg_id(),
+                    payload,
+                    headers,
+                    route=False,
+                    ttl_ms=ttl_ms,
+                    priority=priority,
+                )
             except CoreError as exc:
                 log.warning("publish into queue failed", queue=name, error=str(exc))
                 refused = True
@@ -232,6 +317,11 @@ class AmqpServer:
                 durable = True
             else:
                 refused = True
+                if self.queue_args.get(name, {}).get("x-overflow") == "reject-publish-dlx":
+                    queue = manager.queues.get(name)
+                    if queue is not None:
+                        dead = StoredMessage(self.next_msg_id(), name, payload, headers, 0)
+                        self._dead_letter(queue, dead, DeadLetterReason.QUEUE_OVERFLOW)
         if (not exchange or exchange == "amq.topic") and manager.observers:
             # The routing key is an address for the other protocols' subscriptions.
             msg = StoredMessage(self.next_msg_id(), routing_key, payload, headers, 0)
@@ -256,3 +346,87 @@ class AmqpServer:
                 continue
             durable |= outcome is PublishOutcome.ACCEPTED_DURABLE
         return durable
+
+    # -- priorities and dead letters -----------------------------------------------------------
+
+    def _priority(self, queue: str, amqp_priority: int) -> Priority | None:
+        """AMQP priorities 0..x-max-priority onto the core's four levels, evenly."""
+        max_priority = self.queue_args.get(queue, {}).get("x-max-priority")
+        if not isinstance(max_priority, int) or max_priority <= 0:
+            return None
+        level = min(amqp_priority, max_priority) * len(Priority) // (max_priority + 1)
+        return Priority(level)
+
+    def _dead_letter(self, queue: Queue, msg: StoredMessage, reason: str) -> None:
+        """Republish a dead message to the queue's dead-letter exchange, with ``x-death``
+        written as RabbitMQ writes it."""
+        args = self.queue_args.get(queue.name, {})
+        exchanges = self.exchanges
+        dlx = _text(args.get("x-dead-letter-exchange"))
+        if exchanges is None or (dlx and exchanges.get(dlx) is None):
+            log.debug("dead letter dropped: no such exchange", queue=queue.name, exchange=dlx)
+            return
+        amqp_reason = _DEATH_REASONS.get(reason, "rejected")
+        exchange, routing_key = self.mapper.origin(msg.headers, queue.name)
+        raw, body = self.mapper.from_core(msg.payload, msg.headers)
+        props = decode_properties(raw)
+        headers: dict[str, Any] = dict(props.headers or {})
+        old = headers.get("x-death")
+        deaths: list[dict[str, Any]] = [
+            dict(d) for d in (old if isinstance(old, list) else []) if isinstance(d, dict)
+        ]
+        now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        for index, death in enumerate(deaths):
+            if death.get("queue") == queue.name and death.get("reason") == amqp_reason:
+                death = dict(death, count=int(death.get("count", 0)) + 1, time=now)
+                deaths.pop(index)
+                deaths.insert(0, death)
+                break
+        else:
+            death = {
+                "count": 1,
+                "reason": amqp_reason,
+                "queue": queue.name,
+                "time": now,
+                "exchange": exchange,
+                "routing-keys": [routing_key],
+            }
+            if props.expiration:
+                death["original-expiration"] = props.expiration
+            deaths.insert(0, death)
+        headers["x-death"] = deaths
+        headers.setdefault("x-first-death-exchange", exchange)
+        headers.setdefault("x-first-death-queue", queue.name)
+        headers.setdefault("x-first-death-reason", amqp_reason)
+        props.headers = cast(Any, headers)
+        props.expiration = None  # RabbitMQ drops the per-message TTL of a dead letter
+        new_raw = encode_properties(props)
+        key = _text(args.get("x-dead-letter-routing-key")) or routing_key
+        if dlx:
+            targets = exchanges.route(dlx, key, headers)
+        else:
+            targets = [key] if key in self.manager.queues else []
+        payload, core_headers = self.mapper.to_core(dlx, key, new_raw, body)
+        for name in targets:
+            if name == queue.name and amqp_reason != "rejected":
+                continue  # RabbitMQ drops dead-letter cycles that no client breaks
+            try:
+                self.manager.publish(name, self.next_msg_id(), payload, core_headers, route=False)
+            except CoreError as exc:
+                log.warning("dead letter not stored", queue=name, error=str(exc))
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return ""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _expiration_ms(value: object) -> int:
+    """The expiration property (milliseconds, as a string); 0 when absent or unusable. An
+    expiration of "0" means "now": expire at once, which 1 ms gives."""
+    try:
+        ms = int(_text(value))
+    except ValueError:
+        return 0
+    return max(ms, 1) if ms >= 0 else 0

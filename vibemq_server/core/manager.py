@@ -346,23 +346,27 @@ class QueueManager:
         headers: Mapping[str, str],
         *,
         route: bool = True,
+        ttl_ms: int = 0,
+        priority: Priority | None = None,
     ) -> PublishOutcome:
         """Publish into a queue (created if allowed); with ``route`` the observers see it too,
-        whatever the queue's outcome: the address has subscribers beyond the queue."""
+        whatever the queue's outcome: the address has subscribers beyond the queue.
+        ``ttl_ms``: the message's own time to live (the shorter of it and the queue's wins);
+        ``priority``: instead of the ``priority`` header."""
         queue = self._get_or_create(queue_name)
         opts = queue.options
         persistence = self._durable(queue)
         if persistence is not None and not persistence.available:
             raise PersistenceUnavailable("the journal cannot be written; message not accepted")
         now = self.clock()
+        ttl = opts.message_ttl_ms
+        if ttl_ms:
+            ttl = min(ttl, ttl_ms) if ttl else ttl_ms
+            queue.message_ttls = True
+        if priority is None:
+            priority = parse_priority(headers.get("priority")) if headers else Priority.NORMAL
         msg = StoredMessage(
-            msg_id,
-            queue_name,
-            payload,
-            headers,
-            now,
-            now + opts.message_ttl_ms if opts.message_ttl_ms else 0,
-            parse_priority(headers.get("priority")) if headers else Priority.NORMAL,
+            msg_id, queue_name, payload, headers, now, now + ttl if ttl else 0, priority
         )
         msg.seq = self.next_seq
         self.next_seq += 1
@@ -416,8 +420,11 @@ class QueueManager:
             old = queue.store.pop_oldest_lowest()
             if old is not None:
                 self.memory_bytes -= len(old.payload)
-                queue.stats.dropped += 1
-                self._settle(queue, old, SettleReason.DROPPED, "QueueOverflow")
+                if queue.dead_letter_hook is not None:
+                    self.dead_letter(queue, old, DeadLetterReason.QUEUE_OVERFLOW)
+                else:
+                    queue.stats.dropped += 1
+                    self._settle(queue, old, SettleReason.DROPPED, "QueueOverflow")
             return None
         if strategy is OverflowStrategy.REDIRECT_TO_DLQ and queue.options.enable_dead_letter_queue:
             queue.stats.published += 1
@@ -569,7 +576,16 @@ class QueueManager:
         self, queue: Queue, msg: StoredMessage, reason: str, *, stored: bool = True
     ) -> bool:
         """Move a message to the queue's dead-letter queue, or drop it when there is none.
-        ``stored`` is False for a message that never entered ``queue`` (RedirectToDlq)."""
+        ``stored`` is False for a message that never entered ``queue`` (RedirectToDlq).
+        A queue with a ``dead_letter_hook`` (an adapter's own dead-lettering, e.g. AMQP's
+        dead-letter exchanges) hands the message to it instead."""
+        hook = queue.dead_letter_hook
+        if hook is not None:
+            queue.stats.dead_lettered += 1
+            if stored:
+                self._settle(queue, msg, SettleReason.DEAD_LETTERED, reason)
+            hook(queue, msg, reason)
+            return True
         dlq_name = self._dlq_name(queue)
         if (
             not queue.options.enable_dead_letter_queue
@@ -639,7 +655,7 @@ class QueueManager:
         for queue in list(self.queues.values()):
             if queue.deleted:
                 continue
-            if queue.options.message_ttl_ms:
+            if queue.options.message_ttl_ms or queue.message_ttls:
                 for msg in list(queue.store.pop_expired(now)):
                     self.expire(queue, msg)
             if queue.options.needs_ack:

@@ -183,6 +183,10 @@ class Queue:
     # Messages held by key outside delivery (a DurableTable's entries): live for the journal.
     parked: dict[str, StoredMessage] = field(default_factory=dict)
     deleted: bool = False
+    # Some message has its own TTL (so expiry must be checked even without a queue TTL).
+    message_ttls: bool = False
+    # An adapter's dead-lettering for this queue (see QueueManager.dead_letter).
+    dead_letter_hook: Callable[[Queue, StoredMessage, str], object] | None = None
     _rr: int = 0
     _dispatching: bool = False
 
