@@ -702,6 +702,7 @@ class AmqpConnection(BufferedConnection):
                         10,
                     )
         channel.last_queue = name
+        server.touch(name)
         if not method.nowait:
             count, consumers = server.message_count(name)
             self.send(
@@ -953,6 +954,7 @@ class AmqpConnection(BufferedConnection):
             )
             entry = channel.getters[name] = (sub, getter)
         sub, getter = entry
+        self.server.touch(name)
         msg = self.manager.take(sub)
         if msg is None:
             self.send(encode_method(channel.number, commands.Basic.GetEmpty()))

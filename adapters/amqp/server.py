@@ -11,6 +11,7 @@ see ``mapping.py`` and docs/amqp.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import hmac
 import itertools
@@ -51,7 +52,14 @@ ACK_TIMEOUT_MS = 30 * 60 * 1000
 QUEUES_TABLE = "$amqp.queues"
 #: Queue arguments the adapter itself implements (the rest map onto core queue options).
 _KEPT_ARGS = frozenset(
-    {"x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-priority", "x-overflow"}
+    {
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-max-priority",
+        "x-overflow",
+        "x-expires",
+        "x-max-length-bytes",
+    }
 )
 _HAS_EXPIRATION = 0x0100
 _HAS_PRIORITY = 0x0800
@@ -105,6 +113,7 @@ class AmqpServer:
         #: priorities); durable queues' are kept in the journal table ``$amqp.queues``
         self.queue_args: dict[str, dict[str, Any]] = {}
         self.queue_table: DurableTable | None = None
+        self._last_used: dict[str, int] = {}
         #: auto-delete queues: deleted when their last consumer goes
         self.auto_delete: set[str] = set()
         self._ids = itertools.count(1)
@@ -181,6 +190,8 @@ class AmqpServer:
 
     def _apply_args(self, name: str, args: Mapping[str, Any]) -> None:
         self.queue_args[name] = dict(args)
+        if "x-expires" in args:
+            self.touch(name)
         queue = self.manager.queues.get(name)
         if queue is not None and "x-dead-letter-exchange" in args:
             queue.dead_letter_hook = self._dead_letter
@@ -191,6 +202,8 @@ class AmqpServer:
         max_priority = _int_arg(args, "x-max-priority", 0)
         if max_priority is not None and max_priority > 255:
             raise QueueArgumentError(f"invalid arg 'x-max-priority' for queue: {max_priority}")
+        _int_arg(args, "x-expires", 1)
+        _int_arg(args, "x-max-length-bytes", 0)
         dlx = args.get("x-dead-letter-exchange")
         if dlx is not None and not isinstance(dlx, str | bytes):
             raise QueueArgumentError(f"invalid arg 'x-dead-letter-exchange' for queue: {dlx!r}")
@@ -225,6 +238,7 @@ class AmqpServer:
             self.manager.delete_queue(name)
         self.exclusive.pop(name, None)
         self.exclusive_consumers.pop(name, None)
+        self._last_used.pop(name, None)
         if self.queue_args.pop(name, None) is not None and self.queue_table is not None:
             self.queue_table.delete(name)
         self.auto_delete.discard(name)
@@ -293,6 +307,14 @@ class AmqpServer:
             if props.priority is not None:
                 amqp_priority = props.priority
         for name in queues:
+            limits = self.queue_args.get(name)
+            if (
+                limits is not None
+                and "x-max-length-bytes" in limits
+                and not self._room_for_bytes(name, limits, len(payload))
+            ):
+                refused = True
+                continue
             priority = None
             if amqp_priority >= 0:
                 priority = self._priority(name, amqp_priority)
@@ -346,6 +368,46 @@ class AmqpServer:
                 continue
             durable |= outcome is PublishOutcome.ACCEPTED_DURABLE
         return durable
+
+    # -- x-expires and x-max-length-bytes ---------------------------------------------------------
+
+    def touch(self, name: str) -> None:
+        """The queue was used (declared, consumed from, got from): x-expires starts again."""
+        if "x-expires" in self.queue_args.get(name, {}):
+            self._last_used[name] = self.manager.clock()
+
+    def tick(self) -> None:
+        """Delete queues unused for their x-expires (no consumers, no get, no redeclare)."""
+        now = self.manager.clock()
+        for name, last in list(self._last_used.items()):
+            queue = self.manager.queues.get(name)
+            if queue is None:
+                del self._last_used[name]
+                continue
+            if queue.subscriptions:
+                self._last_used[name] = now
+                continue
+            expires = self.queue_args.get(name, {}).get("x-expires")
+            if isinstance(expires, int) and now - last >= expires:
+                log.debug("queue expired (x-expires)", queue=name)
+                del self._last_used[name]
+                with contextlib.suppress(CoreError):
+                    self.delete_queue(name)
+
+    def _room_for_bytes(self, name: str, args: Mapping[str, Any], size: int) -> bool:
+        """x-max-length-bytes: drop from the head (drop-head) or refuse (reject-publish*)."""
+        queue = self.manager.queues.get(name)
+        limit = args["x-max-length-bytes"]
+        if queue is None or not isinstance(limit, int):
+            return True
+        if size > limit:
+            return False
+        while queue.store.nbytes + size > limit:
+            if args.get("x-overflow", "drop-head") != "drop-head":
+                return False
+            if not self.manager.drop_oldest(queue):
+                break
+        return True
 
     # -- priorities and dead letters -----------------------------------------------------------
 

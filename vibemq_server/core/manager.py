@@ -411,20 +411,27 @@ class QueueManager:
                 durable |= observer(address, msg)
         return durable and self.persistence is not None
 
+    def drop_oldest(self, queue: Queue) -> bool:
+        """Make room: the oldest of the lowest priority goes (dead-lettered when the queue's
+        adapter dead-letters overflow, else dropped). False when the queue is empty."""
+        old = queue.store.pop_oldest_lowest()
+        if old is None:
+            return False
+        self.memory_bytes -= len(old.payload)
+        if queue.dead_letter_hook is not None:
+            self.dead_letter(queue, old, DeadLetterReason.QUEUE_OVERFLOW)
+        else:
+            queue.stats.dropped += 1
+            self._settle(queue, old, SettleReason.DROPPED, "QueueOverflow")
+        return True
+
     def _overflow(self, queue: Queue, msg: StoredMessage) -> PublishOutcome | None:
         """Apply the queue's overflow strategy; None means go on and enqueue ``msg``."""
         strategy = queue.options.overflow_strategy
         if strategy is OverflowStrategy.BLOCK_PUBLISHER:
             return PublishOutcome.BLOCKED
         if strategy is OverflowStrategy.DROP_OLDEST:
-            old = queue.store.pop_oldest_lowest()
-            if old is not None:
-                self.memory_bytes -= len(old.payload)
-                if queue.dead_letter_hook is not None:
-                    self.dead_letter(queue, old, DeadLetterReason.QUEUE_OVERFLOW)
-                else:
-                    queue.stats.dropped += 1
-                    self._settle(queue, old, SettleReason.DROPPED, "QueueOverflow")
+            self.drop_oldest(queue)
             return None
         if strategy is OverflowStrategy.REDIRECT_TO_DLQ and queue.options.enable_dead_letter_queue:
             queue.stats.published += 1

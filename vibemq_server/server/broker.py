@@ -114,6 +114,8 @@ class Broker:
             await asyncio.sleep(interval)
             try:
                 self.manager.tick()
+                if self.amqp is not None:
+                    self.amqp.tick()
                 self.journal.maintain()
                 now = loop.time()
                 if now >= next_conn_check:
