@@ -143,7 +143,9 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         if path[0] not in Config.model_fields:
             continue
         parsed: Any = value
-        if path[0] in _LIST_FIELDS:
+        if value.startswith("{"):
+            parsed = json.loads(value)  # a table: VIBEMQ_USERS='{"alice": "pw"}'
+        elif path[0] in _LIST_FIELDS:
             parsed = (
                 json.loads(value)
                 if value.startswith("[")
