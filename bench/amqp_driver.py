@@ -5,12 +5,17 @@ off), Open/Open-Ok, Channel.Open. The publisher turns on publisher confirms (Con
 and counts Basic.Ack from the broker (honouring ``multiple``); the subscriber sets Basic.Qos
 prefetch, consumes with manual acks and answers every delivery with its own Basic.Ack
 (``multiple`` off, one ack per message like the other protocols). Queue: transient, classic,
-non-durable, messages transient (VibeMQ keeps messages in memory too)."""
+non-durable, messages transient (VibeMQ keeps messages in memory too).
+
+The module-level helpers (``connect``, ``queue_declare``, ``basic_qos``, ``basic_consume``,
+``confirm_select``, ``encode_publish``, ``encode_ack``, ``close_connection``) are the same
+steps one at a time, for ``bench.amqp_bench``."""
 
 from __future__ import annotations
 
 import contextlib
 import struct
+import time
 from dataclasses import dataclass
 
 from bench.common import BenchError, BlockingConn, make_payload
@@ -158,6 +163,148 @@ class AmqpDeliveryScanner:
         return pos, delivered, b"".join(acks)
 
 
+# --------------------------------------------------------------------------------------------
+# connection set-up and cold methods, shared by the drivers and bench.amqp_bench
+
+CONNECTION_CLOSE_OK = (10, 51)
+CONFIRM_SELECT = (85, 10)
+QUEUE_DELETE = (50, 40)
+CONTENT_CLASS_BASIC = 60
+# content header property flag for delivery-mode (the 4th property, bit 12)
+PROP_DELIVERY_MODE = 0x1000
+
+
+def connect(
+    host: str,
+    port: int,
+    *,
+    timeout: float = 10.0,
+    user: str = "guest",
+    password: str = "guest",
+    vhost: str = "/",
+) -> BlockingConn:
+    """Protocol header, Start/Start-Ok (PLAIN), Tune/Tune-Ok (the broker's frame-max,
+    heartbeats off), Open/Open-Ok, then Channel.Open of channel 1. Raises BenchError with the
+    broker's reason when it refuses."""
+    conn = BlockingConn(host, port, timeout=timeout)
+    try:
+        conn.send(b"AMQP\x00\x00\x09\x01")
+        conn.fill()
+        if conn.buf[:4] == b"AMQP":  # the broker answers a header it does not support this way
+            raise BenchError(f"the broker wants protocol {bytes(conn.buf[:8])!r}, not 0-9-1")
+        expect_method(conn, 10, 10)  # Start
+        response = b"\x00" + user.encode() + b"\x00" + password.encode()
+        props = b"\x07productS" + longstr(b"vibemq-bench")
+        start_ok = U32.pack(len(props)) + props + shortstr(b"PLAIN") + longstr(response)
+        conn.send(method(0, 10, 11, start_ok + shortstr(b"en_US")))
+        tune = expect_method(conn, 10, 30)
+        channel_max, frame_max, _heartbeat = struct.unpack_from(">HIH", tune, 0)
+        conn.send(method(0, 10, 31, struct.pack(">HIH", channel_max or 2047, frame_max, 0)))
+        conn.send(method(0, 10, 40, shortstr(vhost.encode()) + shortstr(b"") + b"\x00"))
+        expect_method(conn, 10, 41)
+        conn.send(method(1, 20, 10, shortstr(b"")))
+        expect_method(conn, 20, 11)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def queue_declare(
+    conn: BlockingConn, queue: bytes, *, durable: bool = False, arguments: bytes = EMPTY_TABLE
+) -> None:
+    """Queue.Declare on channel 1: durable or not; not exclusive, not auto-delete."""
+    # bits: passive=1 durable=2 exclusive=4 auto-delete=8 no-wait=16
+    flags = b"\x02" if durable else b"\x00"
+    conn.send(method(1, 50, 10, U16.pack(0) + shortstr(queue) + flags + arguments))
+    expect_method(conn, 50, 11)
+
+
+def basic_qos(conn: BlockingConn, prefetch: int) -> None:
+    conn.send(method(1, 60, 10, struct.pack(">IHB", 0, prefetch, 0)))
+    expect_method(conn, 60, 11)
+
+
+def basic_consume(conn: BlockingConn, queue: bytes, tag: bytes) -> None:
+    """Basic.Consume with manual acks (no-ack off), waiting for Consume-Ok."""
+    args = U16.pack(0) + shortstr(queue) + shortstr(tag) + b"\x00" + EMPTY_TABLE
+    conn.send(method(1, 60, 20, args))
+    expect_method(conn, 60, 21)
+
+
+def confirm_select(conn: BlockingConn) -> None:
+    conn.send(method(1, *CONFIRM_SELECT, b"\x00"))
+    expect_method(conn, 85, 11)
+
+
+def encode_publish(queue: bytes, body: bytes, *, persistent: bool = False) -> bytes:
+    """Basic.Publish to the default exchange (routing key = queue) + content header (no
+    properties, or just delivery-mode 2) + one body frame (``body`` fits in a frame)."""
+    pub = method(1, 60, 40, U16.pack(0) + shortstr(b"") + shortstr(queue) + b"\x00")
+    props = struct.pack(">HB", PROP_DELIVERY_MODE, 2) if persistent else U16.pack(0)
+    header = struct.pack(">HHQ", CONTENT_CLASS_BASIC, 0, len(body)) + props
+    return pub + frame(FRAME_HEADER, 1, header) + frame(FRAME_BODY, 1, body)
+
+
+def encode_ack(tag: int, *, multiple: bool = False) -> bytes:
+    """Basic.Ack on channel 1."""
+    return _ACK_PREFIX + U64.pack(tag) + (b"\x01" if multiple else b"\x00") + FRAME_END
+
+
+def queue_delete_frame(queue: bytes) -> bytes:
+    """Queue.Delete on channel 1, unconditionally (not if-unused, not if-empty)."""
+    return method(1, *QUEUE_DELETE, U16.pack(0) + shortstr(queue) + b"\x00")
+
+
+def close_connection(conn: BlockingConn, timeout: float, before: bytes = b"") -> bool:
+    """Send ``before`` then Connection.Close, and discard whatever arrives until Close-Ok or
+    EOF, for at most ``timeout`` seconds. True when Close-Ok came: the broker had then
+    processed every frame sent before. Never raises; the socket is closed."""
+    close = U16.pack(200) + shortstr(b"bye") + MID.pack(0, 0)
+    ok = False
+    deadline = time.monotonic() + timeout
+    with contextlib.suppress(OSError, BenchError):
+        conn.send(before + method(0, 10, 50, close))
+        while not ok:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            conn.sock.settimeout(left)
+            while len(conn.buf) >= 7:
+                kind, _channel, size = HDR.unpack_from(conn.buf, 0)
+                if len(conn.buf) < size + 8:
+                    break
+                if kind == FRAME_METHOD and MID.unpack_from(conn.buf, 7) == CONNECTION_CLOSE_OK:
+                    ok = True
+                    break
+                del conn.buf[: size + 8]
+            if not ok:
+                conn.fill()
+    conn.close()
+    return ok
+
+
+def close_reason(conn: BlockingConn, wait: float = 0.5) -> str:
+    """After a failed write: the Connection.Close/Channel.Close the broker sent, if any."""
+    with contextlib.suppress(OSError, BenchError):
+        conn.sock.settimeout(wait)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            pos = 0
+            while len(conn.buf) - pos >= 7:
+                kind, _ch, size = HDR.unpack_from(conn.buf, pos)
+                if len(conn.buf) - pos < size + 8:
+                    break
+                if kind == FRAME_METHOD and MID.unpack_from(conn.buf, pos + 7) in (
+                    CONNECTION_CLOSE,
+                    CHANNEL_CLOSE,
+                ):
+                    return _close_reason(bytes(conn.buf[pos + 7 : pos + 7 + size]))
+                pos += size + 8
+            conn.fill()
+    return ""
+
+
 @dataclass
 class AmqpDriver:
     host: str
@@ -170,22 +317,7 @@ class AmqpDriver:
     name: str = "rabbitmq"
 
     def _open(self) -> BlockingConn:
-        conn = BlockingConn(self.host, self.port)
-        conn.send(b"AMQP\x00\x00\x09\x01")
-        expect_method(conn, 10, 10)  # Start
-        response = b"\x00" + self.user.encode() + b"\x00" + self.password.encode()
-        props = b"\x07productS" + longstr(b"vibemq-bench")
-        start_ok = (
-            U32.pack(len(props)) + props + shortstr(b"PLAIN") + longstr(response)
-        ) + shortstr(b"en_US")
-        conn.send(method(0, 10, 11, start_ok))
-        tune = expect_method(conn, 10, 30)
-        channel_max, frame_max, _hb = struct.unpack_from(">HIH", tune, 0)
-        conn.send(method(0, 10, 31, struct.pack(">HIH", channel_max or 2047, frame_max, 0)))
-        conn.send(method(0, 10, 40, shortstr(b"/") + shortstr(b"") + b"\x00"))
-        expect_method(conn, 10, 41)
-        conn.send(method(1, 20, 10, shortstr(b"")))
-        expect_method(conn, 20, 11)
+        conn = connect(self.host, self.port, user=self.user, password=self.password)
         flags, arguments = self.declare_options()
         declare = U16.pack(0) + shortstr(self.queue.encode()) + flags + arguments
         conn.send(method(1, 50, 10, declare))
@@ -199,17 +331,13 @@ class AmqpDriver:
 
     def connect_publisher(self) -> BlockingConn:
         conn = self._open()
-        conn.send(method(1, 85, 10, b"\x00"))  # Confirm.Select
-        expect_method(conn, 85, 11)
+        confirm_select(conn)
         return conn
 
     def connect_subscriber(self) -> BlockingConn:
         conn = self._open()
-        conn.send(method(1, 60, 10, struct.pack(">IHB", 0, self.prefetch, 0)))  # Basic.Qos
-        expect_method(conn, 60, 11)
-        consume = U16.pack(0) + shortstr(self.queue.encode()) + shortstr(b"bench")
-        conn.send(method(1, 60, 20, consume + b"\x00" + EMPTY_TABLE))  # manual acks
-        expect_method(conn, 60, 21)
+        basic_qos(conn, self.prefetch)
+        basic_consume(conn, self.queue.encode(), b"bench")
         return conn
 
     def publish_batch(self, start: int, count: int) -> bytes:

@@ -4,6 +4,7 @@ temporary directory. Every wait is bounded."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -21,6 +22,18 @@ REPO = Path(__file__).resolve().parent.parent
 
 class NotInstalled(BenchError):
     """The broker's executable is not on this machine."""
+
+
+@functools.cache
+def help_text(command: tuple[str, ...]) -> str:
+    """``command --help`` (once per command): which flags this build of the server knows."""
+    try:
+        done = subprocess.run(
+            [*command, "--help"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout
 
 
 class Broker:
@@ -111,15 +124,19 @@ class VibeMQBroker(Broker):
         extra_args: list[str] | None = None,
         *,
         mqtt: bool = False,
+        amqp: bool = False,
         env: dict[str, str] | None = None,
     ):
-        """``mqtt``: also open the MQTT listener on a free port (``self.mqtt_port``);
-        ``env``: extra environment variables (``VIBEMQ_*`` settings) for the server."""
+        """``mqtt``/``amqp``: also open the MQTT/AMQP 0-9-1 listener on a free port
+        (``self.mqtt_port``/``self.amqp_port``); ``env``: extra environment variables
+        (``VIBEMQ_*`` settings) for the server."""
         super().__init__()
         self.command = command
         self.extra_args = extra_args or []
         self.mqtt = mqtt
         self.mqtt_port = 0
+        self.amqp = amqp
+        self.amqp_port = 0
         self.env = env or {}
 
     @staticmethod
@@ -155,6 +172,13 @@ class VibeMQBroker(Broker):
             argv += ["--mqtt-port", str(self.mqtt_port)]
         else:
             argv += ["--no-mqtt"]  # 1883 may be taken (a system mosquitto)
+        if self.amqp:
+            if "--amqp-port" not in help_text(tuple(command)):
+                raise NotInstalled(f"{command[0]} has no --amqp-port (no AMQP listener yet)")
+            self.amqp_port = free_port()
+            argv += ["--amqp-port", str(self.amqp_port)]
+        elif "--no-amqp" in help_text(tuple(command)):
+            argv += ["--no-amqp"]  # 5672 may be taken (a system rabbitmq)
         self._spawn(argv, env={**os.environ, **self.env} if self.env else None)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -171,6 +195,11 @@ class VibeMQBroker(Broker):
                 if not wait_port(self.host, self.mqtt_port, max(1.0, deadline - time.monotonic())):
                     self.stop()
                     raise BenchError(f"vibemq-server: MQTT port {self.mqtt_port} not listening")
+            if self.amqp:
+                self.amqp_port = int(info.get("amqp") or self.amqp_port)
+                if not wait_port(self.host, self.amqp_port, max(1.0, deadline - time.monotonic())):
+                    self.stop()
+                    raise BenchError(f"vibemq-server: AMQP port {self.amqp_port} not listening")
             return
         self.stop()
         raise BenchError(f"vibemq-server wrote no ready file within {timeout:.0f}s")
