@@ -230,6 +230,8 @@ def container(image: str) -> Iterator[Container]:
         _script(
             "run", image, "--name", name, "-d", "--rm=false",
             "-e", f"VIBEMQ_PORT={port}", "-e", f"VIBEMQ_AUTH_TOKENS={TOKEN}",
+            # Host network: MQTT and AMQP on any free port, not on the host's 1883 / 5672.
+            "-e", "VIBEMQ_MQTT__PORT=0", "-e", "VIBEMQ_AMQP__PORT=0",
             timeout=120,
         )  # fmt: skip
         c = Container(name, port)
