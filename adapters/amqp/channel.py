@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from adapters.amqp.codec import AmqpError, ReplyCode, decode_properties, encode_ack, encode_deliver
-from vibemq_server.core import StoredMessage, Subscription
+from vibemq_server.core import Queue, StoredMessage, Subscription
 
 if TYPE_CHECKING:
     from adapters.amqp.connection import AmqpConnection
@@ -59,6 +59,12 @@ class _Getter:
 
     def subscription_cancelled(self, sub: Subscription, reason: str) -> None:
         pass
+
+
+def consumer_count(queue: Queue) -> int:
+    """The queue's consumers as AMQP counts them (declare-ok, if-unused, exclusive consume,
+    auto-delete, x-expires): every subscription but basic.get's internal ones."""
+    return sum(1 for sub in queue.subscriptions if not isinstance(sub.consumer, _Getter))
 
 
 class Pending:
@@ -180,7 +186,9 @@ class Channel:
     def nack(self, delivery_tag: int, multiple: bool, requeue: bool) -> set[str]:
         manager = self.conn.manager
         queues: set[str] = set()
-        for tag in self._tags_for(delivery_tag, multiple):
+        # Each requeued message goes to the head of its queue: the newest first, so that
+        # they end up in their original order (RabbitMQ keeps their positions).
+        for tag in reversed(self._tags_for(delivery_tag, multiple)):
             sub, msg_id = self.unacked.pop(tag)
             manager.nack(sub, msg_id, requeue=requeue, dispatch=False)
             queues.add(sub.queue.name)
@@ -250,7 +258,7 @@ class Channel:
                 manager.unsubscribe(consumer.sub)
                 queues.add(consumer.queue)
         self.consumers.clear()
-        for sub, msg_id in self.unacked.values():
+        for sub, msg_id in reversed(self.unacked.values()):  # to the head: newest first
             if sub.queue.deleted:
                 continue
             manager.nack(sub, msg_id, requeue=True, dispatch=False)

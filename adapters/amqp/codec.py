@@ -8,25 +8,29 @@ Nothing here awaits, reads a clock or touches a socket.
 
 Frame layout: type (u8), channel (u16), payload size (u32), payload, frame-end 0xCE.
 
-Hot and cold paths. pamqp (the spec-generated codec aiormq uses) decodes and encodes every
-cold method, but it costs microseconds per frame, so the frames a busy connection is made
-of are hand-written here: basic.publish / basic.ack / basic.nack / basic.reject decoding
-(still producing pamqp's own command objects, so the adapter dispatches on one set of
-types), content header and body framing, basic.deliver / get-ok / return encoding and the
-broker's publisher-confirm acks. Content-header properties stay raw bytes end to end:
+Hot and cold paths. Methods are pamqp command objects (pamqp: the spec-generated codec
+aiormq uses), so the adapter dispatches on one set of types. pamqp encodes the cold methods;
+they are decoded here from the argument layouts of pamqp's classes, because pamqp's own
+unmarshal is quadratic in table size (a 128 KiB ``arguments`` table costs it up to a second),
+recurses without bound and silently truncates overlong strings. The frames a busy
+connection is made of are hand-written: basic.publish / ack / nack / reject decoding,
+content header and body framing, basic.deliver / get-ok / return encoding and the broker's
+publisher-confirm acks. Content-header properties stay raw bytes end to end:
 consumers receive exactly what the publisher sent; :func:`decode_properties` is there for
 the few places that must look inside (persistence, TTL, headers exchanges).
 
 Errors: everything wrong with the input raises :class:`AmqpError` carrying a
 :class:`ReplyCode`; after one the stream cannot be resynchronised and the parser is spent.
-Codes follow RabbitMQ where it is specific (see ``rabbit_reader`` / ``rabbit_command_assembler``):
-frame-end, oversize, unknown frame type, a truncated frame -> 501 FRAME_ERROR; a content
-header for a class other than basic or with a non-zero weight -> 505 UNEXPECTED_FRAME; an
-unknown class/method id -> 540 NOT_IMPLEMENTED; method arguments that do not decode, and
-garbage properties or tables -> 502 SYNTAX_ERROR (RabbitMQ says 501 there; both close the
-connection). What the parser does *not* know is channel state: "a header must follow a
-content-bearing method", "channel 0 carries only connection methods", body sizes -- those
-are the adapter's.
+The codes (RabbitMQ's ``rabbit_reader`` / ``rabbit_command_assembler`` as the reference):
+bad frame-end, payload over frame-max, unknown frame type, a method frame under 4 bytes or a
+content header under 12, a heartbeat with a payload or on a channel other than 0 -> 501
+FRAME_ERROR (RabbitMQ: 505 for the last); a content header for a class other than basic or
+with a non-zero weight -> 505 UNEXPECTED_FRAME (as RabbitMQ); an unknown class/method id ->
+540 NOT_IMPLEMENTED; method arguments that do not decode (including trailing bytes after a
+fast-path method), garbage properties or tables -> 502 SYNTAX_ERROR (RabbitMQ: 501). All of
+them close the connection. What the parser does *not* know is channel state: "a header must
+follow a content-bearing method", "channel 0 carries only connection methods", body sizes --
+those are the adapter's.
 
 Field tables follow RabbitMQ's reading of the errata (``rabbit_binary_parser``): ``s`` (and
 the spec's ``U``) is a signed 16-bit short, both ``l`` and ``L`` are signed 64-bit, ``x`` is a
@@ -318,8 +322,8 @@ def _decode_method(channel: int, view: bytes, start: int, stop: int) -> MethodFr
     try:
         if fast is not None:
             return MethodFrame(channel, fast(view, start + 4, stop))
-        method_class = commands.INDEX_MAPPING.get(index)
-        if method_class is None:
+        layout = _METHOD_LAYOUTS.get(index)
+        if layout is None:
             raise _error(
                 ReplyCode.NOT_IMPLEMENTED,
                 f"unknown method {index >> 16}.{index & 0xFFFF}",
@@ -327,23 +331,50 @@ def _decode_method(channel: int, view: bytes, start: int, stop: int) -> MethodFr
                 index >> 16,
                 index & 0xFFFF,
             )
-        # __new__ skips __init__: its validation and (for basic.recover-async) a warning;
-        # unmarshal assigns every attribute.
-        method: base.Frame = _new(method_class)
-        method.unmarshal(view[start + 4 : stop])
-    except AmqpError:
-        raise
-    except Exception as exc:
-        # pamqp's decoders let struct.error, ValueError, TypeError, RecursionError, ... out on
-        # hostile input; the fast paths raise _Malformed / UnicodeDecodeError. All mean the same.
-        raise _error(
-            ReplyCode.SYNTAX_ERROR,
-            f"cannot decode arguments of method {index >> 16}.{index & 0xFFFF}",
-            channel,
-            index >> 16,
-            index & 0xFFFF,
-        ) from exc
-    return MethodFrame(channel, method)
+        return MethodFrame(channel, _decode_cold(layout, view, start + 4, stop))
+    except AmqpError as exc:
+        if exc.code is ReplyCode.NOT_IMPLEMENTED:
+            raise
+        cause: Exception = exc
+    except (_Malformed, UnicodeDecodeError) as exc:
+        cause = exc
+    raise _error(
+        ReplyCode.SYNTAX_ERROR,
+        f"cannot decode arguments of method {index >> 16}.{index & 0xFFFF}",
+        channel,
+        index >> 16,
+        index & 0xFFFF,
+    ) from cause
+
+
+def _decode_cold(layout: _Layout, view: bytes, pos: int, stop: int) -> base.Frame:
+    """Any other method, by the argument layout of its pamqp class.
+
+    Not pamqp's own unmarshal: that slices the rest of the payload for every table entry
+    (quadratic: a 128 KiB table argument costs a quarter to a whole second of CPU), recurses
+    without bound, and silently truncates strings that run past the frame.
+    """
+    method_class, fields = layout
+    method = _new(method_class)  # __init__ would validate and, for recover-async, warn
+    bit_octet = 0
+    bit = 8  # next bit of bit_octet to read; 8: the next bit field starts a new octet
+    for name, kind in fields:
+        if kind == "bit":
+            if bit == 8:
+                if pos >= stop:
+                    raise _Malformed
+                bit_octet = view[pos]
+                pos += 1
+                bit = 0
+            setattr(method, name, bit_octet >> bit & 1 != 0)
+            bit += 1
+            continue
+        bit = 8  # consecutive bits share octets (least significant first); others end them
+        value, pos = _ARGUMENT_DECODERS[kind](view, pos, stop, 0)
+        setattr(method, name, value)
+    if pos != stop:  # RabbitMQ's decoders match the payload exactly, too
+        raise _Malformed
+    return method
 
 
 def _decode_header(channel: int, view: bytes, start: int, stop: int) -> HeaderFrame:
@@ -383,10 +414,11 @@ _FRAME_DECODERS: Final[dict[int, Callable[[int, bytes, int, int], Frame]]] = {
     FRAME_HEARTBEAT: _decode_heartbeat,
 }
 
-# Parser states.
-_AWAIT_HEADER = 0
-_FRAMES = 1
+# Parser states. Only _FRAMES is on the fast path of feed().
+_FRAMES = 0
+_AWAIT_HEADER = 1
 _REFUSED = 2  # bad protocol header: everything after it is ignored
+_FAILED = 3  # an AmqpError was raised: every later feed raises it again
 
 
 class FrameParser:
@@ -407,22 +439,17 @@ class FrameParser:
     def __init__(self, max_frame_size: int = 131072) -> None:
         self.max_frame_size = max_frame_size
         self._buf = bytearray()
-        self._need = len(PROTOCOL_HEADER)  # bytes needed before parsing can make progress
+        self._need = 7  # bytes needed (in _FRAMES) before parsing can make progress
         self._state = _AWAIT_HEADER
         self._failure: AmqpError | None = None
 
-    def feed(self, data: bytes) -> list[Frame]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Append ``data``; return every frame it completes, in order.
 
         Raises :class:`AmqpError` (with ``frames`` set to those decoded before the bad one).
         """
-        if self._failure is not None:
-            failure = self._failure
-            raise AmqpError(
-                failure.code, failure.text, failure.channel, failure.class_id, failure.method_id
-            )
-        if self._state == _REFUSED:
-            return []
+        if self._state != _FRAMES:
+            return self._feed_other(data)
         buf = self._buf
         if buf:
             buf += data
@@ -437,53 +464,71 @@ class FrameParser:
             # The common case: nothing pending, parse straight out of the caller's bytes.
             view = data if type(data) is bytes else bytes(data)
         frames: list[Frame] = []
-        try:
-            pos = self._parse(view, frames)
-        except AmqpError as exc:
-            exc.frames = tuple(frames)
-            self._failure = exc
-            raise
-        if pos < len(view) and self._state != _REFUSED:
-            buf += memoryview(view)[pos:]
-        return frames
-
-    def _parse(self, view: bytes, frames: list[Frame]) -> int:
-        """Decode every complete frame of ``view``; return where the unparsed rest starts."""
         pos = 0
         end = len(view)
-        if self._state == _AWAIT_HEADER:
-            raw = view[:8]
-            ok = raw == PROTOCOL_HEADER
-            frames.append(ProtocolHeader(ok, raw))
-            if not ok:
-                self._state = _REFUSED
-                return end
-            self._state = _FRAMES
-            pos = 8
+        # The frame loop is inlined here (not a helper) because it runs for every read.
         max_size = self.max_frame_size
         unpack_header = _HEADER.unpack_from
         decoders = _FRAME_DECODERS
         append = frames.append
-        while True:
-            if end - pos < 7:
-                self._need = 7
-                return pos
-            frame_type, channel, size = unpack_header(view, pos)
-            if size > max_size:
-                raise _frame_error(
-                    f"frame payload of {size} bytes exceeds frame-max {max_size}", channel
-                )
-            decode = decoders.get(frame_type)
-            if decode is None:
-                raise _frame_error(f"unknown frame type {frame_type}", channel)
-            stop = pos + 7 + size
-            if stop >= end:  # payload or frame-end still missing
-                self._need = size + 8
-                return pos
-            if view[stop] != FRAME_END:
-                raise _frame_error(f"invalid frame end marker 0x{view[stop]:02x}", channel)
-            append(decode(channel, view, pos + 7, stop))
-            pos = stop + 1
+        try:
+            while True:
+                if end - pos < 7:
+                    self._need = 7
+                    break
+                frame_type, channel, size = unpack_header(view, pos)
+                if size > max_size:
+                    raise _frame_error(
+                        f"frame payload of {size} bytes exceeds frame-max {max_size}", channel
+                    )
+                decode = decoders.get(frame_type)
+                if decode is None:
+                    raise _frame_error(f"unknown frame type {frame_type}", channel)
+                stop = pos + 7 + size
+                if stop >= end:  # payload or frame-end still missing
+                    self._need = size + 8
+                    break
+                if view[stop] != FRAME_END:
+                    raise _frame_error(f"invalid frame end marker 0x{view[stop]:02x}", channel)
+                append(decode(channel, view, pos + 7, stop))
+                pos = stop + 1
+        except AmqpError as exc:
+            exc.frames = tuple(frames)
+            self._failure = exc
+            self._state = _FAILED
+            raise
+        if pos < end:
+            buf += memoryview(view)[pos:]
+        return frames
+
+    def _feed_other(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        """feed() outside the frame phase: the protocol header, or a spent parser."""
+        if self._failure is not None:
+            failure = self._failure
+            raise AmqpError(
+                failure.code, failure.text, failure.channel, failure.class_id, failure.method_id
+            )
+        if self._state == _REFUSED:
+            return []
+        buf = self._buf
+        buf += data
+        if len(buf) < len(PROTOCOL_HEADER):
+            return []
+        raw = bytes(buf[:8])
+        rest = bytes(buf[8:])
+        buf.clear()
+        header = ProtocolHeader(raw == PROTOCOL_HEADER, raw)
+        if not header.ok:
+            self._state = _REFUSED
+            return [header]
+        self._state = _FRAMES
+        try:
+            frames = self.feed(rest)
+        except AmqpError as exc:
+            exc.frames = (header, *exc.frames)
+            raise
+        frames.insert(0, header)
+        return frames
 
 
 # --------------------------------------------------------------------------------------------
@@ -822,6 +867,35 @@ _FIELD_DECODERS: Final[dict[int, _ValueDecoder]] = {
     ord("F"): _decode_field_table,
     ord("V"): _decode_void,
     ord("x"): _decode_byte_array,
+}
+
+
+def _decode_shortstr_arg(raw: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+    if pos >= end:
+        raise _truncated()
+    stop = pos + 1 + raw[pos]
+    if stop > end:
+        raise _truncated()
+    return raw[pos + 1 : stop].decode(), stop  # strict UTF-8, as pamqp decodes names
+
+
+_ARGUMENT_DECODERS: Final[dict[str, _ValueDecoder]] = {
+    "octet": _fixed(">B"),
+    "short": _fixed(">H"),
+    "long": _fixed(">I"),
+    "longlong": _fixed(">Q"),  # unsigned, as the spec says (pamqp reads it signed)
+    "shortstr": _decode_shortstr_arg,
+    "longstr": _decode_longstr,
+    "table": _decode_field_table,
+    "timestamp": _decode_timestamp,
+}
+
+_Layout: TypeAlias = tuple[type[base.Frame], tuple[tuple[str, str], ...]]
+#: For every method pamqp knows: its class and (attribute, AMQP type) in wire order.
+_METHOD_LAYOUTS: Final[dict[int, _Layout]] = {
+    index: (cls, tuple((name, cls.amqp_type(name)) for name in cls.attributes()))
+    for index, cls in commands.INDEX_MAPPING.items()
+    if issubclass(cls, base.Frame)
 }
 
 

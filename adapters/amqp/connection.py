@@ -20,7 +20,14 @@ import structlog
 from pamqp import commands
 from pamqp.base import Frame as PamqpFrame
 
-from adapters.amqp.channel import UNLIMITED, AmqpConsumer, Channel, Pending, _Getter
+from adapters.amqp.channel import (
+    UNLIMITED,
+    AmqpConsumer,
+    Channel,
+    Pending,
+    _Getter,
+    consumer_count,
+)
 from adapters.amqp.codec import (
     HEARTBEAT,
     PROTOCOL_HEADER,
@@ -127,6 +134,7 @@ class AmqpConnection(BufferedConnection):
         self.last_heartbeat_sent = self.opened_at
         self.closing_since = 0.0
         self.blocked = False
+        self._published = False  # this read published something (memory alarm)
         self._refill: set[str] = set()
         self._confirms: dict[Channel, list[int]] = {}
         self._durable_batch: list[tuple[Channel, int]] | None = None
@@ -197,7 +205,10 @@ class AmqpConnection(BufferedConnection):
                 queue = self.manager.queues.get(name)
                 if queue is not None:
                     queue.dispatch()
-        if self.manager.memory_blocked and not self._reading_paused:
+        published, self._published = self._published, False
+        # Over the memory high watermark only connections that publish stop being read (as in
+        # RabbitMQ): a consumer's acks, or a new connection, are what frees memory.
+        if published and self.manager.memory_blocked and not self._reading_paused:
             self.pause_reading()
             if self.capabilities.get("connection.blocked"):
                 self.send(encode_method(0, commands.Connection.Blocked("memory high watermark")))
@@ -480,9 +491,11 @@ class AmqpConnection(BufferedConnection):
             username = _text(table.get("LOGIN"))
             password = _text(table.get("PASSWORD"))
         else:
+            # RabbitMQ: 503 for a mechanism it does not offer (rabbit_reader).
             raise AmqpError(
-                ReplyCode.ACCESS_REFUSED,
-                f"ACCESS_REFUSED - unsupported mechanism {mechanism!r} (PLAIN, AMQPLAIN)",
+                ReplyCode.COMMAND_INVALID,
+                f"COMMAND_INVALID - unknown authentication mechanism {mechanism!r} "
+                "(PLAIN, AMQPLAIN)",
                 0,
             )
         if not self.server.authenticate(username, password):
@@ -743,7 +756,7 @@ class AmqpConnection(BufferedConnection):
         queue = self.manager.queues.get(name)
         count = 0
         if queue is not None:
-            if method.if_unused and queue.subscriptions:
+            if method.if_unused and consumer_count(queue):
                 raise AmqpError(
                     ReplyCode.PRECONDITION_FAILED,
                     f"PRECONDITION_FAILED - queue '{name}' in vhost '/' in use",
@@ -795,7 +808,7 @@ class AmqpConnection(BufferedConnection):
                 60,
                 20,
             )
-        if name in self.server.exclusive_consumers or (method.exclusive and queue.subscriptions):
+        if name in self.server.exclusive_consumers or (method.exclusive and consumer_count(queue)):
             raise AmqpError(
                 ReplyCode.ACCESS_REFUSED,
                 f"ACCESS_REFUSED - queue '{name}' in vhost '/' in exclusive use",
@@ -855,6 +868,7 @@ class AmqpConnection(BufferedConnection):
         pending = channel.pending
         assert pending is not None
         channel.pending = None
+        self._published = True
         body = b"".join(pending.chunks) if len(pending.chunks) != 1 else pending.chunks[0]
         seq = 0
         if channel.confirm:

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 
+from adapters.amqp.channel import consumer_count
 from adapters.amqp.codec import decode_properties, encode_properties
-from adapters.amqp.mapping import MessageMapper
+from adapters.amqp.mapping import EXCHANGE, ROUTING_KEY, MessageMapper
 from vibemq_server.config import Config, DeliveryMode, OverflowStrategy
 from vibemq_server.core import (
     CoreError,
@@ -229,7 +230,7 @@ class AmqpServer:
         queue = self.manager.queues.get(name)
         if queue is None:
             return 0, 0
-        return queue.message_count, len(queue.subscriptions)
+        return queue.message_count, consumer_count(queue)
 
     def delete_queue(self, name: str) -> int:
         queue = self.manager.queues.get(name)
@@ -263,7 +264,7 @@ class AmqpServer:
         if queue_name not in self.auto_delete:
             return
         queue = self.manager.queues.get(queue_name)
-        if queue is None or not queue.subscriptions:
+        if queue is None or not consumer_count(queue):
             try:
                 self.delete_queue(queue_name)
             except CoreError:
@@ -357,12 +358,17 @@ class AmqpServer:
         if exchanges is None or not exchanges.has_bindings("amq.topic"):
             return False
         durable = False
+        headers: Mapping[str, str] | None = None
         for name in exchanges.route("amq.topic", address):
             if name == address:
                 continue  # the publish went into that queue already
+            if headers is None:
+                # Delivered as from amq.topic with the address as routing key (as RabbitMQ's
+                # MQTT plugin does), not as from the default exchange with the queue's name.
+                headers = {**msg.headers, EXCHANGE: "amq.topic", ROUTING_KEY: address}
             try:
                 outcome = self.manager.publish(
-                    name, self.next_msg_id(), msg.payload, msg.headers, route=False
+                    name, self.next_msg_id(), msg.payload, headers, route=False
                 )
             except CoreError:
                 continue
@@ -384,7 +390,7 @@ class AmqpServer:
             if queue is None:
                 del self._last_used[name]
                 continue
-            if queue.subscriptions:
+            if consumer_count(queue):
                 self._last_used[name] = now
                 continue
             expires = self.queue_args.get(name, {}).get("x-expires")
