@@ -1,0 +1,484 @@
+"""Helpers for the AMQP 0-9-1 integration tests: a broker on its own thread, pika clients with
+bounded waits, and a raw socket client speaking frames built with pamqp.
+
+* :class:`AmqpBroker` is :class:`mqttutil.ThreadBroker` (a real :class:`Broker` on a uvloop
+  thread of its own) with the AMQP port and a few safe looks at its state. Because the broker
+  has its own loop, tests may be plain synchronous code driving pika's ``BlockingConnection``
+  and raw sockets, or async code driving aio-pika and the VibeMQ client: neither can starve it.
+* :class:`PikaClients` opens ``BlockingConnection`` s with short socket/stack timeouts and
+  closes every one of them at teardown.
+* :class:`RawAmqp` is a blocking socket that sends hand-built frames (pamqp's ``marshal`` or
+  raw bytes, for deliberately broken ones) and reads the broker's frames with pamqp's
+  ``unmarshal``. Heartbeat frames are counted and skipped by :meth:`RawAmqp.recv`.
+
+Every wait is bounded by ``WAIT`` and fails the test with a message instead of hanging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pika
+import pika.adapters.blocking_connection as blocking
+from mqttutil import ThreadBroker
+from pamqp import commands, encode
+from pamqp import frame as pamqp_frame
+from pamqp.base import Frame as PamqpFrame
+from pamqp.body import ContentBody
+from pamqp.header import ContentHeader
+from pamqp.heartbeat import Heartbeat
+
+from adapters.amqp.connection import AmqpConnection
+from vibemq_server.server import Broker
+
+WAIT = 5.0
+"""Bound of every wait for something that should happen (it normally takes milliseconds)."""
+
+HOST = "127.0.0.1"
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+FRAME_END = b"\xce"
+
+T = TypeVar("T")
+F = TypeVar("F")
+
+AnyFrame = PamqpFrame | ContentHeader | ContentBody | Heartbeat
+
+
+def wait_until(pred: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for: {what}")
+        time.sleep(0.01)
+
+
+# --------------------------------------------------------------------------------------------
+# The broker
+
+
+class AmqpBroker(ThreadBroker):
+    """A real broker on its own thread, with AMQP on port 0."""
+
+    @property
+    def amqp_port(self) -> int:
+        assert self.broker is not None
+        port = self.broker.amqp_port
+        assert port
+        return port
+
+    @property
+    def port(self) -> int:
+        """The VibeMQ (native protocol) port."""
+        assert self.broker is not None
+        return self.broker.port
+
+    def amqp_connections(self) -> int:
+        return self.call(lambda b: sum(isinstance(c, AmqpConnection) for c in list(b.connections)))
+
+    def has_queue(self, name: str) -> bool:
+        return self.call(lambda b: name in b.manager.queues)
+
+    def queue_durable(self, name: str) -> bool:
+        return self.call(lambda b: b.manager.queues[name].options.durable)
+
+    def has_exchange(self, name: str) -> bool:
+        def check(b: Broker) -> bool:
+            assert b.amqp is not None and b.amqp.exchanges is not None
+            return b.amqp.exchanges.get(name) is not None
+
+        return self.call(check)
+
+    def negotiated(self) -> list[tuple[int, int, int]]:
+        """(frame_max, channel_max, heartbeat) of every open AMQP connection."""
+        return self.call(
+            lambda b: [
+                (c.frame_max, c.channel_max, c.heartbeat)
+                for c in list(b.connections)
+                if isinstance(c, AmqpConnection)
+            ]
+        )
+
+
+@contextlib.contextmanager
+def amqp_brokers(tmp_path: Path) -> Iterator[Callable[..., AmqpBroker]]:
+    """A factory of started :class:`AmqpBroker` s (``Config`` overrides as keywords), all
+    stopped on exit."""
+    started: list[AmqpBroker] = []
+
+    def make(**overrides: Any) -> AmqpBroker:
+        overrides["amqp"] = {"port": 0, **overrides.get("amqp", {})}
+        broker = AmqpBroker(tmp_path / f"data{len(started)}", **overrides)
+        started.append(broker)
+        return broker.start()
+
+    try:
+        yield make
+    finally:
+        for broker in started:
+            with contextlib.suppress(Exception):
+                broker.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# pika
+
+
+def pika_params(port: int, **kw: Any) -> pika.ConnectionParameters:
+    """Connection parameters with every pika timeout bounded; one connection attempt."""
+    settings: dict[str, Any] = {
+        "host": HOST,
+        "port": port,
+        "connection_attempts": 1,
+        "socket_timeout": WAIT,
+        "stack_timeout": WAIT,
+        "blocked_connection_timeout": WAIT,
+    }
+    settings.update(kw)
+    return pika.ConnectionParameters(**settings)
+
+
+class PikaClients:
+    """Opens pika BlockingConnections for one test; closes all of them at teardown."""
+
+    def __init__(self) -> None:
+        self._conns: list[pika.BlockingConnection] = []
+
+    def connect(self, port: int, **kw: Any) -> pika.BlockingConnection:
+        conn = pika.BlockingConnection(pika_params(port, **kw))
+        self._conns.append(conn)
+        return conn
+
+    def close_all(self) -> None:
+        for conn in self._conns:
+            with contextlib.suppress(Exception):
+                if conn.is_open:
+                    conn.close()
+
+
+Delivery = tuple[Any, pika.BasicProperties, bytes]
+
+
+def get_message(
+    channel: blocking.BlockingChannel, queue: str, *, auto_ack: bool = True, timeout: float = WAIT
+) -> Delivery:
+    """basic.get until a message is there (bounded)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        method, props, body = channel.basic_get(queue, auto_ack=auto_ack)
+        if method is not None:
+            assert props is not None and body is not None
+            return method, props, body
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no message in {queue!r} within {timeout}s")
+        channel.connection.sleep(0.01)
+
+
+def assert_empty(channel: blocking.BlockingChannel, queue: str) -> None:
+    """The queue holds no ready message. basic.get is synchronous: every publish made before
+    it on any channel of this connection has been routed when get-empty comes back."""
+    method, _props, body = channel.basic_get(queue, auto_ack=True)
+    assert method is None, f"unexpected message in {queue!r}: {body!r}"
+
+
+def consume(
+    channel: blocking.BlockingChannel, queue: str, count: int, *, timeout: float = WAIT
+) -> list[Delivery]:
+    """``count`` deliveries from a no-ack consumer on ``queue`` (bounded), then cancel."""
+    out: list[Delivery] = []
+    deadline = time.monotonic() + timeout
+    for method, props, body in channel.consume(queue, auto_ack=True, inactivity_timeout=0.05):
+        if method is not None:
+            out.append((method, props, body))
+            if len(out) == count:
+                break
+        if time.monotonic() > deadline:
+            channel.cancel()
+            raise AssertionError(f"{len(out)} of {count} messages from {queue!r} in {timeout}s")
+    channel.cancel()
+    return out
+
+
+def queue_counts(channel: blocking.BlockingChannel, queue: str) -> tuple[int, int]:
+    """(ready messages, consumers) of a queue, by a passive declare."""
+    ok = channel.queue_declare(queue, passive=True).method
+    return ok.message_count, ok.consumer_count
+
+
+# --------------------------------------------------------------------------------------------
+# A raw AMQP socket
+
+
+class Closed(Exception):
+    """The broker closed the connection."""
+
+
+def frame(frame_type: int, channel: int, payload: bytes, end: bytes = FRAME_END) -> bytes:
+    """A frame from its parts; ``end`` may be a wrong frame-end byte."""
+    return struct.pack(">BHI", frame_type, channel, len(payload)) + payload + end
+
+
+def method_payload(class_id: int, method_id: int, args: bytes = b"") -> bytes:
+    return struct.pack(">HH", class_id, method_id) + args
+
+
+def amqplain_response(login: str, password: str) -> bytes:
+    """AMQPLAIN's start-ok response: a field table without its length prefix."""
+    return encode.field_table({"LOGIN": login, "PASSWORD": password})[4:]
+
+
+class RawAmqp:
+    """A blocking AMQP connection built from pamqp frames; every read is bounded."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection((HOST, port), timeout=WAIT)
+        self.buf = bytearray()
+        self.pending: deque[tuple[int, AnyFrame]] = deque()
+        self.heartbeats = 0
+        self.eof = False
+        #: sizes (header + payload + frame-end) of every frame read, in order
+        self.frame_sizes: list[int] = []
+
+    # sending
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def send_tolerant(self, data: bytes) -> None:
+        """Send, ignoring a broker that already closed."""
+        with contextlib.suppress(OSError):
+            self.send(data)
+
+    def send_frame(self, channel: int, value: AnyFrame) -> None:
+        self.send(pamqp_frame.marshal(value, channel))
+
+    def method(self, channel: int, method: PamqpFrame) -> None:
+        self.send_frame(channel, method)
+
+    def publish(
+        self,
+        channel: int,
+        body: bytes,
+        *,
+        exchange: str = "",
+        routing_key: str = "",
+        properties: commands.Basic.Properties | None = None,
+        chunk: int = 4096,
+        mandatory: bool = False,
+    ) -> None:
+        """basic.publish, its content header and the body in frames of ``chunk`` bytes."""
+        data = pamqp_frame.marshal(
+            commands.Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=mandatory),
+            channel,
+        )
+        data += pamqp_frame.marshal(
+            ContentHeader(0, len(body), properties or commands.Basic.Properties()), channel
+        )
+        for start in range(0, len(body), chunk):
+            data += pamqp_frame.marshal(ContentBody(body[start : start + chunk]), channel)
+        self.send(data)
+
+    # reading
+
+    def _read(self, deadline: float) -> None:
+        if self.eof:
+            raise Closed
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError("timed out waiting for the broker")
+        self.sock.settimeout(remaining)
+        try:
+            chunk = self.sock.recv(262144)
+        except TimeoutError:
+            raise AssertionError("timed out waiting for the broker") from None
+        except (ConnectionResetError, BrokenPipeError):
+            chunk = b""
+        if not chunk:
+            self.eof = True
+            raise Closed
+        self.buf += chunk
+        while len(self.buf) >= 7:
+            size = int.from_bytes(self.buf[3:7], "big")
+            if len(self.buf) < size + 8:
+                break
+            consumed, channel, value = pamqp_frame.unmarshal(bytes(self.buf[: size + 8]))
+            assert consumed == size + 8
+            del self.buf[:consumed]
+            self.frame_sizes.append(consumed)
+            if isinstance(value, Heartbeat):
+                self.heartbeats += 1
+                continue
+            self.pending.append((channel, value))
+
+    def read_exact(self, n: int, timeout: float = WAIT) -> bytes:
+        """``n`` raw bytes (for the protocol header the broker answers a wrong one with)."""
+        deadline = time.monotonic() + timeout
+        out = b""
+        while len(out) < n:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"timed out reading {n} raw bytes (got {out!r})")
+            self.sock.settimeout(remaining)
+            chunk = self.sock.recv(n - len(out))
+            if not chunk:
+                raise Closed(out)
+            out += chunk
+        return out
+
+    def recv(self, timeout: float = WAIT) -> tuple[int, AnyFrame]:
+        """The next (channel, frame) that is not a heartbeat."""
+        deadline = time.monotonic() + timeout
+        while not self.pending:
+            self._read(deadline)
+        return self.pending.popleft()
+
+    def expect(self, cls: type[F], channel: int | None = None, timeout: float = WAIT) -> F:
+        got_channel, value = self.recv(timeout)
+        assert isinstance(value, cls), f"expected {cls.__name__}, got {value!r}"
+        if channel is not None:
+            assert got_channel == channel, f"{value!r} on channel {got_channel}, not {channel}"
+        return value
+
+    def message(self, channel: int, timeout: float = WAIT) -> tuple[Any, ContentHeader, bytes]:
+        """The next deliver / get-ok / return with its content, reassembled."""
+        method = self.recv(timeout)[1]
+        assert isinstance(
+            method, commands.Basic.Deliver | commands.Basic.GetOk | commands.Basic.Return
+        ), f"expected a message, got {method!r}"
+        header = self.expect(ContentHeader, channel, timeout)
+        body = b""
+        while len(body) < header.body_size:
+            body += self.expect(ContentBody, channel, timeout).value
+        assert len(body) == header.body_size
+        return method, header, body
+
+    def wait_closed(self, timeout: float = WAIT) -> list[tuple[int, AnyFrame]]:
+        """Read until the broker closes the socket; the frames that came first."""
+        deadline = time.monotonic() + timeout
+        received = list(self.pending)
+        self.pending.clear()
+        while True:
+            try:
+                self._read(deadline)
+            except Closed:
+                return received
+            except AssertionError:
+                raise AssertionError(
+                    f"the broker did not close the connection within {timeout}s"
+                ) from None
+            received.extend(self.pending)
+            self.pending.clear()
+
+    def expect_connection_close(
+        self, code: int, timeout: float = WAIT
+    ) -> commands.Connection.Close:
+        """connection.close with ``code`` (skipping anything before it); answer close-ok and
+        wait until the broker closes the socket."""
+        deadline = time.monotonic() + timeout
+        while True:
+            channel, value = self.recv(max(deadline - time.monotonic(), 0.01))
+            if isinstance(value, commands.Connection.Close):
+                break
+        assert channel == 0
+        assert value.reply_code == code, f"expected {code}, got {value!r}"
+        self.send_tolerant(pamqp_frame.marshal(commands.Connection.CloseOk(), 0))
+        self.wait_closed(timeout)
+        return value
+
+    # the handshake
+
+    def start(self) -> commands.Connection.Start:
+        self.send(PROTOCOL_HEADER)
+        return self.expect(commands.Connection.Start, 0)
+
+    def login(
+        self,
+        username: str = "guest",
+        password: str = "guest",
+        mechanism: str = "PLAIN",
+    ) -> commands.Connection.Tune:
+        """Send the protocol header and start-ok; the broker's tune."""
+        self.start()
+        if mechanism == "AMQPLAIN":
+            response = amqplain_response(username, password)
+        else:
+            response = b"\x00" + username.encode() + b"\x00" + password.encode()
+        self.method(
+            0,
+            commands.Connection.StartOk(
+                client_properties={"product": "raw-test"},
+                mechanism=mechanism,
+                response=response.decode("ascii"),  # pamqp takes str; ASCII is byte-exact
+                locale="en_US",
+            ),
+        )
+        return self.expect(commands.Connection.Tune, 0)
+
+    def handshake(
+        self,
+        *,
+        username: str = "guest",
+        password: str = "guest",
+        mechanism: str = "PLAIN",
+        frame_max: int | None = None,
+        heartbeat: int = 0,
+        channel_max: int | None = None,
+        vhost: str = "/",
+    ) -> commands.Connection.Tune:
+        """The whole handshake up to open-ok; the broker's tune (what it proposed)."""
+        tune = self.login(username, password, mechanism)
+        self.method(
+            0,
+            commands.Connection.TuneOk(
+                channel_max=tune.channel_max if channel_max is None else channel_max,
+                frame_max=tune.frame_max if frame_max is None else frame_max,
+                heartbeat=heartbeat,
+            ),
+        )
+        self.method(0, commands.Connection.Open(virtual_host=vhost))
+        self.expect(commands.Connection.OpenOk, 0)
+        return tune
+
+    def open_channel(self, channel: int) -> None:
+        self.method(channel, commands.Channel.Open())
+        self.expect(commands.Channel.OpenOk, channel)
+
+    def rpc(self, channel: int, method: PamqpFrame, reply: type[F]) -> F:
+        self.method(channel, method)
+        return self.expect(reply, channel)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+class RawClients:
+    """Creates raw clients for one test and closes every one of them at teardown."""
+
+    def __init__(self) -> None:
+        self._raw: list[RawAmqp] = []
+
+    def __call__(self, port: int) -> RawAmqp:
+        client = RawAmqp(port)
+        self._raw.append(client)
+        return client
+
+    def close_all(self) -> None:
+        for client in self._raw:
+            client.close()
+
+
+def roundtrip_ok(conn: pika.BlockingConnection, queue: str, body: bytes = b"ping") -> None:
+    """The connection works: a fresh channel publishes to ``queue`` and gets it back."""
+    channel = conn.channel()
+    channel.queue_declare(queue)
+    channel.basic_publish("", queue, body)
+    _method, _props, got = get_message(channel, queue)
+    assert got == body
+    channel.close()
