@@ -1,4 +1,4 @@
-"""AMQP 0-9-1 adapter (groundwork): the sans-IO frame codec.
+"""AMQP 0-9-1 adapter (docs/amqp.md).
 
 * :mod:`adapters.amqp.codec` -- :class:`FrameParser` (bytes -> :class:`ProtocolHeader`,
   :class:`MethodFrame` with a pamqp command, :class:`HeaderFrame` with raw properties,
@@ -6,7 +6,10 @@
   functions (hand-written for deliver / get-ok / return / confirms, pamqp for cold methods);
   field tables and basic properties.
 
-The connection handler (channels, consumers, confirms, mapping onto the core) is not here yet.
+* :mod:`adapters.amqp.connection` -- the transport, the connection state machine and the
+  method handlers; :mod:`adapters.amqp.channel` -- consumers, delivery tags, confirms, tx.
+* :mod:`adapters.amqp.server` -- listener, queue arguments, routing, dead-lettering, auth;
+  :mod:`adapters.amqp.mapping` -- AMQP messages <-> core messages.
 """
 
 from adapters.amqp.codec import (

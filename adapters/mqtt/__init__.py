@@ -1,13 +1,14 @@
-"""MQTT 3.1 / 3.1.1 adapter (groundwork): packets, the sans-IO codec and topic rules.
+"""MQTT 3.1 / 3.1.1 adapter (docs/mqtt.md).
 
-* :mod:`adapters.mqtt.packets` -- one frozen dataclass per control packet.
+* :mod:`adapters.mqtt.packets` -- one dataclass per control packet.
 * :mod:`adapters.mqtt.codec` -- ``encode(packet)`` and the incremental :class:`MqttParser`,
   which raises only :class:`MqttProtocolError` (with an :class:`MqttErrorCode`).
 * :mod:`adapters.mqtt.topics` -- topic name / filter validation, ``matches`` and the
   ``a/b/c`` <-> ``a.b.c`` address mapping.
 
-The connection handler (session state, keep-alive, QoS flows, mapping onto the core) is not
-here yet.
+* :mod:`adapters.mqtt.connection` -- the transport and the protocol state machine.
+* :mod:`adapters.mqtt.session` -- per-client state: subscriptions, packet-id flows, queue.
+* :mod:`adapters.mqtt.server` -- listener, session registry, routing, retained messages, auth.
 """
 
 from adapters.mqtt.codec import (
