@@ -120,7 +120,9 @@ class AmqpConnection(BufferedConnection):
     def __init__(self, server: AmqpServer) -> None:
         self.server = server
         self.manager = server.manager
-        self._init_buffers(asyncio.get_running_loop(), server.config.write_buffer_high_bytes)
+        self._init_buffers(
+            asyncio.get_running_loop(), server.config.write_buffer_high_bytes, server.batch
+        )
         self.conn_id = f"amqp_{next(_ids)}"
         self.parser = FrameParser(server.cfg.frame_max)
         self.state = State.AWAIT_HEADER
@@ -166,8 +168,8 @@ class AmqpConnection(BufferedConnection):
         except AmqpError as exc:
             frames = list(exc.frames)
             error = exc
-        server = self.server
-        server.reading = True
+        reads = self.server.batch
+        reads.begin()
         try:
             for frame in frames:
                 if self.state is State.CLOSED:
@@ -189,11 +191,7 @@ class AmqpConnection(BufferedConnection):
                 self._fail(error)
             self._after_read()
         finally:
-            server.reading = False
-            if server.dirty:
-                dirty, server.dirty = server.dirty, []
-                for conn in dirty:
-                    conn._flush()
+            reads.end()
 
     def _after_read(self) -> None:
         for channel, seqs in self._confirms.items():
@@ -220,13 +218,6 @@ class AmqpConnection(BufferedConnection):
             self.blocked = False
             self.send(encode_method(0, commands.Connection.Unblocked()))
         self.resume_reading()
-
-    def _schedule_flush(self) -> None:
-        server = self.server
-        if server.reading:
-            server.dirty.append(self)
-        else:
-            self.loop.call_soon(self._flush)
 
     def _writable_again(self) -> None:
         for channel in list(self.channels.values()):

@@ -37,6 +37,7 @@ from vibemq_server.core import (
 )
 from vibemq_server.core.exchanges import Exchanges, canonical_arguments, decode_arguments
 from vibemq_server.core.table import DurableTable
+from vibemq_server.server.transport import ReadBatch
 
 if TYPE_CHECKING:
     from adapters.amqp.channel import AmqpConsumer
@@ -98,6 +99,7 @@ class AmqpServer:
         manager: QueueManager,
         register: Callable[[AmqpConnection], bool] = lambda _conn: True,
         unregister: Callable[[AmqpConnection], None] = lambda _conn: None,
+        batch: ReadBatch | None = None,
     ) -> None:
         self.config = config
         self.cfg = config.amqp
@@ -121,9 +123,8 @@ class AmqpServer:
         self._id_prefix = f"amqp-{os.urandom(4).hex()}-"
         self._server: asyncio.Server | None = None
         self.port = 0
-        #: set while a connection handles a read: output is written when it is done
-        self.reading = False
-        self.dirty: list[AmqpConnection] = []
+        #: output given during a read is written when the read is done (shared by protocols)
+        self.batch = batch or ReadBatch()
 
     def restore(self) -> None:
         """After journal recovery: exchanges, bindings and queue arguments (dead-letter
@@ -317,8 +318,9 @@ class AmqpServer:
                 refused = True
                 continue
             priority = None
-            if amqp_priority >= 0:
-                priority = self._priority(name, amqp_priority)
+            if amqp_priority >= 0 or limits is not None:
+                # No priority property counts as 0 in a priority queue (as in RabbitMQ).
+                priority = self._priority(name, max(amqp_priority, 0))
             try:
                 outcome = manager.publish(
                     name,

@@ -71,7 +71,9 @@ class MqttConnection(BufferedConnection):
     def __init__(self, server: MqttServer) -> None:
         self.server = server
         self.manager = server.manager
-        self._init_buffers(asyncio.get_running_loop(), server.config.write_buffer_high_bytes)
+        self._init_buffers(
+            asyncio.get_running_loop(), server.config.write_buffer_high_bytes, server.batch
+        )
         self.conn_id = f"mqtt_{next(_ids)}"
         self.parser = MqttParser(server.cfg.max_packet_size)
         self._state = State.AWAIT_CONNECT
@@ -131,21 +133,15 @@ class MqttConnection(BufferedConnection):
         except MqttProtocolError as exc:
             packets = list(exc.packets)
             error = exc
-        server = self.server
-        # Output of this read (acks to us, deliveries to subscribers) is written when the
-        # read is done, one write per connection: batched, and without waiting a loop turn.
-        server.reading = True
+        reads = self.server.batch
+        reads.begin()
         try:
             if self._process(packets, 0):
                 self._after_read(bool(packets), error)
             else:
                 self._held_error = error
         finally:
-            server.reading = False
-            if server.dirty:
-                dirty, server.dirty = server.dirty, []
-                for conn in dirty:
-                    conn._flush()
+            reads.end()
 
     def _process(self, packets: list[Packet], start: int) -> bool:
         """Handle ``packets[start:]``. False when a publish found a subscriber's socket
@@ -257,13 +253,6 @@ class MqttConnection(BufferedConnection):
         session = self.session
         if session is not None and session.link is self:
             session.on_writable()
-
-    def _schedule_flush(self) -> None:
-        server = self.server
-        if server.reading:
-            server.dirty.append(self)  # written when the read is done
-        else:
-            self.loop.call_soon(self._flush)
 
     def _drop(self, reason: str) -> None:
         """Close because of the client (violation, silence, takeover): the will goes out."""

@@ -38,6 +38,7 @@ from vibemq_server.core import CoreError, PublishOutcome, QueueManager, QueueOpt
 from vibemq_server.core.table import DurableTable
 from vibemq_server.core.topics import TopicRouter, pattern_overlaps
 from vibemq_server.protocol.payload import PAYLOAD_ENCODING, from_core, to_core
+from vibemq_server.server.transport import ReadBatch
 
 if TYPE_CHECKING:
     from adapters.mqtt.connection import MqttConnection
@@ -63,6 +64,7 @@ class MqttServer:
         manager: QueueManager,
         register: Callable[[MqttConnection], bool] = lambda _conn: True,
         unregister: Callable[[MqttConnection], None] = lambda _conn: None,
+        batch: ReadBatch | None = None,
     ) -> None:
         """``register``/``unregister``: the broker's connection registry (limit, timers)."""
         self.register = register
@@ -81,10 +83,8 @@ class MqttServer:
         self.session_table: DurableTable | None = None
         self._server: asyncio.Server | None = None
         self.port = 0
-        #: set while a connection handles a read; connections given output meanwhile are
-        #: in ``dirty`` and written once the read is done (see MqttConnection.send)
-        self.reading = False
-        self.dirty: list[MqttConnection] = []
+        #: output given during a read is written when the read is done (shared by protocols)
+        self.batch = batch or ReadBatch()
         #: sessions whose QoS 0 backlog grew during the last route(): the publisher pauses
         self.congested: list[MqttSession] = []
 

@@ -15,6 +15,7 @@ from vibemq_server.core import Clock, QueueManager, wall_clock_ms
 from vibemq_server.journal import FsyncPolicy, Journal
 from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.server.connection import Connection
+from vibemq_server.server.transport import ReadBatch
 
 log = structlog.get_logger("vibemq.broker")
 
@@ -49,12 +50,18 @@ class Broker:
             clock=clock,
         )
         self.connections: set[Link] = set()
+        # MQTT and AMQP connections write what a read produced when that read is done.
+        self.read_batch = ReadBatch()
         self.mqtt: MqttServer | None = None
         if self.config.mqtt.enabled:
-            self.mqtt = MqttServer(self.config, self.manager, self.register, self.unregister)
+            self.mqtt = MqttServer(
+                self.config, self.manager, self.register, self.unregister, self.read_batch
+            )
         self.amqp: AmqpServer | None = None
         if self.config.amqp.enabled:
-            self.amqp = AmqpServer(self.config, self.manager, self.register, self.unregister)
+            self.amqp = AmqpServer(
+                self.config, self.manager, self.register, self.unregister, self.read_batch
+            )
         self.port = 0
         self._server: asyncio.Server | None = None
         self._housekeeping: asyncio.Task[None] | None = None

@@ -1,9 +1,9 @@
 """Write batching and flow control shared by the connections of every protocol.
 
-Output is gathered and written once (``_schedule_flush`` decides when: by default at the end
-of the loop turn). While the socket is paused, or our own pending output is over its bound,
-``writable`` is False so deliveries wait in their queues instead of in memory here; when it
-drains, ``_writable_again`` lets the protocol resume them.
+Output is gathered and written once: at the end of the read being handled (``ReadBatch``),
+or else at the end of the loop turn. While the socket is paused, or our own pending output
+is over its bound, ``writable`` is False so deliveries wait in their queues instead of in
+memory here; when it drains, ``_writable_again`` lets the protocol resume them.
 """
 
 from __future__ import annotations
@@ -11,11 +11,36 @@ from __future__ import annotations
 import asyncio
 
 
+class ReadBatch:
+    """While one connection handles a read, the output it gives any connection (acks to the
+    publisher, deliveries to subscribers, of any protocol) is written when the read is done:
+    one write per connection per read, and without waiting for the next loop turn."""
+
+    __slots__ = ("dirty", "reading")
+
+    def __init__(self) -> None:
+        self.reading = False
+        self.dirty: list[BufferedConnection] = []
+
+    def begin(self) -> None:
+        self.reading = True
+
+    def end(self) -> None:
+        self.reading = False
+        if self.dirty:
+            dirty, self.dirty = self.dirty, []
+            for conn in dirty:
+                conn._flush()
+
+
 class BufferedConnection(asyncio.Protocol):
     transport: asyncio.Transport | None
 
-    def _init_buffers(self, loop: asyncio.AbstractEventLoop, out_limit: int) -> None:
+    def _init_buffers(
+        self, loop: asyncio.AbstractEventLoop, out_limit: int, batch: ReadBatch | None = None
+    ) -> None:
         self.loop = loop
+        self._batch = batch
         self.transport = None
         self._out: list[bytes] = []
         self._out_size = 0
@@ -31,7 +56,11 @@ class BufferedConnection(asyncio.Protocol):
         """The socket drained: resume deliveries."""
 
     def _schedule_flush(self) -> None:
-        self.loop.call_soon(self._flush)
+        batch = self._batch
+        if batch is not None and batch.reading:
+            batch.dirty.append(self)
+        else:
+            self.loop.call_soon(self._flush)
 
     # -- asyncio.Protocol flow control -------------------------------------------------------------
 
