@@ -8,9 +8,9 @@ a content header and body frames, assembled here and routed by the server once c
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from adapters.amqp.codec import AmqpError, ReplyCode, decode_properties, encode_ack, encode_deliver
+from adapters.amqp.codec import AmqpError, ReplyCode, encode_ack, encode_deliver
 from vibemq_server.core import Queue, StoredMessage, Subscription
 
 if TYPE_CHECKING:
@@ -239,12 +239,6 @@ class Channel:
                 0,
             )
         return pending.received == pending.body_size
-
-    def headers_of(self, pending: Pending) -> Callable[[], dict[str, Any]]:
-        def decode() -> dict[str, Any]:
-            return dict(decode_properties(pending.properties).headers or {})
-
-        return decode
 
     # -- closing ---------------------------------------------------------------------------------
 

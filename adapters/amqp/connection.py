@@ -876,7 +876,6 @@ class AmqpConnection(BufferedConnection):
             pending.routing_key,
             pending.properties,
             body,
-            channel.headers_of(pending),
         )
         if not reached and pending.mandatory and not refused:
             self.send(

@@ -279,18 +279,19 @@ class AmqpServer:
         routing_key: str,
         properties: bytes,
         body: bytes,
-        headers_table: Callable[[], Mapping[str, Any]],
     ) -> tuple[int, bool, bool]:
         """Route one message. Returns (queues reached, any refused by a full queue, any
-        journaled). ``headers_table`` decodes the message's headers (only headers
-        exchanges need them)."""
+        journaled). The properties are decoded only when the broker needs them (a headers
+        exchange, an expiration or a priority)."""
         exchanges = self.exchanges
         assert exchanges is not None
         if exchange:
             kind = exchanges.get(exchange)
             needs_headers = kind is not None and kind.type == "headers"
             queues = exchanges.route(
-                exchange, routing_key, headers_table() if needs_headers else None
+                exchange,
+                routing_key,
+                dict(decode_properties(properties).headers or {}) if needs_headers else None,
             )
         else:
             queues = [routing_key] if routing_key in self.manager.queues else []
