@@ -1189,3 +1189,10 @@ def decode_properties(raw: bytes) -> commands.Basic.Properties:
         props.cluster_id,
     ) = values
     return props
+
+
+def text(value: object) -> str:
+    """A string field as text, whether pamqp handed it over as str or bytes (None: "")."""
+    if value is None:
+        return ""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

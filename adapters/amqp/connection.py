@@ -45,6 +45,7 @@ from adapters.amqp.codec import (
     encode_method,
     encode_nack,
     encode_return,
+    text,
 )
 from vibemq_server.core import CoreError, QueueExists, QueueNotFound
 from vibemq_server.core.exchanges import (
@@ -110,12 +111,6 @@ def _error_name(code: int) -> str:
         return "ERROR"
 
 
-def _text(value: str | bytes | None) -> str:
-    if value is None:
-        return ""
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-
-
 class AmqpConnection(BufferedConnection):
     def __init__(self, server: AmqpServer) -> None:
         self.server = server
@@ -146,17 +141,8 @@ class AmqpConnection(BufferedConnection):
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        peer = transport.get_extra_info("peername")
-        self.log = self.log.bind(conn_id=self.conn_id, peer=f"{peer[0]}:{peer[1]}" if peer else "")
-        self.transport.set_write_buffer_limits(high=self._out_limit)
-        if not self.server.register(self):
-            self.log.warning("connection refused: limit reached")
+        if not self._accept(transport, lambda: self.server.register(self)):
             self.state = State.CLOSED
-            self._closing = True
-            self.transport.close()
-            return
-        self.log.debug("connection opened")
 
     def data_received(self, data: bytes) -> None:
         if self._closing:
@@ -463,7 +449,7 @@ class AmqpConnection(BufferedConnection):
         caps = props.get("capabilities")
         if isinstance(caps, dict):
             self.capabilities = caps
-        mechanism = _text(method.mechanism)
+        mechanism = text(method.mechanism)
         response = method.response
         raw = response.encode("latin-1") if isinstance(response, str) else bytes(response or b"")
         if mechanism == "PLAIN":
@@ -479,8 +465,8 @@ class AmqpConnection(BufferedConnection):
                 table = decode_table(len(raw).to_bytes(4, "big") + raw)
             except AmqpError:
                 table = {}
-            username = _text(table.get("LOGIN"))
-            password = _text(table.get("PASSWORD"))
+            username = text(table.get("LOGIN"))
+            password = text(table.get("PASSWORD"))
         else:
             # RabbitMQ: 503 for a mechanism it does not offer (rabbit_reader).
             raise AmqpError(
@@ -524,10 +510,10 @@ class AmqpConnection(BufferedConnection):
         self.state = State.AWAIT_OPEN
 
     def on_open(self, method: commands.Connection.Open) -> None:
-        if _text(method.virtual_host) != "/":
+        if text(method.virtual_host) != "/":
             raise AmqpError(
                 ReplyCode.NOT_ALLOWED,
-                f"NOT_ALLOWED - vhost {_text(method.virtual_host)!r} not found (only '/')",
+                f"NOT_ALLOWED - vhost {text(method.virtual_host)!r} not found (only '/')",
                 0,
                 10,
                 40,
@@ -591,10 +577,10 @@ class AmqpConnection(BufferedConnection):
 
     def ex_declare(self, channel: Channel, method: commands.Exchange.Declare) -> None:
         exchanges = self._exchanges()
-        name = _text(method.exchange)
+        name = text(method.exchange)
         exchanges.declare(
             name,
-            _text(method.exchange_type) or "direct",
+            text(method.exchange_type) or "direct",
             durable=bool(method.durable),
             auto_delete=bool(method.auto_delete),
             internal=bool(method.internal),
@@ -607,15 +593,15 @@ class AmqpConnection(BufferedConnection):
     def ex_delete(self, channel: Channel, method: commands.Exchange.Delete) -> None:
         # RabbitMQ answers delete-ok for an exchange that is not there.
         with contextlib.suppress(ExchangeNotFound):
-            self._exchanges().delete(_text(method.exchange), if_unused=bool(method.if_unused))
+            self._exchanges().delete(text(method.exchange), if_unused=bool(method.if_unused))
         if not method.nowait:
             self.send(encode_method(channel.number, commands.Exchange.DeleteOk()))
 
     def ex_bind(self, channel: Channel, method: commands.Exchange.Bind) -> None:
         self._exchanges().bind_exchange(
-            _text(method.destination),
-            _text(method.source),
-            _text(method.routing_key),
+            text(method.destination),
+            text(method.source),
+            text(method.routing_key),
             dict(method.arguments or {}),
         )
         if not method.nowait:
@@ -623,9 +609,9 @@ class AmqpConnection(BufferedConnection):
 
     def ex_unbind(self, channel: Channel, method: commands.Exchange.Unbind) -> None:
         self._exchanges().unbind_exchange(
-            _text(method.destination),
-            _text(method.source),
-            _text(method.routing_key),
+            text(method.destination),
+            text(method.source),
+            text(method.routing_key),
             dict(method.arguments or {}),
         )
         if not method.nowait:
@@ -659,7 +645,7 @@ class AmqpConnection(BufferedConnection):
     def q_declare(self, channel: Channel, method: commands.Queue.Declare) -> None:
         server = self.server
         manager = self.manager
-        name = _text(method.queue)
+        name = text(method.queue)
         if not name:
             name = f"amq.gen-{server.next_msg_id()}"
         elif name.startswith("amq.") and not method.passive:
@@ -719,30 +705,30 @@ class AmqpConnection(BufferedConnection):
             )
 
     def q_bind(self, channel: Channel, method: commands.Queue.Bind) -> None:
-        name = self._queue_name(channel, _text(method.queue))
+        name = self._queue_name(channel, text(method.queue))
         self._check_exclusive(channel, name, 50, 20)
         self._exchanges().bind_queue(
-            name, _text(method.exchange), _text(method.routing_key), dict(method.arguments or {})
+            name, text(method.exchange), text(method.routing_key), dict(method.arguments or {})
         )
         if not method.nowait:
             self.send(encode_method(channel.number, commands.Queue.BindOk()))
 
     def q_unbind(self, channel: Channel, method: commands.Queue.Unbind) -> None:
-        name = self._queue_name(channel, _text(method.queue))
+        name = self._queue_name(channel, text(method.queue))
         self._exchanges().unbind_queue(
-            name, _text(method.exchange), _text(method.routing_key), dict(method.arguments or {})
+            name, text(method.exchange), text(method.routing_key), dict(method.arguments or {})
         )
         self.send(encode_method(channel.number, commands.Queue.UnbindOk()))
 
     def q_purge(self, channel: Channel, method: commands.Queue.Purge) -> None:
-        name = self._queue_name(channel, _text(method.queue))
+        name = self._queue_name(channel, text(method.queue))
         self._check_exclusive(channel, name, 50, 30)
         count = self.manager.purge(name)
         if not method.nowait:
             self.send(encode_method(channel.number, commands.Queue.PurgeOk(message_count=count)))
 
     def q_delete(self, channel: Channel, method: commands.Queue.Delete) -> None:
-        name = self._queue_name(channel, _text(method.queue))
+        name = self._queue_name(channel, text(method.queue))
         self._check_exclusive(channel, name, 50, 40)
         queue = self.manager.queues.get(name)
         count = 0
@@ -779,7 +765,7 @@ class AmqpConnection(BufferedConnection):
         self.send(encode_method(channel.number, commands.Basic.QosOk()))
 
     def b_consume(self, channel: Channel, method: commands.Basic.Consume) -> None:
-        name = self._queue_name(channel, _text(method.queue))
+        name = self._queue_name(channel, text(method.queue))
         self._check_exclusive(channel, name, 60, 20)
         queue = self.manager.queues.get(name)
         if queue is None or name.startswith("$"):
@@ -790,7 +776,7 @@ class AmqpConnection(BufferedConnection):
                 60,
                 20,
             )
-        tag = _text(method.consumer_tag) or channel.new_consumer_tag()
+        tag = text(method.consumer_tag) or channel.new_consumer_tag()
         if tag in channel.consumers:
             raise AmqpError(
                 ReplyCode.NOT_ALLOWED,
@@ -818,7 +804,7 @@ class AmqpConnection(BufferedConnection):
         self._refill.add(name)
 
     def b_cancel(self, channel: Channel, method: commands.Basic.Cancel) -> None:
-        tag = _text(method.consumer_tag)
+        tag = text(method.consumer_tag)
         consumer = channel.consumers.pop(tag, None)
         if consumer is not None:
             self.server.consumer_ended(consumer)
@@ -834,7 +820,7 @@ class AmqpConnection(BufferedConnection):
             self.send(encode_method(channel.number, commands.Basic.Cancel(consumer_tag=tag)))
 
     def b_publish(self, channel: Channel, method: commands.Basic.Publish) -> None:
-        exchange = _text(method.exchange)
+        exchange = text(method.exchange)
         if exchange:
             found = self._exchanges().get(exchange)
             if found is None:
@@ -853,7 +839,7 @@ class AmqpConnection(BufferedConnection):
                     60,
                     40,
                 )
-        channel.pending = Pending(exchange, _text(method.routing_key), bool(method.mandatory))
+        channel.pending = Pending(exchange, text(method.routing_key), bool(method.mandatory))
 
     def _publish(self, channel: Channel) -> None:
         pending = channel.pending
@@ -939,7 +925,7 @@ class AmqpConnection(BufferedConnection):
             self.send(b"".join(encode_ack(channel.number, s, False) for s in seqs))
 
     def b_get(self, channel: Channel, method: commands.Basic.Get) -> None:
-        name = self._queue_name(channel, _text(method.queue))
+        name = self._queue_name(channel, text(method.queue))
         self._check_exclusive(channel, name, 60, 70)
         queue = self.manager.queues.get(name)
         if queue is None or name.startswith("$"):

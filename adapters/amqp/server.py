@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import structlog
 
 from adapters.amqp.channel import consumer_count
-from adapters.amqp.codec import decode_properties, encode_properties
+from adapters.amqp.codec import decode_properties, encode_properties, text
 from adapters.amqp.mapping import EXCHANGE, ROUTING_KEY, MessageMapper
 from vibemq_server.config import Config, DeliveryMode, OverflowStrategy
 from vibemq_server.core import (
@@ -348,8 +348,9 @@ class AmqpServer:
                     if queue is not None:
                         dead = StoredMessage(self.next_msg_id(), name, payload, headers, 0)
                         self._dead_letter(queue, dead, DeadLetterReason.QUEUE_OVERFLOW)
-        if (not exchange or exchange == "amq.topic") and manager.observers:
-            # The routing key is an address for the other protocols' subscriptions.
+        if (not exchange or exchange == "amq.topic") and len(manager.observers) > 1:
+            # The routing key is an address for the other protocols' subscriptions (the
+            # first observer beside our own makes the copy worth building).
             msg = StoredMessage(self.next_msg_id(), routing_key, payload, headers, 0)
             if manager.notify(routing_key, msg, skip=self._observe):
                 durable = True
@@ -433,7 +434,7 @@ class AmqpServer:
         written as RabbitMQ writes it."""
         args = self.queue_args.get(queue.name, {})
         exchanges = self.exchanges
-        dlx = _text(args.get("x-dead-letter-exchange"))
+        dlx = text(args.get("x-dead-letter-exchange"))
         if exchanges is None or (dlx and exchanges.get(dlx) is None):
             log.debug("dead letter dropped: no such exchange", queue=queue.name, exchange=dlx)
             return
@@ -472,7 +473,7 @@ class AmqpServer:
         props.headers = cast(Any, headers)
         props.expiration = None  # RabbitMQ drops the per-message TTL of a dead letter
         new_raw = encode_properties(props)
-        key = _text(args.get("x-dead-letter-routing-key")) or routing_key
+        key = text(args.get("x-dead-letter-routing-key")) or routing_key
         if dlx:
             targets = exchanges.route(dlx, key, headers)
         else:
@@ -487,17 +488,11 @@ class AmqpServer:
                 log.warning("dead letter not stored", queue=name, error=str(exc))
 
 
-def _text(value: object) -> str:
-    if value is None:
-        return ""
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
 def _expiration_ms(value: object) -> int:
     """The expiration property (milliseconds, as a string); 0 when absent or unusable. An
     expiration of "0" means "now": expire at once, which 1 ms gives."""
     try:
-        ms = int(_text(value))
+        ms = int(text(value))
     except ValueError:
         return 0
     return max(ms, 1) if ms >= 0 else 0

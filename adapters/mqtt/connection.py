@@ -111,17 +111,8 @@ class MqttConnection(BufferedConnection):
     # -- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        peer = transport.get_extra_info("peername")
-        self.log = self.log.bind(conn_id=self.conn_id, peer=f"{peer[0]}:{peer[1]}" if peer else "")
-        self.transport.set_write_buffer_limits(high=self._out_limit)
-        if not self.server.register(self):
-            self.log.warning("connection refused: limit reached")
-            self._closing = True
+        if not self._accept(transport, lambda: self.server.register(self)):
             self.state = State.CLOSED
-            self.transport.close()
-            return
-        self.log.debug("connection opened")
 
     def data_received(self, data: bytes) -> None:
         if self._closing:

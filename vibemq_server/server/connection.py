@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -39,26 +39,16 @@ class Connection(BufferedConnection):
     # -- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        peer = transport.get_extra_info("peername")
-        self.log = self.log.bind(conn_id=self.conn_id, peer=f"{peer[0]}:{peer[1]}" if peer else "")
-        self.transport.set_write_buffer_limits(high=self._out_limit)
-        if not self.broker.register(self):
-            self.log.warning("connection refused: limit reached")
-            refusal = Message(
-                CommandType.ERROR,
-                self.conn_id,
-                error_code=ErrorCode.CONNECTION_LIMIT,
-                error_message=f"at most {self.broker.config.max_connections} connections",
-            )
-            self.transport.write(encode(refusal))
-            self._closing = True
-            self.transport.close()
-            return
-        self.session = Session(
-            self, self.broker.manager, self.broker.config, self.conn_id, self.log
+        refusal = Message(
+            CommandType.ERROR,
+            self.conn_id,
+            error_code=ErrorCode.CONNECTION_LIMIT,
+            error_message=f"at most {self.broker.config.max_connections} connections",
         )
-        self.log.debug("connection opened")
+        if self._accept(transport, lambda: self.broker.register(self), encode(refusal)):
+            self.session = Session(
+                self, self.broker.manager, self.broker.config, self.conn_id, self.log
+            )
 
     def data_received(self, data: bytes) -> None:
         session = self.session

@@ -9,6 +9,10 @@ memory here; when it drains, ``_writable_again`` lets the protocol resume them.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import cast
+
+import structlog
 
 
 class ReadBatch:
@@ -35,6 +39,8 @@ class ReadBatch:
 
 class BufferedConnection(asyncio.Protocol):
     transport: asyncio.Transport | None
+    conn_id: str
+    log: structlog.typing.FilteringBoundLogger
 
     def _init_buffers(
         self, loop: asyncio.AbstractEventLoop, out_limit: int, batch: ReadBatch | None = None
@@ -49,6 +55,29 @@ class BufferedConnection(asyncio.Protocol):
         self._write_paused = False
         self._reading_paused = False
         self._closing = False
+
+    def _accept(
+        self,
+        transport: asyncio.BaseTransport,
+        register: Callable[[], bool],
+        refusal: bytes = b"",
+    ) -> bool:
+        """Take the socket: a logger bound to the peer, a bounded write buffer, and a place
+        under the broker's connection limit. Over the limit: ``refusal`` is written, the
+        socket closed, and False returned."""
+        self.transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        self.log = self.log.bind(conn_id=self.conn_id, peer=f"{peer[0]}:{peer[1]}" if peer else "")
+        self.transport.set_write_buffer_limits(high=self._out_limit)
+        if register():
+            self.log.debug("connection opened")
+            return True
+        self.log.warning("connection refused: limit reached")
+        if refusal:
+            self.transport.write(refusal)
+        self._closing = True
+        self.transport.close()
+        return False
 
     # -- hooks for the protocol ------------------------------------------------------------------
 
