@@ -548,11 +548,12 @@ def _decode_publish(flags: int, body: bytes) -> Publish:
     if size < 2:
         raise _fail(MqttErrorCode.MALFORMED, "PUBLISH truncated in topic name")
     end = 2 + ((body[0] << 8) | body[1])
+    # Checked before the cache: a cut topic's bytes may equal a shorter cached topic.
+    if end > size:
+        raise _fail(MqttErrorCode.MALFORMED, "PUBLISH truncated in topic name")
     raw = body[2:end]
     topic = _TOPICS.get(raw)
     if topic is None:
-        if end > size:
-            raise _fail(MqttErrorCode.MALFORMED, "PUBLISH truncated in topic name")
         topic = _Reader(body, "PUBLISH").topic_name("topic name")
         if len(_TOPICS) >= _TOPICS_MAX:
             _TOPICS.clear()

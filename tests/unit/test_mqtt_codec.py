@@ -745,6 +745,13 @@ def test_publish_truncated_topic() -> None:
     assert parse_error(frame(0x32, s("a") + b"\x00")).code is E.MALFORMED  # half a packet id
 
 
+def test_publish_truncated_topic_is_refused_even_when_its_prefix_was_seen() -> None:
+    # The decoder caches topic names; a cut topic whose bytes equal a cached one must
+    # still be refused (this once made parsing depend on what was parsed before).
+    assert parse_all(encode(Publish(topic="ab", payload=b""))) == [Publish("ab", b"")]
+    assert parse_error(frame(0x30, b"\x00\x05ab")).code is E.MALFORMED
+
+
 # --------------------------------------------------------------------------------------------
 # Parser behaviour around errors and buffering
 
