@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from vibemq_server.config import Config
 from vibemq_server.logs import configure_logging
 from vibemq_server.server import Broker
 
 configure_logging("warning")
+
+# CI runs the property tests with a fixed seed (a landing must not hang on a lucky draw);
+# developers' runs stay random and keep finding new cases. HYPOTHESIS_PROFILE overrides.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 BrokerFactory = Callable[..., Awaitable[Broker]]
 

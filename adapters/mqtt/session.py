@@ -119,10 +119,26 @@ class MqttSession:
         self.link = link
         for pid in sorted(self.pubrel):
             link.send(b"\x62\x02" + pid.to_bytes(2, "big"))
+        if self.packet_ids:
+            self._drop_stale_reservations()
         if self.queue is not None:
             self.sub = self.manager.subscribe(
                 self.queue.name, self.client_id, self, self.max_inflight, dispatch=False
             )
+
+    def _drop_stale_reservations(self) -> None:
+        """Free the packet ids kept for messages that left the queue while the client was
+        away (dropped by a bound, the queue replaced): no redelivery will reuse them."""
+        waiting = set(self.packet_ids)
+        present: set[str] = set()
+        if self.queue is not None:
+            for msg in self.queue.store:
+                if msg.id in waiting:
+                    present.add(msg.id)
+                    if len(present) == len(waiting):
+                        return
+        for msg_id in waiting - present:
+            self._used.discard(self.packet_ids.pop(msg_id))
 
     def start_delivery(self) -> None:
         """After CONNACK: resend what the last connection left unacknowledged, then the rest."""
@@ -149,13 +165,16 @@ class MqttSession:
     @property
     def writable(self) -> bool:
         link = self.link
-        # Every packet id in use (in flight, PUBREL owed, kept for a redelivery) counts
-        # against the window, so a free id always exists (max_inflight <= 65,535).
+        # The window counts what awaits the client (in flight, PUBREL owed). Ids kept for a
+        # redelivery do not: the redelivery reuses its id, and counting them would leave a
+        # client that went away with a full window nothing to receive ever again. The
+        # second bound keeps a free id for a new message.
         return (
             link is not None
             and link.writable
             and not self._backlog
-            and len(self._used) < self.max_inflight
+            and len(self.outbound) + len(self.direct) + len(self.pubrel) < self.max_inflight
+            and len(self._used) < MAX_PACKET_ID
         )
 
     def deliver(self, sub: Subscription, msg: StoredMessage) -> None:

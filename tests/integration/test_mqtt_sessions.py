@@ -451,6 +451,36 @@ async def test_inflight_window_bounds_unacknowledged_deliveries(env: Env) -> Non
     assert await raw.barrier() == []
 
 
+async def test_a_client_gone_with_a_full_window_gets_its_messages_back(env: Env) -> None:
+    """The ids kept for redelivery do not fill the window: a persistent session that went
+    away with every slot in flight gets those messages again, then the rest (this once
+    left it with nothing ever delivered again)."""
+    await env.start(max_inflight=2)
+    raw, _ = await env.raw("full-window", clean_session=False)
+    assert await raw.subscribe("fw/t", 1) == 1
+    pub = await env.paho("full-window-pub")
+    for i in range(4):
+        await pub.publish("fw/t", f"f{i}".encode(), qos=1)
+    first = [await raw.expect(Publish) for _ in range(2)]
+    assert [p.payload for p in first] == [b"f0", b"f1"]
+    assert await raw.barrier() == []
+    raw.drop()
+    await env.wait_offline("full-window")
+
+    raw2, present = await env.raw("full-window", clean_session=False)
+    assert present is True
+    again = [await raw2.expect(Publish) for _ in range(2)]
+    assert [(p.payload, p.dup, p.packet_id) for p in again] == [
+        (b"f0", True, first[0].packet_id),
+        (b"f1", True, first[1].packet_id),
+    ]
+    for p in again:
+        assert p.packet_id is not None
+        raw2.send(Puback(p.packet_id))
+    rest = [await raw2.expect(Publish) for _ in range(2)]
+    assert [(p.payload, p.dup) for p in rest] == [(b"f2", False), (b"f3", False)]
+
+
 async def test_inflight_window_and_queue_bound_together(env: Env) -> None:
     """max_inflight 3 + max_queued_messages 5: an online client that never acks holds 3 in
     flight and 5 waiting; the rest (the newest) are dropped."""
