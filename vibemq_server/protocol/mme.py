@@ -69,7 +69,8 @@ def encode(frames: Iterable[Frame], *, long_form: bool = False) -> bytes:
     append = out.append
     short = _SHORT_PREFIX
     for index, frame in enumerate(frames):
-        n = _size(frame)
+        # A memoryview's len() counts items, not octets (inlined _size: the hot path).
+        n = frame.nbytes if type(frame) is memoryview else len(frame)
         if n <= _SHORT_MAX and not long_form:
             append(short[n])
         elif n <= MAX_FRAME_SIZE:

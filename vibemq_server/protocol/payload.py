@@ -75,7 +75,12 @@ MULTIPART_HEADERS: Mapping[str, str] = {
 def multipart_to_core(parts: Iterable[bytes | bytearray | memoryview]) -> bytes:
     """The VibeMQ payload carrying ``parts``; its headers are :data:`MULTIPART_HEADERS`.
     ``MmeError`` when a part is over 4 GiB."""
-    return b'"' + base64.b64encode(mme.encode(parts)) + b'"'
+    return mme_to_core(mme.encode(parts))
+
+
+def mme_to_core(body: bytes) -> bytes:
+    """The VibeMQ payload carrying an MME ``body`` already encoded."""
+    return b'"' + base64.b64encode(body) + b'"'
 
 
 def is_multipart(headers: Mapping[str, str]) -> bool:
