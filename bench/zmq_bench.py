@@ -24,6 +24,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import resource
 import shlex
 import statistics
 import sys
@@ -65,6 +66,7 @@ class ZmqResult:
     rate: float = 0.0
     elapsed_s: float = 0.0
     broker_cpu_s: float | None = None
+    sub_cpu_s: float = 0.0
     errors: list[str] = field(default_factory=list)
 
 
@@ -108,7 +110,16 @@ def _sub_main(endpoint: str, pull: str, total: int, timeout: float, pipe: Connec
                     recv(sub, noblock)
                 if head == ADDRESS:
                     received += 1
-        pipe.send(("done", {"received": received, "t_last_ns": time.monotonic_ns()}))
+        pipe.send(
+            (
+                "done",
+                {
+                    "received": received,
+                    "t_last_ns": time.monotonic_ns(),
+                    "cpu_s": _process_cpu(),
+                },
+            )
+        )
     except Exception as exc:
         pipe.send(("error", f"sub: {exc!r}"))
     finally:
@@ -133,12 +144,18 @@ def _push_main(endpoint: str, total: int, pipe: Connection) -> None:
             for part in head:
                 send(push, part, more)
             send(push, last, 0)
-        pipe.send(("done", {"t_first_ns": t0, "t_sent_ns": time.monotonic_ns()}))
         push.close(linger=-1)  # wait until everything is handed to the broker
+        pipe.send(("done", {"t_first_ns": t0, "t_sent_ns": time.monotonic_ns()}))
     except Exception as exc:
         pipe.send(("error", f"push: {exc!r}"))
     finally:
         ctx.term()
+
+
+def _process_cpu() -> float:
+    """CPU seconds of this process, all threads (libzmq's I/O thread included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _expect(pipe: Connection, what: str, timeout: float) -> Any:
@@ -170,6 +187,7 @@ def run_zmq(
         if cpu0 is not None and broker is not None:
             result.broker_cpu_s = round(cpu_seconds(broker.pids()) - cpu0, 2)
         result.received = got["received"]
+        result.sub_cpu_s = round(got["cpu_s"], 2)
         result.elapsed_s = (got["t_last_ns"] - pushed["t_first_ns"]) / 1e9
         if result.received < total:
             result.errors.append(f"only {result.received:,}/{total:,} received")
@@ -264,7 +282,10 @@ def main(argv: list[str] | None = None) -> int:
             zres = run_zmq(pull, pub, args.messages, args.timeout, broker)
             entry["zmq"] = asdict(zres)
             zmq_rates.append(zres.rate)
-            line = f"[run {run}] zmq PUSH->SUB {zres.rate:,.0f} msg/s ({zres.received:,} recv)"
+            line = (
+                f"[run {run}] zmq PUSH->SUB {zres.rate:,.0f} msg/s ({zres.received:,} recv; "
+                f"cpu s: broker {zres.broker_cpu_s}, sub {zres.sub_cpu_s})"
+            )
             if not args.no_native:
 
                 def driver(b: VibeMQBroker = broker) -> VibeDriver:
@@ -286,7 +307,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 entry["native"] = asdict(nres)
                 native_rates.append(nres.deliver_rate)
-                line += f"; native VibeMQ {nres.deliver_rate:,.0f} msg/s"
+                line += (
+                    f"; native VibeMQ {nres.deliver_rate:,.0f} msg/s (cpu s: broker "
+                    f"{nres.broker_cpu_s}, sub {nres.subscriber_cpu_s:.2f})"
+                )
                 if nres.deliver_rate:
                     line += f"; ratio {zres.rate / nres.deliver_rate:.2f}"
             errors = zres.errors + (entry.get("native", {}).get("errors") or [])
