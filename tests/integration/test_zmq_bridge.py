@@ -330,3 +330,18 @@ def test_config_file_and_flags(tmp_path: Path) -> None:
     assert cfg.zmq.enabled
     assert not config_from_args(build_parser().parse_args([]), {}).zmq.enabled
     assert json.loads(json.dumps(cfg.zmq.model_dump()))["batch"] == 256
+
+
+async def test_message_over_max_size_is_dropped(tmp_path: Path) -> None:
+    srv = await start_server(tmp_path, *ZMQ_FLAGS, "--max-message-size", "1000")
+    peer = ZmqPeer(srv)
+    try:
+        sub = await peer.sub(b"big")
+        push = peer.push()
+        await push.send_multipart([b"big", b"a" * 400, b"b" * 400, b"c" * 400])  # MME: 1203
+        await push.send_multipart([b"big", b"a" * 400, b"b" * 400])  # 802: fits
+        assert await peer.recv(sub) == [b"big", b"a" * 400, b"b" * 400]
+    finally:
+        peer.close()
+        assert await srv.stop() == 0
+    assert events(srv, "zmq message dropped: over max_message_size")
