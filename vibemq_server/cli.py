@@ -66,14 +66,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-amqp", action="store_true", help="do not open the AMQP listener")
     p.add_argument(
+        "--zmq-pull",
+        metavar="ENDPOINT",
+        help="bind a ZeroMQ PULL socket here, e.g. tcp://127.0.0.1:5557 (default: off)",
+    )
+    p.add_argument(
+        "--zmq-pub",
+        metavar="ENDPOINT",
+        help="bind a ZeroMQ PUB socket here, e.g. tcp://127.0.0.1:5558 (default: off)",
+    )
+    p.add_argument(
         "--ready-file",
         type=Path,
-        help='write {"vibemq": port} here once listening (for scripts using port 0)',
+        help='write {"vibemq": port, ...} here once listening (for scripts using port 0)',
     )
     return p
 
 
-_NOT_CONFIG = {"config", "ready_file", "mqtt_port", "no_mqtt", "amqp_port", "no_amqp"}
+_NOT_CONFIG = {
+    "config",
+    "ready_file",
+    "mqtt_port",
+    "no_mqtt",
+    "amqp_port",
+    "no_amqp",
+    "zmq_pull",
+    "zmq_pub",
+}
 
 
 def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Config:
@@ -94,6 +113,13 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Confi
         amqp["enabled"] = False
     if amqp:
         overrides["amqp"] = amqp
+    zmq: dict[str, Any] = {}
+    if args.zmq_pull is not None:
+        zmq["pull"] = args.zmq_pull
+    if args.zmq_pub is not None:
+        zmq["pub"] = args.zmq_pub
+    if zmq:
+        overrides["zmq"] = zmq
     path = args.config or (Path(environ["VIBEMQ_CONFIG"]) if environ.get("VIBEMQ_CONFIG") else None)
     return load_config(path, environ, overrides)
 
@@ -109,9 +135,16 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
     await broker.start()
     if ready_file is not None:
         tmp = ready_file.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps({"vibemq": broker.port, "mqtt": broker.mqtt_port, "amqp": broker.amqp_port})
-        )
+        ready: dict[str, int | str | None] = {
+            "vibemq": broker.port,
+            "mqtt": broker.mqtt_port,
+            "amqp": broker.amqp_port,
+        }
+        if broker.zmq is not None:
+            # The endpoints actually bound (a tcp port 0 is resolved), for tests and scripts.
+            ready["zmq_pull"] = broker.zmq.pull_endpoint
+            ready["zmq_pub"] = broker.zmq.pub_endpoint
+        tmp.write_text(json.dumps(ready))
         tmp.replace(ready_file)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

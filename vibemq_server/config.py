@@ -87,6 +87,28 @@ class AmqpConfig(BaseModel):
     handshake_timeout_s: float = Field(10.0, gt=0)
 
 
+class ZmqConfig(BaseModel):
+    """The ZeroMQ bridge (see docs/zmq.md): off unless an endpoint is given."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pull: str | None = Field(
+        None, min_length=1, description="endpoint the PULL socket binds; None = no PULL"
+    )
+    pub: str | None = Field(
+        None, min_length=1, description="endpoint the PUB socket binds; None = no PUB"
+    )
+    sndhwm: int = Field(
+        1000, ge=1, description="messages queued per SUB peer; beyond, ZeroMQ drops them"
+    )
+    rcvhwm: int = Field(1000, ge=1, description="messages the PULL socket queues")
+    batch: int = Field(256, ge=1, le=100_000, description="PULL messages handled per loop turn")
+
+    @property
+    def enabled(self) -> bool:
+        return self.pull is not None or self.pub is not None
+
+
 class Config(BaseModel):
     """Every broker setting. Defaults are the embedded default config."""
 
@@ -117,6 +139,7 @@ class Config(BaseModel):
     queue_defaults: QueueDefaults = Field(default_factory=QueueDefaults)
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     amqp: AmqpConfig = Field(default_factory=AmqpConfig)
+    zmq: ZmqConfig = Field(default_factory=ZmqConfig)
     users: dict[str, str] = Field(
         default_factory=dict, description="username -> password, for MQTT and AMQP clients"
     )

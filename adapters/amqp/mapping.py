@@ -8,7 +8,9 @@
   table are copied as plain headers, and ``content-type`` as ``contentType``.
 * ``amqpExchange`` / ``amqpRoutingKey`` keep where it was published, for basic.deliver.
 * A message published over another protocol reaches an AMQP consumer with its string headers
-  as the ``headers`` table and content-type ``application/json`` when its payload is JSON.
+  as the ``headers`` table and as content-type its ``contentType`` header, else
+  ``application/json`` when its payload is JSON (a ZeroMQ multipart message: the MME bytes,
+  content-type ``application/x-zmq-mme``).
 
 Headers dicts are shared by messages with the same exchange, key and properties (they are
 read-only), so a stream of similar messages costs one dict.
@@ -23,6 +25,7 @@ from typing import Any, cast
 from pamqp import commands
 
 from adapters.amqp.codec import decode_properties, encode_properties
+from vibemq_server.protocol.mme import CONTENT_TYPE
 from vibemq_server.protocol.payload import BASE64, PAYLOAD_ENCODING, from_core, to_core
 
 PROPERTIES = "amqpProperties"
@@ -31,6 +34,7 @@ ROUTING_KEY = "amqpRoutingKey"
 _EMPTY_PROPERTIES = b"\x00\x00"
 _INTERNAL = frozenset({PROPERTIES, EXCHANGE, ROUTING_KEY, PAYLOAD_ENCODING})
 _CACHE_MAX = 1024
+_SHORTSTR_MAX = 255
 
 
 class MessageMapper:
@@ -90,9 +94,15 @@ class MessageMapper:
         if not headers:
             return (self._json_properties if body else _EMPTY_PROPERTIES), body
         table = {k: v for k, v in headers.items() if k not in _INTERNAL}
-        json_body = headers.get(PAYLOAD_ENCODING) != BASE64 and bool(body)
+        # A ``contentType`` header (e.g. a ZeroMQ multipart body's application/x-zmq-mme)
+        # is the content-type; else JSON bodies say application/json.
+        content_type = headers.get(CONTENT_TYPE)
+        if content_type is not None and len(content_type.encode()) > _SHORTSTR_MAX:
+            content_type = None  # not a shortstr: it stays in the headers table only
+        if content_type is None and headers.get(PAYLOAD_ENCODING) != BASE64 and body:
+            content_type = "application/json"
         props_obj = commands.Basic.Properties(
-            content_type="application/json" if json_body else None,
+            content_type=content_type,
             headers=cast(Any, table) or None,
         )
         return encode_properties(props_obj), body

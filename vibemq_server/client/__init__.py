@@ -21,15 +21,18 @@ from vibemq_server.client.errors import (
     RequestTimeout,
     VibeMQError,
 )
-from vibemq_server.client.subscription import ReceivedMessage, Subscription
+from vibemq_server.client.subscription import ReceivedMessage, Subscription, decode_multipart
+from vibemq_server.protocol.mme import MmeError
 
 __all__ = [
     "DEFAULT_PORT",
     "Client",
     "ConnectionFailed",
     "ConnectionLost",
+    "MmeError",
     "ReceivedMessage",
     "RequestTimeout",
     "Subscription",
     "VibeMQError",
+    "decode_multipart",
 ]

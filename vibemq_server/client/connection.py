@@ -26,7 +26,7 @@ import random
 import secrets
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
@@ -46,6 +46,7 @@ from vibemq_server.protocol.codec import (
     encode,
 )
 from vibemq_server.protocol.errors import ProtocolError
+from vibemq_server.protocol.payload import MULTIPART_HEADERS, multipart_to_core
 
 __all__ = ["DEFAULT_PORT", "Client"]
 
@@ -288,6 +289,32 @@ class Client:
         )
         reply = await self._request(msg, timeout)
         return reply.headers.get("messageId") or reply.id
+
+    async def publish_multipart(
+        self,
+        queue: str,
+        parts: Iterable[bytes | bytearray | memoryview],
+        *,
+        headers: Mapping[str, str] | None = None,
+        priority: str | None = None,
+        message_id: str | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        """Publish a multipart message (a ZeroMQ SUB peer receives ``[queue, *parts]``) and
+        wait for the PublishAck. The payload is the base64 of the parts' RFC 50/MME encoding,
+        with headers ``contentType: application/x-zmq-mme`` and ``payloadEncoding: base64``
+        (docs/zmq.md); :func:`decode_multipart` gives the parts back. Returns the message id.
+        ``MmeError`` when a part is over 4 GiB."""
+        payload = multipart_to_core(parts)
+        merged = {**(headers or {}), **MULTIPART_HEADERS}
+        return await self.publish(
+            queue,
+            payload,
+            headers=merged,
+            priority=priority,
+            message_id=message_id,
+            timeout=timeout,
+        )
 
     async def subscribe(
         self, queue: str, *, prefetch: int | None = None, timeout: float | None = None

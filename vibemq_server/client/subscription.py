@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Protocol, Self
 
-from vibemq_server.protocol.payload import from_core
+from vibemq_server.protocol.payload import from_core, is_multipart, multipart_from_core
 
 _UNPARSED: Any = object()
 
@@ -28,6 +28,14 @@ class _Owner(Protocol):
     async def _ack(self, message: ReceivedMessage) -> None: ...
 
     async def _unsubscribe(self, subscription: Subscription) -> None: ...
+
+
+def decode_multipart(message: ReceivedMessage) -> list[bytes]:
+    """The parts of a multipart message (one published by a ZeroMQ PUSH peer or with
+    ``publish_multipart``): its payload decoded from base64 and RFC 50/MME. Any other message
+    is one part, its original bytes (``payload_bytes``), as a ZeroMQ SUB peer would get it.
+    Raises :class:`~vibemq_server.protocol.mme.MmeError` for a malformed multipart body."""
+    return multipart_from_core(message.raw, message.headers)
 
 
 class ReceivedMessage:
@@ -73,6 +81,11 @@ class ReceivedMessage:
         byte-oriented protocol) as non-JSON arrives base64-encoded with the header
         ``payloadEncoding: base64``; this undoes that (and is ``raw`` for anything else)."""
         return from_core(self.raw, self.headers)
+
+    @property
+    def is_multipart(self) -> bool:
+        """Whether the payload is a multipart (ZeroMQ, RFC 50/MME) message."""
+        return is_multipart(self.headers)
 
     @property
     def delivery_attempts(self) -> int:

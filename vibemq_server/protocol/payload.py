@@ -5,16 +5,22 @@ when they are a UTF-8 JSON text (or empty) they are the payload as they are; oth
 payload is a JSON string holding their base64 and the header ``payloadEncoding: base64``
 says so. :func:`from_core` gives the original bytes back; the client library offers the same
 as ``ReceivedMessage.payload_bytes``. See docs/mqtt.md.
+
+A multipart (ZeroMQ) message is one payload too: the RFC 50/MME encoding of its parts, as
+base64, with ``contentType: application/x-zmq-mme`` (:func:`multipart_to_core`,
+:func:`multipart_from_core`; docs/zmq.md).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
+from vibemq_server.protocol import mme
 from vibemq_server.protocol.codec import validate_json
 from vibemq_server.protocol.errors import ProtocolError
+from vibemq_server.protocol.mme import CONTENT_TYPE, MME_CONTENT_TYPE
 
 PAYLOAD_ENCODING = "payloadEncoding"
 BASE64 = "base64"
@@ -53,3 +59,38 @@ def from_core(payload: bytes, headers: Mapping[str, str]) -> bytes:
         return base64.b64decode(text[1:-1], validate=True)
     except (binascii.Error, ValueError):
         return payload
+
+
+# -- multipart (ZeroMQ) messages -------------------------------------------------------------------
+
+#: Headers of a multipart message in the core: its payload is the base64 of an RFC 50/MME
+#: encoding of the parts (always base64, even when the encoding happens to be JSON text, so a
+#: VibeMQ consumer always finds a string). Shared and read-only.
+MULTIPART_HEADERS: Mapping[str, str] = {
+    CONTENT_TYPE: MME_CONTENT_TYPE,
+    PAYLOAD_ENCODING: BASE64,
+}
+
+
+def multipart_to_core(parts: Iterable[bytes | bytearray | memoryview]) -> bytes:
+    """The VibeMQ payload carrying ``parts``; its headers are :data:`MULTIPART_HEADERS`.
+    ``MmeError`` when a part is over 4 GiB."""
+    return mme_to_core(mme.encode(parts))
+
+
+def mme_to_core(body: bytes) -> bytes:
+    """The VibeMQ payload carrying an MME ``body`` already encoded."""
+    return b'"' + base64.b64encode(body) + b'"'
+
+
+def is_multipart(headers: Mapping[str, str]) -> bool:
+    return headers.get(CONTENT_TYPE) == MME_CONTENT_TYPE
+
+
+def multipart_from_core(payload: bytes, headers: Mapping[str, str]) -> list[bytes]:
+    """The parts of a message: those of its MME body when its ``contentType`` says so, else
+    its original bytes as the one part. ``MmeError`` when an MME body is malformed."""
+    body = from_core(payload, headers)
+    if is_multipart(headers):
+        return mme.decode(body)
+    return [body]

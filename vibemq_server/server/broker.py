@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
@@ -16,6 +16,9 @@ from vibemq_server.journal import FsyncPolicy, Journal
 from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.server.connection import Connection
 from vibemq_server.server.transport import ReadBatch
+
+if TYPE_CHECKING:
+    from adapters.zmq.bridge import ZmqBridge
 
 log = structlog.get_logger("vibemq.broker")
 
@@ -62,6 +65,12 @@ class Broker:
             self.amqp = AmqpServer(
                 self.config, self.manager, self.register, self.unregister, self.read_batch
             )
+        self.zmq: ZmqBridge | None = None
+        if self.config.zmq.enabled:
+            # Imported only when configured: a broker without the bridge never loads pyzmq.
+            from adapters.zmq.bridge import ZmqBridge
+
+            self.zmq = ZmqBridge(self.config, self.manager, self.read_batch)
         self.port = 0
         self._server: asyncio.Server | None = None
         self._housekeeping: asyncio.Task[None] | None = None
@@ -87,10 +96,14 @@ class Broker:
                 await self.mqtt.start(cfg.mqtt.host or cfg.host)
             if self.amqp is not None:
                 await self.amqp.start(cfg.amqp.host or cfg.host)
+            if self.zmq is not None:
+                await self.zmq.start()
         except OSError:
             self._server.close()
             if self.mqtt is not None:
                 self.mqtt.close()
+            if self.amqp is not None:
+                self.amqp.close()
             raise
         self._housekeeping = loop.create_task(self._housekeep())
         log.info("listening", protocol="vibemq", host=cfg.host, port=self.port)
@@ -142,6 +155,8 @@ class Broker:
             self.mqtt.close()
         if self.amqp is not None:
             self.amqp.close()
+        if self.zmq is not None:
+            self.zmq.close()
         log.info("shutting down", connections=len(self.connections), reason=reason)
         for conn in list(self.connections):
             conn.shutdown(reason)
