@@ -47,6 +47,7 @@ def spark() -> Iterator[Any]:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.task.maxFailures", "2")
+        .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
@@ -111,3 +112,19 @@ def broker_proc(tmp_path: Path) -> Iterator[Any]:
     yield start
     for proc in started:
         proc.kill()
+
+
+@pytest.fixture(scope="session")
+def broker_journal(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """A journal written by a real broker run (see brokerwork.orders_workload), stopped."""
+    import asyncio
+
+    from brokerwork import orders_workload
+
+    data = tmp_path_factory.mktemp("brokerjournal") / "data"
+    proc = BrokerProcess(data)
+    try:
+        work = asyncio.run(orders_workload(proc.port))
+    finally:
+        proc.stop()
+    return data, work

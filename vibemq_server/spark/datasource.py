@@ -143,7 +143,8 @@ class VibeMQReader(DataSourceReader):
         return [SegmentPartition(seg.number, seg.path) for seg in segments]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, SegmentPartition)
+        if not isinstance(partition, SegmentPartition):
+            return  # no segment to read: Spark plans one partition of its own then
         schema = to_arrow_schema(self.schema, timezone="UTC")
         try:
             rows = jr.read_rows(partition.path, partition.segment, row_filter=self.row_filter)
@@ -205,7 +206,8 @@ class VibeMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [ChunkPartition(c.segment, c.start, c.end) for c in chunks]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, ChunkPartition)
+        if not isinstance(partition, ChunkPartition):
+            return
         schema = to_arrow_schema(self.schema, timezone="UTC")
         chunk = jr.Chunk(partition.segment, partition.start, partition.end)
         rows = jr.read_chunk(self.data_dir, chunk, self.row_filter, self.fail_on_data_loss)
