@@ -160,16 +160,22 @@ def _rows(df: Any) -> list[dict[str, Any]]:
 
 def run(spark: Any, data_dir: str, out_dir: str, **filters: str | None) -> ReportData:
     """Write the Parquet tables and report.html; returns what the report shows."""
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     journal = load_journal(
         spark, data_dir, filters.get("queues"), filters.get("since"), filters.get("until")
     )
-    tables = build_tables(journal)
+    # Read the journal once for the five tables: keep the columns they need, not the payloads.
+    keep = journal.drop("payload", "payload_binary", "headers", "detail", "queue_options")
+    slim = keep.persist(StorageLevel.MEMORY_AND_DISK)
     out = Path(out_dir)
-    for name, df in tables.items():
-        df.write.mode("overwrite").parquet(str(out / name))
-    # The report reads the small tables back from Parquet: the journal is scanned once per table.
+    try:
+        for name, df in build_tables(slim).items():
+            df.write.mode("overwrite").parquet(str(out / name))
+    finally:
+        slim.unpersist()
+    # The report reads the small tables back from Parquet.
     saved = {name: spark.read.parquet(str(out / name)) for name in TABLES}
     pm = saved["per_minute"]
     data = ReportData(
