@@ -1,0 +1,25 @@
+"""Spark data pipeline over the journal and the broker (the ``spark`` extra).
+
+``spark.read.format("vibemq").load(data_dir)`` and friends need the data source registered
+once per session::
+
+    from vibemq_server.spark import register
+    register(spark)
+
+Everything pyspark-related is imported lazily, so the pure-Python parts (segment reader,
+offsets, report rendering) work without pyspark installed. See ``docs/spark.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def register(spark: Any) -> None:
+    """Register the ``vibemq`` data source with a SparkSession."""
+    from vibemq_server.spark.datasource import VibeMQDataSource
+
+    spark.dataSource.register(VibeMQDataSource)
+
+
+__all__ = ["register"]

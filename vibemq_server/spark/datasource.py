@@ -1,0 +1,278 @@
+"""The ``vibemq`` PySpark data source (``pyspark.sql.datasource``, PySpark 4.x).
+
+* ``spark.read.format("vibemq").load(data_dir)``: the journal as a DataFrame, one row per
+  record, one partition per segment (options ``queue``, ``startTime``, ``endTime``).
+* ``spark.readStream.format("vibemq").load(data_dir)``: a replayable stream with JSON offsets
+  ``{"segment": n, "position": p}`` (options ``startingOffsets``, ``maxRecordsPerTrigger``,
+  ``failOnDataLoss``, ``queue``), supporting ``trigger(availableNow=True)``.
+* ``df.write.format("vibemq")`` / ``writeStream.format("vibemq")``: publish rows into a
+  running broker (options ``host``, ``port``, ``queue``, ``token``, ``maxInFlight``,
+  ``timeout``).
+
+Register it with ``spark.dataSource.register(VibeMQDataSource)`` or
+``vibemq_server.spark.register(spark)``. Readers and writers are pickled to Python workers:
+they hold only plain values. The reading itself is :mod:`vibemq_server.spark.journal_reader`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType, _parse_datatype_string
+
+from vibemq_server.spark import journal_reader as jr
+from vibemq_server.spark.publisher import PublishConfig, check_columns, publish_rows
+
+log = logging.getLogger("vibemq.spark")
+
+BATCH_ROWS = 8192
+
+
+def journal_schema() -> StructType:
+    schema = _parse_datatype_string(jr.SCHEMA_DDL)
+    assert isinstance(schema, StructType)
+    return schema
+
+
+def _option(options: Mapping[str, str], name: str) -> str | None:
+    """Option lookup ignoring case (Spark passes a case-insensitive dict; tests may not)."""
+    lowered = name.lower()
+    for key, value in options.items():
+        if key.lower() == lowered:
+            return str(value)
+    return None
+
+
+def _bool(value: str | None, default: bool) -> bool:
+    if value is None:
+        return default
+    text = value.strip().lower()
+    if text not in ("true", "false"):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return text == "true"
+
+
+def _data_dir(options: Mapping[str, str]) -> str:
+    path = _option(options, "path")
+    if not path:
+        raise ValueError('give the data directory: spark.read.format("vibemq").load(data_dir)')
+    return path
+
+
+def _row_filter(options: Mapping[str, str], *, times: bool) -> jr.RowFilter:
+    start = _option(options, "startTime") if times else None
+    end = _option(options, "endTime") if times else None
+    return jr.RowFilter(
+        queues=jr.parse_queues(_option(options, "queue")),
+        start_ms=jr.parse_time_ms(start) if start else None,
+        end_ms=jr.parse_time_ms(end) if end else None,
+    )
+
+
+def arrow_batches(rows: Iterator[jr.Row], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Rows in :data:`journal_reader.COLUMNS` order as Arrow record batches of ``schema``."""
+    types = [field.type for field in schema]
+    map_index = jr.COLUMNS.index("headers")
+    while True:
+        chunk: list[jr.Row] = []
+        for row in rows:
+            chunk.append(row)
+            if len(chunk) >= BATCH_ROWS:
+                break
+        if not chunk:
+            return
+        cols = jr.transpose(chunk)
+        cols[map_index] = [None if h is None else list(h.items()) for h in cols[map_index]]
+        arrays = [pa.array(col, type=t) for col, t in zip(cols, types, strict=True)]
+        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+        if len(chunk) < BATCH_ROWS:
+            return
+
+
+@dataclass(frozen=True)
+class SegmentPartition(InputPartition):
+    """A batch partition: one whole segment file."""
+
+    segment: int
+    path: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "value", self.segment)
+
+
+@dataclass(frozen=True)
+class ChunkPartition(InputPartition):
+    """A streaming partition: records of one segment between two positions."""
+
+    segment: int
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "value", self.segment)
+
+
+class VibeMQReader(DataSourceReader):
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.data_dir = _data_dir(options)
+        self.row_filter = _row_filter(options, times=True)
+        self.schema = schema
+
+    def partitions(self) -> Sequence[InputPartition]:
+        segments = jr.segments_for(self.data_dir, self.row_filter)
+        return [SegmentPartition(seg.number, seg.path) for seg in segments]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, SegmentPartition):
+            return  # no segment to read: Spark plans one partition of its own then
+        schema = to_arrow_schema(self.schema, timezone="UTC")
+        try:
+            rows = jr.read_rows(partition.path, partition.segment, row_filter=self.row_filter)
+            yield from arrow_batches(rows, schema)
+        except FileNotFoundError:
+            # Reclaimed between planning and reading: the batch read sees the journal as it
+            # is when each segment is opened, like a directory listing of files.
+            log.warning("journal segment %s was reclaimed during the read", partition.path)
+
+
+class VibeMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.data_dir = _data_dir(options)
+        self.row_filter = _row_filter(options, times=False)
+        self.schema = schema
+        self.starting = (_option(options, "startingOffsets") or "earliest").strip()
+        max_records = _option(options, "maxRecordsPerTrigger")
+        self.max_records = int(max_records) if max_records else None
+        if self.max_records is not None and self.max_records < 1:
+            raise ValueError("maxRecordsPerTrigger must be at least 1")
+        self.fail_on_data_loss = _bool(_option(options, "failOnDataLoss"), True)
+        self.cap: jr.Offset | None = None
+
+    def initialOffset(self) -> dict[str, int]:
+        if self.starting == "earliest":
+            return dict(jr.BEFORE_START)
+        if self.starting == "latest":
+            offset, _ = jr.latest_offset(self.data_dir, jr.Offset(**jr.BEFORE_START), None, False)
+            return offset.to_json()
+        return jr.Offset.from_json(self.starting).to_json()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.max_records is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.max_records)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        # Everything whole now, and nothing written later: the target of the query.
+        start = jr.Offset(**jr.BEFORE_START)
+        self.cap, _ = jr.latest_offset(self.data_dir, start, None, False)
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        begin = jr.Offset.from_json(start)
+        if self.cap is not None and begin >= self.cap:
+            return begin.to_json()
+        end, _ = jr.latest_offset(
+            self.data_dir, begin, max_rows, self.fail_on_data_loss, cap=self.cap
+        )
+        return end.to_json()
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        chunks = jr.plan_chunks(
+            self.data_dir,
+            jr.Offset.from_json(start),
+            jr.Offset.from_json(end),
+            self.fail_on_data_loss,
+        )
+        return [ChunkPartition(c.segment, c.start, c.end) for c in chunks]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, ChunkPartition):
+            return
+        schema = to_arrow_schema(self.schema, timezone="UTC")
+        chunk = jr.Chunk(partition.segment, partition.start, partition.end)
+        rows = jr.read_chunk(self.data_dir, chunk, self.row_filter, self.fail_on_data_loss)
+        yield from arrow_batches(rows, schema)
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Nothing to release: the journal is the broker's, and reclamation is its business."""
+
+
+@dataclass(frozen=True)
+class PublishedCommit(WriterCommitMessage):
+    published: int
+
+
+class VibeMQWriter(DataSourceWriter):
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.config = PublishConfig.from_options(options)
+        check_columns(schema.fieldNames(), self.config)
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return PublishedCommit(publish_rows(self.config, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        total = sum(m.published for m in messages if isinstance(m, PublishedCommit))
+        log.info("published %d rows into %s:%d", total, self.config.host, self.config.port)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Published messages cannot be withdrawn: Spark's retry may publish some twice."""
+
+
+class VibeMQStreamWriter(DataSourceStreamWriter):
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.config = PublishConfig.from_options(options)
+        check_columns(schema.fieldNames(), self.config)
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return PublishedCommit(publish_rows(self.config, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Every PublishAck was awaited in the tasks: nothing left to do."""
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Published messages cannot be withdrawn (at-least-once into the broker)."""
+
+
+class VibeMQDataSource(DataSource):
+    """``format("vibemq")``: the journal as a (streaming) DataFrame, and a broker as a sink."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "vibemq"
+
+    def schema(self) -> str:
+        return jr.SCHEMA_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return VibeMQReader(self.options, schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return VibeMQStreamReader(self.options, schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if overwrite:
+            raise ValueError('a broker queue cannot be overwritten: use mode("append")')
+        return VibeMQWriter(self.options, schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return VibeMQStreamWriter(self.options, schema)
