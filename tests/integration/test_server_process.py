@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from rawclient import RawClient, assert_error, assert_ok
-from serverproc import clean_env, server_args
+from serverproc import clean_env, launch
 
 from vibemq_server.cli import build_parser, config_from_args
 from vibemq_server.config import Config, DeliveryMode, OverflowStrategy, load_config
@@ -22,7 +22,6 @@ from vibemq_server.protocol import CommandType
 T = CommandType
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TOML = REPO / "config" / "vibemq.toml"
-START_TIMEOUT = 15.0
 
 
 @dataclass
@@ -42,30 +41,8 @@ class ServerProcess:
 async def start_server(
     tmp_path: Path, *flags: str, env: dict[str, str] | None = None
 ) -> ServerProcess:
-    ready = tmp_path / "ready.json"
-    proc = await asyncio.create_subprocess_exec(
-        *server_args(tmp_path / "data", ready, *flags),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-        env=env or clean_env(),
-        cwd=tmp_path,
-    )
-    assert proc.stderr is not None
-    stderr_task = asyncio.ensure_future(proc.stderr.read())
-    try:
-        async with asyncio.timeout(START_TIMEOUT):
-            while not ready.exists():
-                if proc.returncode is not None:
-                    raise AssertionError(f"server exited with {proc.returncode}")
-                await asyncio.sleep(0.02)
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        err = await stderr_task
-        raise AssertionError(f"server did not start: {err.decode(errors='replace')}") from None
-    port = json.loads(ready.read_text())["vibemq"]
+    proc, info, stderr_task = await launch(tmp_path, tmp_path / "data", *flags, env=env)
+    port = info["vibemq"]
     assert isinstance(port, int) and port > 0
     return ServerProcess(proc, port, stderr_task)
 

@@ -19,10 +19,9 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
-from serverproc import clean_env, server_args
+from serverproc import launch
 
 WAIT = 5.0
-START_TIMEOUT = 15.0
 PROBE = b".probe"
 ZMQ_FLAGS = ("--zmq-pull", "tcp://127.0.0.1:0", "--zmq-pub", "tcp://127.0.0.1:0")
 
@@ -66,31 +65,10 @@ class Server:
 async def start_server(
     tmp_path: Path, *flags: str, env: dict[str, str] | None = None, data: str = "data"
 ) -> Server:
-    ready = tmp_path / "ready.json"
-    ready.unlink(missing_ok=True)
-    proc = await asyncio.create_subprocess_exec(
-        *server_args(tmp_path / data, ready, "--drain-timeout", "2", *flags),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-        env=env or clean_env(),
-        cwd=tmp_path,
+    proc, info, stderr_task = await launch(
+        tmp_path, tmp_path / data, "--drain-timeout", "2", *flags, env=env
     )
-    assert proc.stderr is not None
-    stderr_task = asyncio.ensure_future(proc.stderr.read())
-    try:
-        async with asyncio.timeout(START_TIMEOUT):
-            while not ready.exists():
-                if proc.returncode is not None:
-                    raise AssertionError(f"server exited with {proc.returncode}")
-                await asyncio.sleep(0.02)
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        err = await stderr_task
-        raise AssertionError(f"server did not start: {err.decode(errors='replace')}") from None
-    return Server(proc, json.loads(ready.read_text()), stderr_task)
+    return Server(proc, info, stderr_task)
 
 
 @dataclass
