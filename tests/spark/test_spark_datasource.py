@@ -232,3 +232,30 @@ def test_writer_fails_when_the_broker_goes_away(spark: Any, broker_proc: Any) ->
     text = str(info.value)
     assert "ConnectionLost" in text or "ConnectionFailed" in text or "connection" in text.lower()
     assert proc.proc.returncode is not None
+
+
+def test_writer_fails_when_the_broker_refuses(spark: Any, broker_proc: Any) -> None:
+    """A refused publish (a full DropNewest queue answers QUEUE_FULL) fails the task, and so
+    the job, rather than being counted as written."""
+    from vibemq_server.client import Client
+
+    proc = broker_proc()
+
+    async def make_small_queue() -> None:
+        async with await Client.connect("127.0.0.1", proc.port) as client:
+            await client.create_queue("small", max_queue_size=10, overflow_strategy="DropNewest")
+
+    asyncio.run(make_small_queue())
+    df = spark.range(0, 50, numPartitions=1).selectExpr("to_json(named_struct('n', id)) AS payload")
+    with pytest.raises(Exception) as info:
+        (
+            df.write.format("vibemq")
+            .option("port", str(proc.port))
+            .option("queue", "small")
+            .mode("append")
+            .save()
+        )
+    assert "QUEUE_FULL" in str(info.value)
+    # Exactly what the queue took is there: the first 10 rows.
+    got = asyncio.run(consume(proc.port, "small", 10))
+    assert sorted(json.loads(raw)["n"] for raw in got) == list(range(10))
