@@ -88,3 +88,30 @@ def test_replay_dead_letters_into_a_broker(
         )
         == 0
     )
+
+
+def test_analytics_console_script_from_another_directory(tmp_path: Path) -> None:
+    """`vibemq-analytics` as a user runs it: its own process and JVM, started from a
+    directory that is not the project, with no PYSPARK_PYTHON. Its Python workers must be
+    this environment's interpreter (once they were `python3` from PATH, which had no
+    vibemq_server, and the job failed)."""
+    import os
+    import subprocess
+    import sys
+
+    data = tmp_path / "data"
+    generate(data, 500, queues=2, segment_size=32 * 1024)
+    script = Path(sys.executable).parent / "vibemq-analytics"
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    done = subprocess.run(
+        [str(script), "--master", "local[1]", str(data), str(tmp_path / "out")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "out" / "report.html").exists()
+    assert (tmp_path / "out" / "per_minute" / "_SUCCESS").exists()

@@ -38,6 +38,12 @@ def spark_session(master: str | None, app_name: str) -> Any:
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
     if master is not None or not under_submit:
         builder = builder.master(master or "local[*]")
+    if (master or "local").startswith("local") and not under_submit:
+        # Local Python workers must import this package: without PYSPARK_PYTHON Spark starts
+        # whatever `python3` is on PATH, which need not be the environment this job runs in
+        # (a console script from a virtualenv that is not activated). On a cluster the
+        # executors' Python is the deployment's to set.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     session = builder.getOrCreate()
     from vibemq_server.spark import register
 
