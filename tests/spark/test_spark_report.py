@@ -26,6 +26,10 @@ def test_report_is_self_contained_and_escaped() -> None:
     assert "<script" not in page and "<link" not in page
     assert "a&amp;b" in page and "a&b" not in page and "/data/&lt;x&gt;" in page
     assert "2026-01-01 00:04" in page
+    # Counts print as whole numbers; the latency chart has every percentile.
+    assert 'class="l">80<' in page and ">80.0<" not in page
+    assert "1 delivery<" in page and "2 deliveries<" in page
+    assert "a&amp;b p50" in page and "a&amp;b p95" in page and "a&amp;b p99" in page
 
 
 def test_charts_handle_empty_and_zero_data() -> None:

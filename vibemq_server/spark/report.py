@@ -46,7 +46,8 @@ def _num(value: Any) -> float:
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:,.1f}"
+        # Counts arrive as floats from the charts: no ".0" on a whole number.
+        return f"{int(value):,}" if value.is_integer() else f"{value:,.1f}"
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, datetime):
@@ -143,6 +144,10 @@ svg .t{font-size:14px;font-weight:600}svg .l{font-size:11px}svg .a{stroke:#888}
 KINDS = ("published", "delivered", "acked", "dead_lettered", "expired", "dropped")
 
 
+def _deliveries(count: Any) -> str:
+    return "1 delivery" if count == 1 else f"{count} deliveries"
+
+
 def render(data: ReportData) -> str:
     """The whole report as one HTML document."""
     minutes = [_fmt(r.get("minute")) for r in data.per_minute]
@@ -156,8 +161,12 @@ def render(data: ReportData) -> str:
         line_chart("messages per minute", minutes, series),
         "<h2>Publish → ack latency</h2>",
         bar_chart(
-            "p99 latency per queue (ms)",
-            [(str(r.get("queue")), _num(r.get("p99_ms"))) for r in data.latency],
+            "p50 / p95 / p99 latency per queue (ms; * = all queues)",
+            [
+                (f"{r.get('queue')} {p}", _num(r.get(f"{p}_ms")))
+                for r in data.latency
+                for p in ("p50", "p95", "p99")
+            ],
             " ms",
         ),
         html_table(
@@ -167,7 +176,7 @@ def render(data: ReportData) -> str:
         bar_chart(
             "messages by number of deliveries",
             [
-                (f"{r.get('deliveries')} deliveries", _num(r.get("messages")))
+                (_deliveries(r.get("deliveries")), _num(r.get("messages")))
                 for r in data.redeliveries
             ],
         ),
