@@ -44,8 +44,8 @@ from vibemq_server.protocol.mme import MmeError
 from vibemq_server.protocol.payload import (
     MULTIPART_HEADERS,
     from_core,
-    is_multipart,
     mme_to_core,
+    multipart_from_core,
 )
 from vibemq_server.server.transport import ReadBatch
 
@@ -308,15 +308,15 @@ class ZmqBridge:
 
     def _frames(self, address: str, target: bytes, msg: StoredMessage) -> list[bytes]:
         headers = msg.headers
-        body = from_core(msg.payload, headers) if headers else msg.payload
-        if headers and is_multipart(headers):
-            try:
-                return [target, *mme.decode(body)]
-            except MmeError as exc:
-                self._warn.warning(
-                    "malformed multipart body sent as one part", address=address, error=str(exc)
-                )
-        return [target, body]
+        if not headers:
+            return [target, msg.payload]
+        try:
+            return [target, *multipart_from_core(msg.payload, headers)]
+        except MmeError as exc:
+            self._warn.warning(
+                "malformed multipart body sent as one part", address=address, error=str(exc)
+            )
+            return [target, from_core(msg.payload, headers)]
 
     def _match(self, address: str) -> bytes | None:
         raw = address.encode()
