@@ -38,8 +38,8 @@ from vibemq_server.journal.records import (
     check_segment_header,
     decode_record,
 )
+from vibemq_server.journal.recovery import list_segments, segment_path
 
-SUFFIX = ".seg"
 HEADER = SEGMENT_HEADER_SIZE
 BEFORE_START: dict[str, int] = {"segment": 0, "position": 0}
 
@@ -78,29 +78,20 @@ def journal_dir(data_dir: str | os.PathLike[str]) -> Path:
 
 
 def list_segment_files(data_dir: str | os.PathLike[str]) -> list[SegmentFile]:
-    """Segment files in number order. A file that vanishes while listing is left out."""
-    directory = journal_dir(data_dir)
+    """Segment files in number order, with their sizes. A file that vanishes while listing
+    (reclaimed by a running broker) is left out."""
     out = []
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    for name in names:
-        stem = name[: -len(SUFFIX)]
-        if not name.endswith(SUFFIX) or not stem.isdigit():
-            continue
-        path = directory / name
+    for number, path in list_segments(journal_dir(data_dir)):
         try:
             size = path.stat().st_size
         except FileNotFoundError:
             continue
-        out.append(SegmentFile(int(stem), str(path), size))
-    out.sort(key=lambda s: s.number)
+        out.append(SegmentFile(number, str(path), size))
     return out
 
 
 def segment_file(data_dir: str | os.PathLike[str], number: int) -> str:
-    return str(journal_dir(data_dir) / f"{number:020d}{SUFFIX}")
+    return str(segment_path(journal_dir(data_dir), number))
 
 
 # -- reading records ---------------------------------------------------------------------------
