@@ -27,6 +27,7 @@ from vibemq_server.journal.records import (
     encode_segment_header,
     encode_settle,
 )
+from vibemq_server.journal.recovery import segment_path
 
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -58,8 +59,7 @@ class _SegmentWriter:
 
     def _flush(self) -> None:
         if self.number:
-            path = self.directory / f"{self.number:020d}.seg"
-            path.write_bytes(b"".join(self.parts))
+            segment_path(self.directory, self.number).write_bytes(b"".join(self.parts))
         self.parts = []
 
     def open_next(self, ts: int) -> None:
