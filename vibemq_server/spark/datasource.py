@@ -41,7 +41,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType, _parse_datatype_string
 
 from vibemq_server.spark import journal_reader as jr
-from vibemq_server.spark.publisher import PublishConfig, check_columns, publish_rows
+from vibemq_server.spark.publisher import PublishConfig, check_columns, option, publish_rows
 
 log = logging.getLogger("vibemq.spark")
 
@@ -54,15 +54,6 @@ def journal_schema() -> StructType:
     return schema
 
 
-def _option(options: Mapping[str, str], name: str) -> str | None:
-    """Option lookup ignoring case (Spark passes a case-insensitive dict; tests may not)."""
-    lowered = name.lower()
-    for key, value in options.items():
-        if key.lower() == lowered:
-            return str(value)
-    return None
-
-
 def _bool(value: str | None, default: bool) -> bool:
     if value is None:
         return default
@@ -73,17 +64,17 @@ def _bool(value: str | None, default: bool) -> bool:
 
 
 def _data_dir(options: Mapping[str, str]) -> str:
-    path = _option(options, "path")
+    path = option(options, "path")
     if not path:
         raise ValueError('give the data directory: spark.read.format("vibemq").load(data_dir)')
     return path
 
 
 def _row_filter(options: Mapping[str, str], *, times: bool) -> jr.RowFilter:
-    start = _option(options, "startTime") if times else None
-    end = _option(options, "endTime") if times else None
+    start = option(options, "startTime") if times else None
+    end = option(options, "endTime") if times else None
     return jr.RowFilter(
-        queues=jr.parse_queues(_option(options, "queue")),
+        queues=jr.parse_queues(option(options, "queue")),
         start_ms=jr.parse_time_ms(start) if start else None,
         end_ms=jr.parse_time_ms(end) if end else None,
     )
@@ -160,12 +151,12 @@ class VibeMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.data_dir = _data_dir(options)
         self.row_filter = _row_filter(options, times=False)
         self.schema = schema
-        self.starting = (_option(options, "startingOffsets") or "earliest").strip()
-        max_records = _option(options, "maxRecordsPerTrigger")
+        self.starting = (option(options, "startingOffsets") or "earliest").strip()
+        max_records = option(options, "maxRecordsPerTrigger")
         self.max_records = int(max_records) if max_records else None
         if self.max_records is not None and self.max_records < 1:
             raise ValueError("maxRecordsPerTrigger must be at least 1")
-        self.fail_on_data_loss = _bool(_option(options, "failOnDataLoss"), True)
+        self.fail_on_data_loss = _bool(option(options, "failOnDataLoss"), True)
         self.cap: jr.Offset | None = None
 
     def initialOffset(self) -> dict[str, int]:

@@ -19,6 +19,15 @@ from vibemq_server.client import Client
 PRIORITIES = ("Low", "Normal", "High", "Critical")
 
 
+def option(options: Mapping[str, str], name: str) -> str | None:
+    """Option lookup ignoring case (Spark passes a case-insensitive dict; tests may not)."""
+    lowered = name.lower()
+    for key, value in options.items():
+        if key.lower() == lowered:
+            return str(value)
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class PublishConfig:
     host: str = "127.0.0.1"
@@ -30,19 +39,13 @@ class PublishConfig:
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> PublishConfig:
-        def get(name: str) -> str | None:
-            for key, value in options.items():
-                if key.lower() == name.lower():
-                    return str(value)
-            return None
-
         return cls(
-            host=get("host") or "127.0.0.1",
-            port=int(get("port") or 2925),
-            queue=get("queue") or None,
-            token=get("token") or None,
-            max_in_flight=max(1, int(get("maxInFlight") or 1000)),
-            timeout=float(get("timeout") or 30.0),
+            host=option(options, "host") or "127.0.0.1",
+            port=int(option(options, "port") or 2925),
+            queue=option(options, "queue") or None,
+            token=option(options, "token") or None,
+            max_in_flight=max(1, int(option(options, "maxInFlight") or 1000)),
+            timeout=float(option(options, "timeout") or 30.0),
         )
 
 
