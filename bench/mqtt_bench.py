@@ -42,7 +42,6 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adapters.mqtt.codec import encode_remaining_length
 from bench.brokers import Broker, MosquittoBroker, NotInstalled, VibeMQBroker
 from bench.common import (
     BenchError,
@@ -62,6 +61,7 @@ from bench.mqtt_driver import (
     parse_header,
     read_packet,
 )
+from vibemq_server.adapters.mqtt.codec import encode_remaining_length
 
 PAYLOAD_SIZE = 64
 RECV_SIZE = 1 << 18

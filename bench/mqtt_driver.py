@@ -9,8 +9,8 @@ import os
 import struct
 from dataclasses import dataclass
 
-from adapters.mqtt.codec import encode_remaining_length
 from bench.common import BenchError, BlockingConn, make_payload
+from vibemq_server.adapters.mqtt.codec import encode_remaining_length
 
 U16 = struct.Struct(">H")
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from vibemq_server.app import create_broker
 from vibemq_server.config import Config
 from vibemq_server.logs import configure_logging
 from vibemq_server.server import Broker
@@ -39,7 +40,7 @@ async def broker_factory(tmp_path: Path) -> AsyncIterator[BrokerFactory]:
             "data_dir": tmp_path / f"data{len(started)}",
         }
         settings.update(overrides)
-        broker = Broker(Config(**settings))
+        broker = create_broker(Config(**settings))
         await broker.start()
         started.append(broker)
         return broker

@@ -17,10 +17,10 @@ import uvloop
 from pydantic import ValidationError
 
 from vibemq_server import __version__
+from vibemq_server.app import create_broker
 from vibemq_server.config import Config, load_config
 from vibemq_server.journal import JournalCorrupt
 from vibemq_server.logs import configure_logging
-from vibemq_server.server import Broker
 
 log = structlog.get_logger("vibemq")
 _GC_GEN0_THRESHOLD = 50_000
@@ -131,19 +131,16 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(_GC_GEN0_THRESHOLD, 20, 20)
-    broker = Broker(config)
+    broker = create_broker(config)
     await broker.start()
     if ready_file is not None:
         tmp = ready_file.with_suffix(".tmp")
-        ready: dict[str, int | str | None] = {
-            "vibemq": broker.port,
-            "mqtt": broker.mqtt_port,
-            "amqp": broker.amqp_port,
-        }
-        if broker.zmq is not None:
-            # The endpoints actually bound (a tcp port 0 is resolved), for tests and scripts.
-            ready["zmq_pull"] = broker.zmq.pull_endpoint
-            ready["zmq_pub"] = broker.zmq.pub_endpoint
+        # Bound ports and endpoints (a port 0 resolved), for tests and scripts.
+        ready = broker.ready()
+        if "mqtt" not in ready:
+            ready["mqtt"] = None
+        if "amqp" not in ready:
+            ready["amqp"] = None
         tmp.write_text(json.dumps(ready))
         tmp.replace(ready_file)
     loop = asyncio.get_running_loop()

@@ -12,7 +12,7 @@
   :mod:`adapters.amqp.mapping` -- AMQP messages <-> core messages.
 """
 
-from adapters.amqp.codec import (
+from vibemq_server.adapters.amqp.codec import (
     EMPTY_PROPERTIES,
     FRAME_MIN_SIZE,
     HEARTBEAT,

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from adapters.amqp.codec import AmqpError, ReplyCode, encode_ack, encode_deliver
+from vibemq_server.adapters.amqp.codec import AmqpError, ReplyCode, encode_ack, encode_deliver
 from vibemq_server.core import Queue, StoredMessage, Subscription
 
 if TYPE_CHECKING:
-    from adapters.amqp.connection import AmqpConnection
+    from vibemq_server.adapters.amqp.connection import AmqpConnection
 
 #: prefetch 0 means "no limit"
 UNLIMITED = 2**31

@@ -20,7 +20,7 @@ import structlog
 from pamqp import commands
 from pamqp.base import Frame as PamqpFrame
 
-from adapters.amqp.channel import (
+from vibemq_server.adapters.amqp.channel import (
     UNLIMITED,
     AmqpConsumer,
     Channel,
@@ -28,7 +28,7 @@ from adapters.amqp.channel import (
     _Getter,
     consumer_count,
 )
-from adapters.amqp.codec import (
+from vibemq_server.adapters.amqp.codec import (
     HEARTBEAT,
     PROTOCOL_HEADER,
     AmqpError,
@@ -57,7 +57,7 @@ from vibemq_server.core.exchanges import (
 from vibemq_server.server.transport import BufferedConnection
 
 if TYPE_CHECKING:
-    from adapters.amqp.server import AmqpServer
+    from vibemq_server.adapters.amqp.server import AmqpServer
 
 _ids = itertools.count(1)
 

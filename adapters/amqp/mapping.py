@@ -24,7 +24,7 @@ from typing import Any, cast
 
 from pamqp import commands
 
-from adapters.amqp.codec import decode_properties, encode_properties
+from vibemq_server.adapters.amqp.codec import decode_properties, encode_properties
 from vibemq_server.protocol.mme import CONTENT_TYPE
 from vibemq_server.protocol.payload import BASE64, PAYLOAD_ENCODING, from_core, to_core
 

@@ -16,32 +16,31 @@ import datetime
 import hmac
 import itertools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 
-from adapters.amqp.channel import consumer_count
-from adapters.amqp.codec import decode_properties, encode_properties, text
-from adapters.amqp.mapping import EXCHANGE, ROUTING_KEY, MessageMapper
-from vibemq_server.config import Config, DeliveryMode, OverflowStrategy
+from vibemq_server.adapters.amqp.channel import consumer_count
+from vibemq_server.adapters.amqp.codec import decode_properties, encode_properties, text
+from vibemq_server.adapters.amqp.mapping import EXCHANGE, ROUTING_KEY, MessageMapper
+from vibemq_server.config import DeliveryMode, OverflowStrategy
 from vibemq_server.core import (
     CoreError,
     DeadLetterReason,
     Priority,
     PublishOutcome,
     Queue,
-    QueueManager,
     QueueOptions,
     StoredMessage,
 )
 from vibemq_server.core.exchanges import Exchanges, canonical_arguments, decode_arguments
 from vibemq_server.core.table import DurableTable
-from vibemq_server.server.transport import ReadBatch
+from vibemq_server.server.adapter import AdapterContext
 
 if TYPE_CHECKING:
-    from adapters.amqp.channel import AmqpConsumer
-    from adapters.amqp.connection import AmqpConnection
+    from vibemq_server.adapters.amqp.channel import AmqpConsumer
+    from vibemq_server.adapters.amqp.connection import AmqpConnection
 
 log = structlog.get_logger("vibemq.amqp")
 
@@ -93,19 +92,14 @@ def _int_arg(args: Mapping[str, Any], name: str, minimum: int) -> int | None:
 
 
 class AmqpServer:
-    def __init__(
-        self,
-        config: Config,
-        manager: QueueManager,
-        register: Callable[[AmqpConnection], bool] = lambda _conn: True,
-        unregister: Callable[[AmqpConnection], None] = lambda _conn: None,
-        batch: ReadBatch | None = None,
-    ) -> None:
+    def __init__(self, context: AdapterContext) -> None:
+        config = context.config
         self.config = config
         self.cfg = config.amqp
-        self.manager = manager
-        self.register = register
-        self.unregister = unregister
+        self.manager = context.manager
+        #: the broker's connection registry (connection limit, heartbeats)
+        self.register = context.register
+        self.unregister = context.unregister
         self.exchanges: Exchanges | None = None
         self.mapper = MessageMapper()
         #: exclusive queue name -> the connection that owns it
@@ -124,7 +118,7 @@ class AmqpServer:
         self._server: asyncio.Server | None = None
         self.port = 0
         #: output given during a read is written when the read is done (shared by protocols)
-        self.batch = batch or ReadBatch()
+        self.batch = context.read_batch
 
     def restore(self) -> None:
         """After journal recovery: exchanges, bindings and queue arguments (dead-letter
@@ -145,9 +139,10 @@ class AmqpServer:
             self._apply_args(name, args)
         self.manager.observers.append(self._observe)
 
-    async def start(self, host: str) -> None:
-        from adapters.amqp.connection import AmqpConnection
+    async def start(self) -> None:
+        from vibemq_server.adapters.amqp.connection import AmqpConnection
 
+        host = self.cfg.host or self.config.host
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: AmqpConnection(self), host, self.cfg.port, backlog=4096, reuse_address=True
@@ -159,6 +154,9 @@ class AmqpServer:
         if self._server is not None:
             self._server.close()
             self._server = None
+
+    def ready(self) -> dict[str, int | str | None]:
+        return {"amqp": self.port}
 
     def next_msg_id(self) -> str:
         return f"{self._id_prefix}{next(self._ids)}"

@@ -11,7 +11,7 @@
 * :mod:`adapters.mqtt.server` -- listener, session registry, routing, retained messages, auth.
 """
 
-from adapters.mqtt.codec import (
+from vibemq_server.adapters.mqtt.codec import (
     MAX_PACKET_SIZE,
     MAX_REMAINING_LENGTH,
     MqttErrorCode,
@@ -21,7 +21,7 @@ from adapters.mqtt.codec import (
     encode,
     encode_remaining_length,
 )
-from adapters.mqtt.packets import (
+from vibemq_server.adapters.mqtt.packets import (
     PROTOCOL_LEVEL_V31,
     PROTOCOL_LEVEL_V311,
     PROTOCOL_NAME_V31,
@@ -46,7 +46,7 @@ from adapters.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
-from adapters.mqtt.topics import (
+from vibemq_server.adapters.mqtt.topics import (
     InvalidTopicError,
     address_to_topic,
     filter_to_pattern,

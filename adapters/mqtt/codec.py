@@ -36,7 +36,7 @@ from enum import Enum
 from struct import Struct
 from typing import Any
 
-from adapters.mqtt.packets import (
+from vibemq_server.adapters.mqtt.packets import (
     MAX_CLIENT_ID_LENGTH_V31,
     PACKET_TYPES,
     PROTOCOL_LEVEL_V31,
@@ -60,7 +60,7 @@ from adapters.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
-from adapters.mqtt.topics import topic_filter_error, topic_name_error
+from vibemq_server.adapters.mqtt.topics import topic_filter_error, topic_name_error
 
 MAX_REMAINING_LENGTH = 268_435_455
 MAX_REMAINING_LENGTH_BYTES = 4

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, cast
 
 import structlog
 
-from adapters.mqtt.codec import MqttParser, MqttProtocolError, encode
-from adapters.mqtt.packets import (
+from vibemq_server.adapters.mqtt.codec import MqttParser, MqttProtocolError, encode
+from vibemq_server.adapters.mqtt.packets import (
     PROTOCOL_LEVEL_V311,
     Connack,
     ConnackCode,
@@ -44,8 +44,8 @@ from adapters.mqtt.packets import (
 from vibemq_server.server.transport import BufferedConnection
 
 if TYPE_CHECKING:
-    from adapters.mqtt.server import MqttServer
-    from adapters.mqtt.session import MqttSession
+    from vibemq_server.adapters.mqtt.server import MqttServer
+    from vibemq_server.adapters.mqtt.session import MqttSession
 
 _ids = itertools.count(1)
 _PINGRESP = encode(Pingresp())

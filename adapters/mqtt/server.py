@@ -18,30 +18,30 @@ import hmac
 import itertools
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import structlog
 
-from adapters.mqtt.codec import encode_publish
-from adapters.mqtt.packets import ConnackCode, Connect
-from adapters.mqtt.session import MqttSession, session_queue_name
-from adapters.mqtt.topics import (
+from vibemq_server.adapters.mqtt.codec import encode_publish
+from vibemq_server.adapters.mqtt.packets import ConnackCode, Connect
+from vibemq_server.adapters.mqtt.session import MqttSession, session_queue_name
+from vibemq_server.adapters.mqtt.topics import (
     address_to_topic,
     filter_to_pattern,
     matches,
     queue_address,
     topic_to_address,
 )
-from vibemq_server.config import Config, DeliveryMode, OverflowStrategy
-from vibemq_server.core import CoreError, PublishOutcome, QueueManager, QueueOptions, StoredMessage
+from vibemq_server.config import DeliveryMode, OverflowStrategy
+from vibemq_server.core import CoreError, PublishOutcome, QueueOptions, StoredMessage
 from vibemq_server.core.table import DurableTable
 from vibemq_server.core.topics import TopicRouter, pattern_overlaps
 from vibemq_server.protocol.payload import PAYLOAD_ENCODING, from_core, to_core
-from vibemq_server.server.transport import ReadBatch
+from vibemq_server.server.adapter import AdapterContext
 
 if TYPE_CHECKING:
-    from adapters.mqtt.connection import MqttConnection
+    pass
 
 log = structlog.get_logger("vibemq.mqtt")
 
@@ -58,20 +58,14 @@ NATIVE_QOS = 1
 
 
 class MqttServer:
-    def __init__(
-        self,
-        config: Config,
-        manager: QueueManager,
-        register: Callable[[MqttConnection], bool] = lambda _conn: True,
-        unregister: Callable[[MqttConnection], None] = lambda _conn: None,
-        batch: ReadBatch | None = None,
-    ) -> None:
-        """``register``/``unregister``: the broker's connection registry (limit, timers)."""
-        self.register = register
-        self.unregister = unregister
+    def __init__(self, context: AdapterContext) -> None:
+        """``context.register``/``unregister``: the broker's connection registry."""
+        config = context.config
+        self.register = context.register
+        self.unregister = context.unregister
         self.config = config
         self.cfg = config.mqtt
-        self.manager = manager
+        self.manager = context.manager
         self.router: TopicRouter[MqttSession] = TopicRouter()
         self.sessions: dict[str, MqttSession] = {}
         self._ids = itertools.count(1)
@@ -84,7 +78,7 @@ class MqttServer:
         self._server: asyncio.Server | None = None
         self.port = 0
         #: output given during a read is written when the read is done (shared by protocols)
-        self.batch = batch or ReadBatch()
+        self.batch = context.read_batch
         #: sessions whose QoS 0 backlog grew during the last route(): the publisher pauses
         self.congested: list[MqttSession] = []
 
@@ -115,9 +109,10 @@ class MqttServer:
                 "mqtt state restored", sessions=len(self.sessions), retained=len(self.retained)
             )
 
-    async def start(self, host: str) -> None:
-        from adapters.mqtt.connection import MqttConnection
+    async def start(self) -> None:
+        from vibemq_server.adapters.mqtt.connection import MqttConnection
 
+        host = self.cfg.host or self.config.host
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: MqttConnection(self), host, self.cfg.port, backlog=4096, reuse_address=True
@@ -129,6 +124,12 @@ class MqttServer:
         if self._server is not None:
             self._server.close()
             self._server = None
+
+    def tick(self) -> None:
+        pass  # MQTT's timers are per connection (keep-alive)
+
+    def ready(self) -> dict[str, int | str | None]:
+        return {"mqtt": self.port}
 
     # -- authentication and sessions -------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from adapters.mqtt.codec import encode_publish
+from vibemq_server.adapters.mqtt.codec import encode_publish
 from vibemq_server.core import PublishOutcome, Queue, QueueManager, StoredMessage, Subscription
 
 if TYPE_CHECKING:

@@ -37,8 +37,7 @@ from typing import Any
 import structlog
 import zmq
 
-from vibemq_server.config import Config
-from vibemq_server.core import CoreError, QueueManager, StoredMessage
+from vibemq_server.core import CoreError, StoredMessage
 from vibemq_server.protocol import mme
 from vibemq_server.protocol.mme import MmeError
 from vibemq_server.protocol.payload import (
@@ -47,7 +46,7 @@ from vibemq_server.protocol.payload import (
     mme_to_core,
     multipart_from_core,
 )
-from vibemq_server.server.transport import ReadBatch
+from vibemq_server.server.adapter import AdapterContext
 
 log = structlog.get_logger("vibemq.zmq")
 
@@ -93,12 +92,12 @@ class ZmqBridge:
     """``await start()`` binds the configured sockets (then ``pull_endpoint`` /
     ``pub_endpoint`` are the bound endpoints); ``close()`` unbinds them."""
 
-    def __init__(self, config: Config, manager: QueueManager, batch: ReadBatch) -> None:
-        self.cfg = config.zmq
-        self.max_message_size = config.max_message_size
-        self.manager = manager
+    def __init__(self, context: AdapterContext) -> None:
+        self.cfg = context.config.zmq
+        self.max_message_size = context.config.max_message_size
+        self.manager = context.manager
         #: deliveries a PULL batch gives other connections are written when the batch is done
-        self.batch = batch
+        self.batch = context.read_batch
         self.ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self.pull: zmq.Socket[bytes] | None = None
         self.pub: zmq.Socket[bytes] | None = None
@@ -153,6 +152,15 @@ class ZmqBridge:
         # Edge-triggered: whatever arrived before the reader was added would wait forever.
         loop.call_soon(self._on_pull)
         log.info("listening", protocol="zmq", pull=self.pull_endpoint, pub=self.pub_endpoint)
+
+    def restore(self) -> None:
+        pass  # the bridge keeps no durable state of its own
+
+    def tick(self) -> None:
+        pass
+
+    def ready(self) -> dict[str, int | str | None]:
+        return {"zmq_pull": self.pull_endpoint, "zmq_pub": self.pub_endpoint}
 
     def _watch(self, sock: zmq.Socket[bytes], callback: Any) -> None:
         assert self.loop is not None

@@ -25,7 +25,7 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
 
-from adapters.amqp.connection import AmqpConnection
+from vibemq_server.adapters.amqp.connection import AmqpConnection
 from vibemq_server.server import Broker
 
 WAIT = 5.0

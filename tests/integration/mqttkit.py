@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from adapters.mqtt.codec import MqttParser, encode
-from adapters.mqtt.packets import (
+from vibemq_server.adapters.mqtt.codec import MqttParser, encode
+from vibemq_server.adapters.mqtt.packets import (
     Connack,
     Connect,
     Disconnect,

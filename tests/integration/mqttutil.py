@@ -33,8 +33,9 @@ import paho.mqtt.client as mqtt
 import uvloop
 from paho.mqtt.reasoncodes import ReasonCode
 
-from adapters.mqtt.codec import MqttParser, encode
-from adapters.mqtt.packets import Connack, Connect, Packet
+from vibemq_server.adapters.mqtt.codec import MqttParser, encode
+from vibemq_server.adapters.mqtt.packets import Connack, Connect, Packet
+from vibemq_server.app import create_broker
 from vibemq_server.config import Config
 from vibemq_server.server import Broker
 
@@ -90,7 +91,7 @@ class ThreadBroker:
         self.thread.start()
 
         async def make() -> Broker:
-            broker = Broker(self.config)
+            broker = create_broker(self.config)
             await broker.start()
             return broker
 
@@ -123,17 +124,18 @@ class ThreadBroker:
         """Whether some connected MQTT session is subscribed to ``topic_filter``."""
 
         def check(broker: Broker) -> bool:
-            assert broker.mqtt is not None
+            assert broker.adapters["mqtt"] is not None
             return any(
-                topic_filter in s.filters and s.connected for s in broker.mqtt.sessions.values()
+                topic_filter in s.filters and s.connected
+                for s in broker.adapters["mqtt"].sessions.values()
             )
 
         return self.call(check)
 
     def has_session(self, client_id: str) -> bool:
         def check(broker: Broker) -> bool:
-            assert broker.mqtt is not None
-            return client_id in broker.mqtt.sessions
+            assert broker.adapters["mqtt"] is not None
+            return client_id in broker.adapters["mqtt"].sessions
 
         return self.call(check)
 

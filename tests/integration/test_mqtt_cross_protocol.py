@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from mqttkit import PahoFactory, RawMqtt, wait_for
 
-from adapters.mqtt.packets import Puback, Publish
+from vibemq_server.adapters.mqtt.packets import Puback, Publish
 from vibemq_server.client import Client, VibeMQError
 from vibemq_server.server import Broker
 
@@ -151,8 +151,8 @@ async def test_vibemq_publish_waits_in_an_offline_persistent_mqtt_session(env: E
     away = await env.paho("away", clean_session=False)
     await away.subscribe("alerts/#", 2)
     await away.disconnect()
-    assert broker.mqtt is not None
-    mqtt_server = broker.mqtt
+    assert broker.adapters["mqtt"] is not None
+    mqtt_server = broker.adapters["mqtt"]
     await wait_for(lambda: mqtt_server.sessions["away"].link is None, what="away offline")
 
     client = await env.vibemq()
@@ -422,4 +422,4 @@ async def test_vibemq_publishes_to_a_slow_mqtt_subscriber_stall_no_mqtt_connecti
     assert await other.barrier(0) == []
     other.send(Publish("elsewhere", b"x", qos=1, packet_id=1))
     assert (await other.expect(Puback)).packet_id == 1
-    assert broker.mqtt is not None and broker.mqtt.congested == []
+    assert broker.adapters["mqtt"] is not None and broker.adapters["mqtt"].congested == []

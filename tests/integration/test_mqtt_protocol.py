@@ -25,8 +25,8 @@ import pytest
 from mqttutil import HOST, WAIT, Clients, Paho, ThreadBroker, brokers, unique_id, wait_until
 from structlog.testing import capture_logs
 
-from adapters.mqtt.codec import encode, encode_remaining_length
-from adapters.mqtt.packets import (
+from vibemq_server.adapters.mqtt.codec import encode, encode_remaining_length
+from vibemq_server.adapters.mqtt.packets import (
     Connack,
     Connect,
     Disconnect,

@@ -23,7 +23,7 @@ import pytest
 from mqttkit import PahoFactory, RawMqtt, wait_for
 from serverproc import clean_env, server_args
 
-from adapters.mqtt.packets import (
+from vibemq_server.adapters.mqtt.packets import (
     Connack,
     Connect,
     Puback,
@@ -70,13 +70,13 @@ class Env:
 
     def offline(self, client_id: str) -> bool:
         """The broker holds a session for ``client_id`` and no connection is attached."""
-        assert self.broker is not None and self.broker.mqtt is not None
-        session = self.broker.mqtt.sessions.get(client_id)
+        assert self.broker is not None and self.broker.adapters["mqtt"] is not None
+        session = self.broker.adapters["mqtt"].sessions.get(client_id)
         return session is not None and session.link is None
 
     def gone(self, client_id: str) -> bool:
-        assert self.broker is not None and self.broker.mqtt is not None
-        return client_id not in self.broker.mqtt.sessions
+        assert self.broker is not None and self.broker.adapters["mqtt"] is not None
+        return client_id not in self.broker.adapters["mqtt"].sessions
 
     async def wait_offline(self, client_id: str) -> None:
         await wait_for(lambda: self.offline(client_id), what=f"{client_id} offline")
@@ -182,8 +182,8 @@ async def test_clean_session_discards_previous_persistent_session(env: Env) -> N
     pub = await env.paho("switcher-pub")
     await pub.publish("old/topic", b"queued-1", qos=1)
     await pub.publish("old/topic", b"queued-2", qos=2)
-    assert env.broker is not None and env.broker.mqtt is not None
-    queue_name = env.broker.mqtt.sessions["switcher"].queue.name
+    assert env.broker is not None and env.broker.adapters["mqtt"] is not None
+    queue_name = env.broker.adapters["mqtt"].sessions["switcher"].queue.name
     assert queue_name in env.broker.manager.queues
 
     clean = await env.paho("switcher", clean_session=True)
@@ -223,8 +223,8 @@ async def test_discarded_session_stays_discarded_after_restart(env: Env, tmp_pat
     broker = await env.broker_factory(mqtt={"port": 0}, data_dir=data)
     env.broker = broker
     env.paho.port = env.port
-    assert broker.mqtt is not None
-    assert set(broker.mqtt.sessions) == {"kept-one"}
+    assert broker.adapters["mqtt"] is not None
+    assert set(broker.adapters["mqtt"].sessions) == {"kept-one"}
     assert "$mqtt.s.dropped-one" not in broker.manager.queues
     again = await env.paho("dropped-one", clean_session=False)
     assert again.session_present is False
@@ -337,8 +337,8 @@ async def test_unsubscribe_is_kept_by_a_persistent_session(env: Env) -> None:
     await wait_for(
         lambda: (
             env.broker is not None
-            and env.broker.mqtt is not None
-            and "leave/t" not in env.broker.mqtt.sessions["unsub"].filters
+            and env.broker.adapters["mqtt"] is not None
+            and "leave/t" not in env.broker.adapters["mqtt"].sessions["unsub"].filters
         )
     )
     await sub.disconnect()
@@ -559,8 +559,8 @@ async def test_a_will_to_a_slow_subscriber_pauses_no_connection(env: Env) -> Non
         assert got.packet_id is not None
         slow.send(Puback(got.packet_id))
     assert payloads_seen == [b"fill", b"fill", b"fill", b"last words"]
-    assert env.broker is not None and env.broker.mqtt is not None
-    assert env.broker.mqtt.congested == []
+    assert env.broker is not None and env.broker.adapters["mqtt"] is not None
+    assert env.broker.adapters["mqtt"].congested == []
 
 
 # -- 7. retained messages (in-process) -------------------------------------------------------
@@ -573,8 +573,8 @@ async def test_retained_delivered_on_subscribe_with_retain_flag_at_min_qos(env: 
     await pub.publish("ret/q1", b"stored-q1", qos=1, retain=True)
     await pub.publish("ret/q2", b"stored-q2", qos=2, retain=True)
     # The QoS 0 publish has no acknowledgement: make sure the broker handled it.
-    assert env.broker is not None and env.broker.mqtt is not None
-    retained = env.broker.mqtt.retained
+    assert env.broker is not None and env.broker.adapters["mqtt"] is not None
+    retained = env.broker.adapters["mqtt"].retained
     assert retained is not None
     await wait_for(lambda: "ret/q0" in retained, what="retained QoS 0 stored")
 

@@ -22,7 +22,7 @@ from pamqp import decode as pamqp_decode
 from pamqp import encode as pamqp_encode
 from pamqp import frame as pamqp_frame
 
-from adapters.amqp import (
+from vibemq_server.adapters.amqp import (
     EMPTY_PROPERTIES,
     FRAME_MIN_SIZE,
     HEARTBEAT,

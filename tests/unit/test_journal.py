@@ -928,8 +928,8 @@ async def test_close_at_a_rotation_boundary_is_clean(
 
 
 async def test_broker_recovers_from_its_data_dir(tmp_path: Path) -> None:
+    from vibemq_server.app import create_broker
     from vibemq_server.config import Config
-    from vibemq_server.server import Broker
 
     config = Config(
         host="127.0.0.1",
@@ -939,7 +939,7 @@ async def test_broker_recovers_from_its_data_dir(tmp_path: Path) -> None:
         mqtt={"port": 0},
         amqp={"port": 0},
     )
-    first = Broker(config)
+    first = create_broker(config)
     await first.start()
     try:
         first.manager.create_queue("q", first.manager.options_from({"maxQueueSize": 9}))
@@ -947,7 +947,7 @@ async def test_broker_recovers_from_its_data_dir(tmp_path: Path) -> None:
     finally:
         await first.stop()
     assert list_segments(tmp_path / "data" / "journal")
-    second = Broker(config)
+    second = create_broker(config)
     await second.start()
     try:
         assert second.manager.queues["q"].options.max_queue_size == 9

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.mqtt import (
+from vibemq_server.adapters.mqtt import (
     MAX_PACKET_SIZE,
     MAX_REMAINING_LENGTH,
     SUBACK_FAILURE,
@@ -46,7 +46,7 @@ from adapters.mqtt import (
     encode,
     encode_remaining_length,
 )
-from adapters.mqtt.codec import encode_publish
+from vibemq_server.adapters.mqtt.codec import encode_publish
 
 E = MqttErrorCode
 

@@ -36,9 +36,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.mqtt.codec import MqttParser, MqttProtocolError, encode
-from adapters.mqtt.connection import MqttConnection
-from adapters.mqtt.packets import (
+from vibemq_server.adapters.mqtt.codec import MqttParser, MqttProtocolError, encode
+from vibemq_server.adapters.mqtt.connection import MqttConnection
+from vibemq_server.adapters.mqtt.packets import (
     PROTOCOL_LEVEL_V31,
     PROTOCOL_NAME_V31,
     Connack,
@@ -57,12 +57,14 @@ from adapters.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
-from adapters.mqtt.server import MqttServer
-from adapters.mqtt.topics import matches
+from vibemq_server.adapters.mqtt.server import MqttServer
+from vibemq_server.adapters.mqtt.topics import matches
 from vibemq_server.config import Config
 from vibemq_server.core import QueueManager
 from vibemq_server.journal import FsyncPolicy, Journal
 from vibemq_server.protocol.names import valid_queue_name
+from vibemq_server.server.adapter import AdapterContext
+from vibemq_server.server.transport import ReadBatch
 
 SERVER_TO_CLIENT = (Publish, Puback, Pubrec, Pubrel, Pubcomp, Suback, Unsuback, Pingresp)
 ACKS = (Puback, Pubrec, Pubcomp)
@@ -268,7 +270,11 @@ async def broker(
         # VibeMQ queues that MQTT publishes reach: a durable one and a transient one.
         manager.create_queue("orders")
         manager.create_queue("a.b", manager.options_from({"durable": False}))
-        world = World(MqttServer(config, manager))
+        world = World(
+            MqttServer(
+                AdapterContext(config, manager, lambda _c: True, lambda _c: None, ReadBatch())
+            )
+        )
         world.server.register = world.register  # type: ignore[assignment]
         world.server.unregister = world.unregister  # type: ignore[assignment]
         world.server.restore()

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.mqtt import (
+from vibemq_server.adapters.mqtt import (
     InvalidTopicError,
     address_to_topic,
     filter_to_pattern,

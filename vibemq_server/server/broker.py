@@ -4,39 +4,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Mapping
 
 import structlog
 
-from adapters.amqp.server import AmqpServer
-from adapters.mqtt.server import MqttServer
 from vibemq_server.config import Config
 from vibemq_server.core import Clock, QueueManager, wall_clock_ms
 from vibemq_server.journal import FsyncPolicy, Journal
 from vibemq_server.protocol.names import valid_queue_name
+from vibemq_server.server.adapter import Adapter, AdapterContext, AdapterFactory, Link
 from vibemq_server.server.connection import Connection
 from vibemq_server.server.transport import ReadBatch
 
-if TYPE_CHECKING:
-    from adapters.zmq.bridge import ZmqBridge
-
 log = structlog.get_logger("vibemq.broker")
-
-
-class Link(Protocol):
-    """What the broker needs of a client connection, whatever its protocol."""
-
-    def check_timers(self, now: float, keepalive: float, frame_timeout: float) -> None: ...
-
-    def shutdown(self, reason: str) -> None: ...
-
-    def abort(self) -> None: ...
 
 
 class Broker:
     """One broker: ``await start()``, then ``port`` is the bound VibeMQ port; ``await stop()``."""
 
-    def __init__(self, config: Config | None = None, clock: Clock = wall_clock_ms) -> None:
+    def __init__(
+        self,
+        config: Config | None = None,
+        clock: Clock = wall_clock_ms,
+        adapters: Mapping[str, AdapterFactory] | None = None,
+    ) -> None:
         self.config = config or Config()
         self.manager = QueueManager(
             self.config.queue_defaults,
@@ -53,24 +44,15 @@ class Broker:
             clock=clock,
         )
         self.connections: set[Link] = set()
-        # MQTT and AMQP connections write what a read produced when that read is done.
+        # Adapters' connections write what a read produced when that read is done.
         self.read_batch = ReadBatch()
-        self.mqtt: MqttServer | None = None
-        if self.config.mqtt.enabled:
-            self.mqtt = MqttServer(
-                self.config, self.manager, self.register, self.unregister, self.read_batch
-            )
-        self.amqp: AmqpServer | None = None
-        if self.config.amqp.enabled:
-            self.amqp = AmqpServer(
-                self.config, self.manager, self.register, self.unregister, self.read_batch
-            )
-        self.zmq: ZmqBridge | None = None
-        if self.config.zmq.enabled:
-            # Imported only when configured: a broker without the bridge never loads pyzmq.
-            from adapters.zmq.bridge import ZmqBridge
-
-            self.zmq = ZmqBridge(self.config, self.manager, self.read_batch)
+        context = AdapterContext(
+            self.config, self.manager, self.register, self.unregister, self.read_batch
+        )
+        #: the protocol adapters, by name, built by the composition root's factories
+        self.adapters: dict[str, Adapter] = {
+            name: factory(context) for name, factory in (adapters or {}).items()
+        }
         self.port = 0
         self._server: asyncio.Server | None = None
         self._housekeeping: asyncio.Task[None] | None = None
@@ -83,38 +65,39 @@ class Broker:
         self.journal.recover(self.manager)
         self.journal.start(self.manager)
         self.manager.persistence = self.journal
-        if self.mqtt is not None:
-            self.mqtt.restore()
-        if self.amqp is not None:
-            self.amqp.restore()
+        for adapter in self.adapters.values():
+            adapter.restore()
         self._server = await loop.create_server(
             lambda: Connection(self), cfg.host, cfg.port, backlog=4096, reuse_address=True
         )
         self.port = self._server.sockets[0].getsockname()[1]
         try:
-            if self.mqtt is not None:
-                await self.mqtt.start(cfg.mqtt.host or cfg.host)
-            if self.amqp is not None:
-                await self.amqp.start(cfg.amqp.host or cfg.host)
-            if self.zmq is not None:
-                await self.zmq.start()
+            for adapter in self.adapters.values():
+                await adapter.start()
         except OSError:
             self._server.close()
-            if self.mqtt is not None:
-                self.mqtt.close()
-            if self.amqp is not None:
-                self.amqp.close()
+            for adapter in self.adapters.values():
+                adapter.close()
             raise
         self._housekeeping = loop.create_task(self._housekeep())
         log.info("listening", protocol="vibemq", host=cfg.host, port=self.port)
 
+    def ready(self) -> dict[str, int | str | None]:
+        """Every listener's bound port (or endpoint), by the ready file's keys."""
+        out: dict[str, int | str | None] = {"vibemq": self.port}
+        for adapter in self.adapters.values():
+            out.update(adapter.ready())
+        return out
+
     @property
     def mqtt_port(self) -> int | None:
-        return self.mqtt.port if self.mqtt is not None else None
+        port = self.ready().get("mqtt")
+        return port if isinstance(port, int) else None
 
     @property
     def amqp_port(self) -> int | None:
-        return self.amqp.port if self.amqp is not None else None
+        port = self.ready().get("amqp")
+        return port if isinstance(port, int) else None
 
     def register(self, conn: Link) -> bool:
         if len(self.connections) >= self.config.max_connections:
@@ -134,8 +117,8 @@ class Broker:
             await asyncio.sleep(interval)
             try:
                 self.manager.tick()
-                if self.amqp is not None:
-                    self.amqp.tick()
+                for adapter in self.adapters.values():
+                    adapter.tick()
                 self.journal.maintain()
                 now = loop.time()
                 if now >= next_conn_check:
@@ -151,12 +134,8 @@ class Broker:
             return
         server, self._server = self._server, None
         server.close()
-        if self.mqtt is not None:
-            self.mqtt.close()
-        if self.amqp is not None:
-            self.amqp.close()
-        if self.zmq is not None:
-            self.zmq.close()
+        for adapter in self.adapters.values():
+            adapter.close()
         log.info("shutting down", connections=len(self.connections), reason=reason)
         for conn in list(self.connections):
             conn.shutdown(reason)
