@@ -6,9 +6,14 @@
 * :mod:`adapters.mqtt.topics` -- topic name / filter validation, ``matches`` and the
   ``a/b/c`` <-> ``a.b.c`` address mapping.
 
-* :mod:`adapters.mqtt.connection` -- the transport and the protocol state machine.
+* :mod:`adapters.mqtt.states` -- the connection state machine: one transition table.
 * :mod:`adapters.mqtt.session` -- per-client state: subscriptions, packet-id flows, queue.
-* :mod:`adapters.mqtt.server` -- listener, session registry, routing, retained messages, auth.
+* :mod:`adapters.mqtt.connection` -- one connection, sans-IO: bytes to packets, the packet
+  handlers, bytes out through the shared transport's ``Link``.
+* :mod:`adapters.mqtt.server` -- listener (the shared ``StreamTransport``), session registry,
+  routing, retained messages, auth.
+
+Imports go one way, in the order above (codec < session < connection < server).
 """
 
 from vibemq_server.adapters.mqtt.codec import (

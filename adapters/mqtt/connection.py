@@ -1,25 +1,27 @@
-"""One MQTT connection: the asyncio transport and the protocol state machine.
+"""One MQTT connection, sans-IO: bytes in, packets handled, bytes out through a ``Link``.
 
-States and the packets each accepts are in ``_ACCEPTS``; the handler of each packet type is in
-``_HANDLERS``. Anything else (a packet before CONNECT, a second CONNECT, a server-to-client
-packet, any malformed input) closes the connection with a log line, as 3.1.1 requires; the
-will is published then, as on every close not preceded by DISCONNECT.
+``MqttConnection`` is the ``Session`` that the shared ``StreamTransport`` drives (see
+vibemq_server/server/transport.py): it owns no socket and no event loop. It turns the bytes
+it is given into packets (``codec.MqttParser``), moves through the state table of
+``states.py`` and hands each packet to its handler (``_HANDLERS``); what it answers goes to
+``Link.send``. Anything a state does not accept (a packet before CONNECT, a second CONNECT, a
+server-to-client packet, malformed input) closes the connection with a log line, as 3.1.1
+requires; the will is published then, as on every close not preceded by DISCONNECT.
 
-Transport rules as for the VibeMQ protocol: every complete packet of a read is handled in one
-pass, output is written once per loop tick, a paused socket makes deliveries wait in the
-session's queue, and publishers are paused while the broker is over its memory bound.
+Flow control: a paused socket makes deliveries wait in the session's queue; a publisher whose
+packets reach a subscriber that falls behind stops being read until that subscriber drains
+(at most ``max_publisher_pause_s``); publishers are paused while the broker is over its
+memory bound.
+
+What the connection uses of the broker's MQTT side is the ``Server`` protocol below
+(``server.MqttServer`` implements it), so this module imports nothing above it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import uuid
-from collections.abc import Callable
-from enum import Enum
-from typing import TYPE_CHECKING, cast
-
-import structlog
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from vibemq_server.adapters.mqtt.codec import MqttParser, MqttProtocolError, encode
 from vibemq_server.adapters.mqtt.packets import (
@@ -41,47 +43,76 @@ from vibemq_server.adapters.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
-from vibemq_server.server.transport import BufferedConnection
+from vibemq_server.adapters.mqtt.session import MqttSession
+from vibemq_server.adapters.mqtt.states import RUNNING, TRANSITIONS, Event, Input, State
+from vibemq_server.config import MqttConfig
+from vibemq_server.core import QueueManager
+from vibemq_server.server.transport import Link
 
-if TYPE_CHECKING:
-    from vibemq_server.adapters.mqtt.server import MqttServer
-    from vibemq_server.adapters.mqtt.session import MqttSession
-
-_ids = itertools.count(1)
 _PINGRESP = encode(Pingresp())
 
 
-class State(Enum):
-    AWAIT_CONNECT = "await_connect"
-    CONNECTED = "connected"
-    CLOSED = "closed"
+class Timer(Protocol):
+    def cancel(self) -> None: ...
 
 
-#: What each state accepts from the client; a packet not listed closes the connection.
-_ACCEPTS: dict[State, frozenset[type]] = {
-    State.AWAIT_CONNECT: frozenset({Connect}),
-    State.CONNECTED: frozenset(
-        {Publish, Puback, Pubrec, Pubrel, Pubcomp, Subscribe, Unsubscribe, Pingreq, Disconnect}
-    ),
-    State.CLOSED: frozenset(),
-}
+class Server(Protocol):
+    """What a connection uses of the MQTT side of the broker: settings, the session registry,
+    subscriptions, routing, and a timer (the longest pause of a publisher)."""
+
+    cfg: MqttConfig
+    manager: QueueManager
+    #: sessions whose QoS 0 backlog grew during the last route(): the publisher pauses
+    congested: list[MqttSession]
+
+    @property
+    def sessions(self) -> Mapping[str, MqttSession]: ...
+
+    def authenticate(self, packet: Connect) -> ConnackCode: ...
+
+    def open_session(self, client_id: str, clean: bool) -> tuple[MqttSession, bool]: ...
+
+    def end_session(self, session: MqttSession) -> None: ...
+
+    def save_session(self, session: MqttSession) -> None: ...
+
+    def subscribe(self, session: MqttSession, topic_filter: str, qos: int) -> int: ...
+
+    def unsubscribe(self, session: MqttSession, topic_filter: str) -> None: ...
+
+    def send_retained(self, session: MqttSession, topic_filter: str, granted: int) -> bool: ...
+
+    def publish_denied(self, topic: str) -> bool: ...
+
+    def route(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        retain: bool = False,
+        origin: MqttSession | None = None,
+        *,
+        pause: bool = True,
+    ) -> bool: ...
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer: ...
 
 
-class MqttConnection(BufferedConnection):
-    def __init__(self, server: MqttServer) -> None:
+class MqttConnection:
+    """Implements the transport's ``Session`` for one MQTT client."""
+
+    def __init__(self, link: Link, server: Server) -> None:
+        self.link = link
         self.server = server
         self.manager = server.manager
-        self._init_buffers(
-            asyncio.get_running_loop(), server.config.write_buffer_high_bytes, server.batch
-        )
-        self.conn_id = f"mqtt_{next(_ids)}"
+        self.log = link.log
         self.parser = MqttParser(server.cfg.max_packet_size)
         self._state = State.AWAIT_CONNECT
-        self._accepts = _ACCEPTS[State.AWAIT_CONNECT]
+        self._table = TRANSITIONS[State.AWAIT_CONNECT]
         self.session: MqttSession | None = None
         self.will: Connect | None = None
         self.keep_alive = 0.0
-        self.opened_at = self.loop.time()
+        self.opened_at = link.time()
         self.last_rx = self.opened_at
         self.partial_since: float | None = None
         self._acked_any = False
@@ -90,65 +121,61 @@ class MqttConnection(BufferedConnection):
         self._held_error: MqttProtocolError | None = None
         self._holds = 0
         self._hold_gen = 0
-        self._hold_timer: asyncio.TimerHandle | None = None
+        self._hold_timer: Timer | None = None
         self._held_sessions: list[MqttSession] = []
         # Acknowledgements that wait for the journal, keyed by its flush epoch.
         self._durable_batch: list[bytes] | None = None
         self._durable_epoch = -1
         self._durable_pending = 0
-        self.log: structlog.typing.FilteringBoundLogger = structlog.get_logger("vibemq.mqtt")
+
+    # -- the state table -----------------------------------------------------------------------
 
     @property
     def state(self) -> State:
         return self._state
 
-    @state.setter
-    def state(self, state: State) -> None:
-        # The hot path reads the accepted packet types directly (no Enum hashing per packet).
-        self._state = state
-        self._accepts = _ACCEPTS[state]
+    def _fire(self, event: Input) -> None:
+        """Move to the state the table gives for ``event`` in the current one."""
+        self._state = TRANSITIONS[self._state][event]
+        # The hot path reads the current row directly (no Enum hashing per packet).
+        self._table = TRANSITIONS[self._state]
 
-    # -- asyncio.Protocol --------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._state is State.CLOSED
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if not self._accept(transport, lambda: self.server.register(self)):
-            self.state = State.CLOSED
+    # -- input (Session) -----------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        if self._closing:
+        if self._state is State.CLOSED:
             return
-        self.last_rx = self.loop.time()
+        self.last_rx = self.link.time()
         error: MqttProtocolError | None = None
         try:
             packets = self.parser.feed(data)
         except MqttProtocolError as exc:
             packets = list(exc.packets)
             error = exc
-        reads = self.server.batch
-        reads.begin()
-        try:
-            if self._process(packets, 0):
-                self._after_read(bool(packets), error)
-            else:
-                self._held_error = error
-        finally:
-            reads.end()
+        if self._process(packets, 0):
+            self._after_read(bool(packets), error)
+        else:
+            self._held_error = error
 
     def _process(self, packets: list[Packet], start: int) -> bool:
         """Handle ``packets[start:]``. False when a publish found a subscriber's socket
         backed up: the rest waits (reading paused) until that subscriber has drained."""
         server = self.server
         for index in range(start, len(packets)):
-            accepts = self._accepts
-            if not accepts:
-                break  # closed
             packet = packets[index]
-            if type(packet) not in accepts:
-                self._violation(
-                    f"{type(packet).__name__.upper()} not allowed in {self.state.value}"
-                )
+            kind = type(packet)
+            following = self._table.get(kind)
+            if following is None:
+                if self._state is not State.CLOSED:
+                    self._violation(f"{kind.__name__.upper()} not allowed in {self._state.value}")
                 break
-            _HANDLERS[type(packet)](self, packet)
+            if following is not self._state:
+                self._fire(kind)
+            _HANDLERS[kind](self, packet)
             if server.congested:
                 self._hold(packets, index + 1)
                 return False
@@ -159,7 +186,7 @@ class MqttConnection(BufferedConnection):
             self._acked_any = False
             if self.session is not None:
                 self.session.refill()
-        if error is not None and self.state in _RUNNING:
+        if error is not None and self._state in RUNNING:
             self._malformed(error)
             return
         if self.parser.buffered:
@@ -167,20 +194,23 @@ class MqttConnection(BufferedConnection):
                 self.partial_since = self.last_rx
         else:
             self.partial_since = None
-        if self.manager.memory_blocked and not self._reading_paused and progressed:
+        link = self.link
+        if self.manager.memory_blocked and not link.reading_paused and progressed:
             self.log.info("publisher paused: memory high watermark")
-            self.pause_reading()
-            self.manager.wait_for_memory(self.resume_reading)
+            link.pause_reading()
+            self.manager.wait_for_memory(link.resume_reading)
+
+    # -- a publisher waiting for slow subscribers ----------------------------------------------
 
     def _hold(self, packets: list[Packet], rest: int) -> None:
         sessions, self.server.congested = self.server.congested, []
         self._held = (packets, rest)
         self._holds = len(sessions)
-        self.pause_reading()
+        self.link.pause_reading()
         # Bounded: publishers and subscribers that wait on each other must not deadlock;
         # after this, messages beyond a session's bound are dropped as configured.
         self._held_sessions = sessions
-        self._hold_timer = self.loop.call_later(
+        self._hold_timer = self.server.call_later(
             self.server.cfg.max_publisher_pause_s, self._hold_expired
         )
         self._hold_gen += 1
@@ -195,7 +225,7 @@ class MqttConnection(BufferedConnection):
         if self._holds > 0:
             return
         # Called from inside a session's flush: carry on in a loop callback of our own.
-        self.loop.call_soon(self._resume_held)
+        self.link.call_soon(self._resume_held)
 
     def _hold_expired(self) -> None:
         self._hold_timer = None
@@ -213,46 +243,70 @@ class MqttConnection(BufferedConnection):
             self._hold_timer.cancel()
             self._hold_timer = None
         held, self._held = self._held, None
-        if held is None or self._closing:
+        if held is None or self._state is State.CLOSED:
             return
         packets, rest = held
         if self._process(packets, rest):
             error, self._held_error = self._held_error, None
             self._after_read(True, error)
-            if not self._reading_paused_for_memory():
-                self.resume_reading()
+            if not self.manager.memory_blocked:
+                self.link.resume_reading()
             else:  # still paused (by the hold): go on once memory is free
-                self.manager.wait_for_memory(self.resume_reading)
+                self.manager.wait_for_memory(self.link.resume_reading)
 
-    def _reading_paused_for_memory(self) -> bool:
-        return self.manager.memory_blocked
+    # -- the rest of Session -------------------------------------------------------------------
 
-    def eof_received(self) -> bool | None:
-        return None
+    def writable_again(self) -> None:
+        session = self.session
+        if session is not None and session.link is self.link:
+            session.on_writable()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._closing = True
-        abnormal = self.state is not State.CLOSED
-        self.state = State.CLOSED
-        self.server.unregister(self)
+        abnormal = self._state is not State.CLOSED
+        self._fire(Event.LOST)
         self._end(publish_will=abnormal)
-        self.log.debug("connection closed", error=str(exc) if exc else None)
 
-    # -- BufferedConnection hooks -------------------------------------------------------------
+    def shutdown(self, reason: str) -> None:
+        """Broker shutdown: MQTT 3.1.1 has no server DISCONNECT, so just close (no will)."""
+        self._fire(Event.SHUTDOWN)
+        session, self.session = self.session, None
+        self.will = None
+        if session is not None and session.link is self.link:
+            if session.clean:
+                self.server.end_session(session)
+            else:
+                session.detach()
+        self.link.close()
 
-    def _writable_again(self) -> None:
-        session = self.session
-        if session is not None and session.link is self:
-            session.on_writable()
+    def check_timers(self, now: float, keepalive: float, frame_timeout: float) -> None:
+        """Keep-alive (1.5 x the client's), the CONNECT deadline and stalled packets."""
+        if self._state is State.CLOSED:
+            return
+        if self.link.reading_paused:
+            self.last_rx = now
+            return
+        if self._state is State.AWAIT_CONNECT:
+            if now - self.opened_at > self.server.cfg.connect_timeout_s:
+                self.log.info("no CONNECT in time")
+                self._drop("connect_timeout")
+            return
+        if self.partial_since is not None and now - self.partial_since > frame_timeout:
+            self.log.warning("incomplete packet timed out", buffered=self.parser.buffered)
+            self._drop("packet_timeout")
+        elif self.keep_alive and now - self.last_rx > self.keep_alive * 1.5:
+            self.log.info("keep-alive timeout", idle_s=round(now - self.last_rx, 1))
+            self._drop("keepalive_timeout")
+
+    # -- closing -------------------------------------------------------------------------------
 
     def _drop(self, reason: str) -> None:
         """Close because of the client (violation, silence, takeover): the will goes out."""
-        if self.state is State.CLOSED:
+        if self._state is State.CLOSED:
             return
-        self.state = State.CLOSED
+        self._fire(Event.DROPPED)
         self._end(publish_will=True)
         self.log.info("connection dropped", reason=reason)
-        self.close()
+        self.link.close()
 
     def _violation(self, reason: str) -> None:
         self.log.warning("protocol violation", reason=reason)
@@ -261,15 +315,15 @@ class MqttConnection(BufferedConnection):
     def _malformed(self, exc: MqttProtocolError) -> None:
         self.log.warning("malformed packet", code=exc.code.value, error=exc.message)
         connack = exc.code.connack_code
-        if connack is not None and self.state is State.AWAIT_CONNECT:
-            self.send(encode(Connack(connack)))
+        if connack is not None and self._state is State.AWAIT_CONNECT:
+            self.link.send(encode(Connack(connack)))
         self._drop("malformed_packet")
 
     def _end(self, publish_will: bool) -> None:
         """Leave the session (kept or forgotten) and publish the will if it is due."""
         session, self.session = self.session, None
         will, self.will = self.will, None
-        if session is not None and session.link is self:
+        if session is not None and session.link is self.link:
             if session.clean:
                 self.server.end_session(session)
             else:
@@ -289,38 +343,7 @@ class MqttConnection(BufferedConnection):
         self.log.info("session taken over by a new connection")
         self._drop("session_taken_over")
 
-    def shutdown(self, reason: str) -> None:
-        """Broker shutdown: MQTT 3.1.1 has no server DISCONNECT, so just close (no will)."""
-        self.state = State.CLOSED
-        session, self.session = self.session, None
-        self.will = None
-        if session is not None and session.link is self:
-            if session.clean:
-                self.server.end_session(session)
-            else:
-                session.detach()
-        self.close()
-
-    def check_timers(self, now: float, keepalive: float, frame_timeout: float) -> None:
-        """Keep-alive (1.5 x the client's), the CONNECT deadline and stalled packets."""
-        if self._closing or self.state is State.CLOSED:
-            return
-        if self._reading_paused:
-            self.last_rx = now
-            return
-        if self.state is State.AWAIT_CONNECT:
-            if now - self.opened_at > self.server.cfg.connect_timeout_s:
-                self.log.info("no CONNECT in time")
-                self._drop("connect_timeout")
-            return
-        if self.partial_since is not None and now - self.partial_since > frame_timeout:
-            self.log.warning("incomplete packet timed out", buffered=self.parser.buffered)
-            self._drop("packet_timeout")
-        elif self.keep_alive and now - self.last_rx > self.keep_alive * 1.5:
-            self.log.info("keep-alive timeout", idle_s=round(now - self.last_rx, 1))
-            self._drop("keepalive_timeout")
-
-    # -- packet handlers ---------------------------------------------------------------------
+    # -- packet handlers -----------------------------------------------------------------------
 
     def on_connect(self, packet: Connect) -> None:
         server = self.server
@@ -330,24 +353,24 @@ class MqttConnection(BufferedConnection):
             code = ConnackCode.IDENTIFIER_REJECTED
         if code is not ConnackCode.ACCEPTED:
             self.log.warning("connect refused", code=code.name, client_id=client_id)
-            self.send(encode(Connack(code)))
-            self.state = State.CLOSED
-            self.close()
+            self.link.send(encode(Connack(code)))
+            self._fire(Event.REFUSED)
+            self.link.close()
             return
         if not client_id:
             client_id = f"auto-{uuid.uuid4().hex}"
         old = server.sessions.get(client_id)
-        if old is not None and old.link is not None:
-            cast(MqttConnection, old.link).taken_over()
+        if old is not None:
+            old.take_over()
         session, resumed = server.open_session(client_id, packet.clean_session)
         self.log = self.log.bind(client_id=client_id)
         self.session = session
         self.will = packet if packet.has_will else None
         self.keep_alive = float(packet.keep_alive)
-        self.state = State.CONNECTED
+        self._fire(Event.ACCEPTED)
         present = resumed and packet.protocol_level == PROTOCOL_LEVEL_V311
-        self.send(encode(Connack(ConnackCode.ACCEPTED, present)))
-        session.attach(self)
+        self.link.send(encode(Connack(ConnackCode.ACCEPTED, present)))
+        session.attach(self.link, self.taken_over)
         session.start_delivery()
         self.log.debug("connected", clean=packet.clean_session, resumed=resumed)
 
@@ -385,13 +408,13 @@ class MqttConnection(BufferedConnection):
         elif self._durable_pending and self._durable_batch is not None:
             self._durable_batch.append(packet)  # behind an acknowledgement still waiting
         else:
-            self.send(packet)
+            self.link.send(packet)
 
     def _durable_done(self, batch: list[bytes], err: Exception | None) -> None:
         self._durable_pending -= 1
         if batch is self._durable_batch:
             self._durable_batch = None
-        if self.state is State.CLOSED or self._closing:
+        if self._state is State.CLOSED:
             return
         if err is not None:
             # MQTT 3.1.1 cannot say "not stored": withholding the acknowledgement and
@@ -399,7 +422,7 @@ class MqttConnection(BufferedConnection):
             self.log.error("journal write failed; closing so the client resends", error=str(err))
             self._drop("storage_failure")
             return
-        self.send(b"".join(batch))
+        self.link.send(b"".join(batch))
 
     def on_puback(self, packet: Puback) -> None:
         assert self.session is not None
@@ -410,7 +433,7 @@ class MqttConnection(BufferedConnection):
         assert self.session is not None
         self.session.pubrec(packet.packet_id)
         self._acked_any = True
-        self.send(b"\x62\x02" + packet.packet_id.to_bytes(2, "big"))
+        self.link.send(b"\x62\x02" + packet.packet_id.to_bytes(2, "big"))
 
     def on_pubrel(self, packet: Pubrel) -> None:
         assert self.session is not None
@@ -428,7 +451,7 @@ class MqttConnection(BufferedConnection):
         server = self.server
         codes = tuple(server.subscribe(session, f, q) for f, q in packet.subscriptions)
         server.save_session(session)
-        self.send(encode(Suback(packet.packet_id, codes)))
+        self.link.send(encode(Suback(packet.packet_id, codes)))
         for (topic_filter, _), granted in zip(packet.subscriptions, codes, strict=True):
             if granted != 0x80:
                 server.send_retained(session, topic_filter, granted)
@@ -441,19 +464,18 @@ class MqttConnection(BufferedConnection):
         for topic_filter in packet.topic_filters:
             self.server.unsubscribe(session, topic_filter)
         self.server.save_session(session)
-        self.send(encode(Unsuback(packet.packet_id)))
+        self.link.send(encode(Unsuback(packet.packet_id)))
 
     def on_pingreq(self, packet: Pingreq) -> None:
-        self.send(_PINGRESP)
+        self.link.send(_PINGRESP)
 
     def on_disconnect(self, packet: Disconnect) -> None:
-        self.state = State.CLOSED
+        # (The table has moved us to CLOSED already: no will.)
         self._end(publish_will=False)
-        self.close()
+        self.link.close()
 
 
-_RUNNING = frozenset({State.AWAIT_CONNECT, State.CONNECTED})
-
+#: The handler of each packet a client may send; which state accepts which is in TRANSITIONS.
 _HANDLERS: dict[type, Callable[[MqttConnection, Packet], None]] = {
     Connect: MqttConnection.on_connect,  # type: ignore[dict-item]
     Publish: MqttConnection.on_publish,  # type: ignore[dict-item]

@@ -1,5 +1,9 @@
 """The MQTT side of one broker: listener, session registry, routing, retained messages, auth.
 
+The listener is the shared ``StreamTransport`` (socket, write batching, flow control, the
+connection limit) carrying each client's sans-IO ``MqttConnection`` (connection.py); this
+module is what those connections use of the broker (connection.Server).
+
 Routing (docs/mqtt.md): a PUBLISH on topic ``a/b/c`` is the address ``a.b.c``. It reaches the
 VibeMQ queue of that name when one exists, and every MQTT session with a matching filter, at
 min(publish QoS, granted QoS), once per session however many of its filters match. A VibeMQ
@@ -18,12 +22,12 @@ import hmac
 import itertools
 import json
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
 
 import structlog
 
 from vibemq_server.adapters.mqtt.codec import encode_publish
+from vibemq_server.adapters.mqtt.connection import MqttConnection
 from vibemq_server.adapters.mqtt.packets import ConnackCode, Connect
 from vibemq_server.adapters.mqtt.session import MqttSession, session_queue_name
 from vibemq_server.adapters.mqtt.topics import (
@@ -39,9 +43,7 @@ from vibemq_server.core.table import DurableTable
 from vibemq_server.core.topics import TopicRouter, pattern_overlaps
 from vibemq_server.protocol.payload import PAYLOAD_ENCODING, from_core, to_core
 from vibemq_server.server.adapter import AdapterContext
-
-if TYPE_CHECKING:
-    pass
+from vibemq_server.server.transport import StreamTransport
 
 log = structlog.get_logger("vibemq.mqtt")
 
@@ -76,6 +78,8 @@ class MqttServer:
         self.retained: DurableTable | None = None
         self.session_table: DurableTable | None = None
         self._server: asyncio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conn_ids = itertools.count(1)
         self.port = 0
         #: output given during a read is written when the read is done (shared by protocols)
         self.batch = context.read_batch
@@ -110,15 +114,34 @@ class MqttServer:
             )
 
     async def start(self) -> None:
-        from vibemq_server.adapters.mqtt.connection import MqttConnection
-
         host = self.cfg.host or self.config.host
         loop = asyncio.get_running_loop()
+        self._loop = loop
         self._server = await loop.create_server(
-            lambda: MqttConnection(self), host, self.cfg.port, backlog=4096, reuse_address=True
+            self._accept, host, self.cfg.port, backlog=4096, reuse_address=True
         )
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("listening", protocol="mqtt", host=host, port=self.port)
+
+    def _accept(self) -> StreamTransport:
+        """A new socket: the shared transport, carrying an MQTT connection once the broker's
+        connection limit let it in (over the limit the socket just closes: MQTT has no
+        refusal before CONNECT)."""
+        return StreamTransport(
+            lambda link: MqttConnection(link, self),
+            conn_id=f"mqtt_{next(self._conn_ids)}",
+            log=log,
+            out_limit=self.config.write_buffer_high_bytes,
+            batch=self.batch,
+            register=self.register,
+            unregister=self.unregister,
+            refusal=b"",
+        )
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        """A timer for a connection (the longest pause of a publisher)."""
+        loop = self._loop or asyncio.get_running_loop()
+        return loop.call_later(delay, callback)
 
     def close(self) -> None:
         if self._server is not None:

@@ -25,13 +25,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from vibemq_server.adapters.mqtt.codec import encode_publish
 from vibemq_server.core import PublishOutcome, Queue, QueueManager, StoredMessage, Subscription
-
-if TYPE_CHECKING:
-    from vibemq_server.core.topics import TopicRouter
+from vibemq_server.core.topics import TopicRouter
 
 #: Headers of the messages in a session queue.
 TOPIC = "mqttTopic"
@@ -42,7 +40,8 @@ MAX_PACKET_ID = 65_535
 
 
 class Link(Protocol):
-    """What a session needs of its current connection."""
+    """What a session needs of its current connection's socket (``StreamTransport`` is one):
+    deliveries go straight to it."""
 
     @property
     def writable(self) -> bool: ...
@@ -77,6 +76,9 @@ class MqttSession:
         self.max_inflight = max_inflight
         self.max_backlog = max_backlog
         self.link: Link | None = None
+        # What makes the connection holding this session give it up (a new CONNECT with
+        # the same client id takes it over).
+        self._on_takeover: Callable[[], None] | None = None
         self.sub: Subscription | None = None
         #: topic filter -> granted QoS
         self.filters: dict[str, int] = {}
@@ -114,9 +116,11 @@ class MqttSession:
     def connected(self) -> bool:
         return self.link is not None
 
-    def attach(self, link: Link) -> None:
-        """Bind to a new connection; PUBRELs still owed go out before anything else."""
+    def attach(self, link: Link, on_takeover: Callable[[], None]) -> None:
+        """Bind to a new connection; PUBRELs still owed go out before anything else.
+        ``on_takeover``: how ``take_over`` makes that connection let go of the session."""
         self.link = link
+        self._on_takeover = on_takeover
         for pid in sorted(self.pubrel):
             link.send(b"\x62\x02" + pid.to_bytes(2, "big"))
         if self.packet_ids:
@@ -145,9 +149,17 @@ class MqttSession:
         if self.queue is not None:
             self.queue.dispatch()
 
+    def take_over(self) -> None:
+        """Another connection CONNECTed with this client id: the one holding the session (if
+        any) closes and leaves it (detached, or ended if clean)."""
+        on_takeover = self._on_takeover
+        if self.link is not None and on_takeover is not None:
+            on_takeover()
+
     def detach(self) -> None:
         """The connection is gone: unacknowledged deliveries go back to the queue front."""
         self.link = None
+        self._on_takeover = None
         self._backlog.clear()
         self.stalled = False
         self._release_publishers()
