@@ -1,22 +1,28 @@
-"""Property tests of the MQTT protocol state machine (``MqttConnection``) driven by Hypothesis.
+"""Property tests of the MQTT connection state machine (``MqttConnection``) driven by Hypothesis.
 
-A real :class:`MqttServer` over a real :class:`QueueManager` (with a journal in a temporary
-directory, or none), and connections whose transport is a fake recording what the broker
-does with it; everything runs inside the test's event loop, whose exception handler records
-errors raised in callbacks (flushes, journal waiters, resumed reads). Properties:
+The connection is sans-IO: here it runs over ``TestLink``, a ``Link`` that does what the shared
+``StreamTransport`` does (output gathered during a read and written when the read is done, a
+bounded write buffer, paused reading, ``connection_lost`` from a later loop iteration) over a
+recorded socket. Behind it, a real :class:`MqttServer` over a real :class:`QueueManager` (with a
+journal in a temporary directory, or none); everything runs inside the test's event loop,
+whose exception handler records errors raised in callbacks (flushes, journal waiters, resumed
+reads). Properties:
 
 1. no input (valid packets in any state, random bytes, packets cut anywhere, peers vanishing,
    write pauses, timer checks, memory pressure, VibeMQ publishes) makes the connection raise,
    here or in a loop callback;
 2. what a client receives parses as server-to-client packets: one CONNACK first, then only
    PUBLISH/PUBACK/PUBREC/PUBREL/PUBCOMP/SUBACK/UNSUBACK/PINGRESP (nothing after a refusal),
-   each PUBLISH on a topic one of its subscriptions matches; nothing is written after the
-   transport was closed; once the clients acknowledge what they get, no publisher stays
+   each PUBLISH on a topic one of its subscriptions matches; nothing is sent after the
+   connection closed its link; once the clients acknowledge what they get, no publisher stays
    paused and no message stays queued; after shutdown no clean session is left;
 3. the same packets fed in one chunk or byte by byte give the same output;
 4. a connection that sends a malformed packet is closed, and the others go on working;
 5. a publisher paused for a slow subscriber and/or for memory resumes, and every QoS 1/2
-   publish gets its acknowledgement, in order.
+   publish gets its acknowledgement, in order;
+6. with a journal, recovering it afterwards gives back the live durable state: the durable
+   queues' messages (the VibeMQ queue MQTT publishes reach, the persistent sessions' queues),
+   the retained messages and the persistent sessions' subscriptions.
 
 The hold of a publisher runs out when the test says so (``expire_holds``), not by the clock,
 so that every example runs the same way each time.
@@ -28,11 +34,12 @@ import asyncio
 import contextlib
 import itertools
 import tempfile
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -68,39 +75,137 @@ from vibemq_server.server.transport import ReadBatch
 
 SERVER_TO_CLIENT = (Publish, Puback, Pubrec, Pubrel, Pubcomp, Suback, Unsuback, Pingresp)
 ACKS = (Puback, Pubrec, Pubcomp)
+#: the broker's write_buffer_high_bytes here: a few deliveries fill it
+OUT_LIMIT = 4096
 
-# -- the fake transport ------------------------------------------------------------------------
+# -- the test link -----------------------------------------------------------------------------
 
 
-class FakeTransport:
-    """Records what the broker does with its socket. ``close``/``abort`` deliver
-    ``connection_lost`` from a later loop iteration, as asyncio does; the peer going away
-    delivers it at once."""
+class TestLink:
+    """The connection's ``Link``, doing what ``StreamTransport`` does with a socket, which is
+    recorded: ``out`` is what the client received. Output given during a read is written when
+    the read is done, otherwise at the end of the loop turn; over ``OUT_LIMIT`` unwritten bytes,
+    or while the client does not read (``pause_writing``), the link is not writable, and
+    writing it out (or the client reading again) tells the connection. ``close``/``abort``
+    deliver ``connection_lost`` from a later loop iteration, as asyncio does; the peer going
+    away delivers it at once."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, port: int) -> None:
-        self.loop = loop
-        self.port = port
-        self.protocol: MqttConnection | None = None
+    __test__ = False  # not a test class, whatever its name
+
+    def __init__(self, world: World, port: int) -> None:
+        self.world = world
+        self.loop = world.loop
+        self.conn_id = f"mqtt_{port}"
+        self.log = structlog.get_logger("vibemq.mqtt").bind(conn_id=self.conn_id)
+        self.session: MqttConnection | None = None
         self.out = bytearray()
-        self.late_writes: list[bytes] = []
-        self.closed = False  # by the broker (close/abort) or by the peer
+        self.late_sends: list[bytes] = []  # sent after the link was closed
+        self.closed = False  # by the connection (close/abort) or by the peer
         self.lost = False  # connection_lost delivered (once)
-        self.reading_paused = False
-        self.limits: tuple[int | None, int | None] | None = None
+        self._buffer: list[bytes] = []
+        self._buffered = 0
+        self._flush_scheduled = False
+        self._write_paused = False
+        self._reading_paused = False
 
-    def write(self, data: bytes | bytearray | memoryview) -> None:
+    # -- Link ---------------------------------------------------------------------------------
+
+    @property
+    def writable(self) -> bool:
+        return not (self._write_paused or self.closed) and self._buffered < OUT_LIMIT
+
+    @property
+    def reading_paused(self) -> bool:
+        return self._reading_paused
+
+    def send(self, data: bytes) -> None:
         if self.closed:
-            self.late_writes.append(bytes(data))
-        else:
-            self.out += data
+            self.late_sends.append(data)
+            return
+        self._buffer.append(data)
+        self._buffered += len(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            batch = self.world.batch
+            if batch.reading:
+                batch.dirty.append(self)  # type: ignore[arg-type]
+            else:
+                self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._buffer or self.closed:
+            return
+        was_full = self._buffered >= OUT_LIMIT
+        self.out += b"".join(self._buffer)
+        self._buffer, self._buffered = [], 0
+        if was_full and self.writable:
+            self._writable_again()
+
+    def _writable_again(self) -> None:
+        if self.session is not None and not self.closed:
+            try:
+                self.session.writable_again()
+            except Exception as exc:  # (the batch would only log it)
+                self.world.errors.append({"exception": exc, "where": "writable_again"})
+                raise
 
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.loop.call_soon(self._lose, None)
+        if self.closed:
+            return
+        self._flush()
+        self.closed = True
+        self.loop.call_soon(self._lose, None)
 
     def abort(self) -> None:
-        self.close()
+        if self.closed:
+            return
+        self.closed = True
+        self._buffer, self._buffered = [], 0
+        self.loop.call_soon(self._lose, None)
+
+    def pause_reading(self) -> None:
+        if not self.closed:
+            self._reading_paused = True
+
+    def resume_reading(self) -> None:
+        if not self.closed:
+            self._reading_paused = False
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        self.loop.call_soon(callback)
+
+    def time(self) -> float:
+        return self.loop.time()
+
+    # -- what the socket and the broker do (as StreamTransport passes them on) ----------------
+
+    def data_received(self, data: bytes) -> None:
+        if self.session is None or self.closed:
+            return
+        batch = self.world.batch
+        batch.begin()
+        try:
+            self.session.data_received(data)  # no except: the test wants to see any error
+        finally:
+            batch.end()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._writable_again()
+
+    def check_timers(self, now: float, keepalive: float, frame_timeout: float) -> None:
+        if self.session is not None and not self.closed:
+            self.session.check_timers(now, keepalive, frame_timeout)
+
+    def shutdown(self, reason: str) -> None:
+        if self.session is not None and not self.closed:
+            self.session.shutdown(reason)
+        else:
+            self.close()
 
     def peer_gone(self, exc: Exception | None) -> None:
         self.closed = True
@@ -110,39 +215,29 @@ class FakeTransport:
         if self.lost:
             return
         self.lost = True
-        assert self.protocol is not None
-        self.protocol.connection_lost(exc)
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def pause_reading(self) -> None:
-        self.reading_paused = True
-
-    def resume_reading(self) -> None:
-        self.reading_paused = False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", self.port) if name == "peername" else default
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self.limits = (high, low)
+        self.world.unregister(self)
+        if self.session is not None:
+            self.session.connection_lost(exc)
 
 
 @dataclass
 class Client:
-    """One client connection: its transport, what it sent, and what it received."""
+    """One client connection: its link, what it sent, and what it received."""
 
-    conn: MqttConnection
-    transport: FakeTransport
+    link: TestLink
     #: the session key its first CONNECT named (None before it sent one)
     session_key: str | None = None
     pending: list[bytes] = field(default_factory=list)  # sent while reading was paused
     acked: int = 0  # received packets already answered by ``ack``
 
+    @property
+    def conn(self) -> MqttConnection | None:
+        """None when the broker's connection limit refused the socket."""
+        return self.link.session
+
     def received(self) -> list[Packet]:
         parser = MqttParser()
-        packets = parser.feed(bytes(self.transport.out))
+        packets = parser.feed(bytes(self.link.out))
         assert parser.buffered == 0, "a write ended inside a packet"
         return packets
 
@@ -150,32 +245,37 @@ class Client:
 class World:
     """One broker side (server, manager, journal) and the clients connected to it."""
 
-    def __init__(self, server: MqttServer) -> None:
+    def __init__(self, server: MqttServer, errors: LoopErrors) -> None:
         self.server = server
         self.loop = asyncio.get_running_loop()
+        self.batch = server.batch
+        self.errors = errors.errors
         self.clients: list[Client] = []  # every client ever connected
-        self.registered: set[MqttConnection] = set()
+        self.registered: set[TestLink] = set()
         self.max_connections = 3
         #: session key -> every filter any of its connections subscribed to
         self.filters: dict[str, set[str]] = {}
         self._ports = iter(range(40_000, 65_000))
         self._anonymous = 0
 
-    def register(self, conn: MqttConnection) -> bool:
+    def register(self, link: TestLink) -> bool:
         if len(self.registered) >= self.max_connections:
             return False
-        self.registered.add(conn)
+        self.registered.add(link)
         return True
 
-    def unregister(self, conn: MqttConnection) -> None:
-        self.registered.discard(conn)
+    def unregister(self, link: TestLink) -> None:
+        self.registered.discard(link)
 
     def connect(self) -> Client:
-        transport = FakeTransport(self.loop, next(self._ports))
-        conn = MqttConnection(self.server)
-        transport.protocol = conn
-        conn.connection_made(transport)  # type: ignore[arg-type]
-        client = Client(conn, transport)
+        """A socket accepted, as StreamTransport takes it: a session only under the broker's
+        connection limit (over it, the socket is closed without a word, as today)."""
+        link = TestLink(self, next(self._ports))
+        if self.register(link):
+            link.session = MqttConnection(link, self.server)
+        else:
+            link.closed = link.lost = True
+        client = Client(link)
         self.clients.append(client)
         return client
 
@@ -197,23 +297,23 @@ class World:
         """The bytes arrive as a socket would hand them over: not after a close, not while
         reading is paused (they wait, see ``pump``)."""
         for chunk in chunks:
-            if client.transport.closed:
+            if client.link.closed:
                 return
-            if client.transport.reading_paused or client.pending:
+            if client.link.reading_paused or client.pending:
                 client.pending.append(chunk)
             else:
-                client.conn.data_received(chunk)
+                client.link.data_received(chunk)
 
     def pump(self) -> None:
         for client in self.clients:
-            while client.pending and not client.transport.reading_paused:
-                if client.transport.closed:
+            while client.pending and not client.link.reading_paused:
+                if client.link.closed:
                     client.pending.clear()
                     break
-                client.conn.data_received(client.pending.pop(0))
+                client.link.data_received(client.pending.pop(0))
 
     def live(self) -> list[Client]:
-        return [c for c in self.clients if not c.transport.closed]
+        return [c for c in self.clients if not c.link.closed]
 
 
 async def settle(world: World | None = None, rounds: int = 6) -> None:
@@ -234,56 +334,71 @@ class LoopErrors:
         self.errors.append(context)
 
 
+MQTT_SETTINGS: dict[str, Any] = {
+    "deny_subscribe": ["secret/#"],
+    "deny_publish": ["ro/#"],
+    "max_retained": 3,
+    # Never by the clock (tests stay deterministic): see expire_holds.
+    "max_publisher_pause_s": 3600.0,
+    "max_inflight": 2,
+    "max_queued_messages": 4,
+}
+
+
+def make_config(auth: bool, **mqtt: Any) -> Config:
+    settings_ = {**MQTT_SETTINGS, **mqtt}
+    if auth:
+        settings_["users"] = {"u": "pw"}
+    return Config(
+        auth_tokens=["token"] if auth else [], write_buffer_high_bytes=OUT_LIMIT, mqtt=settings_
+    )
+
+
+def make_server(config: Config, manager: QueueManager) -> MqttServer:
+    """An MQTT server (its listener never opened) whose connection registry is the world's."""
+    server = MqttServer(
+        AdapterContext(config, manager, lambda _c: True, lambda _c: None, ReadBatch())
+    )
+    server.restore()
+    return server
+
+
 @contextlib.asynccontextmanager
 async def broker(
-    *, journal: bool, auth: bool = False, memory: int = 512 * 1024 * 1024, **mqtt: Any
+    *,
+    journal: bool,
+    auth: bool = False,
+    memory: int = 512 * 1024 * 1024,
+    journal_dir: Path | None = None,
+    **mqtt: Any,
 ) -> AsyncIterator[tuple[World, LoopErrors]]:
+    """``journal_dir``: where the journal goes (it is kept there after the test, for a replay);
+    else a temporary directory."""
     loop = asyncio.get_running_loop()
     errors = LoopErrors()
     old_handler = loop.get_exception_handler()
     loop.set_exception_handler(errors)
-    settings_: dict[str, Any] = {
-        "deny_subscribe": ["secret/#"],
-        "deny_publish": ["ro/#"],
-        "max_retained": 3,
-        # Never by the clock (tests stay deterministic): see expire_holds.
-        "max_publisher_pause_s": 3600.0,
-        "max_inflight": 2,
-        "max_queued_messages": 4,
-    }
-    settings_.update(mqtt)
-    if auth:
-        settings_["users"] = {"u": "pw"}
-    config = Config(
-        auth_tokens=["token"] if auth else [], write_buffer_high_bytes=4096, mqtt=settings_
-    )
+    config = make_config(auth, **mqtt)
     with tempfile.TemporaryDirectory() as tmp:
         manager = QueueManager(
             config.queue_defaults, memory_high_watermark=memory, name_validator=valid_queue_name
         )
         store: Journal | None = None
         if journal:
-            store = Journal(Path(tmp) / "journal", fsync=FsyncPolicy.NEVER)
+            store = Journal(journal_dir or Path(tmp) / "journal", fsync=FsyncPolicy.NEVER)
             store.recover(manager)
             store.start(manager)
             manager.persistence = store
         # VibeMQ queues that MQTT publishes reach: a durable one and a transient one.
         manager.create_queue("orders")
         manager.create_queue("a.b", manager.options_from({"durable": False}))
-        world = World(
-            MqttServer(
-                AdapterContext(config, manager, lambda _c: True, lambda _c: None, ReadBatch())
-            )
-        )
-        world.server.register = world.register  # type: ignore[assignment]
-        world.server.unregister = world.unregister  # type: ignore[assignment]
-        world.server.restore()
+        world = World(make_server(config, manager), errors)
         try:
             yield world, errors
         finally:
             for client in world.clients:  # whatever a failed example left open
-                if not client.transport.lost:
-                    client.transport.peer_gone(None)
+                if not client.link.lost:
+                    client.link.peer_gone(None)
             if store is not None:
                 await store.close()
             loop.set_exception_handler(old_handler)
@@ -295,7 +410,7 @@ async def broker(
 def check_output(world: World, client: Client) -> list[Packet]:
     """Property 2 for one client: well-formed, server-to-client only, CONNACK first and once,
     publishes only on subscribed topics, nothing written after the close."""
-    assert not client.transport.late_writes, "written after the transport was closed"
+    assert not client.link.late_sends, "sent after the connection closed its link"
     packets = client.received()
     if not packets:
         return packets
@@ -303,7 +418,7 @@ def check_output(world: World, client: Client) -> list[Packet]:
     assert isinstance(first, Connack), f"first packet {first!r}"
     if first.return_code != 0:
         assert not rest, f"packets after a refused CONNECT: {rest!r}"
-        assert client.transport.closed
+        assert client.link.closed
         return packets
     filters = world.filters.get(client.session_key or "", set())
     for packet in rest:
@@ -319,11 +434,13 @@ def check_end(world: World, errors: LoopErrors) -> None:
     assert not errors.errors, errors.errors
     for client in world.clients:
         check_output(world, client)
-        assert client.transport.closed and client.transport.lost
+        assert client.link.closed and client.link.lost
     assert not world.registered
     for session in world.server.sessions.values():
         assert not session.clean, f"clean session {session.client_id} outlived its connection"
         assert session.link is None
+    for client in world.clients:
+        assert client.conn is None or client.conn.closed
 
 
 # -- strategies --------------------------------------------------------------------------------
@@ -578,7 +695,7 @@ async def acknowledge_all(world: World, client: Client) -> bool:
         received = client.received()
         answers = acks_for(received[client.acked :])
         client.acked = len(received)
-        if not answers or client.transport.closed:
+        if not answers or client.link.closed:
             break
         answered = True
         world.feed(client, [b"".join(encode(p) for p in answers)])
@@ -590,17 +707,17 @@ def expire_holds(world: World) -> None:
     """What the broker does when a held publisher's pause (``max_publisher_pause_s``) runs
     out: done here rather than by the clock, so that an example always runs the same way."""
     for client in world.clients:
-        timer = client.conn._hold_timer
-        if timer is not None:
-            timer.cancel()
-            client.conn._hold_expired()
+        conn = client.conn
+        if conn is not None and conn._hold_timer is not None:
+            conn._hold_timer.cancel()
+            conn._hold_expired()
 
 
 def check_nothing_stuck(world: World) -> None:
     """After ``quiesce``: no message waits for a connected client that acknowledges all."""
     for client in world.live():
-        session = client.conn.session
-        if session is not None and session.link is client.conn:
+        session = client.conn.session if client.conn is not None else None
+        if session is not None and session.link is client.link:
             queued = session.queue.store.count if session.queue is not None else 0
             assert not (session._backlog or session._pending or queued), (
                 f"{session.client_id}: messages stuck with nothing in flight"
@@ -614,7 +731,7 @@ async def quiesce(world: World) -> None:
         await settle(world)
         answered = [await acknowledge_all(world, c) for c in world.live()]
         if not any(answered):
-            if not any(c.transport.reading_paused or c.pending for c in world.live()):
+            if not any(c.link.reading_paused or c.pending for c in world.live()):
                 return
             expire_holds(world)
 
@@ -639,7 +756,30 @@ async def test_no_input_breaks_the_state_machine(
     first: tuple[list[Packet], ...],
     ops: list[tuple[Any, ...]],
 ) -> None:
-    async with broker(journal=journal, auth=auth, memory=memory) as (world, errors):
+    with tempfile.TemporaryDirectory() as tmp:
+        journal_dir = Path(tmp) / "journal"
+        live = await _run_anything(journal, auth, max_connections, memory, first, ops, journal_dir)
+        if journal:  # 6: the journal replays to the live durable state
+            config = make_config(auth)
+            recovered = QueueManager(config.queue_defaults, name_validator=valid_queue_name)
+            Journal(journal_dir).recover(recovered)
+            assert durable_state(make_server(config, recovered)) == live
+
+
+async def _run_anything(
+    journal: bool,
+    auth: bool,
+    max_connections: int,
+    memory: int,
+    first: tuple[list[Packet], ...],
+    ops: list[tuple[Any, ...]],
+    journal_dir: Path,
+) -> dict[str, Any]:
+    """Properties 1 and 2; the durable state the broker was left with."""
+    async with broker(journal=journal, auth=auth, memory=memory, journal_dir=journal_dir) as (
+        world,
+        errors,
+    ):
         loop = world.loop
         manager = world.server.manager
         world.max_connections = max_connections
@@ -654,7 +794,7 @@ async def test_no_input_breaks_the_state_machine(
             if kind == "send":
                 _, slot, packets, chunks = op
                 client = slots_[slot]
-                if not client.transport.closed:
+                if not client.link.closed:
                     world.note_sent(client, packets)
                 world.feed(client, chunks)
             elif kind == "tick":
@@ -667,26 +807,26 @@ async def test_no_input_breaks_the_state_machine(
                 received = client.received()
                 answers = acks_for(received[client.acked :])
                 client.acked = len(received)
-                if answers and not client.transport.closed:
+                if answers and not client.link.closed:
                     world.feed(client, [b"".join(encode(p) for p in answers)])
             elif kind == "pause_writing":
                 client = slots_[op[1]]
-                if not client.transport.closed:
-                    client.conn.pause_writing()
+                if not client.link.closed:
+                    client.link.pause_writing()
             elif kind == "resume_writing":
                 client = slots_[op[1]]
-                if not client.transport.closed:
-                    client.conn.resume_writing()
+                if not client.link.closed:
+                    client.link.resume_writing()
             elif kind == "timers":
                 client = slots_[op[1]]
-                if not client.transport.lost:
-                    client.conn.check_timers(loop.time() + op[2], 60.0, 10.0)
+                if not client.link.lost:
+                    client.link.check_timers(loop.time() + op[2], 60.0, 10.0)
             elif kind == "peer_gone":
                 client = slots_[op[1]]
-                if not client.transport.lost:
-                    client.transport.peer_gone(ConnectionResetError() if op[2] else None)
+                if not client.link.lost:
+                    client.link.peer_gone(ConnectionResetError() if op[2] else None)
             elif kind == "reconnect":
-                if slots_[op[1]].transport.closed:
+                if slots_[op[1]].link.closed:
                     client = slots_[op[1]] = world.connect()
                     world.note_sent(client, op[2])
                     world.feed(client, [b"".join(encode(p) for p in op[2])])
@@ -704,20 +844,41 @@ async def test_no_input_breaks_the_state_machine(
         # Everyone reads again and memory is free: a publisher held for a slow subscriber or
         # paused for memory goes on.
         for client in world.live():
-            client.conn.resume_writing()
+            client.link.resume_writing()
         manager.memory_low = manager.memory_high = 10**12
         manager.tick()
         # Clients that acknowledge everything get everything still queued for them.
         await quiesce(world)
-        paused = [c.conn.conn_id for c in world.live() if c.transport.reading_paused]
+        paused = [c.link.conn_id for c in world.live() if c.link.reading_paused]
         assert not paused, f"reading still paused: {paused}"
         check_nothing_stuck(world)
 
         # Broker shutdown.
         for client in world.live():
-            client.conn.shutdown("server_shutdown")
+            client.link.shutdown("server_shutdown")
         await settle(world)
         check_end(world, errors)
+        return durable_state(world.server)
+
+
+def durable_state(server: MqttServer) -> dict[str, Any]:
+    """What the journal must keep: the messages of every durable queue (ready or in flight),
+    the retained messages and the persistent sessions' subscriptions."""
+    manager = server.manager
+    tables = {t.queue.name for t in (server.retained, server.session_table) if t is not None}
+    queues: dict[str, list[str]] = {}
+    for name, queue in manager.queues.items():
+        if queue.options.durable and name not in tables:
+            ids = [m.id for m in queue.store]
+            for sub in queue.subscriptions:
+                ids.extend(m.id for m in sub.inflight.values())
+            queues[name] = sorted(ids)
+    assert server.retained is not None
+    return {
+        "queues": queues,
+        "retained": {t: (m.payload, m.headers) for t, m in server.retained.items()},
+        "sessions": {c: s.filters for c, s in server.sessions.items() if not s.clean},
+    }
 
 
 # -- 3: chunking does not change the output ----------------------------------------------------
@@ -736,9 +897,9 @@ async def _run_single(packets: list[Packet], how: str, journal: bool) -> tuple[l
                 await settle(world, 1)
         await settle(world)
         received = check_output(world, client)
-        closed = client.transport.closed
+        closed = client.link.closed
         if not closed:
-            client.conn.shutdown("server_shutdown")
+            client.link.shutdown("server_shutdown")
             await settle(world)
         check_end(world, errors)
         return received, closed
@@ -814,7 +975,7 @@ async def test_a_malformed_packet_closes_only_its_connection(
         data = b"".join(encode(p) for p in [bad, *bad_packets]) + malformed
         world.feed(offender, [data[i : i + 1] for i in range(len(data))] if split else [data])
         await settle(world)
-        assert offender.transport.closed and offender.transport.lost
+        assert offender.link.closed and offender.link.lost
 
         publisher = world.connect()
         marker = b"after the offender"
@@ -832,7 +993,7 @@ async def test_a_malformed_packet_closes_only_its_connection(
         if qos:
             assert pub_out[1:] == [Puback(7) if qos == 1 else Pubrec(7)]
         for client in world.live():
-            client.conn.shutdown("server_shutdown")
+            client.link.shutdown("server_shutdown")
         await settle(world)
         check_end(world, errors)
 
@@ -884,7 +1045,7 @@ async def test_a_paused_publisher_resumes_and_every_publish_is_acknowledged(
         world.feed(pub, [encode(Connect("pub"))])
         await settle(world)
         if slow:
-            sub.conn.pause_writing()
+            sub.link.pause_writing()
 
         packets = [
             Publish(topic, b"x" * size, qos, packet_id=pid if qos else None)
@@ -900,13 +1061,13 @@ async def test_a_paused_publisher_resumes_and_every_publish_is_acknowledged(
             expire_holds(world)
             await settle(world)
 
-        sub.conn.resume_writing()
+        sub.link.resume_writing()
         manager.delete_queue("orders")
         manager.create_queue("orders")
         manager.memory_low = manager.memory_high = 10**12
         manager.tick()
         await quiesce(world)
-        assert not pub.transport.reading_paused and not pub.pending
+        assert not pub.link.reading_paused and not pub.pending
         check_nothing_stuck(world)
 
         expected = [
@@ -916,6 +1077,6 @@ async def test_a_paused_publisher_resumes_and_every_publish_is_acknowledged(
         ]
         assert pub.received() == [Connack(0), *expected]
         for client in world.live():
-            client.conn.shutdown("server_shutdown")
+            client.link.shutdown("server_shutdown")
         await settle(world)
         check_end(world, errors)
