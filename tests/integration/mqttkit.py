@@ -1,11 +1,19 @@
-"""MQTT clients for integration tests: paho driven from async tests, and a raw packet client.
+"""MQTT clients for the integration tests: THE raw MQTT client, paho for async tests, and the
+async tests' environment.
 
-* :class:`PahoClient` wraps a real paho-mqtt 2.x client. paho is blocking and threaded (its
-  network loop runs in a thread of its own), so every wait here runs in a worker thread
-  (``asyncio.to_thread``) and the broker, running in the test's event loop, keeps going.
-* :class:`RawMqtt` speaks MQTT over asyncio streams with the project's own codec
-  (``adapters.mqtt.codec.encode`` / ``MqttParser``): exact control over packet ids, DUP,
-  acknowledgements withheld and connections dropped at a chosen point.
+* :class:`RawMqtt` is the one raw MQTT client of the test suite: a blocking socket speaking
+  MQTT through the project's codec (``encode`` to send, or bytes for deliberately broken
+  packets; :class:`MqttParser` to read). Every packet the broker sends is kept in ``pending``
+  until asked for, in order. Synchronous tests (broker on a thread of its own,
+  ``mqttutil.ThreadBroker``) use it as it is.
+* :class:`AsyncRawMqtt` is the same client for tests whose broker runs in their own event
+  loop: each blocking call is made in a worker thread (``asyncio.to_thread``), so the loop,
+  and with it the broker, keeps going.
+* :class:`PahoClient` wraps a real paho-mqtt 2.x client the same way (paho's network loop runs
+  in a thread of its own; every wait runs in a worker thread).
+* :class:`MqttEnv` is one async test's in-process broker and the clients it made (closed at
+  teardown); :class:`Procs` starts real ``python -m vibemq_server`` processes. The fixtures
+  are in conftest.py.
 
 Every wait is bounded (``TIMEOUT``): a missing packet fails the test, it never hangs.
 """
@@ -14,14 +22,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import json
 import queue
+import signal
+import socket
 import threading
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from serverproc import clean_env, server_args
 
 from vibemq_server.adapters.mqtt.codec import MqttParser, encode
 from vibemq_server.adapters.mqtt.packets import (
@@ -34,17 +49,37 @@ from vibemq_server.adapters.mqtt.packets import (
     Suback,
     Subscribe,
 )
+from vibemq_server.client import Client
+from vibemq_server.server import Broker
 
 TIMEOUT = 5.0
+"""Bound of every wait for something that should happen (it normally takes milliseconds)."""
 #: How long a test waits before concluding that something did *not* arrive. Only used
 #: together with a ping / marker barrier, never as a performance assertion.
 QUIET = 0.3
+HOST = "127.0.0.1"
 
-P = TypeVar("P")
+P = TypeVar("P", bound=Packet)
+_ids = itertools.count(1)
+
+
+def unique_id(prefix: str = "c") -> str:
+    """A client id unique within the test run (short enough for MQTT 3.1's 23 characters)."""
+    return f"{prefix}{next(_ids)}"
+
+
+def wait_until(pred: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
+    """For synchronous tests: poll ``pred`` until it holds; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for: {what}")
+        time.sleep(0.01)
 
 
 async def wait_for(cond: Callable[[], bool], timeout: float = TIMEOUT, what: str = "") -> None:
-    """Poll ``cond`` (in the event loop) until it holds; fail after ``timeout``."""
+    """For async tests: poll ``cond`` (in the event loop) until it holds; fail after
+    ``timeout``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not cond():
@@ -52,7 +87,194 @@ async def wait_for(cond: Callable[[], bool], timeout: float = TIMEOUT, what: str
         await asyncio.sleep(0.005)
 
 
-# -- paho ------------------------------------------------------------------------------------
+# -- the raw client ----------------------------------------------------------------------------
+
+
+class Closed(ConnectionError):
+    """The broker closed the connection."""
+
+
+class RawMqtt:
+    """A blocking MQTT connection built from the project codec; every read is bounded."""
+
+    def __init__(self, port: int, host: str = HOST) -> None:
+        self.sock = socket.create_connection((host, port), timeout=TIMEOUT)
+        self.parser = MqttParser()
+        self.pending: deque[Packet] = deque()
+        self.eof = False
+
+    def send(self, *items: bytes | Packet) -> None:
+        """Packets (encoded here) or raw bytes, in one write."""
+        self.sock.sendall(b"".join(i if isinstance(i, bytes) else encode(i) for i in items))
+
+    def send_tolerant(self, *items: bytes | Packet) -> None:
+        """Send, ignoring a broker that already closed (it may refuse before reading it all)."""
+        with contextlib.suppress(OSError):
+            self.send(*items)
+
+    def _read(self, deadline: float) -> None:
+        """One read into ``pending``; Closed at EOF or reset, AssertionError at the deadline."""
+        if self.eof:
+            raise Closed("the broker closed the connection")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError("timed out waiting for the broker")
+        self.sock.settimeout(remaining)
+        try:
+            chunk = self.sock.recv(65536)
+        except TimeoutError:
+            raise AssertionError("timed out waiting for the broker") from None
+        except (ConnectionResetError, BrokenPipeError):
+            chunk = b""
+        if not chunk:
+            self.eof = True
+            raise Closed("the broker closed the connection")
+        self.pending.extend(self.parser.feed(chunk))
+
+    def recv(self, timeout: float = TIMEOUT) -> Packet:
+        """The next packet from the broker."""
+        deadline = time.monotonic() + timeout
+        while not self.pending:
+            self._read(deadline)
+        return self.pending.popleft()
+
+    def expect(self, cls: type[P], timeout: float = TIMEOUT) -> P:
+        packet = self.recv(timeout)
+        assert isinstance(packet, cls), f"expected {cls.__name__}, got {packet!r}"
+        return packet
+
+    def connect(self, client_id: str | None = None, **fields: Any) -> Connack:
+        """Send a CONNECT (any fields of :class:`Connect`) and return the CONNACK."""
+        self.send(Connect(client_id=unique_id("raw") if client_id is None else client_id, **fields))
+        return self.expect(Connack)
+
+    def subscribe(self, topic_filter: str, qos: int, packet_id: int = 1) -> int:
+        """SUBSCRIBE to one filter; the granted QoS (or 0x80)."""
+        self.send(Subscribe(packet_id, ((topic_filter, qos),)))
+        suback = self.expect(Suback)
+        assert suback.packet_id == packet_id
+        return suback.return_codes[0]
+
+    def barrier(self, wait: float = QUIET) -> list[Packet]:
+        """Wait a little, then PINGREQ -> PINGRESP: returns whatever came before the PINGRESP
+        (the broker handles a connection's packets in order, so anything it had to send by
+        then is there)."""
+        time.sleep(wait)
+        self.send(Pingreq())
+        before: list[Packet] = []
+        while True:
+            packet = self.recv()
+            if isinstance(packet, Pingresp):
+                return before
+            before.append(packet)
+
+    def wait_closed(self, timeout: float = TIMEOUT) -> list[Packet]:
+        """Read until the broker closes; the packets that came first. Fails on timeout."""
+        deadline = time.monotonic() + timeout
+        received = list(self.pending)
+        self.pending.clear()
+        while True:
+            try:
+                self._read(deadline)
+            except Closed:
+                return received
+            except AssertionError:
+                raise AssertionError(
+                    f"the broker did not close the connection within {timeout}s"
+                ) from None
+            received.extend(self.pending)
+            self.pending.clear()
+
+    def disconnect_and_wait(self) -> None:
+        """DISCONNECT, then wait until the broker closes the connection: by then it has
+        handled the DISCONNECT (left the session)."""
+        self.send(Disconnect())
+        self.wait_closed()
+        self.close()
+
+    def disconnect(self) -> None:
+        """DISCONNECT (if the connection still takes it) and close."""
+        self.send_tolerant(Disconnect())
+        self.close()
+
+    def close(self) -> None:
+        """Close the socket without DISCONNECT: an abnormal close for the broker."""
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+    drop = close
+
+
+class AsyncRawMqtt:
+    """:class:`RawMqtt` for a test whose broker runs in the test's own event loop: every call
+    that may block runs in a worker thread."""
+
+    def __init__(self, raw: RawMqtt) -> None:
+        self.raw = raw
+
+    @classmethod
+    async def open(cls, port: int, host: str = HOST) -> AsyncRawMqtt:
+        return cls(await asyncio.to_thread(RawMqtt, port, host))
+
+    @classmethod
+    async def connected(
+        cls, port: int, client_id: str, *, clean_session: bool = True, keep_alive: int = 0
+    ) -> tuple[AsyncRawMqtt, Connack]:
+        """Open, send CONNECT and return the CONNACK (which must accept)."""
+        raw = await cls.open(port)
+        connack = await raw.connect(client_id, clean_session=clean_session, keep_alive=keep_alive)
+        assert connack.return_code == 0, connack
+        return raw, connack
+
+    @property
+    def pending(self) -> deque[Packet]:
+        return self.raw.pending
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:
+        return asyncio.to_thread(fn, *args, **kwargs)
+
+    async def send(self, *items: bytes | Packet) -> None:
+        await self._call(self.raw.send, *items)
+
+    async def recv(self, timeout: float = TIMEOUT) -> Packet:
+        packet: Packet = await self._call(self.raw.recv, timeout)
+        return packet
+
+    async def expect(self, cls: type[P], timeout: float = TIMEOUT) -> P:
+        packet: P = await self._call(self.raw.expect, cls, timeout)
+        return packet
+
+    async def connect(self, client_id: str | None = None, **fields: Any) -> Connack:
+        connack: Connack = await self._call(self.raw.connect, client_id, **fields)
+        return connack
+
+    async def subscribe(self, topic_filter: str, qos: int, packet_id: int = 1) -> int:
+        granted: int = await self._call(self.raw.subscribe, topic_filter, qos, packet_id)
+        return granted
+
+    async def barrier(self, wait: float = QUIET) -> list[Packet]:
+        before: list[Packet] = await self._call(self.raw.barrier, wait)
+        return before
+
+    async def wait_closed(self, timeout: float = TIMEOUT) -> list[Packet]:
+        received: list[Packet] = await self._call(self.raw.wait_closed, timeout)
+        return received
+
+    async def disconnect_and_wait(self) -> None:
+        await self._call(self.raw.disconnect_and_wait)
+
+    async def disconnect(self) -> None:
+        await self._call(self.raw.disconnect)
+
+    def drop(self) -> None:
+        """Close the socket abruptly (no DISCONNECT): the broker sees a lost connection."""
+        self.raw.close()
+
+    async def close(self) -> None:
+        self.raw.close()
+
+
+# -- paho --------------------------------------------------------------------------------------
 
 
 class PahoClient:
@@ -66,7 +288,7 @@ class PahoClient:
         *,
         clean_session: bool = True,
         protocol: MQTTProtocolVersion = MQTTProtocolVersion.MQTTv311,
-        host: str = "127.0.0.1",
+        host: str = HOST,
     ) -> None:
         self.host = host
         self.port = port
@@ -214,104 +436,146 @@ class PahoFactory:
             await client.close()
 
 
-# -- raw packets -----------------------------------------------------------------------------
+# -- one async test's broker and clients -------------------------------------------------------
 
 
-class RawMqtt:
-    """An MQTT connection with packets built and parsed by the project's codec. Every packet
-    the broker sends is kept in ``pending`` until asked for, in order."""
+class MqttEnv:
+    """An in-process broker (in the test's event loop) plus the clients of one test, all
+    closed at teardown."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.parser = MqttParser()
-        self.pending: deque[Packet] = deque()
-        self.eof = False
+    def __init__(self, broker_factory: Callable[..., Awaitable[Broker]]) -> None:
+        self.broker_factory = broker_factory
+        self.broker: Broker | None = None
+        self.paho = PahoFactory()
+        self.raws: list[AsyncRawMqtt] = []
+        self.clients: list[Client] = []
 
-    @classmethod
-    async def open(cls, port: int, host: str = "127.0.0.1") -> RawMqtt:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), TIMEOUT)
-        return cls(reader, writer)
+    async def start(self, **mqtt_options: Any) -> Broker:
+        return self.use(await self.broker_factory(mqtt={"port": 0, **mqtt_options}))
 
-    @classmethod
-    async def connect(
-        cls, port: int, client_id: str, *, clean_session: bool = True, keep_alive: int = 0
-    ) -> tuple[RawMqtt, Connack]:
-        """Open, send CONNECT and return the CONNACK (which must accept)."""
-        raw = await cls.open(port)
-        raw.send(Connect(client_id, clean_session=clean_session, keep_alive=keep_alive))
-        connack = await raw.expect(Connack)
-        assert connack.return_code == 0, connack
-        return raw, connack
+    def use(self, broker: Broker) -> Broker:
+        """Make ``broker`` (started by the test itself) the one new clients connect to."""
+        self.broker = broker
+        self.paho.port = self.port
+        return broker
 
-    def send(self, *packets: Packet) -> None:
-        self.writer.write(b"".join(encode(p) for p in packets))
+    @property
+    def port(self) -> int:
+        assert self.broker is not None and self.broker.mqtt_port
+        return self.broker.mqtt_port
 
-    async def _read_more(self, timeout: float) -> None:
-        data = await asyncio.wait_for(self.reader.read(65536), timeout)
-        if not data:
-            self.eof = True
-            raise ConnectionError("broker closed the connection")
-        self.pending.extend(self.parser.feed(data))
+    async def raw(self, client_id: str, clean_session: bool = True) -> tuple[AsyncRawMqtt, bool]:
+        """A raw connection that CONNECTed; returns it and the CONNACK session-present flag."""
+        raw, connack = await AsyncRawMqtt.connected(
+            self.port, client_id, clean_session=clean_session
+        )
+        self.raws.append(raw)
+        return raw, connack.session_present
 
-    async def recv(self, timeout: float = TIMEOUT) -> Packet:
-        """The next packet from the broker."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not self.pending:
-            left = deadline - loop.time()
-            if left <= 0:
-                raise AssertionError("no packet from the broker in time")
-            try:
-                await self._read_more(left)
-            except TimeoutError:
-                raise AssertionError("no packet from the broker in time") from None
-        return self.pending.popleft()
+    async def open_raw(self) -> AsyncRawMqtt:
+        """A raw connection that has sent nothing yet."""
+        raw = await AsyncRawMqtt.open(self.port)
+        self.raws.append(raw)
+        return raw
 
-    async def expect(self, cls: type[P], timeout: float = TIMEOUT) -> P:
-        packet = await self.recv(timeout)
-        assert isinstance(packet, cls), f"expected {cls.__name__}, got {packet!r}"
-        return packet
+    async def vibemq(self) -> Client:
+        """A VibeMQ client library connection to the same broker."""
+        assert self.broker is not None
+        client = await Client.connect(
+            HOST, self.broker.port, reconnect=False, request_timeout=TIMEOUT
+        )
+        self.clients.append(client)
+        return client
 
-    async def subscribe(self, topic_filter: str, qos: int, packet_id: int = 1) -> int:
-        self.send(Subscribe(packet_id, ((topic_filter, qos),)))
-        suback = await self.expect(Suback)
-        assert suback.packet_id == packet_id
-        return suback.return_codes[0]
+    def offline(self, client_id: str) -> bool:
+        """The broker holds a session for ``client_id`` and no connection is attached."""
+        assert self.broker is not None and self.broker.adapters["mqtt"] is not None
+        session = self.broker.adapters["mqtt"].sessions.get(client_id)
+        return session is not None and session.link is None
 
-    async def barrier(self, wait: float = QUIET) -> list[Packet]:
-        """Wait a little, then PINGREQ -> PINGRESP: returns whatever came before the PINGRESP
-        (the broker handles a connection's packets in order, so anything it had to send by
-        then is there)."""
-        await asyncio.sleep(wait)
-        self.send(Pingreq())
-        before: list[Packet] = []
-        while True:
-            packet = await self.recv()
-            if isinstance(packet, Pingresp):
-                return before
-            before.append(packet)
+    def gone(self, client_id: str) -> bool:
+        assert self.broker is not None and self.broker.adapters["mqtt"] is not None
+        return client_id not in self.broker.adapters["mqtt"].sessions
 
-    def drop(self) -> None:
-        """Close the socket abruptly (no DISCONNECT): the broker sees a lost connection."""
-        self.writer.transport.abort()
-
-    async def disconnect_and_wait(self) -> None:
-        """DISCONNECT, then wait until the broker closes the connection: by then it has
-        handled the DISCONNECT (left the session)."""
-        self.send(Disconnect())
-        async with asyncio.timeout(TIMEOUT):
-            while await self.reader.read(65536):
-                pass
-        await self.close()
-
-    async def disconnect(self) -> None:
-        with contextlib.suppress(Exception):
-            self.send(Disconnect())
-            await self.writer.drain()
-        await self.close()
+    async def wait_offline(self, client_id: str) -> None:
+        await wait_for(lambda: self.offline(client_id), what=f"{client_id} offline")
 
     async def close(self) -> None:
-        self.writer.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.writer.wait_closed(), TIMEOUT)
+        await self.paho.close_all()
+        for raw in self.raws:
+            await raw.close()
+        for client in self.clients:
+            await client.close()
+
+
+# -- real server processes ---------------------------------------------------------------------
+
+
+class Proc:
+    """One ``python -m vibemq_server`` process; its ports come from its ready file."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, log_path: Path) -> None:
+        self.proc = proc
+        self.log_path = log_path
+        self.mqtt_port = 0
+        self.port = 0
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    async def stop(self) -> int:
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return await asyncio.wait_for(self.proc.wait(), 15)
+
+    async def kill(self) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+        await asyncio.wait_for(self.proc.wait(), 15)
+
+
+class Procs:
+    """Starts server processes in ``workdir``; ``cleanup`` kills whatever still runs."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.started: list[Proc] = []
+
+    async def start(self, data_dir: Path) -> Proc:
+        n = len(self.started) + 1
+        ready = self.workdir / f"ready{n}.json"
+        log_path = self.workdir / f"server{n}.log"
+        with log_path.open("wb") as log_file:
+            process = await asyncio.create_subprocess_exec(
+                *server_args(data_dir, ready),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=log_file,
+                env=clean_env(),
+                cwd=self.workdir,
+            )
+        proc = Proc(process, log_path)
+        self.started.append(proc)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(15):
+                while not ready.exists() and process.returncode is None:
+                    await asyncio.sleep(0.01)
+        if not ready.exists():
+            await proc.kill()
+            raise AssertionError(f"server did not start:\n{proc.log}")
+        ports = json.loads(ready.read_text())
+        proc.port, proc.mqtt_port = ports["vibemq"], ports["mqtt"]
+        assert proc.mqtt_port
+        return proc
+
+    async def restart(self, proc: Proc, data_dir: Path) -> Proc:
+        """Stop ``proc`` cleanly (exit status 0) and start a new one on ``data_dir``."""
+        assert await proc.stop() == 0, proc.log
+        return await self.start(data_dir)
+
+    async def cleanup(self) -> None:
+        for proc in self.started:
+            with contextlib.suppress(Exception):
+                await proc.kill()

@@ -1,13 +1,13 @@
-"""Helpers for the MQTT protocol tests: a broker on a thread of its own and real clients.
+"""Helpers for synchronous tests: a broker on a thread of its own and blocking MQTT clients.
 
 * :class:`ThreadBroker` runs a real :class:`Broker` (uvloop, as in production) on its own
   thread and event loop, so tests can be plain synchronous code driving blocking clients
   (paho-mqtt's threaded loop, raw sockets, the mosquitto command-line tools) while the broker
   keeps running. :meth:`ThreadBroker.call` runs a function on the broker's loop to look at
-  its state safely.
-* :class:`RawMqtt` is a blocking socket speaking MQTT through the project codec (``encode`` to
-  send, :class:`MqttParser` to read): hand-built and deliberately broken packets.
+  its state safely. The AMQP tests use it too.
 * :class:`Paho` wraps a paho-mqtt 2.x client with queues, so every wait is bounded.
+* :class:`Clients` makes paho clients and raw ones (``mqttkit.RawMqtt``, the one raw MQTT
+  client of the test suite) and closes them all at teardown.
 
 Every wait has a timeout and fails the test with a message instead of hanging; every client
 and broker is registered with the :class:`Clients` / broker fixtures and torn down whatever
@@ -19,46 +19,27 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import itertools
 import queue
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import paho.mqtt.client as mqtt
 import uvloop
+from mqttkit import HOST, RawMqtt, unique_id
+from mqttkit import TIMEOUT as WAIT
 from paho.mqtt.reasoncodes import ReasonCode
 
-from vibemq_server.adapters.mqtt.codec import MqttParser, encode
-from vibemq_server.adapters.mqtt.packets import Connack, Connect, Packet
 from vibemq_server.app import create_broker
 from vibemq_server.config import Config
 from vibemq_server.server import Broker
 
-WAIT = 5.0
-"""Bound of every wait for something that should happen (it normally takes milliseconds)."""
-
-HOST = "127.0.0.1"
 T = TypeVar("T")
-P = TypeVar("P", bound=Packet)
-_ids = itertools.count(1)
-
-
-def unique_id(prefix: str = "c") -> str:
-    """A client id unique within the test run (short enough for MQTT 3.1's 23 characters)."""
-    return f"{prefix}{next(_ids)}"
-
-
-def wait_until(pred: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for: {what}")
-        time.sleep(0.01)
+#: the broker's structured log lines (structlog's capture_logs)
+LogEntries = list[dict[str, Any]]
 
 
 # --------------------------------------------------------------------------------------------
@@ -148,90 +129,6 @@ class ThreadBroker:
             self.thread.join(15.0)
             if not self.thread.is_alive():
                 self.loop.close()
-
-
-# --------------------------------------------------------------------------------------------
-# A raw MQTT socket
-
-
-class Closed(Exception):
-    """The broker closed the connection."""
-
-
-class RawMqtt:
-    """A blocking MQTT connection built from the project codec; reads are bounded."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection((HOST, port), timeout=WAIT)
-        self.parser = MqttParser()
-        self.pending: deque[Packet] = deque()
-        self.eof = False
-
-    def send(self, data: bytes | Packet) -> None:
-        raw = data if isinstance(data, bytes) else encode(data)
-        self.sock.sendall(raw)
-
-    def send_tolerant(self, data: bytes | Packet) -> None:
-        """Send, ignoring a broker that already closed (it may refuse before reading it all)."""
-        with contextlib.suppress(OSError):
-            self.send(data)
-
-    def _read(self, deadline: float) -> None:
-        """One read into ``pending``; Closed at EOF or reset, AssertionError at the deadline."""
-        if self.eof:
-            raise Closed
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise AssertionError("timed out waiting for the broker")
-        self.sock.settimeout(remaining)
-        try:
-            chunk = self.sock.recv(65536)
-        except TimeoutError:
-            raise AssertionError("timed out waiting for the broker") from None
-        except (ConnectionResetError, BrokenPipeError):
-            chunk = b""
-        if not chunk:
-            self.eof = True
-            raise Closed
-        self.pending.extend(self.parser.feed(chunk))
-
-    def recv(self, timeout: float = WAIT) -> Packet:
-        deadline = time.monotonic() + timeout
-        while not self.pending:
-            self._read(deadline)
-        return self.pending.popleft()
-
-    def expect(self, cls: type[P], timeout: float = WAIT) -> P:
-        packet = self.recv(timeout)
-        assert isinstance(packet, cls), f"expected {cls.__name__}, got {packet!r}"
-        return packet
-
-    def connect(self, client_id: str | None = None, **fields: Any) -> Connack:
-        """Send a CONNECT (any fields of :class:`Connect`) and return the CONNACK."""
-        self.send(Connect(client_id=unique_id("raw") if client_id is None else client_id, **fields))
-        return self.expect(Connack)
-
-    def wait_closed(self, timeout: float = WAIT) -> list[Packet]:
-        """Read until the broker closes; the packets that came first. Fails on timeout."""
-        deadline = time.monotonic() + timeout
-        received = list(self.pending)
-        self.pending.clear()
-        while True:
-            try:
-                self._read(deadline)
-            except Closed:
-                return received
-            except AssertionError:
-                raise AssertionError(
-                    f"the broker did not close the connection within {timeout}s"
-                ) from None
-            received.extend(self.pending)
-            self.pending.clear()
-
-    def close(self) -> None:
-        """Close the socket without DISCONNECT: an abnormal close for the broker."""
-        with contextlib.suppress(OSError):
-            self.sock.close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -437,3 +334,7 @@ def brokers(tmp_path: Path) -> Iterator[Callable[..., ThreadBroker]]:
         for broker in started:
             with contextlib.suppress(Exception):
                 broker.stop()
+
+
+#: makes a started ThreadBroker from Config overrides
+MakeBroker = Callable[..., ThreadBroker]

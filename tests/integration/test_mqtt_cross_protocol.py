@@ -3,79 +3,40 @@
 VibeMQ clients' reach.
 
 Clients are real: the VibeMQ client library (``vibemq_server.client.Client``) and paho-mqtt
-(:class:`mqttkit.PahoClient`), against an in-process broker with MQTT on port 0.
+(:class:`mqttkit.PahoClient`), against an in-process broker with MQTT on port 0 (the
+``mqtt_env`` fixture, conftest.py).
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
-from mqttkit import PahoFactory, RawMqtt, wait_for
+from mqttkit import MqttEnv, wait_for
 
 from vibemq_server.adapters.mqtt.packets import Puback, Publish
-from vibemq_server.client import Client, VibeMQError
-from vibemq_server.server import Broker
+from vibemq_server.client import VibeMQError
 
 pytestmark = pytest.mark.timeout(60)
 
 TIMEOUT = 5.0
 
 
-class Env:
-    def __init__(self, broker_factory: Any) -> None:
-        self.broker_factory = broker_factory
-        self.broker: Broker | None = None
-        self.paho = PahoFactory()
-        self.clients: list[Client] = []
-        self.raws: list[RawMqtt] = []
-
-    async def start(self, **mqtt_options: Any) -> Broker:
-        self.broker = await self.broker_factory(mqtt={"port": 0, **mqtt_options})
-        assert self.broker.mqtt_port
-        self.paho.port = self.broker.mqtt_port
-        return self.broker
-
-    async def vibemq(self) -> Client:
-        assert self.broker is not None
-        client = await Client.connect(
-            "127.0.0.1", self.broker.port, reconnect=False, request_timeout=TIMEOUT
-        )
-        self.clients.append(client)
-        return client
-
-    async def close(self) -> None:
-        await self.paho.close_all()
-        for raw in self.raws:
-            await raw.close()
-        for client in self.clients:
-            await client.close()
-
-
-@pytest.fixture
-async def env(broker_factory: Any) -> AsyncIterator[Env]:
-    e = Env(broker_factory)
-    try:
-        yield e
-    finally:
-        await e.close()
-
-
 # -- 1. MQTT -> VibeMQ queue and MQTT subscribers --------------------------------------------
 
 
-async def test_mqtt_publish_reaches_vibemq_queue_and_mqtt_wildcard_subscriber(env: Env) -> None:
-    await env.start()
-    client = await env.vibemq()
+async def test_mqtt_publish_reaches_vibemq_queue_and_mqtt_wildcard_subscriber(
+    mqtt_env: MqttEnv,
+) -> None:
+    await mqtt_env.start()
+    client = await mqtt_env.vibemq()
     sub = await client.subscribe("sensors.room1.temp")  # creates the queue
     assert "sensors.room1.temp" in await client.list_queues()
-    watcher = await env.paho("temp-watcher")
+    watcher = await mqtt_env.paho("temp-watcher")
     assert await watcher.subscribe("sensors/+/temp", 1) == 1
 
-    pub = await env.paho("temp-pub")
+    pub = await mqtt_env.paho("temp-pub")
     await pub.publish("sensors/room1/temp", b'{"celsius":21.5}', qos=1)
 
     msg = await sub.get(timeout=TIMEOUT)
@@ -101,11 +62,11 @@ async def test_mqtt_publish_reaches_vibemq_queue_and_mqtt_wildcard_subscriber(en
         await sub.get(timeout=0.3)
 
 
-async def test_mqtt_qos0_publish_reaches_vibemq_queue(env: Env) -> None:
-    await env.start()
-    client = await env.vibemq()
+async def test_mqtt_qos0_publish_reaches_vibemq_queue(mqtt_env: MqttEnv) -> None:
+    await mqtt_env.start()
+    client = await mqtt_env.vibemq()
     sub = await client.subscribe("plain.q0")
-    pub = await env.paho("q0-pub")
+    pub = await mqtt_env.paho("q0-pub")
     await pub.publish("plain/q0", b"[1,2,3]", qos=0)
     msg = await sub.get(timeout=TIMEOUT)
     assert msg.payload == [1, 2, 3]
@@ -116,16 +77,16 @@ async def test_mqtt_qos0_publish_reaches_vibemq_queue(env: Env) -> None:
 # -- 2. VibeMQ -> MQTT -----------------------------------------------------------------------
 
 
-async def test_vibemq_publish_reaches_mqtt_subscribers_as_qos1_at_most(env: Env) -> None:
-    await env.start()
-    exact2 = await env.paho("alerts-q2")
+async def test_vibemq_publish_reaches_mqtt_subscribers_as_qos1_at_most(mqtt_env: MqttEnv) -> None:
+    await mqtt_env.start()
+    exact2 = await mqtt_env.paho("alerts-q2")
     assert await exact2.subscribe("alerts", 2) == 2
-    everything = await env.paho("alerts-all")
+    everything = await mqtt_env.paho("alerts-all")
     assert await everything.subscribe("#", 2) == 2
-    exact0 = await env.paho("alerts-q0")
+    exact0 = await mqtt_env.paho("alerts-q0")
     assert await exact0.subscribe("alerts", 0) == 0
 
-    client = await env.vibemq()
+    client = await mqtt_env.vibemq()
     await client.publish("alerts", {"level": "high"})
 
     for sub, qos in ((exact2, 1), (everything, 1), (exact0, 0)):
@@ -135,29 +96,31 @@ async def test_vibemq_publish_reaches_mqtt_subscribers_as_qos1_at_most(env: Env)
         await sub.assert_nothing()
 
 
-async def test_vibemq_publish_with_dots_arrives_on_slash_topic(env: Env) -> None:
-    await env.start()
-    sub = await env.paho("dots")
+async def test_vibemq_publish_with_dots_arrives_on_slash_topic(mqtt_env: MqttEnv) -> None:
+    await mqtt_env.start()
+    sub = await mqtt_env.paho("dots")
     await sub.subscribe("plant/+/status", 1)
-    client = await env.vibemq()
+    client = await mqtt_env.vibemq()
     await client.publish("plant.line4.status", {"ok": True})
     msg = await sub.get()
     assert msg.topic == "plant/line4/status"
     assert json.loads(msg.payload) == {"ok": True}
 
 
-async def test_vibemq_publish_waits_in_an_offline_persistent_mqtt_session(env: Env) -> None:
-    broker = await env.start()
-    away = await env.paho("away", clean_session=False)
+async def test_vibemq_publish_waits_in_an_offline_persistent_mqtt_session(
+    mqtt_env: MqttEnv,
+) -> None:
+    broker = await mqtt_env.start()
+    away = await mqtt_env.paho("away", clean_session=False)
     await away.subscribe("alerts/#", 2)
     await away.disconnect()
     assert broker.adapters["mqtt"] is not None
     mqtt_server = broker.adapters["mqtt"]
     await wait_for(lambda: mqtt_server.sessions["away"].link is None, what="away offline")
 
-    client = await env.vibemq()
+    client = await mqtt_env.vibemq()
     await client.publish("alerts.disk", {"free": "1%"})
-    back = await env.paho("away", clean_session=False)
+    back = await mqtt_env.paho("away", clean_session=False)
     assert back.session_present is True
     msg = await back.get()
     assert (msg.topic, msg.qos) == ("alerts/disk", 1)
@@ -167,11 +130,11 @@ async def test_vibemq_publish_waits_in_an_offline_persistent_mqtt_session(env: E
 # -- 3. payload mapping ----------------------------------------------------------------------
 
 
-async def test_json_from_mqtt_arrives_as_the_same_json(env: Env) -> None:
-    await env.start()
-    client = await env.vibemq()
+async def test_json_from_mqtt_arrives_as_the_same_json(mqtt_env: MqttEnv) -> None:
+    await mqtt_env.start()
+    client = await mqtt_env.vibemq()
     sub = await client.subscribe("map.json")
-    pub = await env.paho("map-json")
+    pub = await mqtt_env.paho("map-json")
     body = b'{ "nested": {"list": [1, 2.5, "x", null]}, "flag": true }'
     await pub.publish("map/json", body, qos=1)
     msg = await sub.get(timeout=TIMEOUT)
@@ -185,11 +148,11 @@ async def test_json_from_mqtt_arrives_as_the_same_json(env: Env) -> None:
 @pytest.mark.parametrize(
     "body", [b"\x00\xffbinary", b"plain text, not JSON", b"{broken", bytes(range(256))]
 )
-async def test_non_json_from_mqtt_arrives_base64_encoded(env: Env, body: bytes) -> None:
-    await env.start()
-    client = await env.vibemq()
+async def test_non_json_from_mqtt_arrives_base64_encoded(mqtt_env: MqttEnv, body: bytes) -> None:
+    await mqtt_env.start()
+    client = await mqtt_env.vibemq()
     sub = await client.subscribe("map.bin")
-    pub = await env.paho("map-bin")
+    pub = await mqtt_env.paho("map-bin")
     await pub.publish("map/bin", body, qos=1)
     msg = await sub.get(timeout=TIMEOUT)
     assert msg.headers["payloadEncoding"] == "base64"
@@ -198,11 +161,11 @@ async def test_non_json_from_mqtt_arrives_base64_encoded(env: Env, body: bytes) 
     await msg.ack()
 
 
-async def test_empty_mqtt_payload_arrives_empty(env: Env) -> None:
-    await env.start()
-    client = await env.vibemq()
+async def test_empty_mqtt_payload_arrives_empty(mqtt_env: MqttEnv) -> None:
+    await mqtt_env.start()
+    client = await mqtt_env.vibemq()
     sub = await client.subscribe("map.empty")
-    pub = await env.paho("map-empty")
+    pub = await mqtt_env.paho("map-empty")
     await pub.publish("map/empty", b"", qos=1)
     msg = await sub.get(timeout=TIMEOUT)
     assert msg.payload_bytes == b""
@@ -210,11 +173,11 @@ async def test_empty_mqtt_payload_arrives_empty(env: Env) -> None:
     await msg.ack()
 
 
-async def test_vibemq_json_arrives_at_mqtt_as_json_bytes(env: Env) -> None:
-    await env.start()
-    sub = await env.paho("to-mqtt-json")
+async def test_vibemq_json_arrives_at_mqtt_as_json_bytes(mqtt_env: MqttEnv) -> None:
+    await mqtt_env.start()
+    sub = await mqtt_env.paho("to-mqtt-json")
     await sub.subscribe("map/out", 1)
-    client = await env.vibemq()
+    client = await mqtt_env.vibemq()
     value = {"id": 42, "tags": ["a", "b"], "price": 9.99}
     await client.publish("map.out", value)
     msg = await sub.get()
@@ -222,11 +185,11 @@ async def test_vibemq_json_arrives_at_mqtt_as_json_bytes(env: Env) -> None:
     assert msg.payload == json.dumps(value, separators=(",", ":")).encode()
 
 
-async def test_vibemq_base64_payload_arrives_at_mqtt_as_original_bytes(env: Env) -> None:
-    await env.start()
-    sub = await env.paho("to-mqtt-bin")
+async def test_vibemq_base64_payload_arrives_at_mqtt_as_original_bytes(mqtt_env: MqttEnv) -> None:
+    await mqtt_env.start()
+    sub = await mqtt_env.paho("to-mqtt-bin")
     await sub.subscribe("map/outbin", 1)
-    client = await env.vibemq()
+    client = await mqtt_env.vibemq()
     original = b"\x00\xff\x10binary"
     encoded = json.dumps(base64.b64encode(original).decode()).encode()
     await client.publish("map.outbin", encoded, headers={"payloadEncoding": "base64"})
@@ -234,13 +197,13 @@ async def test_vibemq_base64_payload_arrives_at_mqtt_as_original_bytes(env: Env)
     assert msg.payload == original
 
 
-async def test_mqtt_to_mqtt_bytes_unchanged(env: Env) -> None:
-    await env.start()
-    client = await env.vibemq()
+async def test_mqtt_to_mqtt_bytes_unchanged(mqtt_env: MqttEnv) -> None:
+    await mqtt_env.start()
+    client = await mqtt_env.vibemq()
     queue_sub = await client.subscribe("raw.path")  # a queue on the way changes nothing
-    sub = await env.paho("raw-sub")
+    sub = await mqtt_env.paho("raw-sub")
     await sub.subscribe("raw/path", 2)
-    pub = await env.paho("raw-pub")
+    pub = await mqtt_env.paho("raw-pub")
     bodies = [b"\x00\xffbinary", b'{ "spaced" :  1 }', b"", b"text", bytes(range(256)) * 8]
     for qos, body in enumerate(bodies):
         await pub.publish("raw/path", body, qos=qos % 3)
@@ -258,16 +221,16 @@ async def test_mqtt_to_mqtt_bytes_unchanged(env: Env) -> None:
 # -- 4. '.' inside a topic level -------------------------------------------------------------
 
 
-async def test_dot_in_topic_level_works_mqtt_to_mqtt(env: Env) -> None:
-    broker = await env.start()
-    exact = await env.paho("dot-exact")
+async def test_dot_in_topic_level_works_mqtt_to_mqtt(mqtt_env: MqttEnv) -> None:
+    broker = await mqtt_env.start()
+    exact = await mqtt_env.paho("dot-exact")
     await exact.subscribe("v1.0/x", 1)
-    wild = await env.paho("dot-wild")
+    wild = await mqtt_env.paho("dot-wild")
     await wild.subscribe("+/x", 1)
-    other = await env.paho("dot-other")
+    other = await mqtt_env.paho("dot-other")
     await other.subscribe("v1/#", 1)  # 'v1.0' is one level, not 'v1' then '0'
 
-    pub = await env.paho("dot-pub")
+    pub = await mqtt_env.paho("dot-pub")
     await pub.publish("v1.0/x", b"versioned", qos=1)
     for sub in (exact, wild):
         msg = await sub.get()
@@ -275,7 +238,7 @@ async def test_dot_in_topic_level_works_mqtt_to_mqtt(env: Env) -> None:
     await other.assert_nothing()
 
     # The address 'v1/0.x' is no valid queue name: no queue, and VibeMQ cannot name it.
-    client = await env.vibemq()
+    client = await mqtt_env.vibemq()
     assert not [q for q in await client.list_queues() if "v1" in q]
     assert not [q for q in broker.manager.queues if q.startswith("v1")]
     with pytest.raises(VibeMQError) as err:
@@ -286,11 +249,11 @@ async def test_dot_in_topic_level_works_mqtt_to_mqtt(env: Env) -> None:
 # -- 5. an MQTT publish does not create queues -----------------------------------------------
 
 
-async def test_mqtt_publish_does_not_create_a_queue(env: Env) -> None:
-    broker = await env.start()
-    client = await env.vibemq()
+async def test_mqtt_publish_does_not_create_a_queue(mqtt_env: MqttEnv) -> None:
+    broker = await mqtt_env.start()
+    client = await mqtt_env.vibemq()
     before = await client.list_queues()
-    pub = await env.paho("no-create")
+    pub = await mqtt_env.paho("no-create")
     await pub.publish("nobody/listens/here", b'{"lost":true}', qos=1)
     await pub.publish("nobody/listens/here", b"qos2", qos=2)
     await pub.publish("nobody/listens/here", b"qos0", qos=0)
@@ -303,10 +266,10 @@ async def test_mqtt_publish_does_not_create_a_queue(env: Env) -> None:
     assert "nobody.retained" not in broker.manager.queues
 
 
-async def test_mqtt_publish_reaches_a_queue_created_later(env: Env) -> None:
-    await env.start()
-    client = await env.vibemq()
-    pub = await env.paho("later")
+async def test_mqtt_publish_reaches_a_queue_created_later(mqtt_env: MqttEnv) -> None:
+    await mqtt_env.start()
+    client = await mqtt_env.vibemq()
+    pub = await mqtt_env.paho("later")
     await pub.publish("later/q", b'"before"', qos=1)
     await client.create_queue("later.q")
     await pub.publish("later/q", b'"after"', qos=1)
@@ -321,18 +284,18 @@ async def test_mqtt_publish_reaches_a_queue_created_later(env: Env) -> None:
 # -- 6. internal queues ----------------------------------------------------------------------
 
 
-async def test_internal_queues_hidden_and_out_of_reach(env: Env) -> None:
-    broker = await env.start()
+async def test_internal_queues_hidden_and_out_of_reach(mqtt_env: MqttEnv) -> None:
+    broker = await mqtt_env.start()
     # Make every kind of internal queue exist: retained, sessions and a session queue.
-    persistent = await env.paho("internal-sess", clean_session=False)
+    persistent = await mqtt_env.paho("internal-sess", clean_session=False)
     await persistent.subscribe("internal/t", 1)
-    pub = await env.paho("internal-pub")
+    pub = await mqtt_env.paho("internal-pub")
     await pub.publish("internal/t", b"retained", qos=1, retain=True)
     assert (await persistent.get()).payload == b"retained"
     internal = {"$mqtt.retained", "$mqtt.sessions", "$mqtt.s.internal-sess"}
     await wait_for(lambda: internal <= set(broker.manager.queues), what="internal queues")
 
-    client = await env.vibemq()
+    client = await mqtt_env.vibemq()
     await client.create_queue("visible")
     names = await client.list_queues()
     assert "visible" in names
@@ -357,7 +320,7 @@ async def test_internal_queues_hidden_and_out_of_reach(env: Env) -> None:
 
     # Nothing was touched: the retained message and the session are intact.
     assert internal <= set(broker.manager.queues)
-    late = await env.paho("internal-late")
+    late = await mqtt_env.paho("internal-late")
     await late.subscribe("internal/#", 1)
     msg = await late.get()
     assert (msg.payload, msg.retain) == (b"retained", True)
@@ -365,13 +328,13 @@ async def test_internal_queues_hidden_and_out_of_reach(env: Env) -> None:
     assert (await persistent.get()).payload == b"live"
 
 
-async def test_mqtt_cannot_reach_internal_queues(env: Env) -> None:
-    broker = await env.start()
-    victim = await env.paho("victim", clean_session=False)
+async def test_mqtt_cannot_reach_internal_queues(mqtt_env: MqttEnv) -> None:
+    broker = await mqtt_env.start()
+    victim = await mqtt_env.paho("victim", clean_session=False)
     await victim.subscribe("victim/t", 1)
-    spy = await env.paho("spy")
+    spy = await mqtt_env.paho("spy")
     assert await spy.subscribe("$mqtt/#", 2) == 2  # a valid filter, but sees nothing internal
-    pub = await env.paho("intruder")
+    pub = await mqtt_env.paho("intruder")
     await pub.publish("victim/t", b"retained", qos=1, retain=True)
     assert (await victim.get()).payload == b"retained"
     queues = broker.manager.queues
@@ -391,19 +354,17 @@ async def test_mqtt_cannot_reach_internal_queues(env: Env) -> None:
 
 
 async def test_vibemq_publishes_to_a_slow_mqtt_subscriber_stall_no_mqtt_connection(
-    env: Env,
+    mqtt_env: MqttEnv,
 ) -> None:
     """A VibeMQ publisher is not paused for slow MQTT subscribers, and neither is any MQTT
     connection on its behalf: the subscriber's own acknowledgements and an unrelated
     client's packets are handled at once. (The pause bound is set far above the test's
     timeout, so a wrongly paused connection fails the test instead of slowing it.)"""
-    broker = await env.start(max_inflight=1, max_queued_messages=4, max_publisher_pause_s=60)
-    slow, _ = await RawMqtt.connect(env.paho.port, "slow")
-    env.raws.append(slow)
+    broker = await mqtt_env.start(max_inflight=1, max_queued_messages=4, max_publisher_pause_s=60)
+    slow, _ = await mqtt_env.raw("slow")
     assert await slow.subscribe("alerts", 1) == 1
-    other, _ = await RawMqtt.connect(env.paho.port, "bystander")
-    env.raws.append(other)
-    client = await env.vibemq()
+    other, _ = await mqtt_env.raw("bystander")
+    client = await mqtt_env.vibemq()
 
     # 1 in flight, 4 queued: the subscriber is behind. It catches up by acknowledging.
     for i in range(5):
@@ -412,7 +373,7 @@ async def test_vibemq_publishes_to_a_slow_mqtt_subscriber_stall_no_mqtt_connecti
         got = await slow.expect(Publish)
         assert json.loads(got.payload) == {"i": i}
         assert got.packet_id is not None
-        slow.send(Puback(got.packet_id))
+        await slow.send(Puback(got.packet_id))
     assert await slow.barrier() == []
 
     # Behind again; an unrelated client is not held up by it.
@@ -420,6 +381,6 @@ async def test_vibemq_publishes_to_a_slow_mqtt_subscriber_stall_no_mqtt_connecti
         await client.publish("alerts", {"i": i})
     assert await other.barrier(0) == []
     assert await other.barrier(0) == []
-    other.send(Publish("elsewhere", b"x", qos=1, packet_id=1))
+    await other.send(Publish("elsewhere", b"x", qos=1, packet_id=1))
     assert (await other.expect(Puback)).packet_id == 1
     assert broker.adapters["mqtt"] is not None and broker.adapters["mqtt"].congested == []

@@ -3,7 +3,8 @@
 Clients: paho-mqtt 2.x (in both protocol versions), aiomqtt, Debian's ``mosquitto_pub`` /
 ``mosquitto_sub``, and a raw socket (``RawMqtt``) for hand-built and broken packets. The broker
 runs on a thread of its own (``mqttutil.ThreadBroker``), so the tests are synchronous and every
-wait is bounded.
+wait is bounded. Fixtures (``mqtt_broker``, ``make_mqtt_broker``, ``mqtt_clients``,
+``broker_log``, ``will_watcher``) are in conftest.py.
 
 Negative checks ("X is not delivered") use a fence: after X, the same publisher sends a
 message on a fence topic; once that arrives, X would have arrived before it.
@@ -15,15 +16,15 @@ import asyncio
 import random
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import aiomqtt
 import paho.mqtt.client as mqtt
 import pytest
-from mqttutil import HOST, WAIT, Clients, Paho, ThreadBroker, brokers, unique_id, wait_until
-from structlog.testing import capture_logs
+from mqttkit import HOST, unique_id, wait_until
+from mqttkit import TIMEOUT as WAIT
+from mqttutil import Clients, LogEntries, MakeBroker, Paho, ThreadBroker
 
 from vibemq_server.adapters.mqtt.codec import encode, encode_remaining_length
 from vibemq_server.adapters.mqtt.packets import (
@@ -43,38 +44,6 @@ V31 = mqtt.MQTTv31
 V311 = mqtt.MQTTv311
 PROTOCOLS = [pytest.param(V31, id="mqtt31"), pytest.param(V311, id="mqtt311")]
 
-MakeBroker = Callable[..., ThreadBroker]
-LogEntries = list[dict[str, Any]]
-
-
-@pytest.fixture
-def broker_log() -> Iterator[LogEntries]:
-    """The broker's structured log lines (set up before any broker starts, and so left
-    after every broker has stopped)."""
-    with capture_logs() as entries:
-        yield entries
-
-
-@pytest.fixture
-def make_broker(tmp_path: Any, broker_log: LogEntries) -> Iterator[MakeBroker]:
-    with brokers(tmp_path) as make:
-        yield make
-
-
-@pytest.fixture
-def broker(make_broker: MakeBroker) -> ThreadBroker:
-    return make_broker()
-
-
-@pytest.fixture
-def clients(make_broker: MakeBroker) -> Iterator[Clients]:
-    """Depends on make_broker so that clients close before the brokers stop."""
-    c = Clients()
-    try:
-        yield c
-    finally:
-        c.close_all()
-
 
 def raw_publish(
     first: int, topic: bytes, payload: bytes = b"", packet_id: int | None = None
@@ -92,36 +61,36 @@ def raw_publish(
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_paho_connects(broker: ThreadBroker, clients: Clients, protocol: int) -> None:
-    client = clients.paho(broker.mqtt_port, protocol=protocol)
+def test_paho_connects(mqtt_broker: ThreadBroker, mqtt_clients: Clients, protocol: int) -> None:
+    client = mqtt_clients.paho(mqtt_broker.mqtt_port, protocol=protocol)
     rc = client.connect()
     assert rc.getName() == "Success"
-    assert broker.has_session(client.client_id)
+    assert mqtt_broker.has_session(client.client_id)
 
 
-def test_paho_v31_is_really_mqtt_31(broker: ThreadBroker, clients: Clients) -> None:
+def test_paho_v31_is_really_mqtt_31(mqtt_broker: ThreadBroker, mqtt_clients: Clients) -> None:
     """The same 24-character client id: refused from paho in 3.1 mode (3.1 allows at most
     23), accepted in 3.1.1 mode; so the 3.1 tests really speak MQIsdp level 3."""
     long_id = "x" * 24
-    rc = clients.paho(broker.mqtt_port, long_id, protocol=V31).connect()
+    rc = mqtt_clients.paho(mqtt_broker.mqtt_port, long_id, protocol=V31).connect()
     assert rc.getName() == "Client identifier not valid"
-    rc = clients.paho(broker.mqtt_port, long_id, protocol=V311).connect()
+    rc = mqtt_clients.paho(mqtt_broker.mqtt_port, long_id, protocol=V311).connect()
     assert rc.getName() == "Success"
 
 
 @pytest.mark.parametrize("pub_protocol", PROTOCOLS)
 @pytest.mark.parametrize("sub_protocol", PROTOCOLS)
 def test_qos_matrix(
-    broker: ThreadBroker, clients: Clients, pub_protocol: int, sub_protocol: int
+    mqtt_broker: ThreadBroker, mqtt_clients: Clients, pub_protocol: int, sub_protocol: int
 ) -> None:
     """Publisher at QoS 0/1/2 x subscription at QoS 0/1/2: delivered once at the minimum."""
-    port = broker.mqtt_port
+    port = mqtt_broker.mqtt_port
     subscribers = {}
     for sub_qos in (0, 1, 2):
-        sub = clients.paho(port, protocol=sub_protocol).connected()
+        sub = mqtt_clients.paho(port, protocol=sub_protocol).connected()
         assert sub.subscribe(("m/#", sub_qos), ("fence", 2)) == [sub_qos, 2]
         subscribers[sub_qos] = sub
-    pub = clients.paho(port, protocol=pub_protocol).connected()
+    pub = mqtt_clients.paho(port, protocol=pub_protocol).connected()
     for pub_qos in (0, 1, 2):
         pub.publish(f"m/{pub_qos}", f"at {pub_qos}".encode(), pub_qos)
     pub.publish("fence", b"", 2)
@@ -138,7 +107,7 @@ def test_qos_matrix(
 @pytest.mark.parametrize("qos", [0, 1, 2])
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_payload_bytes_unchanged(
-    broker: ThreadBroker, clients: Clients, protocol: int, qos: int
+    mqtt_broker: ThreadBroker, mqtt_clients: Clients, protocol: int, qos: int
 ) -> None:
     rng = random.Random(qos)
     payloads = [
@@ -147,10 +116,10 @@ def test_payload_bytes_unchanged(
         rng.randbytes(200_000),
         b'{"json": "stays as it is"}',
     ]
-    port = broker.mqtt_port
-    sub = clients.paho(port, protocol=protocol).connected()
+    port = mqtt_broker.mqtt_port
+    sub = mqtt_clients.paho(port, protocol=protocol).connected()
     assert sub.subscribe(("p/x", qos)) == [qos]
-    pub = clients.paho(port, protocol=protocol).connected()
+    pub = mqtt_clients.paho(port, protocol=protocol).connected()
     for payload in payloads:
         pub.publish("p/x", payload, qos)
     for payload in payloads:
@@ -162,10 +131,12 @@ def test_payload_bytes_unchanged(
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_paho_keepalive_pings(broker: ThreadBroker, clients: Clients, protocol: int) -> None:
+def test_paho_keepalive_pings(
+    mqtt_broker: ThreadBroker, mqtt_clients: Clients, protocol: int
+) -> None:
     """paho sends PINGREQ when idle for its keep-alive; the broker answers PINGRESP and keeps
     the connection (1.5 x keep-alive would otherwise close it)."""
-    client = clients.paho(broker.mqtt_port, protocol=protocol, keepalive=1).connected()
+    client = mqtt_clients.paho(mqtt_broker.mqtt_port, protocol=protocol, keepalive=1).connected()
     assert client.subscribe(("k/x", 1)) == [1]
     wait_until(
         lambda: sum("Received PINGRESP" in line for line in client.log_lines) >= 2,
@@ -179,11 +150,13 @@ def test_paho_keepalive_pings(broker: ThreadBroker, clients: Clients, protocol: 
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_unsubscribe_stops_delivery(broker: ThreadBroker, clients: Clients, protocol: int) -> None:
-    port = broker.mqtt_port
-    sub = clients.paho(port, protocol=protocol).connected()
+def test_unsubscribe_stops_delivery(
+    mqtt_broker: ThreadBroker, mqtt_clients: Clients, protocol: int
+) -> None:
+    port = mqtt_broker.mqtt_port
+    sub = mqtt_clients.paho(port, protocol=protocol).connected()
     assert sub.subscribe(("u/x", 1), ("u/+", 0), ("fence", 1)) == [1, 0, 1]
-    pub = clients.paho(port, protocol=protocol).connected()
+    pub = mqtt_clients.paho(port, protocol=protocol).connected()
     pub.publish("u/x", b"before", 1)
     msg = sub.get()
     assert (msg.topic, msg.payload, msg.qos) == ("u/x", b"before", 1)
@@ -196,18 +169,18 @@ def test_unsubscribe_stops_delivery(broker: ThreadBroker, clients: Clients, prot
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_paho_disconnect(broker: ThreadBroker, clients: Clients, protocol: int) -> None:
-    client = clients.paho(broker.mqtt_port, protocol=protocol).connected()
-    assert broker.has_session(client.client_id)
+def test_paho_disconnect(mqtt_broker: ThreadBroker, mqtt_clients: Clients, protocol: int) -> None:
+    client = mqtt_clients.paho(mqtt_broker.mqtt_port, protocol=protocol).connected()
+    assert mqtt_broker.has_session(client.client_id)
     client.disconnect()
     rc = client.disconnects.get(timeout=WAIT)
     assert not rc.is_failure, rc
     # A clean session ends with its connection.
-    wait_until(lambda: not broker.has_session(client.client_id), "the session to end")
+    wait_until(lambda: not mqtt_broker.has_session(client.client_id), "the session to end")
 
 
-def test_raw_pingreq(broker: ThreadBroker, clients: Clients) -> None:
-    raw = clients.raw(broker.mqtt_port)
+def test_raw_pingreq(mqtt_broker: ThreadBroker, mqtt_clients: Clients) -> None:
+    raw = mqtt_clients.raw(mqtt_broker.mqtt_port)
     assert raw.connect().return_code == 0
     for _ in range(3):
         raw.send(Pingreq())
@@ -225,54 +198,56 @@ def test_raw_pingreq(broker: ThreadBroker, clients: Clients) -> None:
     [("MQTT", 5), ("MQTT", 3), ("MQTT", 0), ("MQIsdp", 4), ("MQIsdp", 5)],
 )
 def test_connack_unacceptable_protocol_level(
-    broker: ThreadBroker, clients: Clients, name: str, level: int
+    mqtt_broker: ThreadBroker, mqtt_clients: Clients, name: str, level: int
 ) -> None:
-    raw = clients.raw(broker.mqtt_port)
+    raw = mqtt_clients.raw(mqtt_broker.mqtt_port)
     ack = raw.connect(protocol_name=name, protocol_level=level)
     assert ack == Connack(return_code=1)
     assert raw.wait_closed() == []
 
 
 def test_unknown_protocol_name_closes_without_connack(
-    broker: ThreadBroker, clients: Clients
+    mqtt_broker: ThreadBroker, mqtt_clients: Clients
 ) -> None:
-    raw = clients.raw(broker.mqtt_port)
+    raw = mqtt_clients.raw(mqtt_broker.mqtt_port)
     raw.send(Connect("c1", protocol_name="AMQP", protocol_level=4))
     assert raw.wait_closed() == []
 
 
-def test_v31_client_id_length(broker: ThreadBroker, clients: Clients) -> None:
-    port = broker.mqtt_port
+def test_v31_client_id_length(mqtt_broker: ThreadBroker, mqtt_clients: Clients) -> None:
+    port = mqtt_broker.mqtt_port
     v31: dict[str, Any] = {"protocol_name": "MQIsdp", "protocol_level": 3}
-    raw = clients.raw(port)
+    raw = mqtt_clients.raw(port)
     assert raw.connect("a" * 24, **v31) == Connack(return_code=2)
     assert raw.wait_closed() == []
-    raw = clients.raw(port)
+    raw = mqtt_clients.raw(port)
     assert raw.connect("", **v31) == Connack(return_code=2)
     assert raw.wait_closed() == []
-    raw = clients.raw(port)
+    raw = mqtt_clients.raw(port)
     assert raw.connect("a" * 23, **v31) == Connack(return_code=0)
     raw.send(Pingreq())
     raw.expect(Pingresp)
 
 
-def test_v311_client_id_limits(broker: ThreadBroker, clients: Clients) -> None:
+def test_v311_client_id_limits(mqtt_broker: ThreadBroker, mqtt_clients: Clients) -> None:
     """3.1.1 allows long ids (up to mqtt.max_client_id_length, 1024 by default)."""
-    port = broker.mqtt_port
-    raw = clients.raw(port)
+    port = mqtt_broker.mqtt_port
+    raw = mqtt_clients.raw(port)
     assert raw.connect("a" * 1024) == Connack(return_code=0)
-    raw = clients.raw(port)
+    raw = mqtt_clients.raw(port)
     assert raw.connect("b" * 1025) == Connack(return_code=2)
     assert raw.wait_closed() == []
 
 
-def test_empty_client_id_needs_clean_session(broker: ThreadBroker, clients: Clients) -> None:
-    port = broker.mqtt_port
-    raw = clients.raw(port)
+def test_empty_client_id_needs_clean_session(
+    mqtt_broker: ThreadBroker, mqtt_clients: Clients
+) -> None:
+    port = mqtt_broker.mqtt_port
+    raw = mqtt_clients.raw(port)
     assert raw.connect("", clean_session=False) == Connack(return_code=2)
     assert raw.wait_closed() == []
     # With clean session the broker assigns an id, and the connection works.
-    raw = clients.raw(port)
+    raw = mqtt_clients.raw(port)
     assert raw.connect("", clean_session=True) == Connack(return_code=0)
     raw.send(Subscribe(1, (("e/x", 1),)))
     assert raw.expect(Suback) == Suback(1, (1,))
@@ -284,9 +259,11 @@ def test_empty_client_id_needs_clean_session(broker: ThreadBroker, clients: Clie
     assert (delivery.topic, delivery.payload, delivery.qos) == ("e/x", b"to myself", 1)
 
 
-def test_two_empty_client_ids_get_distinct_sessions(broker: ThreadBroker, clients: Clients) -> None:
-    port = broker.mqtt_port
-    a, b = clients.raw(port), clients.raw(port)
+def test_two_empty_client_ids_get_distinct_sessions(
+    mqtt_broker: ThreadBroker, mqtt_clients: Clients
+) -> None:
+    port = mqtt_broker.mqtt_port
+    a, b = mqtt_clients.raw(port), mqtt_clients.raw(port)
     assert a.connect("") == Connack(return_code=0)
     assert b.connect("") == Connack(return_code=0)
     # Neither took the other over.
@@ -307,10 +284,10 @@ AUTH_CASES = [
 
 @pytest.mark.parametrize(("credentials", "code"), AUTH_CASES)
 def test_connack_auth(
-    make_broker: MakeBroker, clients: Clients, credentials: dict[str, Any], code: int
+    make_mqtt_broker: MakeBroker, mqtt_clients: Clients, credentials: dict[str, Any], code: int
 ) -> None:
-    broker = make_broker(auth_tokens=["tok"], mqtt={"port": 0, "users": {"alice": "pw"}})
-    raw = clients.raw(broker.mqtt_port)
+    mqtt_broker = make_mqtt_broker(auth_tokens=["tok"], mqtt={"port": 0, "users": {"alice": "pw"}})
+    raw = mqtt_clients.raw(mqtt_broker.mqtt_port)
     assert raw.connect(**credentials) == Connack(return_code=code)
     if code:
         assert raw.wait_closed() == []
@@ -332,32 +309,34 @@ def test_connack_auth(
     ],
 )
 def test_connack_auth_only_tokens_or_only_users(
-    make_broker: MakeBroker,
-    clients: Clients,
+    make_mqtt_broker: MakeBroker,
+    mqtt_clients: Clients,
     settings: dict[str, Any],
     ok: tuple[str, str],
     bad: tuple[str, str],
 ) -> None:
-    port = make_broker(**settings).mqtt_port
-    raw = clients.raw(port)
+    port = make_mqtt_broker(**settings).mqtt_port
+    raw = mqtt_clients.raw(port)
     assert raw.connect() == Connack(return_code=5)
-    raw = clients.raw(port)
+    raw = mqtt_clients.raw(port)
     assert raw.connect(username=bad[0], password=bad[1].encode()) == Connack(return_code=4)
-    raw = clients.raw(port)
+    raw = mqtt_clients.raw(port)
     assert raw.connect(username=ok[0], password=ok[1].encode()) == Connack(return_code=0)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_paho_auth(make_broker: MakeBroker, clients: Clients, protocol: int) -> None:
-    port = make_broker(auth_tokens=["tok"], mqtt={"port": 0, "users": {"alice": "pw"}}).mqtt_port
-    assert clients.paho(port, protocol=protocol).connect().getName() == "Not authorized"
-    client = clients.paho(port, protocol=protocol)
+def test_paho_auth(make_mqtt_broker: MakeBroker, mqtt_clients: Clients, protocol: int) -> None:
+    port = make_mqtt_broker(
+        auth_tokens=["tok"], mqtt={"port": 0, "users": {"alice": "pw"}}
+    ).mqtt_port
+    assert mqtt_clients.paho(port, protocol=protocol).connect().getName() == "Not authorized"
+    client = mqtt_clients.paho(port, protocol=protocol)
     client.username_pw_set("alice", "bad")
     assert client.connect().getName() == "Bad user name or password"
-    client = clients.paho(port, protocol=protocol)
+    client = mqtt_clients.paho(port, protocol=protocol)
     client.username_pw_set("alice", "pw")
     assert client.connect().getName() == "Success"
-    client = clients.paho(port, protocol=protocol)
+    client = mqtt_clients.paho(port, protocol=protocol)
     client.username_pw_set("svc", "tok")
     assert client.connect().getName() == "Success"
     assert client.subscribe(("auth/x", 1)) == [1]
@@ -403,15 +382,15 @@ EXPECTED_MATCHES: dict[str, set[str]] = {
 }
 
 
-def test_wildcards_and_dollar_topics(broker: ThreadBroker, clients: Clients) -> None:
-    port = broker.mqtt_port
+def test_wildcards_and_dollar_topics(mqtt_broker: ThreadBroker, mqtt_clients: Clients) -> None:
+    port = mqtt_broker.mqtt_port
     subscribers = {}
     for topic_filter in EXPECTED_MATCHES:
-        sub = clients.paho(port).connected()
+        sub = mqtt_clients.paho(port).connected()
         # "fence" overlaps "#" and "+": delivered once all the same.
         assert sub.subscribe((topic_filter, 1), ("fence", 1)) == [1, 1]
         subscribers[topic_filter] = sub
-    pub = clients.paho(port).connected()
+    pub = mqtt_clients.paho(port).connected()
     for topic in TOPICS:
         pub.publish(topic, topic.encode(), 1)
     pub.publish("fence", b"", 1)
@@ -422,10 +401,12 @@ def test_wildcards_and_dollar_topics(broker: ThreadBroker, clients: Clients) -> 
         sub.assert_no_more()
 
 
-def test_dots_and_other_characters_in_topics(broker: ThreadBroker, clients: Clients) -> None:
+def test_dots_and_other_characters_in_topics(
+    mqtt_broker: ThreadBroker, mqtt_clients: Clients
+) -> None:
     """MQTT's "/" and "." swap in broker addresses: "a.b" and "a/b" stay distinct topics and
     every topic reaches subscribers exactly as it was published."""
-    port = broker.mqtt_port
+    port = mqtt_broker.mqtt_port
     topics = ["a.b", "a/b", "a.b/c", "a/b.c", "a..b", ".", "ä/ß 1", "a b/c d", "a/$x"]
     expected: dict[str, set[str]] = {
         "a.b": {"a.b"},
@@ -438,10 +419,10 @@ def test_dots_and_other_characters_in_topics(broker: ThreadBroker, clients: Clie
     }
     subscribers = {}
     for topic_filter in expected:
-        sub = clients.paho(port).connected()
+        sub = mqtt_clients.paho(port).connected()
         assert sub.subscribe((topic_filter, 1), ("fence", 1)) == [1, 1]
         subscribers[topic_filter] = sub
-    pub = clients.paho(port).connected()
+    pub = mqtt_clients.paho(port).connected()
     for topic in topics:
         pub.publish(topic, topic.encode(), 1)
     pub.publish("fence", b"", 1)
@@ -451,10 +432,12 @@ def test_dots_and_other_characters_in_topics(broker: ThreadBroker, clients: Clie
         assert all(m.payload == m.topic.encode() for m in got)
 
 
-def test_retained_messages_follow_the_filter_rules(broker: ThreadBroker, clients: Clients) -> None:
+def test_retained_messages_follow_the_filter_rules(
+    mqtt_broker: ThreadBroker, mqtt_clients: Clients
+) -> None:
     """Retained messages reach a new subscription under the same rules as live ones."""
-    port = broker.mqtt_port
-    pub = clients.paho(port).connected()
+    port = mqtt_broker.mqtt_port
+    pub = mqtt_clients.paho(port).connected()
     for topic in ("r", "r/a", "r/a/b", "$SYS/r", "rr"):
         pub.publish(topic, f"kept {topic}".encode(), 1, retain=True)
     expected = {
@@ -465,7 +448,7 @@ def test_retained_messages_follow_the_filter_rules(broker: ThreadBroker, clients
         "$SYS/#": {"$SYS/r"},
     }
     for topic_filter, topics in expected.items():
-        sub = clients.paho(port).connected()
+        sub = mqtt_clients.paho(port).connected()
         assert sub.subscribe((topic_filter, 1)) == [1]
         got = [sub.get() for _ in topics]
         assert sorted(m.topic for m in got) == sorted(topics), topic_filter
@@ -475,20 +458,20 @@ def test_retained_messages_follow_the_filter_rules(broker: ThreadBroker, clients
         assert sub.until("fence") == [], topic_filter
     # An empty retained message deletes the retained one.
     pub.publish("r/a", b"", 1, retain=True)
-    sub = clients.paho(port).connected()
+    sub = mqtt_clients.paho(port).connected()
     assert sub.subscribe(("r/a", 1), ("fence", 1)) == [1, 1]
     pub.publish("fence", b"", 1)
     assert sub.until("fence") == []
 
 
 def test_overlapping_subscriptions_deliver_once_at_highest_qos(
-    broker: ThreadBroker, clients: Clients
+    mqtt_broker: ThreadBroker, mqtt_clients: Clients
 ) -> None:
-    port = broker.mqtt_port
-    sub = clients.paho(port).connected()
+    port = mqtt_broker.mqtt_port
+    sub = mqtt_clients.paho(port).connected()
     granted = sub.subscribe(("o/#", 0), ("o/+", 2), ("o/x", 1), ("+/x", 1), ("fence", 2))
     assert granted == [0, 2, 1, 1, 2]
-    pub = clients.paho(port).connected()
+    pub = mqtt_clients.paho(port).connected()
     pub.publish("o/x", b"1", 2)  # o/# 0, o/+ 2, o/x 1, +/x 1 -> once at 2
     pub.publish("o/y", b"2", 1)  # o/# 0, o/+ 2 -> once at min(1, 2)
     pub.publish("o", b"3", 2)  # o/# 0 only
@@ -503,20 +486,20 @@ def test_overlapping_subscriptions_deliver_once_at_highest_qos(
     assert [(m.topic, m.qos) for m in sub.until("fence")] == [("o/y", 0)]
 
 
-def test_deny_subscribe(make_broker: MakeBroker, clients: Clients) -> None:
-    broker = make_broker(mqtt={"port": 0, "deny_subscribe": ["secret/#"]})
-    port = broker.mqtt_port
-    raw = clients.raw(port)
+def test_deny_subscribe(make_mqtt_broker: MakeBroker, mqtt_clients: Clients) -> None:
+    mqtt_broker = make_mqtt_broker(mqtt={"port": 0, "deny_subscribe": ["secret/#"]})
+    port = mqtt_broker.mqtt_port
+    raw = mqtt_clients.raw(port)
     assert raw.connect().return_code == 0
     raw.send(Subscribe(5, (("secret/x", 1), ("public/x", 1), ("#", 0), ("pub/+", 2))))
     assert raw.expect(Suback) == Suback(5, (0x80, 1, 0x80, 2))
     # paho sees the same; "secret" itself, "+/x" and "+/#" overlap the rule as well.
-    sub = clients.paho(port).connected()
+    sub = mqtt_clients.paho(port).connected()
     granted = sub.subscribe(
         ("secret", 1), ("+/x", 1), ("+/#", 1), ("secret/x/y", 0), ("public/#", 2), ("fence", 1)
     )
     assert granted == [0x80, 0x80, 0x80, 0x80, 2, 1]
-    pub = clients.paho(port).connected()
+    pub = mqtt_clients.paho(port).connected()
     pub.publish("secret/x", b"hidden", 1)
     pub.publish("public/x", b"visible", 1)
     pub.publish("fence", b"", 1)
@@ -526,12 +509,12 @@ def test_deny_subscribe(make_broker: MakeBroker, clients: Clients) -> None:
     assert (delivery.topic, delivery.payload, delivery.qos) == ("public/x", b"visible", 1)
 
 
-def test_deny_publish_drops_silently(make_broker: MakeBroker, clients: Clients) -> None:
-    broker = make_broker(mqtt={"port": 0, "deny_publish": ["secret/#"]})
-    port = broker.mqtt_port
-    sub = clients.paho(port).connected()
+def test_deny_publish_drops_silently(make_mqtt_broker: MakeBroker, mqtt_clients: Clients) -> None:
+    mqtt_broker = make_mqtt_broker(mqtt={"port": 0, "deny_publish": ["secret/#"]})
+    port = mqtt_broker.mqtt_port
+    sub = mqtt_clients.paho(port).connected()
     assert sub.subscribe(("#", 2)) == [2]
-    pub = clients.paho(port).connected()
+    pub = mqtt_clients.paho(port).connected()
     # Every QoS flow completes (PUBACK / PUBREC+PUBCOMP): nothing tells the publisher.
     pub.publish("secret/x", b"a", 0)
     pub.publish("secret/x", b"b", 1)
@@ -541,7 +524,7 @@ def test_deny_publish_drops_silently(make_broker: MakeBroker, clients: Clients) 
     pub.publish("fence", b"", 2)
     assert [(m.topic, m.payload) for m in sub.until("fence")] == [("public/x", b"e")]
     # Nothing was retained either.
-    late = clients.paho(port).connected()
+    late = mqtt_clients.paho(port).connected()
     assert late.subscribe(("secret/#", 1), ("fence", 1)) == [1, 1]
     pub.publish("fence", b"", 1)
     assert late.until("fence") == []
@@ -551,15 +534,10 @@ def test_deny_publish_drops_silently(make_broker: MakeBroker, clients: Clients) 
 # 4. Wills
 
 
-@pytest.fixture
-def will_watcher(broker: ThreadBroker, clients: Clients) -> Paho:
-    watcher = clients.paho(broker.mqtt_port).connected()
-    assert watcher.subscribe(("will/#", 2), ("fence", 2)) == [2, 2]
-    return watcher
-
-
-def test_will_on_abnormal_close(broker: ThreadBroker, clients: Clients, will_watcher: Paho) -> None:
-    raw = clients.raw(broker.mqtt_port)
+def test_will_on_abnormal_close(
+    mqtt_broker: ThreadBroker, mqtt_clients: Clients, will_watcher: Paho
+) -> None:
+    raw = mqtt_clients.raw(mqtt_broker.mqtt_port)
     ack = raw.connect(will_topic="will/raw", will_payload=b"\x00gone\xff", will_qos=1)
     assert ack.return_code == 0
     raw.close()
@@ -569,9 +547,9 @@ def test_will_on_abnormal_close(broker: ThreadBroker, clients: Clients, will_wat
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_will_on_paho_socket_shutdown(
-    broker: ThreadBroker, clients: Clients, will_watcher: Paho, protocol: int
+    mqtt_broker: ThreadBroker, mqtt_clients: Clients, will_watcher: Paho, protocol: int
 ) -> None:
-    client = clients.paho(broker.mqtt_port, protocol=protocol)
+    client = mqtt_clients.paho(mqtt_broker.mqtt_port, protocol=protocol)
     client.will_set("will/paho", b"bye", 2)
     client.connected()
     client.kill()
@@ -580,11 +558,11 @@ def test_will_on_paho_socket_shutdown(
 
 
 def test_will_on_keepalive_timeout(
-    broker: ThreadBroker, clients: Clients, will_watcher: Paho
+    mqtt_broker: ThreadBroker, mqtt_clients: Clients, will_watcher: Paho
 ) -> None:
     """keep_alive=1 and then silence: the broker gives up after 1.5 s (checked about once a
     second), publishes the will and closes."""
-    raw = clients.raw(broker.mqtt_port)
+    raw = mqtt_clients.raw(mqtt_broker.mqtt_port)
     ack = raw.connect(keep_alive=1, will_topic="will/idle", will_payload=b"timeout", will_qos=1)
     assert ack.return_code == 0
     msg = will_watcher.get(timeout=5.0)
@@ -593,9 +571,9 @@ def test_will_on_keepalive_timeout(
 
 
 def test_will_on_protocol_violation(
-    broker: ThreadBroker, clients: Clients, will_watcher: Paho
+    mqtt_broker: ThreadBroker, mqtt_clients: Clients, will_watcher: Paho
 ) -> None:
-    raw = clients.raw(broker.mqtt_port)
+    raw = mqtt_clients.raw(mqtt_broker.mqtt_port)
     assert raw.connect(will_topic="will/bad", will_payload=b"violated").return_code == 0
     raw.send(b"\xf0\x00")  # reserved packet type 15
     assert raw.wait_closed() == []
@@ -603,29 +581,33 @@ def test_will_on_protocol_violation(
     assert (msg.topic, msg.payload, msg.qos) == ("will/bad", b"violated", 0)
 
 
-def test_no_will_on_disconnect(broker: ThreadBroker, clients: Clients, will_watcher: Paho) -> None:
-    port = broker.mqtt_port
-    raw = clients.raw(port)
+def test_no_will_on_disconnect(
+    mqtt_broker: ThreadBroker, mqtt_clients: Clients, will_watcher: Paho
+) -> None:
+    port = mqtt_broker.mqtt_port
+    raw = mqtt_clients.raw(port)
     assert raw.connect(will_topic="will/raw", will_payload=b"no").return_code == 0
     raw.send(Disconnect())
     assert raw.wait_closed() == []
-    client = clients.paho(port)
+    client = mqtt_clients.paho(port)
     client.will_set("will/paho", b"no", 1)
     client.connected()
     client.disconnect()
-    wait_until(lambda: not broker.has_session(client.client_id), "paho's session to end")
-    fence = clients.paho(port).connected()
+    wait_until(lambda: not mqtt_broker.has_session(client.client_id), "paho's session to end")
+    fence = mqtt_clients.paho(port).connected()
     fence.publish("fence", b"", 2)
     assert will_watcher.until("fence") == []
 
 
-def test_no_will_from_a_refused_connect(make_broker: MakeBroker, clients: Clients) -> None:
-    port = make_broker(mqtt={"port": 0, "users": {"alice": "pw"}}).mqtt_port
-    watcher = clients.paho(port)
+def test_no_will_from_a_refused_connect(
+    make_mqtt_broker: MakeBroker, mqtt_clients: Clients
+) -> None:
+    port = make_mqtt_broker(mqtt={"port": 0, "users": {"alice": "pw"}}).mqtt_port
+    watcher = mqtt_clients.paho(port)
     watcher.username_pw_set("alice", "pw")
     watcher.connected()
     assert watcher.subscribe(("will/#", 1), ("fence", 1)) == [1, 1]
-    raw = clients.raw(port)
+    raw = mqtt_clients.raw(port)
     refused = raw.connect(
         username="alice", password=b"bad", will_topic="will/refused", will_payload=b"x"
     )
@@ -635,60 +617,64 @@ def test_no_will_from_a_refused_connect(make_broker: MakeBroker, clients: Client
     assert watcher.until("fence") == []
 
 
-def test_will_on_a_denied_topic_is_dropped(make_broker: MakeBroker, clients: Clients) -> None:
+def test_will_on_a_denied_topic_is_dropped(
+    make_mqtt_broker: MakeBroker, mqtt_clients: Clients
+) -> None:
     """deny_publish applies to wills too: a will must not be a way around the rule."""
-    broker = make_broker(mqtt={"port": 0, "deny_publish": ["secret/#"]})
-    port = broker.mqtt_port
-    watcher = clients.paho(port).connected()
+    mqtt_broker = make_mqtt_broker(mqtt={"port": 0, "deny_publish": ["secret/#"]})
+    port = mqtt_broker.mqtt_port
+    watcher = mqtt_clients.paho(port).connected()
     assert watcher.subscribe(("#", 1)) == [1]
-    raw = clients.raw(port)
+    raw = mqtt_clients.raw(port)
     ack = raw.connect("leaker", will_topic="secret/will", will_payload=b"leak", will_retain=True)
     assert ack.return_code == 0
     raw.close()
     # The session ends in the same step as the will is published (or not).
-    wait_until(lambda: not broker.has_session("leaker"), "the will's connection to end")
-    allowed = clients.raw(port)
+    wait_until(lambda: not mqtt_broker.has_session("leaker"), "the will's connection to end")
+    allowed = mqtt_clients.raw(port)
     assert allowed.connect(will_topic="public/will", will_payload=b"ok").return_code == 0
     allowed.close()
     msg = watcher.get()
     assert (msg.topic, msg.payload) == ("public/will", b"ok")
-    late = clients.paho(port).connected()
+    late = mqtt_clients.paho(port).connected()
     assert late.subscribe(("secret/#", 1), ("fence", 1)) == [1, 1]
     late.publish("fence", b"", 1)
     assert late.until("fence") == [], "the denied will was retained"
 
 
-def test_takeover_of_a_persistent_session(broker: ThreadBroker, clients: Clients) -> None:
+def test_takeover_of_a_persistent_session(mqtt_broker: ThreadBroker, mqtt_clients: Clients) -> None:
     """clean session 0 on both sides: the new connection resumes the session (session
     present) with its subscription, and gets what was published for it."""
-    port = broker.mqtt_port
-    first = clients.raw(port)
+    port = mqtt_broker.mqtt_port
+    first = mqtt_clients.raw(port)
     assert first.connect("keeper", clean_session=False) == Connack(0, session_present=False)
     first.send(Subscribe(1, (("keep/x", 1),)))
     assert first.expect(Suback) == Suback(1, (1,))
-    second = clients.raw(port)
+    second = mqtt_clients.raw(port)
     assert second.connect("keeper", clean_session=False) == Connack(0, session_present=True)
     assert first.wait_closed() == []
-    pub = clients.paho(port).connected()
+    pub = mqtt_clients.paho(port).connected()
     pub.publish("keep/x", b"for the session", 1)
     delivery = second.expect(Publish)
     assert (delivery.topic, delivery.payload, delivery.qos) == ("keep/x", b"for the session", 1)
 
 
-def test_refused_connect_does_not_take_over(make_broker: MakeBroker, clients: Clients) -> None:
-    port = make_broker(mqtt={"port": 0, "users": {"alice": "pw"}}).mqtt_port
-    first = clients.raw(port)
+def test_refused_connect_does_not_take_over(
+    make_mqtt_broker: MakeBroker, mqtt_clients: Clients
+) -> None:
+    port = make_mqtt_broker(mqtt={"port": 0, "users": {"alice": "pw"}}).mqtt_port
+    first = mqtt_clients.raw(port)
     assert first.connect("owner", username="alice", password=b"pw").return_code == 0
-    intruder = clients.raw(port)
+    intruder = mqtt_clients.raw(port)
     assert intruder.connect("owner", username="alice", password=b"no").return_code == 4
     assert intruder.wait_closed() == []
     first.send(Pingreq())
     first.expect(Pingresp)
 
 
-def test_will_retain(broker: ThreadBroker, clients: Clients, will_watcher: Paho) -> None:
-    port = broker.mqtt_port
-    raw = clients.raw(port)
+def test_will_retain(mqtt_broker: ThreadBroker, mqtt_clients: Clients, will_watcher: Paho) -> None:
+    port = mqtt_broker.mqtt_port
+    raw = mqtt_clients.raw(port)
     ack = raw.connect(
         will_topic="will/status", will_payload=b"offline", will_qos=1, will_retain=True
     )
@@ -697,7 +683,7 @@ def test_will_retain(broker: ThreadBroker, clients: Clients, will_watcher: Paho)
     live = will_watcher.get()
     # To an existing subscription, RETAIN is 0 (3.1.1 section 3.3.1.3).
     assert (live.topic, live.payload, live.retain) == ("will/status", b"offline", False)
-    late = clients.paho(port).connected()
+    late = mqtt_clients.paho(port).connected()
     assert late.subscribe(("will/+", 1)) == [1]
     stored = late.get()
     assert (stored.topic, stored.payload, stored.qos, stored.retain) == (
@@ -708,11 +694,13 @@ def test_will_retain(broker: ThreadBroker, clients: Clients, will_watcher: Paho)
     )
 
 
-def test_client_id_takeover(broker: ThreadBroker, clients: Clients, will_watcher: Paho) -> None:
-    port = broker.mqtt_port
-    first = clients.raw(port)
+def test_client_id_takeover(
+    mqtt_broker: ThreadBroker, mqtt_clients: Clients, will_watcher: Paho
+) -> None:
+    port = mqtt_broker.mqtt_port
+    first = mqtt_clients.raw(port)
     assert first.connect("same-id", will_topic="will/first", will_payload=b"taken").return_code == 0
-    second = clients.raw(port)
+    second = mqtt_clients.raw(port)
     assert second.connect("same-id").return_code == 0
     assert first.wait_closed() == []
     msg = will_watcher.get()
@@ -723,8 +711,8 @@ def test_client_id_takeover(broker: ThreadBroker, clients: Clients, will_watcher
     second.send(Pingreq())
     second.expect(Pingresp)
     # paho clients taking over one another
-    a = clients.paho(port, "paho-same", protocol=V311).connected()
-    b = clients.paho(port, "paho-same", protocol=V31).connected()
+    a = mqtt_clients.paho(port, "paho-same", protocol=V311).connected()
+    b = mqtt_clients.paho(port, "paho-same", protocol=V31).connected()
     rc = a.disconnects.get(timeout=WAIT)
     assert rc.is_failure
     assert b.subscribe(("b/x", 1)) == [1]
@@ -895,17 +883,17 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("bad", BAD_INPUTS, ids=[b.name for b in BAD_INPUTS])
 def test_malformed_input_closes_only_that_connection(
-    make_broker: MakeBroker, clients: Clients, broker_log: LogEntries, bad: BadInput
+    make_mqtt_broker: MakeBroker, mqtt_clients: Clients, broker_log: LogEntries, bad: BadInput
 ) -> None:
-    broker = make_broker(mqtt={"port": 0, "max_packet_size": MAX_PACKET})
-    port = broker.mqtt_port
-    watcher = clients.paho(port).connected()
+    mqtt_broker = make_mqtt_broker(mqtt={"port": 0, "max_packet_size": MAX_PACKET})
+    port = mqtt_broker.mqtt_port
+    watcher = mqtt_clients.paho(port).connected()
     assert watcher.subscribe(("watch/#", 1)) == [1]
-    other = clients.raw(port)
+    other = mqtt_clients.raw(port)
     assert other.connect().return_code == 0
-    publisher = clients.paho(port).connected()
+    publisher = mqtt_clients.paho(port).connected()
 
-    offender = clients.raw(port)
+    offender = mqtt_clients.raw(port)
     if bad.connect_first:
         assert offender.connect().return_code == 0
     offender.send_tolerant(bad.data)
@@ -926,9 +914,11 @@ def test_malformed_input_closes_only_that_connection(
     assert watcher.disconnects.empty()
 
 
-def test_packet_just_under_the_size_limit_passes(make_broker: MakeBroker, clients: Clients) -> None:
-    port = make_broker(mqtt={"port": 0, "max_packet_size": MAX_PACKET}).mqtt_port
-    client = clients.paho(port).connected()
+def test_packet_just_under_the_size_limit_passes(
+    make_mqtt_broker: MakeBroker, mqtt_clients: Clients
+) -> None:
+    port = make_mqtt_broker(mqtt={"port": 0, "max_packet_size": MAX_PACKET}).mqtt_port
+    client = mqtt_clients.paho(port).connected()
     assert client.subscribe(("s/x", 1)) == [1]
     # 1 type byte + 2 length bytes + 2 + 3 topic bytes + 2 packet id bytes + payload
     payload = bytes(MAX_PACKET - 10)
@@ -937,13 +927,13 @@ def test_packet_just_under_the_size_limit_passes(make_broker: MakeBroker, client
 
 
 def test_violation_in_the_same_read_as_valid_packets(
-    broker: ThreadBroker, clients: Clients
+    mqtt_broker: ThreadBroker, mqtt_clients: Clients
 ) -> None:
     """Packets before the bad one in the same segment are handled; nothing after it."""
-    port = broker.mqtt_port
-    watcher = clients.paho(port).connected()
+    port = mqtt_broker.mqtt_port
+    watcher = mqtt_clients.paho(port).connected()
     assert watcher.subscribe(("seg/#", 1)) == [1]
-    raw = clients.raw(port)
+    raw = mqtt_clients.raw(port)
     assert raw.connect().return_code == 0
     raw.send(
         encode(Publish("seg/1", b"first", qos=1, packet_id=1))
@@ -953,22 +943,22 @@ def test_violation_in_the_same_read_as_valid_packets(
     raw.wait_closed()
     msg = watcher.get()
     assert (msg.topic, msg.payload) == ("seg/1", b"first")
-    fence = clients.paho(port).connected()
+    fence = mqtt_clients.paho(port).connected()
     fence.publish("seg/fence", b"", 1)
     assert [m.topic for m in watcher.until("seg/fence")] == []
 
 
 def test_stalled_packet_and_missing_connect_time_out(
-    make_broker: MakeBroker, clients: Clients, broker_log: LogEntries
+    make_mqtt_broker: MakeBroker, mqtt_clients: Clients, broker_log: LogEntries
 ) -> None:
     """A packet that never completes (frame_timeout_s) and a connection that never sends
     CONNECT (mqtt.connect_timeout_s) are closed; the stalled client's will goes out."""
-    broker = make_broker(frame_timeout_s=1.0, mqtt={"port": 0, "connect_timeout_s": 1.0})
-    port = broker.mqtt_port
-    watcher = clients.paho(port).connected()
+    mqtt_broker = make_mqtt_broker(frame_timeout_s=1.0, mqtt={"port": 0, "connect_timeout_s": 1.0})
+    port = mqtt_broker.mqtt_port
+    watcher = mqtt_clients.paho(port).connected()
     assert watcher.subscribe(("will/#", 1)) == [1]
-    silent = clients.raw(port)
-    stalled = clients.raw(port)
+    silent = mqtt_clients.raw(port)
+    stalled = mqtt_clients.raw(port)
     assert stalled.connect(will_topic="will/stalled", will_payload=b"stuck").return_code == 0
     stalled.send(b"\x30\x10\x00\x03a/b")  # 16 bytes announced, 5 sent
     assert silent.wait_closed() == []
@@ -982,8 +972,8 @@ def test_stalled_packet_and_missing_connect_time_out(
 # 6. aiomqtt
 
 
-async def test_aiomqtt_round_trip(broker: ThreadBroker) -> None:
-    port = broker.mqtt_port
+async def test_aiomqtt_round_trip(mqtt_broker: ThreadBroker) -> None:
+    port = mqtt_broker.mqtt_port
     async with asyncio.timeout(15):
         async with (
             aiomqtt.Client(HOST, port, identifier=unique_id("aio")) as sub,
@@ -998,8 +988,8 @@ async def test_aiomqtt_round_trip(broker: ThreadBroker) -> None:
             assert msg.payload == payload
 
 
-async def test_aiomqtt_wildcards(broker: ThreadBroker) -> None:
-    port = broker.mqtt_port
+async def test_aiomqtt_wildcards(mqtt_broker: ThreadBroker) -> None:
+    port = mqtt_broker.mqtt_port
     async with asyncio.timeout(15):
         async with (
             aiomqtt.Client(HOST, port, identifier=unique_id("aio")) as sub,
@@ -1041,10 +1031,10 @@ def mosquitto_tool(name: str) -> str:
 
 
 @pytest.mark.parametrize("version", [None, "mqttv31", "mqttv311"])
-def test_mosquitto_pub_sub(broker: ThreadBroker, version: str | None) -> None:
+def test_mosquitto_pub_sub(mqtt_broker: ThreadBroker, version: str | None) -> None:
     mosquitto_sub = mosquitto_tool("mosquitto_sub")
     mosquitto_pub = mosquitto_tool("mosquitto_pub")
-    port = str(broker.mqtt_port)
+    port = str(mqtt_broker.mqtt_port)
     extra = ["-V", version] if version else []
     sub_args = [mosquitto_sub, "-h", HOST, "-p", port, "-t", "t/#", "-C", "1", "-q", "1", "-v"]
     sub_args += ["-i", unique_id("msub"), "-W", "20", *extra]
@@ -1053,7 +1043,7 @@ def test_mosquitto_pub_sub(broker: ThreadBroker, version: str | None) -> None:
     sub = subprocess.Popen(sub_args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         wait_until(
-            lambda: sub.poll() is not None or broker.has_filter("t/#"),
+            lambda: sub.poll() is not None or mqtt_broker.has_filter("t/#"),
             "mosquitto_sub to subscribe",
         )
         assert sub.poll() is None, sub.communicate()
@@ -1068,12 +1058,12 @@ def test_mosquitto_pub_sub(broker: ThreadBroker, version: str | None) -> None:
             sub.wait(10)
 
 
-def test_mosquitto_sub_gets_retained_and_pub_reads_stdin(broker: ThreadBroker) -> None:
+def test_mosquitto_sub_gets_retained_and_pub_reads_stdin(mqtt_broker: ThreadBroker) -> None:
     """``mosquitto_pub -r -s`` (message from stdin, retained), then a later
     ``mosquitto_sub -C 1`` receives it."""
     mosquitto_sub = mosquitto_tool("mosquitto_sub")
     mosquitto_pub = mosquitto_tool("mosquitto_pub")
-    port = str(broker.mqtt_port)
+    port = str(mqtt_broker.mqtt_port)
     pub = subprocess.run(
         [mosquitto_pub, "-h", HOST, "-p", port, "-t", "r/x", "-r", "-q", "2", "-s"],
         input=b"line one\nline two",

@@ -2,26 +2,20 @@
 QoS 2 across reconnects, the in-flight window, retained messages, and durability across a
 restart of a real server process.
 
-Brokers run in the test's event loop (``broker_factory``) except for the restart tests, which
-start ``python -m vibemq_server`` processes on one data directory. Clients are real: paho-mqtt
-(:class:`mqttkit.PahoClient`) or raw sockets with the project's MQTT codec
-(:class:`mqttkit.RawMqtt`) where a test needs exact control over packet ids and acks.
+Brokers run in the test's event loop (``mqtt_env``) except for the restart tests, which
+start ``python -m vibemq_server`` processes on one data directory (``mqtt_procs``). Clients
+are real: paho-mqtt (:class:`mqttkit.PahoClient`) or raw sockets with the project's MQTT codec
+(:class:`mqttkit.AsyncRawMqtt`) where a test needs exact control over packet ids and acks.
+Fixtures are in conftest.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
-from mqttkit import PahoFactory, RawMqtt, wait_for
-from serverproc import clean_env, server_args
+from mqttkit import AsyncRawMqtt, MqttEnv, PahoFactory, Procs, wait_for
 
 from vibemq_server.adapters.mqtt.packets import (
     Connack,
@@ -34,66 +28,11 @@ from vibemq_server.adapters.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
-from vibemq_server.server import Broker
 
 pytestmark = pytest.mark.timeout(60)
 
 
-# -- fixtures and helpers --------------------------------------------------------------------
-
-
-class Env:
-    """An in-process broker plus the clients of one test (all closed at teardown)."""
-
-    def __init__(self, broker_factory: Any) -> None:
-        self.broker_factory = broker_factory
-        self.broker: Broker | None = None
-        self.paho = PahoFactory()
-        self.raws: list[RawMqtt] = []
-
-    async def start(self, **mqtt_options: Any) -> Broker:
-        self.broker = await self.broker_factory(mqtt={"port": 0, **mqtt_options})
-        assert self.broker.mqtt_port
-        self.paho.port = self.broker.mqtt_port
-        return self.broker
-
-    @property
-    def port(self) -> int:
-        assert self.broker is not None and self.broker.mqtt_port
-        return self.broker.mqtt_port
-
-    async def raw(self, client_id: str, clean_session: bool = True) -> tuple[RawMqtt, bool]:
-        """A raw connection; returns it and the CONNACK session-present flag."""
-        raw, connack = await RawMqtt.connect(self.port, client_id, clean_session=clean_session)
-        self.raws.append(raw)
-        return raw, connack.session_present
-
-    def offline(self, client_id: str) -> bool:
-        """The broker holds a session for ``client_id`` and no connection is attached."""
-        assert self.broker is not None and self.broker.adapters["mqtt"] is not None
-        session = self.broker.adapters["mqtt"].sessions.get(client_id)
-        return session is not None and session.link is None
-
-    def gone(self, client_id: str) -> bool:
-        assert self.broker is not None and self.broker.adapters["mqtt"] is not None
-        return client_id not in self.broker.adapters["mqtt"].sessions
-
-    async def wait_offline(self, client_id: str) -> None:
-        await wait_for(lambda: self.offline(client_id), what=f"{client_id} offline")
-
-    async def close(self) -> None:
-        await self.paho.close_all()
-        for raw in self.raws:
-            await raw.close()
-
-
-@pytest.fixture
-async def env(broker_factory: Any) -> AsyncIterator[Env]:
-    e = Env(broker_factory)
-    try:
-        yield e
-    finally:
-        await e.close()
+# -- helpers (fixtures: conftest.py) ---------------------------------------------------------
 
 
 def payloads(messages: list[mqtt.MQTTMessage]) -> list[bytes]:
@@ -103,21 +42,23 @@ def payloads(messages: list[mqtt.MQTTMessage]) -> list[bytes]:
 # -- 1. clean session = 0 keeps subscriptions and QoS 1/2 messages ---------------------------
 
 
-async def test_persistent_session_keeps_subscriptions_and_qos1_qos2_not_qos0(env: Env) -> None:
-    await env.start()
-    sub = await env.paho("keeper", clean_session=False)
+async def test_persistent_session_keeps_subscriptions_and_qos1_qos2_not_qos0(
+    mqtt_env: MqttEnv,
+) -> None:
+    await mqtt_env.start()
+    sub = await mqtt_env.paho("keeper", clean_session=False)
     assert sub.session_present is False  # first connect: no session to resume
     assert await sub.subscribe("keep/#", 2) == 2
     await sub.disconnect()
-    await env.wait_offline("keeper")
+    await mqtt_env.wait_offline("keeper")
 
-    pub = await env.paho("keeper-pub")
+    pub = await mqtt_env.paho("keeper-pub")
     await pub.publish("keep/a", b"q0", qos=0)
     await pub.publish("keep/a", b"q1", qos=1)
     await pub.publish("keep/b", b"q2", qos=2)
     await pub.publish("keep/a", b"q0-again", qos=0)
 
-    back = await env.paho("keeper", clean_session=False)
+    back = await mqtt_env.paho("keeper", clean_session=False)
     assert back.session_present is True  # 3.1.1: the session was resumed
     got = await back.get_many(2)
     assert [(m.topic, m.payload, m.qos) for m in got] == [
@@ -132,36 +73,36 @@ async def test_persistent_session_keeps_subscriptions_and_qos1_qos2_not_qos0(env
     await back.assert_nothing()
 
 
-async def test_session_present_is_never_set_for_mqtt31(env: Env) -> None:
-    await env.start()
-    sub = await env.paho("old31", clean_session=False, protocol=mqtt.MQTTv31)
+async def test_session_present_is_never_set_for_mqtt31(mqtt_env: MqttEnv) -> None:
+    await mqtt_env.start()
+    sub = await mqtt_env.paho("old31", clean_session=False, protocol=mqtt.MQTTv31)
     assert sub.session_present is False
     await sub.subscribe("v31/t", 1)
     await sub.disconnect()
-    await env.wait_offline("old31")
-    pub = await env.paho("old31-pub")
+    await mqtt_env.wait_offline("old31")
+    pub = await mqtt_env.paho("old31-pub")
     await pub.publish("v31/t", b"kept", qos=1)
-    back = await env.paho("old31", clean_session=False, protocol=mqtt.MQTTv31)
+    back = await mqtt_env.paho("old31", clean_session=False, protocol=mqtt.MQTTv31)
     # MQTT 3.1 has no session-present flag, but the session is resumed all the same.
     assert back.session_present is False
     msg = await back.get()
     assert (msg.payload, msg.qos) == (b"kept", 1)
 
 
-async def test_offline_queue_bound_keeps_oldest_and_drops_newest(env: Env) -> None:
+async def test_offline_queue_bound_keeps_oldest_and_drops_newest(mqtt_env: MqttEnv) -> None:
     """mqtt.max_queued_messages = 5: of 10 QoS 1 messages for an absent client the first 5
     are kept, the newer ones dropped (the publishers still get their PUBACK)."""
-    await env.start(max_queued_messages=5)
-    sub = await env.paho("bounded", clean_session=False)
+    await mqtt_env.start(max_queued_messages=5)
+    sub = await mqtt_env.paho("bounded", clean_session=False)
     await sub.subscribe("bound/t", 1)
     await sub.disconnect()
-    await env.wait_offline("bounded")
+    await mqtt_env.wait_offline("bounded")
 
-    pub = await env.paho("bounded-pub")
+    pub = await mqtt_env.paho("bounded-pub")
     for i in range(10):
         await pub.publish("bound/t", f"m{i}".encode(), qos=1)
 
-    back = await env.paho("bounded", clean_session=False)
+    back = await mqtt_env.paho("bounded", clean_session=False)
     assert back.session_present is True
     got = await back.get_many(5)
     assert payloads(got) == [f"m{i}".encode() for i in range(5)]
@@ -173,64 +114,64 @@ async def test_offline_queue_bound_keeps_oldest_and_drops_newest(env: Env) -> No
 # -- 2. clean session = 1 discards an old persistent session ---------------------------------
 
 
-async def test_clean_session_discards_previous_persistent_session(env: Env) -> None:
-    await env.start()
-    sub = await env.paho("switcher", clean_session=False)
+async def test_clean_session_discards_previous_persistent_session(mqtt_env: MqttEnv) -> None:
+    await mqtt_env.start()
+    sub = await mqtt_env.paho("switcher", clean_session=False)
     await sub.subscribe("old/topic", 1)
     await sub.disconnect()
-    await env.wait_offline("switcher")
-    pub = await env.paho("switcher-pub")
+    await mqtt_env.wait_offline("switcher")
+    pub = await mqtt_env.paho("switcher-pub")
     await pub.publish("old/topic", b"queued-1", qos=1)
     await pub.publish("old/topic", b"queued-2", qos=2)
-    assert env.broker is not None and env.broker.adapters["mqtt"] is not None
-    queue_name = env.broker.adapters["mqtt"].sessions["switcher"].queue.name
-    assert queue_name in env.broker.manager.queues
+    assert mqtt_env.broker is not None and mqtt_env.broker.adapters["mqtt"] is not None
+    queue_name = mqtt_env.broker.adapters["mqtt"].sessions["switcher"].queue.name
+    assert queue_name in mqtt_env.broker.manager.queues
 
-    clean = await env.paho("switcher", clean_session=True)
+    clean = await mqtt_env.paho("switcher", clean_session=True)
     assert clean.session_present is False
     # No queued messages, and the old subscription is gone too.
     await pub.publish("old/topic", b"after-clean", qos=1)
     await clean.assert_nothing()
     await clean.disconnect()
-    await wait_for(lambda: env.gone("switcher"), what="clean session ended")
-    assert queue_name not in env.broker.manager.queues
+    await wait_for(lambda: mqtt_env.gone("switcher"), what="clean session ended")
+    assert queue_name not in mqtt_env.broker.manager.queues
 
     # The persistent session does not come back either: a clean-0 connect starts afresh.
-    again = await env.paho("switcher", clean_session=False)
+    again = await mqtt_env.paho("switcher", clean_session=False)
     assert again.session_present is False
     await pub.publish("old/topic", b"nobody", qos=1)
     await again.assert_nothing()
 
 
-async def test_discarded_session_stays_discarded_after_restart(env: Env, tmp_path: Path) -> None:
+async def test_discarded_session_stays_discarded_after_restart(
+    mqtt_env: MqttEnv, tmp_path: Path
+) -> None:
     data = tmp_path / "restart-data"
-    broker = await env.broker_factory(mqtt={"port": 0}, data_dir=data)
-    env.broker = broker
-    env.paho.port = env.port
-    keep = await env.paho("kept-one", clean_session=False)
+    broker = await mqtt_env.broker_factory(mqtt={"port": 0}, data_dir=data)
+    mqtt_env.use(broker)
+    keep = await mqtt_env.paho("kept-one", clean_session=False)
     await keep.subscribe("disc/keep", 1)
-    drop = await env.paho("dropped-one", clean_session=False)
+    drop = await mqtt_env.paho("dropped-one", clean_session=False)
     await drop.subscribe("disc/drop", 1)
     await drop.disconnect()
-    await env.wait_offline("dropped-one")
-    clean = await env.paho("dropped-one", clean_session=True)  # discards the session
+    await mqtt_env.wait_offline("dropped-one")
+    clean = await mqtt_env.paho("dropped-one", clean_session=True)  # discards the session
     await clean.disconnect()
     await keep.disconnect()
-    await wait_for(lambda: env.gone("dropped-one") and env.offline("kept-one"))
-    await env.paho.close_all()
+    await wait_for(lambda: mqtt_env.gone("dropped-one") and mqtt_env.offline("kept-one"))
+    await mqtt_env.paho.close_all()
     await broker.stop()
 
-    broker = await env.broker_factory(mqtt={"port": 0}, data_dir=data)
-    env.broker = broker
-    env.paho.port = env.port
+    broker = await mqtt_env.broker_factory(mqtt={"port": 0}, data_dir=data)
+    mqtt_env.use(broker)
     assert broker.adapters["mqtt"] is not None
     assert set(broker.adapters["mqtt"].sessions) == {"kept-one"}
     assert "$mqtt.s.dropped-one" not in broker.manager.queues
-    again = await env.paho("dropped-one", clean_session=False)
+    again = await mqtt_env.paho("dropped-one", clean_session=False)
     assert again.session_present is False
-    back = await env.paho("kept-one", clean_session=False)
+    back = await mqtt_env.paho("kept-one", clean_session=False)
     assert back.session_present is True
-    pub = await env.paho("disc-pub")
+    pub = await mqtt_env.paho("disc-pub")
     await pub.publish("disc/drop", b"nobody", qos=1)
     await pub.publish("disc/keep", b"kept", qos=1)
     assert (await back.get()).payload == b"kept"
@@ -240,44 +181,44 @@ async def test_discarded_session_stays_discarded_after_restart(env: Env, tmp_pat
 # -- 3. redelivery after a reconnect (raw) ---------------------------------------------------
 
 
-async def test_unacked_qos1_redelivered_with_dup_and_same_packet_id(env: Env) -> None:
-    await env.start()
-    raw, present = await env.raw("redeliver", clean_session=False)
+async def test_unacked_qos1_redelivered_with_dup_and_same_packet_id(mqtt_env: MqttEnv) -> None:
+    await mqtt_env.start()
+    raw, present = await mqtt_env.raw("redeliver", clean_session=False)
     assert present is False
     assert await raw.subscribe("re/t", 1) == 1
-    pub = await env.paho("redeliver-pub")
+    pub = await mqtt_env.paho("redeliver-pub")
     await pub.publish("re/t", b"once", qos=1)
 
     first = await raw.expect(Publish)
     assert (first.topic, first.payload, first.qos, first.dup) == ("re/t", b"once", 1, False)
     assert first.packet_id is not None
     raw.drop()  # no PUBACK
-    await env.wait_offline("redeliver")
+    await mqtt_env.wait_offline("redeliver")
 
-    raw2, present = await env.raw("redeliver", clean_session=False)
+    raw2, present = await mqtt_env.raw("redeliver", clean_session=False)
     assert present is True
     second = await raw2.expect(Publish)
     assert (second.topic, second.payload, second.qos) == ("re/t", b"once", 1)
     assert second.dup is True
     assert second.packet_id == first.packet_id
-    raw2.send(Puback(second.packet_id))
+    await raw2.send(Puback(second.packet_id))
     assert await raw2.barrier() == []
     raw2.drop()
-    await env.wait_offline("redeliver")
+    await mqtt_env.wait_offline("redeliver")
 
     # Acknowledged: it does not come a third time.
-    raw3, present = await env.raw("redeliver", clean_session=False)
+    raw3, present = await mqtt_env.raw("redeliver", clean_session=False)
     assert present is True
     assert await raw3.barrier() == []
 
 
 async def test_unacked_deliveries_come_back_in_order_with_same_ids_before_new_ones(
-    env: Env,
+    mqtt_env: MqttEnv,
 ) -> None:
-    await env.start()
-    raw, _ = await env.raw("in-order", clean_session=False)
+    await mqtt_env.start()
+    raw, _ = await mqtt_env.raw("in-order", clean_session=False)
     assert await raw.subscribe("ord/#", 2) == 2
-    pub = await env.paho("in-order-pub")
+    pub = await mqtt_env.paho("in-order-pub")
     await pub.publish("ord/a", b"one", qos=1)
     await pub.publish("ord/b", b"two", qos=2)
     await pub.publish("ord/a", b"three", qos=1)
@@ -289,13 +230,13 @@ async def test_unacked_deliveries_come_back_in_order_with_same_ids_before_new_on
     ]
     assert len({p.packet_id for p in first}) == 3
     assert first[0].packet_id is not None
-    raw.send(Puback(first[0].packet_id))  # only the first is acknowledged
+    await raw.send(Puback(first[0].packet_id))  # only the first is acknowledged
     assert await raw.barrier() == []
     raw.drop()
-    await env.wait_offline("in-order")
+    await mqtt_env.wait_offline("in-order")
     await pub.publish("ord/a", b"new", qos=1)
 
-    raw2, present = await env.raw("in-order", clean_session=False)
+    raw2, present = await mqtt_env.raw("in-order", clean_session=False)
     assert present is True
     again = [await raw2.expect(Publish) for _ in range(3)]
     assert [(p.payload, p.qos, p.dup, p.packet_id) for p in again] == [
@@ -306,16 +247,16 @@ async def test_unacked_deliveries_come_back_in_order_with_same_ids_before_new_on
     assert again[2].packet_id not in {first[1].packet_id, first[2].packet_id}
 
 
-async def test_takeover_hands_unacked_messages_to_the_new_connection(env: Env) -> None:
-    await env.start()
-    old, _ = await env.raw("taken", clean_session=False)
+async def test_takeover_hands_unacked_messages_to_the_new_connection(mqtt_env: MqttEnv) -> None:
+    await mqtt_env.start()
+    old, _ = await mqtt_env.raw("taken", clean_session=False)
     assert await old.subscribe("take/t", 1) == 1
-    pub = await env.paho("taken-pub")
+    pub = await mqtt_env.paho("taken-pub")
     await pub.publish("take/t", b"in-flight", qos=1)
     sent = await old.expect(Publish)
     assert sent.dup is False
 
-    new, present = await env.raw("taken", clean_session=False)  # old is still connected
+    new, present = await mqtt_env.raw("taken", clean_session=False)  # old is still connected
     assert present is True
     again = await new.expect(Publish)
     assert (again.payload, again.dup, again.packet_id) == (b"in-flight", True, sent.packet_id)
@@ -323,30 +264,30 @@ async def test_takeover_hands_unacked_messages_to_the_new_connection(env: Env) -
     with pytest.raises(ConnectionError):
         await old.recv()
     assert again.packet_id is not None
-    new.send(Puback(again.packet_id))
+    await new.send(Puback(again.packet_id))
     await pub.publish("take/t", b"next", qos=1)
     assert (await new.expect(Publish)).payload == b"next"
 
 
-async def test_unsubscribe_is_kept_by_a_persistent_session(env: Env) -> None:
-    await env.start()
-    sub = await env.paho("unsub", clean_session=False)
+async def test_unsubscribe_is_kept_by_a_persistent_session(mqtt_env: MqttEnv) -> None:
+    await mqtt_env.start()
+    sub = await mqtt_env.paho("unsub", clean_session=False)
     await sub.subscribe("stay/t", 1)
     await sub.subscribe("leave/t", 1)
     sub.client.unsubscribe("leave/t")
     await wait_for(
         lambda: (
-            env.broker is not None
-            and env.broker.adapters["mqtt"] is not None
-            and "leave/t" not in env.broker.adapters["mqtt"].sessions["unsub"].filters
+            mqtt_env.broker is not None
+            and mqtt_env.broker.adapters["mqtt"] is not None
+            and "leave/t" not in mqtt_env.broker.adapters["mqtt"].sessions["unsub"].filters
         )
     )
     await sub.disconnect()
-    await env.wait_offline("unsub")
-    pub = await env.paho("unsub-pub")
+    await mqtt_env.wait_offline("unsub")
+    pub = await mqtt_env.paho("unsub-pub")
     await pub.publish("leave/t", b"not-for-you", qos=1)
     await pub.publish("stay/t", b"for-you", qos=1)
-    back = await env.paho("unsub", clean_session=False)
+    back = await mqtt_env.paho("unsub", clean_session=False)
     assert (await back.get()).payload == b"for-you"
     await back.assert_nothing()
 
@@ -354,69 +295,73 @@ async def test_unsubscribe_is_kept_by_a_persistent_session(env: Env) -> None:
 # -- 4. QoS 2 exactly once across a reconnect (raw) ------------------------------------------
 
 
-async def test_qos2_outbound_pubrel_resent_after_reconnect_not_the_publish(env: Env) -> None:
-    await env.start()
-    raw, _ = await env.raw("q2-out", clean_session=False)
+async def test_qos2_outbound_pubrel_resent_after_reconnect_not_the_publish(
+    mqtt_env: MqttEnv,
+) -> None:
+    await mqtt_env.start()
+    raw, _ = await mqtt_env.raw("q2-out", clean_session=False)
     assert await raw.subscribe("q2/out", 2) == 2
-    pub = await env.paho("q2-out-pub")
+    pub = await mqtt_env.paho("q2-out-pub")
     await pub.publish("q2/out", b"exactly-once", qos=2)
 
     publish = await raw.expect(Publish)
     assert (publish.payload, publish.qos, publish.dup) == (b"exactly-once", 2, False)
     pid = publish.packet_id
     assert pid is not None
-    raw.send(Pubrec(pid))
+    await raw.send(Pubrec(pid))
     assert (await raw.expect(Pubrel)).packet_id == pid
     raw.drop()  # PUBREL never answered with PUBCOMP
-    await env.wait_offline("q2-out")
+    await mqtt_env.wait_offline("q2-out")
 
-    raw2, present = await env.raw("q2-out", clean_session=False)
+    raw2, present = await mqtt_env.raw("q2-out", clean_session=False)
     assert present is True
     rel = await raw2.expect(Pubrel)
     assert rel.packet_id == pid
     # ...and no PUBLISH again: the message is the client's since its PUBREC.
     assert await raw2.barrier() == []
-    raw2.send(Pubcomp(pid))
+    await raw2.send(Pubcomp(pid))
     assert await raw2.barrier() == []
     raw2.drop()
-    await env.wait_offline("q2-out")
+    await mqtt_env.wait_offline("q2-out")
 
     # PUBCOMP ended the flow: nothing is owed on the next connection.
-    raw3, present = await env.raw("q2-out", clean_session=False)
+    raw3, present = await mqtt_env.raw("q2-out", clean_session=False)
     assert present is True
     assert await raw3.barrier() == []
 
 
-async def test_qos2_inbound_resent_publish_after_reconnect_is_routed_once(env: Env) -> None:
-    await env.start()
-    listener, _ = await env.raw("q2-in-sub")
+async def test_qos2_inbound_resent_publish_after_reconnect_is_routed_once(
+    mqtt_env: MqttEnv,
+) -> None:
+    await mqtt_env.start()
+    listener, _ = await mqtt_env.raw("q2-in-sub")
     assert await listener.subscribe("q2/in", 2) == 2
 
-    raw, _ = await env.raw("q2-in", clean_session=False)
-    raw.send(Publish("q2/in", b"only-once", qos=2, packet_id=7))
+    raw, _ = await mqtt_env.raw("q2-in", clean_session=False)
+    await raw.send(Publish("q2/in", b"only-once", qos=2, packet_id=7))
     assert (await raw.expect(Pubrec)).packet_id == 7
     raw.drop()  # before PUBREL
-    await env.wait_offline("q2-in")
+    await mqtt_env.wait_offline("q2-in")
 
-    raw2, present = await env.raw("q2-in", clean_session=False)
+    raw2, present = await mqtt_env.raw("q2-in", clean_session=False)
     assert present is True
-    raw2.send(Publish("q2/in", b"only-once", qos=2, packet_id=7, dup=True))
+    await raw2.send(Publish("q2/in", b"only-once", qos=2, packet_id=7, dup=True))
     assert (await raw2.expect(Pubrec)).packet_id == 7
-    raw2.send(Pubrel(7))
+    await raw2.send(Pubrel(7))
     assert (await raw2.expect(Pubcomp)).packet_id == 7
 
     got = await listener.expect(Publish)
     assert (got.topic, got.payload, got.qos) == ("q2/in", b"only-once", 2)
     assert got.packet_id is not None
-    listener.send(Pubrec(got.packet_id))
+    await listener.send(Pubrec(got.packet_id))
     assert (await listener.expect(Pubrel)).packet_id == got.packet_id
-    listener.send(Pubcomp(got.packet_id))
+    await listener.send(Pubcomp(got.packet_id))
     assert await listener.barrier() == []  # exactly once
 
     # With the flow complete, packet id 7 is free: a new PUBLISH with it is a new message.
-    raw2.send(Publish("q2/in", b"second", qos=2, packet_id=7))
+    await raw2.send(Publish("q2/in", b"second", qos=2, packet_id=7))
     assert (await raw2.expect(Pubrec)).packet_id == 7
-    raw2.send(Pubrel(7))
+    await raw2.send(Pubrel(7))
     assert (await raw2.expect(Pubcomp)).packet_id == 7
     again = await listener.expect(Publish)
     assert again.payload == b"second"
@@ -425,11 +370,11 @@ async def test_qos2_inbound_resent_publish_after_reconnect_is_routed_once(env: E
 # -- 5. the in-flight window -----------------------------------------------------------------
 
 
-async def test_inflight_window_bounds_unacknowledged_deliveries(env: Env) -> None:
-    await env.start(max_inflight=3)
-    raw, _ = await env.raw("window")
+async def test_inflight_window_bounds_unacknowledged_deliveries(mqtt_env: MqttEnv) -> None:
+    await mqtt_env.start(max_inflight=3)
+    raw, _ = await mqtt_env.raw("window")
     assert await raw.subscribe("win/t", 1) == 1
-    pub = await env.paho("window-pub")
+    pub = await mqtt_env.paho("window-pub")
     for i in range(10):
         await pub.publish("win/t", f"w{i}".encode(), qos=1)
 
@@ -438,36 +383,36 @@ async def test_inflight_window_bounds_unacknowledged_deliveries(env: Env) -> Non
     assert await raw.barrier() == []  # exactly 3 while none is acknowledged
 
     assert first[0].packet_id is not None
-    raw.send(Puback(first[0].packet_id))
+    await raw.send(Puback(first[0].packet_id))
     nxt = await raw.expect(Publish)
     assert nxt.payload == b"w3"
     assert await raw.barrier() == []  # one ack, one more
 
     for p in [*first[1:], nxt]:
         assert p.packet_id is not None
-        raw.send(Puback(p.packet_id))
+        await raw.send(Puback(p.packet_id))
     rest = [await raw.expect(Publish) for _ in range(3)]
     assert [p.payload for p in rest] == [b"w4", b"w5", b"w6"]
     assert await raw.barrier() == []
 
 
-async def test_a_client_gone_with_a_full_window_gets_its_messages_back(env: Env) -> None:
+async def test_a_client_gone_with_a_full_window_gets_its_messages_back(mqtt_env: MqttEnv) -> None:
     """The ids kept for redelivery do not fill the window: a persistent session that went
     away with every slot in flight gets those messages again, then the rest (this once
     left it with nothing ever delivered again)."""
-    await env.start(max_inflight=2)
-    raw, _ = await env.raw("full-window", clean_session=False)
+    await mqtt_env.start(max_inflight=2)
+    raw, _ = await mqtt_env.raw("full-window", clean_session=False)
     assert await raw.subscribe("fw/t", 1) == 1
-    pub = await env.paho("full-window-pub")
+    pub = await mqtt_env.paho("full-window-pub")
     for i in range(4):
         await pub.publish("fw/t", f"f{i}".encode(), qos=1)
     first = [await raw.expect(Publish) for _ in range(2)]
     assert [p.payload for p in first] == [b"f0", b"f1"]
     assert await raw.barrier() == []
     raw.drop()
-    await env.wait_offline("full-window")
+    await mqtt_env.wait_offline("full-window")
 
-    raw2, present = await env.raw("full-window", clean_session=False)
+    raw2, present = await mqtt_env.raw("full-window", clean_session=False)
     assert present is True
     again = [await raw2.expect(Publish) for _ in range(2)]
     assert [(p.payload, p.dup, p.packet_id) for p in again] == [
@@ -476,18 +421,18 @@ async def test_a_client_gone_with_a_full_window_gets_its_messages_back(env: Env)
     ]
     for p in again:
         assert p.packet_id is not None
-        raw2.send(Puback(p.packet_id))
+        await raw2.send(Puback(p.packet_id))
     rest = [await raw2.expect(Publish) for _ in range(2)]
     assert [(p.payload, p.dup) for p in rest] == [(b"f2", False), (b"f3", False)]
 
 
-async def test_inflight_window_and_queue_bound_together(env: Env) -> None:
+async def test_inflight_window_and_queue_bound_together(mqtt_env: MqttEnv) -> None:
     """max_inflight 3 + max_queued_messages 5: an online client that never acks holds 3 in
     flight and 5 waiting; the rest (the newest) are dropped."""
-    await env.start(max_inflight=3, max_queued_messages=5, max_publisher_pause_s=0.05)
-    raw, _ = await env.raw("both-bounds")
+    await mqtt_env.start(max_inflight=3, max_queued_messages=5, max_publisher_pause_s=0.05)
+    raw, _ = await mqtt_env.raw("both-bounds")
     assert await raw.subscribe("both/t", 1) == 1
-    pub = await env.paho("both-bounds-pub")
+    pub = await mqtt_env.paho("both-bounds-pub")
     for i in range(20):
         await pub.publish("both/t", f"b{i}".encode(), qos=1)
     first = [await raw.expect(Publish) for _ in range(3)]
@@ -499,7 +444,7 @@ async def test_inflight_window_and_queue_bound_together(env: Env) -> None:
     for _ in range(20):
         for p in unacked:
             assert p.packet_id is not None
-            raw.send(Puback(p.packet_id))
+            await raw.send(Puback(p.packet_id))
         more = await raw.barrier()
         if not more:
             break
@@ -509,46 +454,49 @@ async def test_inflight_window_and_queue_bound_together(env: Env) -> None:
     assert [p.payload for p in delivered] == [f"b{i}".encode() for i in range(8)]
 
 
-async def test_a_stuck_subscriber_pauses_a_publisher_once_not_per_message(env: Env) -> None:
+async def test_a_stuck_subscriber_pauses_a_publisher_once_not_per_message(
+    mqtt_env: MqttEnv,
+) -> None:
     """A subscriber that never acknowledges makes a publisher wait one pause at most: it is
     marked stalled and then pauses nobody; its bounds drop the newest messages. The pause
     (3 s) times 30 publishes would be far beyond the test's timeout."""
-    await env.start(max_inflight=1, max_queued_messages=2, max_publisher_pause_s=3)
-    stuck, _ = await env.raw("stuck-sub")
+    await mqtt_env.start(max_inflight=1, max_queued_messages=2, max_publisher_pause_s=3)
+    stuck, _ = await mqtt_env.raw("stuck-sub")
     assert await stuck.subscribe("stuck/t", 1) == 1
-    pub, _ = await env.raw("stuck-pub")
+    pub, _ = await mqtt_env.raw("stuck-pub")
     for pid in range(1, 31):
-        pub.send(Publish("stuck/t", b"s%d" % pid, qos=1, packet_id=pid))
+        await pub.send(Publish("stuck/t", b"s%d" % pid, qos=1, packet_id=pid))
     acked = [(await pub.expect(Puback, timeout=10)).packet_id for _ in range(30)]
     assert acked == list(range(1, 31))
     first = await stuck.expect(Publish)
     assert first.payload == b"s1"
     assert first.packet_id is not None
-    stuck.send(Puback(first.packet_id))  # it catches up a little: two queued ones follow
+    await stuck.send(Puback(first.packet_id))  # it catches up a little: two queued ones follow
     got = [await stuck.expect(Publish) for _ in range(1)]
     assert [p.payload for p in got] == [b"s2"]
 
 
-async def test_a_will_to_a_slow_subscriber_pauses_no_connection(env: Env) -> None:
+async def test_a_will_to_a_slow_subscriber_pauses_no_connection(mqtt_env: MqttEnv) -> None:
     """A will reaching a subscriber that is behind pauses nobody: there is no publisher to
     pause. (The pause bound is far above the test's timeout: a wrongly paused connection
     fails the test.)"""
-    await env.start(max_inflight=1, max_queued_messages=4, max_publisher_pause_s=60)
-    slow, _ = await env.raw("will-slow")
+    await mqtt_env.start(max_inflight=1, max_queued_messages=4, max_publisher_pause_s=60)
+    slow, _ = await mqtt_env.raw("will-slow")
     assert await slow.subscribe("will/t", 1) == 1
-    pub, _ = await env.raw("will-pub")
+    pub, _ = await mqtt_env.raw("will-pub")
     for pid in (1, 2, 3):  # 1 in flight, 2 queued: the subscriber is behind
-        pub.send(Publish("will/t", b"fill", qos=1, packet_id=pid))
+        await pub.send(Publish("will/t", b"fill", qos=1, packet_id=pid))
         assert (await pub.expect(Puback)).packet_id == pid
 
-    dying = await RawMqtt.open(env.port)
-    env.raws.append(dying)
-    dying.send(Connect("will-dying", will_topic="will/t", will_payload=b"last words", will_qos=1))
+    dying = await mqtt_env.open_raw()
+    await dying.send(
+        Connect("will-dying", will_topic="will/t", will_payload=b"last words", will_qos=1)
+    )
     assert (await dying.expect(Connack)).return_code == 0
     dying.drop()  # no DISCONNECT: the will goes out
-    await wait_for(lambda: env.gone("will-dying"), what="will published")
+    await wait_for(lambda: mqtt_env.gone("will-dying"), what="will published")
 
-    bystander, _ = await env.raw("will-bystander")
+    bystander, _ = await mqtt_env.raw("will-bystander")
     assert await bystander.barrier(0) == []
     assert await bystander.barrier(0) == []
     # The subscriber catches up by acknowledging: its own reads are not paused either.
@@ -557,29 +505,31 @@ async def test_a_will_to_a_slow_subscriber_pauses_no_connection(env: Env) -> Non
         got = await slow.expect(Publish)
         payloads_seen.append(got.payload)
         assert got.packet_id is not None
-        slow.send(Puback(got.packet_id))
+        await slow.send(Puback(got.packet_id))
     assert payloads_seen == [b"fill", b"fill", b"fill", b"last words"]
-    assert env.broker is not None and env.broker.adapters["mqtt"] is not None
-    assert env.broker.adapters["mqtt"].congested == []
+    assert mqtt_env.broker is not None and mqtt_env.broker.adapters["mqtt"] is not None
+    assert mqtt_env.broker.adapters["mqtt"].congested == []
 
 
 # -- 7. retained messages (in-process) -------------------------------------------------------
 
 
-async def test_retained_delivered_on_subscribe_with_retain_flag_at_min_qos(env: Env) -> None:
-    await env.start()
-    pub = await env.paho("ret-pub")
+async def test_retained_delivered_on_subscribe_with_retain_flag_at_min_qos(
+    mqtt_env: MqttEnv,
+) -> None:
+    await mqtt_env.start()
+    pub = await mqtt_env.paho("ret-pub")
     await pub.publish("ret/q0", b"stored-q0", qos=0, retain=True)
     await pub.publish("ret/q1", b"stored-q1", qos=1, retain=True)
     await pub.publish("ret/q2", b"stored-q2", qos=2, retain=True)
     # The QoS 0 publish has no acknowledgement: make sure the broker handled it.
-    assert env.broker is not None and env.broker.adapters["mqtt"] is not None
-    retained = env.broker.adapters["mqtt"].retained
+    assert mqtt_env.broker is not None and mqtt_env.broker.adapters["mqtt"] is not None
+    retained = mqtt_env.broker.adapters["mqtt"].retained
     assert retained is not None
     await wait_for(lambda: "ret/q0" in retained, what="retained QoS 0 stored")
 
     for granted in (0, 1, 2):
-        sub = await env.paho(f"ret-sub-{granted}")
+        sub = await mqtt_env.paho(f"ret-sub-{granted}")
         assert await sub.subscribe("ret/#", granted) == granted
         got = sorted(await sub.get_many(3), key=lambda m: m.topic)
         assert [(m.topic, m.payload, m.retain) for m in got] == [
@@ -591,11 +541,11 @@ async def test_retained_delivered_on_subscribe_with_retain_flag_at_min_qos(env: 
         await sub.assert_nothing()
 
 
-async def test_live_message_to_existing_subscriber_has_retain_clear(env: Env) -> None:
-    await env.start()
-    sub = await env.paho("live-sub")
+async def test_live_message_to_existing_subscriber_has_retain_clear(mqtt_env: MqttEnv) -> None:
+    await mqtt_env.start()
+    sub = await mqtt_env.paho("live-sub")
     await sub.subscribe("live/t", 1)
-    pub = await env.paho("live-pub")
+    pub = await mqtt_env.paho("live-pub")
     await pub.publish("live/t", b"retained-live", qos=1, retain=True)
     msg = await sub.get()
     assert (msg.payload, msg.qos, msg.retain) == (b"retained-live", 1, False)
@@ -604,12 +554,12 @@ async def test_live_message_to_existing_subscriber_has_retain_clear(env: Env) ->
     assert (msg.payload, msg.qos, msg.retain) == (b"retained-live-q0", 0, False)
 
 
-async def test_retained_message_is_replaced_and_cleared(env: Env) -> None:
-    await env.start()
-    pub = await env.paho("replace-pub")
+async def test_retained_message_is_replaced_and_cleared(mqtt_env: MqttEnv) -> None:
+    await mqtt_env.start()
+    pub = await mqtt_env.paho("replace-pub")
     await pub.publish("rep/t", b"v1", qos=1, retain=True)
     await pub.publish("rep/t", b"v2", qos=1, retain=True)
-    sub = await env.paho("replace-sub")
+    sub = await mqtt_env.paho("replace-sub")
     await sub.subscribe("rep/t", 1)
     msg = await sub.get()
     assert (msg.payload, msg.retain) == (b"v2", True)
@@ -619,7 +569,7 @@ async def test_retained_message_is_replaced_and_cleared(env: Env) -> None:
     await pub.publish("rep/t", b"", qos=1, retain=True)
     cleared = await sub.get()
     assert (cleared.payload, cleared.retain) == (b"", False)
-    late = await env.paho("replace-late")
+    late = await mqtt_env.paho("replace-late")
     await late.subscribe("rep/#", 1)
     await late.assert_nothing()
 
@@ -627,104 +577,20 @@ async def test_retained_message_is_replaced_and_cleared(env: Env) -> None:
 # -- 6. durability across a restart of a real server process ---------------------------------
 
 
-class Proc:
-    """One ``python -m vibemq_server`` process; its ports come from its ready file."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, log_path: Path) -> None:
-        self.proc = proc
-        self.log_path = log_path
-        self.mqtt_port = 0
-        self.port = 0
-
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    async def stop(self) -> int:
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return await asyncio.wait_for(self.proc.wait(), 15)
-
-    async def kill(self) -> None:
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-        await asyncio.wait_for(self.proc.wait(), 15)
-
-
-class Procs:
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.started: list[Proc] = []
-
-    async def start(self, data_dir: Path) -> Proc:
-        n = len(self.started) + 1
-        ready = self.workdir / f"ready{n}.json"
-        log_path = self.workdir / f"server{n}.log"
-        with log_path.open("wb") as log_file:
-            process = await asyncio.create_subprocess_exec(
-                *server_args(data_dir, ready),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=log_file,
-                env=clean_env(),
-                cwd=self.workdir,
-            )
-        proc = Proc(process, log_path)
-        self.started.append(proc)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(15):
-                while not ready.exists() and process.returncode is None:
-                    await asyncio.sleep(0.01)
-        if not ready.exists():
-            await proc.kill()
-            raise AssertionError(f"server did not start:\n{proc.log}")
-        ports = json.loads(ready.read_text())
-        proc.port, proc.mqtt_port = ports["vibemq"], ports["mqtt"]
-        assert proc.mqtt_port
-        return proc
-
-    async def cleanup(self) -> None:
-        for proc in self.started:
-            with contextlib.suppress(Exception):
-                await proc.kill()
-
-
-@pytest.fixture
-async def procs(tmp_path: Path) -> AsyncIterator[Procs]:
-    p = Procs(tmp_path)
-    try:
-        yield p
-    finally:
-        await p.cleanup()
-
-
-@pytest.fixture
-async def paho() -> AsyncIterator[PahoFactory]:
-    factory = PahoFactory()
-    try:
-        yield factory
-    finally:
-        await factory.close_all()
-
-
-async def restart(procs: Procs, proc: Proc, data_dir: Path) -> Proc:
-    assert await proc.stop() == 0, proc.log
-    return await procs.start(data_dir)
-
-
 async def test_retained_and_persistent_session_survive_restart(
-    procs: Procs, paho: PahoFactory, tmp_path: Path
+    mqtt_procs: Procs, paho_factory: PahoFactory, tmp_path: Path
 ) -> None:
     data = tmp_path / "data"
-    server = await procs.start(data)
+    server = await mqtt_procs.start(data)
 
     # A persistent session with a subscription, away while QoS 1 messages arrive for it.
-    sub, connack = await RawMqtt.connect(server.mqtt_port, "durable-sub", clean_session=False)
+    sub, connack = await AsyncRawMqtt.connected(
+        server.mqtt_port, "durable-sub", clean_session=False
+    )
     assert connack.session_present is False
     assert await sub.subscribe("dur/#", 1) == 1
     await sub.disconnect_and_wait()  # the broker has left the session when it closes
-    pub = await paho("durable-pub", port=server.mqtt_port)
+    pub = await paho_factory("durable-pub", port=server.mqtt_port)
     for i in range(3):
         await pub.publish("dur/q", f"queued-{i}".encode(), qos=1)
     # Retained messages: two kept, one set then cleared with an empty payload.
@@ -734,9 +600,9 @@ async def test_retained_and_persistent_session_survive_restart(
     await pub.publish("keep/c", b"", qos=1, retain=True)
     await pub.disconnect()
 
-    server = await restart(procs, server, data)
+    server = await mqtt_procs.restart(server, data)
 
-    check = await paho("check-1", port=server.mqtt_port)
+    check = await paho_factory("check-1", port=server.mqtt_port)
     await check.subscribe("keep/#", 2)
     got = sorted(await check.get_many(2), key=lambda m: m.topic)
     assert [(m.topic, m.payload, m.retain, m.qos) for m in got] == [
@@ -746,14 +612,14 @@ async def test_retained_and_persistent_session_survive_restart(
     await check.assert_nothing()  # keep/c was cleared before the restart
     await check.disconnect()
 
-    back = await paho("durable-sub", port=server.mqtt_port, clean_session=False)
+    back = await paho_factory("durable-sub", port=server.mqtt_port, clean_session=False)
     assert back.session_present is True
     queued = await back.get_many(3)
     assert [(m.topic, m.payload, m.qos) for m in queued] == [
         ("dur/q", f"queued-{i}".encode(), 1) for i in range(3)
     ]
     # The subscription came back with the session: live messages still arrive.
-    pub = await paho("durable-pub-2", port=server.mqtt_port)
+    pub = await paho_factory("durable-pub-2", port=server.mqtt_port)
     await pub.publish("dur/live", b"after-restart", qos=1)
     assert (await back.get()).payload == b"after-restart"
     await back.assert_nothing()
@@ -762,32 +628,34 @@ async def test_retained_and_persistent_session_survive_restart(
     # Clearing after a restart works, and stays cleared through the next one.
     await pub.publish("keep/b", b"", qos=1, retain=True)
     await pub.disconnect()
-    server = await restart(procs, server, data)
-    check = await paho("check-2", port=server.mqtt_port)
+    server = await mqtt_procs.restart(server, data)
+    check = await paho_factory("check-2", port=server.mqtt_port)
     await check.subscribe("keep/#", 1)
     only = await check.get()
     assert (only.topic, only.payload, only.retain) == ("keep/a", b"A", True)
     await check.assert_nothing()
 
     # Everything delivered and acknowledged before: the resumed session has nothing left.
-    back = await paho("durable-sub", port=server.mqtt_port, clean_session=False)
+    back = await paho_factory("durable-sub", port=server.mqtt_port, clean_session=False)
     assert back.session_present is True
     await back.assert_nothing()
 
 
 async def test_unacked_deliveries_and_unsubscribe_survive_restart(
-    procs: Procs, paho: PahoFactory, tmp_path: Path
+    mqtt_procs: Procs, paho_factory: PahoFactory, tmp_path: Path
 ) -> None:
     data = tmp_path / "data"
-    server = await procs.start(data)
-    raw, connack = await RawMqtt.connect(server.mqtt_port, "restart-raw", clean_session=False)
+    server = await mqtt_procs.start(data)
+    raw, connack = await AsyncRawMqtt.connected(
+        server.mqtt_port, "restart-raw", clean_session=False
+    )
     assert connack.session_present is False
     assert await raw.subscribe("rr/keep", 2, packet_id=1) == 2
     assert await raw.subscribe("rr/drop", 1, packet_id=2) == 1
-    raw.send(Unsubscribe(3, ("rr/drop",)))
+    await raw.send(Unsubscribe(3, ("rr/drop",)))
     assert (await raw.expect(Unsuback)).packet_id == 3
 
-    pub = await paho("restart-pub", port=server.mqtt_port)
+    pub = await paho_factory("restart-pub", port=server.mqtt_port)
     await pub.publish("rr/keep", b"acked", qos=1)
     await pub.publish("rr/keep", b"unacked-q1", qos=1)
     await pub.publish("rr/keep", b"unacked-q2", qos=2)
@@ -798,15 +666,17 @@ async def test_unacked_deliveries_and_unsubscribe_survive_restart(
         (b"unacked-q2", 2, False),
     ]
     assert got[0].packet_id is not None
-    raw.send(Puback(got[0].packet_id))
+    await raw.send(Puback(got[0].packet_id))
     assert await raw.barrier() == []  # the PUBACK was handled
     await pub.disconnect()
 
     assert await server.stop() == 0, server.log  # closes the connection, session kept
     await raw.close()
-    server = await procs.start(data)
+    server = await mqtt_procs.start(data)
 
-    raw2, connack = await RawMqtt.connect(server.mqtt_port, "restart-raw", clean_session=False)
+    raw2, connack = await AsyncRawMqtt.connected(
+        server.mqtt_port, "restart-raw", clean_session=False
+    )
     assert connack.session_present is True
     again = [await raw2.expect(Publish) for _ in range(2)]
     # Resent with DUP (packet ids may be new after a restart), the acknowledged one not.
@@ -815,17 +685,17 @@ async def test_unacked_deliveries_and_unsubscribe_survive_restart(
         ("rr/keep", b"unacked-q2", 2, True),
     ]
     assert again[0].packet_id is not None and again[1].packet_id is not None
-    raw2.send(Puback(again[0].packet_id), Pubrec(again[1].packet_id))
+    await raw2.send(Puback(again[0].packet_id), Pubrec(again[1].packet_id))
     assert (await raw2.expect(Pubrel)).packet_id == again[1].packet_id
-    raw2.send(Pubcomp(again[1].packet_id))
+    await raw2.send(Pubcomp(again[1].packet_id))
 
     # The unsubscribe was kept: only rr/keep is still subscribed.
-    pub = await paho("restart-pub-2", port=server.mqtt_port)
+    pub = await paho_factory("restart-pub-2", port=server.mqtt_port)
     await pub.publish("rr/drop", b"not-subscribed", qos=1)
     await pub.publish("rr/keep", b"live", qos=1)
     live = await raw2.expect(Publish)
     assert (live.payload, live.dup) == (b"live", False)
     assert live.packet_id is not None
-    raw2.send(Puback(live.packet_id))
+    await raw2.send(Puback(live.packet_id))
     assert await raw2.barrier() == []
     await raw2.close()
