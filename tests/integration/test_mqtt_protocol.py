@@ -968,6 +968,32 @@ def test_stalled_packet_and_missing_connect_time_out(
     assert any(e["event"] == "incomplete packet timed out" for e in broker_log), broker_log
 
 
+def test_connection_limit(
+    make_mqtt_broker: MakeBroker, mqtt_clients: Clients, broker_log: LogEntries
+) -> None:
+    """Over the broker's max_connections an MQTT socket is closed at once, without a CONNACK
+    (3.1.1 has no way to refuse before CONNECT); a place that comes free is taken again."""
+    mqtt_broker = make_mqtt_broker(max_connections=2)
+    port = mqtt_broker.mqtt_port
+    first, second = mqtt_clients.raw(port), mqtt_clients.raw(port)
+    assert first.connect().return_code == 0
+    assert second.connect().return_code == 0
+    over = mqtt_clients.raw(port)
+    over.send_tolerant(Connect(unique_id("over")))
+    assert over.wait_closed() == []
+    assert any(e["event"] == "connection refused: limit reached" for e in broker_log), broker_log
+
+    first.send(Disconnect())
+    assert first.wait_closed() == []
+    wait_until(
+        lambda: mqtt_broker.call(lambda b: len(b.connections)) < 2, "a place under the limit"
+    )
+    again = mqtt_clients.raw(port)
+    assert again.connect().return_code == 0
+    again.send(Pingreq())
+    again.expect(Pingresp)
+
+
 # ============================================================================================
 # 6. aiomqtt
 
