@@ -14,9 +14,8 @@ import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vibemq_server.config import Config
+from vibemq_server.config import Config, DeliveryMode
 from vibemq_server.core import ManualClock, QueueManager
-from vibemq_server.core.queue import DeliveryMode
 from vibemq_server.journal import FsyncPolicy, Journal
 from vibemq_server.protocol import (
     CommandType,
