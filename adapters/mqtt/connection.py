@@ -119,6 +119,7 @@ class MqttConnection:
         # Packets not yet handled while a subscriber drains (see _process).
         self._held: tuple[list[Packet], int] | None = None
         self._held_error: MqttProtocolError | None = None
+        self._published = False  # this read published something (memory alarm)
         self._holds = 0
         self._hold_gen = 0
         self._hold_timer: Timer | None = None
@@ -194,8 +195,11 @@ class MqttConnection:
                 self.partial_since = self.last_rx
         else:
             self.partial_since = None
+        # Over the memory high watermark only connections that publish stop being read: a
+        # subscriber's PUBACKs are what frees memory, so pausing it would never end.
+        published, self._published = self._published, False
         link = self.link
-        if self.manager.memory_blocked and not link.reading_paused and progressed:
+        if self.manager.memory_blocked and not link.reading_paused and published:
             self.log.info("publisher paused: memory high watermark")
             link.pause_reading()
             self.manager.wait_for_memory(link.resume_reading)
@@ -375,6 +379,7 @@ class MqttConnection:
         self.log.debug("connected", clean=packet.clean_session, resumed=resumed)
 
     def on_publish(self, packet: Publish) -> None:
+        self._published = True
         session = self.session
         assert session is not None
         qos = packet.qos
