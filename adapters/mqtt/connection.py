@@ -47,6 +47,7 @@ from vibemq_server.adapters.mqtt.session import MqttSession
 from vibemq_server.adapters.mqtt.states import RUNNING, TRANSITIONS, Event, Input, State
 from vibemq_server.config import MqttConfig
 from vibemq_server.core import QueueManager
+from vibemq_server.core.durable_replies import DurableReplies
 from vibemq_server.server.transport import Link
 
 _PINGRESP = encode(Pingresp())
@@ -125,9 +126,7 @@ class MqttConnection:
         self._hold_timer: Timer | None = None
         self._held_sessions: list[MqttSession] = []
         # Acknowledgements that wait for the journal, keyed by its flush epoch.
-        self._durable_batch: list[bytes] | None = None
-        self._durable_epoch = -1
-        self._durable_pending = 0
+        self._durable: DurableReplies[bytes] | None = None
 
     # -- the state table -----------------------------------------------------------------------
 
@@ -403,22 +402,13 @@ class MqttConnection:
         either way in the order the publishes came (3.1.1 section 4.6)."""
         persistence = self.manager.persistence
         if durable and persistence is not None:
-            if self._durable_batch is None or self._durable_epoch != persistence.epoch:
-                batch: list[bytes] = []
-                self._durable_batch = batch
-                self._durable_epoch = persistence.epoch
-                self._durable_pending += 1
-                persistence.when_durable(lambda err: self._durable_done(batch, err))
-            self._durable_batch.append(packet)
-        elif self._durable_pending and self._durable_batch is not None:
-            self._durable_batch.append(packet)  # behind an acknowledgement still waiting
-        else:
+            if self._durable is None:
+                self._durable = DurableReplies(persistence, self._durable_done)
+            self._durable.add(packet)
+        elif self._durable is None or not self._durable.follow(packet):
             self.link.send(packet)
 
     def _durable_done(self, batch: list[bytes], err: Exception | None) -> None:
-        self._durable_pending -= 1
-        if batch is self._durable_batch:
-            self._durable_batch = None
         if self._state is State.CLOSED:
             return
         if err is not None:
