@@ -51,6 +51,46 @@ KNOWN_CYCLES_BEING_REMOVED: dict[str, frozenset[str]] = {
     ),
 }
 
+# The import layers (docs/architecture.md): what each part of the package may import of the
+# package (the stdlib and third-party libraries are not constrained here). A module belongs to
+# the longest key that is its name or a prefix of it; ``ADAPTER`` stands for the adapter's own
+# package (``vibemq_server.adapters.mqtt`` for an MQTT module).
+ADAPTER = "<the adapter itself>"
+LAYERS: dict[str, frozenset[str]] = {
+    # the native protocol's codec, and the payload mapping every protocol shares
+    "vibemq_server.protocol": frozenset({"vibemq_server.protocol"}),
+    # protocol-free, IO-free: knows no protocol, no server, no journal (a Protocol instead)
+    "vibemq_server.core": frozenset({"vibemq_server.core", "vibemq_server.config"}),
+    "vibemq_server.journal": frozenset(
+        {"vibemq_server.journal", "vibemq_server.core", "vibemq_server.config"}
+    ),
+    # the broker, the shared transport, the native protocol's session: no adapter
+    "vibemq_server.server": frozenset(
+        {
+            "vibemq_server",
+            "vibemq_server.server",
+            "vibemq_server.core",
+            "vibemq_server.journal",
+            "vibemq_server.protocol",
+            "vibemq_server.config",
+        }
+    ),
+    # an adapter: the core, the shared transport and adapter interface; no other adapter
+    "vibemq_server.adapters": frozenset(
+        {
+            ADAPTER,
+            "vibemq_server.core",
+            "vibemq_server.server",
+            "vibemq_server.protocol",
+            "vibemq_server.config",
+        }
+    ),
+    # the composition root knows the adapters only by their import strings
+    "vibemq_server.app": frozenset(
+        {"vibemq_server.server", "vibemq_server.core", "vibemq_server.config"}
+    ),
+}
+
 # An import string such as "adapters.mqtt.server:MqttServer" (for importlib).
 _ADAPTERS_IMPORT_STRING = re.compile(r"adapters(\.\w+)+(:\w+)?")
 
@@ -215,6 +255,35 @@ def test_cycle_finder_finds_cycles() -> None:
         "vibemq_server.core.queue",
         "vibemq_server.core.clock",
     } <= found
+
+
+def _layer(name: str) -> str | None:
+    keys = [k for k in LAYERS if name == k or name.startswith(k + ".")]
+    return max(keys, key=len) if keys else None
+
+
+def _allowed(name: str, target: str, layer: str) -> bool:
+    for allowed in LAYERS[layer]:
+        if allowed == ADAPTER:
+            allowed = ".".join(name.split(".")[:3])  # vibemq_server.adapters.<protocol>
+        if target == allowed or (allowed != PACKAGE and target.startswith(allowed + ".")):
+            return True
+    return False
+
+
+def test_import_layers() -> None:
+    graph = _graph()
+    violations = []
+    for name, targets in sorted(graph.items()):
+        layer = _layer(name)
+        if layer is None:
+            continue
+        violations += [
+            f"{name} imports {target}"
+            for target in sorted(targets)
+            if not _allowed(name, target, layer)
+        ]
+    assert not violations, "imports across the layers:\n" + "\n".join(violations)
 
 
 def test_no_top_level_adapters_import() -> None:
