@@ -7,7 +7,7 @@ and every wait is bounded. aio-pika (on the same loop) binds queues and looks at
 counts where the tools cannot.
 
 If the binaries are missing the tests fail (they never skip): install Debian's ``amqp-tools``
-(``.ci/run`` does).
+(``scripts/test.sh`` does).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def tool(name: str) -> str:
     if path is None:
         pytest.fail(
             f"{name} is not installed: these tests need Debian's amqp-tools "
-            "(apt-get install amqp-tools; .ci/run installs it)"
+            "(apt-get install amqp-tools; scripts/test.sh installs it)"
         )
     return path
 

@@ -1035,7 +1035,7 @@ def mosquitto_tool(name: str) -> str:
     if path is None:
         pytest.fail(
             f"{name} is not installed: these tests need Debian's mosquitto-clients "
-            "(apt-get install mosquitto-clients; .ci/run installs it)"
+            "(apt-get install mosquitto-clients; scripts/test.sh installs it)"
         )
     return path
 

@@ -1,5 +1,5 @@
 """czmq's own 50/MME encoder and decoder through ctypes, the reference the codec is checked
-against (Debian's ``libczmq4``/``libczmq-dev``; ``.ci/run`` installs it).
+against (Debian's ``libczmq4``/``libczmq-dev``; ``scripts/test.sh`` installs it).
 
 A missing libczmq raises :class:`RuntimeError`: the cross-checks must fail, never skip.
 """
@@ -19,7 +19,7 @@ def _load() -> ctypes.CDLL:
             return ctypes.CDLL(candidate)
         except OSError:
             continue
-    raise RuntimeError("libczmq not found: apt-get install libczmq-dev (see .ci/run)")
+    raise RuntimeError("libczmq not found: apt-get install libczmq-dev (scripts/test.sh installs it)")
 
 
 class Czmq:
