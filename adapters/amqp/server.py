@@ -357,15 +357,11 @@ class AmqpServer:
             # The routing key is an address for every protocol's subscriptions; the queues
             # were ours to fill (the exchanges did, above). The message for the others is
             # built only if one of them takes it (_core_message).
-            outer, outer_msg = self._own, self._own_msg
+            # Never re-entered (another protocol's sink never publishes over AMQP).
             self._own = (routing_key, payload, headers)
             self._own_msg = None
-            try:
-                if manager.route(routing_key, self._own_message, self, into_queue=False):
-                    durable = True
-            finally:
-                self._own = outer
-                self._own_msg = outer_msg
+            if manager.route(routing_key, self._own_message, self, into_queue=False):
+                durable = True
         return reached, refused, durable
 
     def _core_message(self) -> StoredMessage:

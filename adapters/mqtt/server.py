@@ -20,7 +20,6 @@ import hmac
 import itertools
 import json
 import os
-from collections.abc import Mapping
 
 import structlog
 
@@ -282,17 +281,13 @@ class MqttServer:
                 self._addresses.clear()
             address = self._addresses[topic] = topic_to_address(topic)
         # The core hands the publish to the queue of that name and to every protocol's
-        # sink, ours included (deliver, below, finds it here). Put back afterwards, should
-        # a delivery ever lead to another route().
-        outer, outer_msg = self._own, self._own_msg
+        # sink, ours included: deliver() (origin is self) and _core_message() find it here.
+        # Never re-entered: a delivery only buffers output (a connection lost meanwhile,
+        # and its will, come from the loop later), so nothing needs saving or clearing.
         self._own = (topic, payload, qos, origin, pause, address)
         self._own_msg = None
-        try:
-            if self.manager.route(address, self._own_message, self):
-                durable = True
-        finally:
-            self._own = outer
-            self._own_msg = outer_msg
+        if self.manager.route(address, self._own_message, self):
+            durable = True
         return durable
 
     def _core_message(self) -> StoredMessage:
@@ -307,44 +302,26 @@ class MqttServer:
 
     def deliver(self, address: str, message: MessageSource, origin: AddressSink | None) -> bool:
         """The core's hand-over of a publish at ``address`` (the MQTT sink): to every
-        session with a matching filter. Our own publish keeps its MQTT form and its QoS;
-        another protocol's counts as QoS 1 and pauses nobody (see _to_sessions)."""
+        session with a matching filter. True when a copy went into a durable queue.
+
+        Our own publish keeps its MQTT form and QoS, and a congested subscriber pauses its
+        publisher, except the publisher's own session (it could only drain by reading the
+        very acknowledgements the pause holds back) and except for a will (``pause`` False:
+        no connection consumes ``congested`` right after, so an entry left there would
+        pause whichever connection handles a packet next, even the slow subscriber
+        itself). Another protocol's publish counts as QoS 1 and pauses nobody, likewise."""
         targets = self.router.match(address)
         if not targets:
             return False
         own = self._own
         if origin is self and own is not None:
-            topic, payload, qos, session, pause, _ = own
-            return self._to_sessions(targets, topic, payload, qos, session, pause=pause)
-        msg = message()
-        payload = from_core(msg.payload, msg.headers)
-        return self._to_sessions(
-            targets, address_to_topic(address), payload, NATIVE_QOS, pause=False
-        )
-
-    @staticmethod
-    def _core_form(topic: str, payload: bytes, qos: int) -> tuple[bytes, dict[str, str]]:
-        body, encoding = to_core(payload)
-        headers = {HEADER_TOPIC: topic, HEADER_QOS: str(qos)}
-        if encoding is not None:
-            headers[PAYLOAD_ENCODING] = encoding
-        return body, headers
-
-    def _to_sessions(
-        self,
-        targets: Mapping[MqttSession, int],
-        topic: str,
-        payload: bytes,
-        qos: int,
-        origin: MqttSession | None = None,
-        *,
-        pause: bool = True,
-    ) -> bool:
-        """``origin``: the publisher's own session, which must not make it wait (it could
-        only drain by reading the very acknowledgements the pause holds back). ``pause``:
-        False when no MQTT connection will consume ``congested`` right after (a VibeMQ
-        Publish, a will): entries left there would pause whichever connection handles a
-        packet next, even the slow subscriber itself."""
+            topic, payload, qos, publisher, pause, _ = own
+        else:
+            msg = message()
+            topic = address_to_topic(address)
+            payload = from_core(msg.payload, msg.headers)
+            qos, publisher, pause = NATIVE_QOS, None, False
+        # Inline rather than a helper: every MQTT publish runs this loop.
         durable = False
         qos0: bytes | None = None
         for session, granted in targets.items():
@@ -353,11 +330,19 @@ class MqttServer:
                 if qos0 is None:
                     qos0 = encode_publish(topic.encode(), payload)
                 session.send_qos0(qos0)
-            else:
-                durable |= session.enqueue(topic, payload, effective)
-            if pause and session.congested and not session.stalled and session is not origin:
+            elif session.enqueue(topic, payload, effective):
+                durable = True
+            if pause and session.congested and not session.stalled and session is not publisher:
                 self.congested.append(session)
         return durable
+
+    @staticmethod
+    def _core_form(topic: str, payload: bytes, qos: int) -> tuple[bytes, dict[str, str]]:
+        body, encoding = to_core(payload)
+        headers = {HEADER_TOPIC: topic, HEADER_QOS: str(qos)}
+        if encoding is not None:
+            headers[PAYLOAD_ENCODING] = encoding
+        return body, headers
 
     def _retain(self, topic: str, payload: bytes, qos: int) -> bool:
         table = self.retained

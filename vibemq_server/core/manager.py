@@ -424,8 +424,10 @@ class QueueManager:
         durable = False
         if into_queue and address in self.queues and self._valid_name(address):
             durable = self._into_queue(address, message())
-        if self.address_router.sinks and self._to_sinks(address, message, origin):
-            durable = True
+        # _to_sinks, inlined: this is every MQTT publish's path.
+        for sink in self.address_router.sinks:
+            if sink.deliver(address, message, origin) and self.persistence is not None:
+                durable = True
         return durable
 
     def _into_queue(self, name: str, msg: StoredMessage) -> bool:
@@ -439,10 +441,13 @@ class QueueManager:
         return outcome is PublishOutcome.ACCEPTED_DURABLE
 
     def _to_sinks(self, address: str, message: MessageSource, origin: AddressSink | None) -> bool:
-        # Without persistence nothing waits for the journal, whatever a sink says.
-        return self.address_router.deliver(address, message, origin) and (
-            self.persistence is not None
-        )
+        """Every sink, once each, in registration order; True when one journaled a copy
+        (never without persistence: nothing would then wait for the journal)."""
+        durable = False
+        for sink in self.address_router.sinks:
+            if sink.deliver(address, message, origin):
+                durable = True
+        return durable and self.persistence is not None
 
     def drop_oldest(self, queue: Queue) -> bool:
         """Make room: the oldest of the lowest priority goes (dead-lettered when the queue's

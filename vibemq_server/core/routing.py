@@ -46,7 +46,8 @@ def ready(msg: StoredMessage) -> MessageSource:
 
 
 class AddressRouter:
-    """The registered sinks, in registration order (which is the order they are served)."""
+    """The registered sinks, in registration order (the order ``QueueManager`` serves
+    them in: a publish is handed to each once)."""
 
     __slots__ = ("sinks",)
 
@@ -61,13 +62,3 @@ class AddressRouter:
 
     def unregister(self, sink: AddressSink) -> None:
         self.sinks = tuple(s for s in self.sinks if s is not sink)
-
-    def deliver(
-        self, address: str, message: MessageSource, origin: AddressSink | None = None
-    ) -> bool:
-        """Hand a publish to every sink, once each; True when one of them journaled a copy."""
-        durable = False
-        for sink in self.sinks:
-            if sink.deliver(address, message, origin):
-                durable = True
-        return durable
