@@ -298,8 +298,12 @@ class AmqpServer:
                 routing_key,
                 dict(decode_properties(properties).headers or {}) if needs_headers else None,
             )
+        elif routing_key in self.manager.queues and routing_key[:1] != "$":
+            queues = [routing_key]
         else:
-            queues = [routing_key] if routing_key in self.manager.queues else []
+            # The default exchange routes by queue name, but never into the adapters' own
+            # "$" queues (MQTT sessions, the durable tables): those are not clients' queues.
+            queues = []
         reached = 0
         refused = False
         durable = False
