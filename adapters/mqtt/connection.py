@@ -88,6 +88,7 @@ class MqttConnection(BufferedConnection):
         # Packets not yet handled while a subscriber drains (see _process).
         self._held: tuple[list[Packet], int] | None = None
         self._held_error: MqttProtocolError | None = None
+        self._published = False  # this read published something (memory alarm)
         self._holds = 0
         self._hold_gen = 0
         self._hold_timer: asyncio.TimerHandle | None = None
@@ -167,7 +168,10 @@ class MqttConnection(BufferedConnection):
                 self.partial_since = self.last_rx
         else:
             self.partial_since = None
-        if self.manager.memory_blocked and not self._reading_paused and progressed:
+        # Over the memory high watermark only connections that publish stop being read: a
+        # subscriber's PUBACKs are what frees memory, so pausing it would never end.
+        published, self._published = self._published, False
+        if self.manager.memory_blocked and not self._reading_paused and published:
             self.log.info("publisher paused: memory high watermark")
             self.pause_reading()
             self.manager.wait_for_memory(self.resume_reading)
@@ -352,6 +356,7 @@ class MqttConnection(BufferedConnection):
         self.log.debug("connected", clean=packet.clean_session, resumed=resumed)
 
     def on_publish(self, packet: Publish) -> None:
+        self._published = True
         session = self.session
         assert session is not None
         qos = packet.qos

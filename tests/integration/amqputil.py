@@ -90,8 +90,8 @@ class AmqpBroker(ThreadBroker):
 
     def has_exchange(self, name: str) -> bool:
         def check(b: Broker) -> bool:
-            assert b.amqp is not None and b.amqp.exchanges is not None
-            return b.amqp.exchanges.get(name) is not None
+            assert b.adapters["amqp"] is not None and b.adapters["amqp"].exchanges is not None
+            return b.adapters["amqp"].exchanges.get(name) is not None
 
         return self.call(check)
 

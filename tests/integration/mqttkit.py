@@ -4,8 +4,8 @@
   network loop runs in a thread of its own), so every wait here runs in a worker thread
   (``asyncio.to_thread``) and the broker, running in the test's event loop, keeps going.
 * :class:`RawMqtt` speaks MQTT over asyncio streams with the project's own codec
-  (``adapters.mqtt.codec.encode`` / ``MqttParser``): exact control over packet ids, DUP,
-  acknowledgements withheld and connections dropped at a chosen point.
+  (``vibemq_server.adapters.mqtt.codec.encode`` / ``MqttParser``): exact control over packet
+  ids, DUP, acknowledgements withheld and connections dropped at a chosen point.
 
 Every wait is bounded (``TIMEOUT``): a missing packet fails the test, it never hangs.
 """

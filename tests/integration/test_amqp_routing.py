@@ -335,7 +335,7 @@ def test_exchange_declare_durable_flag(ch: blocking.BlockingChannel, amqp: AmqpB
 
     def durable(name: str) -> bool:
         def look(b: Any) -> bool:
-            return bool(b.amqp.exchanges.get(name).durable)
+            return bool(b.adapters["amqp"].exchanges.get(name).durable)
 
         return amqp.call(look)
 

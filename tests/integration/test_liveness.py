@@ -10,7 +10,7 @@ broker's bounds made tiny so that every pause happens many times and has to be w
 
 * ``write``: a 4 KiB write buffer, so the consumer's connection pauses writing (transport
   ``pause_writing``/``resume_writing`` and our own output bound) all the time;
-* ``memory``: a 256 KiB memory high watermark, so publishers are paused by the memory alarm
+* ``memory``: a 16 KiB memory high watermark, so publishers are paused by the memory alarm
   and resumed when the consumer's acks bring memory down.
 
 The assertion is on delivery, never on time: every published message arrives, and nothing
@@ -35,7 +35,7 @@ from serverproc import clean_env, launch
 from bench.amqp_driver import AmqpDriver, encode_ack
 from bench.amqp_driver import connect as amqp_connect
 from bench.common import BlockingConn
-from bench.mqtt_driver import MqttDriver
+from bench.mqtt_driver import MqttDriver, packet, read_packet
 from bench.vibemq_driver import VibeDriver
 
 TOTAL = 20_000
@@ -48,7 +48,7 @@ STALL_S = 10.0
 
 BOUNDS: dict[str, dict[str, str]] = {
     "write": {"VIBEMQ_WRITE_BUFFER_HIGH_BYTES": "4096"},
-    "memory": {"VIBEMQ_MEMORY_HIGH_WATERMARK_BYTES": str(256 * 1024)},
+    "memory": {"VIBEMQ_MEMORY_HIGH_WATERMARK_BYTES": str(16 * 1024)},
 }
 
 
@@ -75,6 +75,23 @@ def _amqp_multiple(acks: list[bytes]) -> bytes:
     return encode_ack(tag, multiple=True)
 
 
+@dataclass
+class PersistentMqttDriver(MqttDriver):
+    """The subscriber keeps a persistent session (clean session 0): its messages wait in a
+    durable core queue of its own, and count against the memory watermark."""
+
+    def _connect(self, role: str) -> BlockingConn:
+        conn = BlockingConn(self.host, self.port)
+        client_id = f"live-{role}-{self.topic}".encode()
+        flags = 0x00 if role == "sub" else 0x02
+        variable = b"\x00\x04MQTT" + bytes((4, flags)) + (600).to_bytes(2, "big")
+        body = variable + len(client_id).to_bytes(2, "big") + client_id
+        conn.send(packet(0x10, body))
+        first, rest = read_packet(conn)
+        assert first == 0x20 and rest[1] == 0, f"CONNACK refused: {rest.hex()}"
+        return conn
+
+
 def _flood(protocol: str, ports: dict[str, Any], queue: str) -> Flood:
     host = "127.0.0.1"
     if protocol == "native":
@@ -83,6 +100,9 @@ def _flood(protocol: str, ports: dict[str, Any], queue: str) -> Flood:
     if protocol == "mqtt":
         mqtt = MqttDriver(host, ports["mqtt"], queue, name="vibemq")
         return Flood(mqtt, mqtt.connect_publisher, _per_delivery)
+    if protocol == "mqtt-persistent":
+        kept = PersistentMqttDriver(host, ports["mqtt"], queue, name="vibemq")
+        return Flood(kept, kept.connect_publisher, _per_delivery)
     amqp = AmqpDriver(host, ports["amqp"], queue, prefetch=WINDOW, name="vibemq")
 
     def publisher() -> BlockingConn:
@@ -190,7 +210,7 @@ def _run(flood: Flood) -> int:
 
 
 @pytest.mark.parametrize("bound", sorted(BOUNDS))
-@pytest.mark.parametrize("protocol", ["native", "mqtt", "amqp"])
+@pytest.mark.parametrize("protocol", ["native", "mqtt", "mqtt-persistent", "amqp"])
 async def test_a_consumer_reading_in_delayed_batches_gets_every_message(
     tmp_path: Path, protocol: str, bound: str
 ) -> None:

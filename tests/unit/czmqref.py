@@ -19,7 +19,9 @@ def _load() -> ctypes.CDLL:
             return ctypes.CDLL(candidate)
         except OSError:
             continue
-    raise RuntimeError("libczmq not found: apt-get install libczmq-dev (scripts/test.sh installs it)")
+    raise RuntimeError(
+        "libczmq not found: apt-get install libczmq-dev (scripts/test.sh installs it)"
+    )
 
 
 class Czmq:

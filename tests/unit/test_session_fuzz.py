@@ -1,5 +1,6 @@
-"""Any sequence of frames, well-formed or not, only ever produces replies from a session:
-no exception escapes ``handle_body``, and the core's accounting stays consistent."""
+"""Any byte stream, well-formed or not and cut anywhere, with the socket filling and draining
+and time passing, only ever produces server frames from a session: no exception escapes its
+``Session`` interface, and the core's accounting stays consistent."""
 
 from __future__ import annotations
 
@@ -13,35 +14,60 @@ import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vibemq_server.config import Config
+from vibemq_server.config import Config, DeliveryMode
 from vibemq_server.core import ManualClock, QueueManager
 from vibemq_server.journal import FsyncPolicy, Journal
-from vibemq_server.protocol import CommandType, FrameDecoder, Message, decode_body, encode_body
+from vibemq_server.protocol import (
+    CommandType,
+    FrameDecoder,
+    Message,
+    decode_body,
+    encode,
+    encode_body,
+)
+from vibemq_server.protocol.codec import frame
 from vibemq_server.server.session import Session
 
 
 class Link:
-    """The transport side of a session, recording what would be written."""
+    """The transport side of a session (``transport.Link``), recording what would be
+    written; its clock and its socket's writability are the test's to move."""
 
-    def __init__(self) -> None:
+    def __init__(self, conn_id: str) -> None:
+        self.conn_id = conn_id
+        self.log: structlog.typing.FilteringBoundLogger = structlog.get_logger("fuzz")
         self.out: list[bytes] = []
         self.closed = False
-        self.writable = True
+        self.socket_writable = True
+        self.reading_paused = False
+        self.now = 1000.0
+        self.soon: list[Callable[[], None]] = []
+
+    @property
+    def writable(self) -> bool:
+        return self.socket_writable and not self.closed
 
     def send(self, data: bytes) -> None:
-        self.out.append(data)
+        if not self.closed:  # as the transport: nothing goes out after close
+            self.out.append(data)
 
     def close(self) -> None:
         self.closed = True
 
+    def abort(self) -> None:
+        self.closed = True
+
     def pause_reading(self) -> None:
-        pass
+        self.reading_paused = True
 
     def resume_reading(self) -> None:
-        pass
+        self.reading_paused = False
 
     def call_soon(self, callback: Callable[[], None]) -> None:
-        callback()
+        self.soon.append(callback)
+
+    def time(self) -> float:
+        return self.now
 
 
 names = st.sampled_from(["q", "q2", "q.dlq", "bad name", "", "x" * 300])
@@ -99,49 +125,215 @@ messages = st.builds(
 )
 bodies = st.one_of(messages.map(encode_body), st.binary(max_size=40))
 
+# Requests a client would make, so that deliveries, acks, redeliveries and flow control are
+# reached often, not only by luck.
+good_queues = st.sampled_from(["q", "q2"])
+good_options = st.fixed_dictionaries(
+    {},
+    optional={
+        "mode": st.sampled_from(["RoundRobin", "FanOutWithAck", "PriorityBased"]),
+        "maxQueueSize": st.integers(1, 4),
+        "messageTtl": st.sampled_from([0, 1000]),
+        "enableDeadLetterQueue": st.booleans(),
+        "overflowStrategy": st.sampled_from(["DropOldest", "DropNewest", "BlockPublisher"]),
+        "maxRetryAttempts": st.integers(1, 3),
+        "ackTimeout": st.sampled_from([1000, 30000]),
+        "durable": st.booleans(),
+    },
+)
+msg_ids = st.sampled_from(["m1", "m2", "m3"])
+create = st.builds(
+    lambda q, o: Message(CommandType.CREATE_QUEUE, "cq", q, json.dumps(o).encode()),
+    good_queues,
+    st.one_of(good_options, options),
+)
+publish = st.builds(
+    lambda q, i: Message(CommandType.PUBLISH, i, q, b'{"n":1}'), good_queues, msg_ids
+)
+subscribe = st.builds(
+    lambda q, p: Message(CommandType.SUBSCRIBE, "s", q, headers={"prefetch": p}),
+    good_queues,
+    st.sampled_from(["1", "2", "10"]),
+)
+ack = st.builds(lambda i: Message(CommandType.ACK, "a", headers={"messageId": i}), msg_ids)
+plausible = st.one_of(
+    create,
+    publish,
+    publish,
+    publish,
+    subscribe,
+    subscribe,
+    ack,
+    ack,
+    ack,
+    st.builds(lambda q: Message(CommandType.UNSUBSCRIBE, "u", q), good_queues),
+    st.builds(lambda q: Message(CommandType.DELETE_QUEUE, "dq", q), good_queues),
+    st.builds(lambda q: Message(CommandType.QUEUE_INFO, "qi", q), good_queues),
+).map(encode_body)
+
+# What happens on a connection: a frame (cut where ``cut`` says: what is left of it goes with
+# the next read), raw bytes that may break the framing, the socket filling up and draining,
+# and time passing (seconds) for the keep-alive and stalled-frame checks.
+Step = tuple[str, int, bytes, int]
+cuts = st.one_of(st.just(1 << 20), st.just(1 << 20), st.integers(0, 60))
+clients = st.integers(0, 1)
+steps = st.one_of(
+    st.tuples(st.just("frame"), clients, plausible, cuts),
+    st.tuples(st.just("frame"), clients, plausible, cuts),
+    st.tuples(st.just("frame"), clients, bodies, cuts),
+    st.tuples(st.just("frame"), clients, plausible, cuts),
+    st.tuples(st.just("raw"), clients, st.binary(min_size=1, max_size=8), st.just(0)),
+    st.tuples(st.sampled_from(["block", "drain"]), clients, st.just(b""), st.just(0)),
+    st.tuples(st.just("tick"), clients, st.just(b""), st.integers(0, 15)),
+)
+
+
+class Client:
+    """One client's side of the fuzz: the session of its current connection; when the
+    session closes the connection, the transport's ``connection_lost`` follows, and a new
+    connection takes its place (so the rest of the input still reaches a session)."""
+
+    def __init__(self, name: str, manager: QueueManager, config: Config, auth: bool) -> None:
+        self.name = name
+        self.manager = manager
+        self.config = config
+        self.auth = auth
+        self.links: list[Link] = []
+        self.pending = b""
+        self.connects = 0
+        self._connect()
+
+    def _connect(self) -> None:
+        self.connects += 1
+        self.link = Link(f"{self.name}_{self.connects}")
+        if self.links:
+            self.link.now = self.links[-1].now
+        self.links.append(self.link)
+        self.session = Session(self.link, self.manager, self.config)
+        self.pending = b""
+        hdrs = {"authToken": "secret"} if self.auth else {}
+        self.session.data_received(encode(Message(CommandType.CONNECT, "c", headers=hdrs)))
+
+    def _live(self) -> Session:
+        if self.link.closed:
+            self.session.connection_lost(None)
+            self._connect()
+        return self.session
+
+    def feed(self, data: bytes, cut: int) -> None:
+        session = self._live()
+        self.pending += data
+        now, self.pending = self.pending[:cut], self.pending[cut:]
+        if now:
+            session.data_received(now)
+
+    def run_soon(self) -> None:
+        for link in self.links:
+            soon, link.soon = link.soon, []
+            for callback in soon:
+                callback()
+
+    def step(self, kind: str, data: bytes, n: int) -> None:
+        if kind == "frame":
+            self.feed(frame(data), n)
+        elif kind == "raw":
+            self.feed(data, len(self.pending) + len(data))
+        elif kind == "block":
+            self.link.socket_writable = False
+        elif kind == "drain":
+            self.link.socket_writable = True
+            if not self.link.closed:
+                self.session.writable_again()
+        else:  # tick
+            self.link.now += n
+            if not self.link.closed:
+                cfg = self.config
+                self.session.check_timers(
+                    self.link.now, cfg.keepalive_timeout_s, cfg.frame_timeout_s
+                )
+        self.run_soon()
+
+    def finish(self) -> None:
+        """The rest of the input arrives; then the client goes away."""
+        if self.pending:
+            self.feed(b"", len(self.pending))
+        self.run_soon()
+        self._live()
+        self.session.connection_lost(None)
+        self.link.closed = True
+
+
+def assert_live(manager: QueueManager) -> None:
+    """Liveness: no ready message waits while a subscriber can take it (has room, its
+    connection is writable, and it does not still hold a delivery of the same id)."""
+    now = manager.clock()
+    for queue in manager.queues.values():
+        head = next(iter(queue.store), None)
+        subs = queue.subscriptions
+        if head is None or head.expired(now) or not subs:
+            continue
+        takers = [s for s in subs if s.has_capacity() and head.id not in s.inflight]
+        if queue.options.delivery_mode in (
+            DeliveryMode.FAN_OUT_WITH_ACK,
+            DeliveryMode.FAN_OUT_WITHOUT_ACK,
+        ):
+            stuck = len(takers) == len(subs) and not head.single
+        else:
+            # A publisher reused the id of a delivery some subscriber still holds: the core
+            # holds the message back until that ack (see the report of issue 12), so only
+            # heads no subscriber holds are checked here.
+            stuck = bool(takers) and not any(head.id in s.inflight for s in subs)
+        assert not stuck, f"{head.id} waits in {queue.name} while {takers[0].id} has room"
+
+
+def assert_server_frames(links: list[Link]) -> None:
+    """Everything written is well-formed protocol, whole frames only."""
+    for link in links:
+        decoder = FrameDecoder()
+        for body in decoder.feed(b"".join(link.out)):
+            decode_body(body)
+        assert decoder.buffered == 0
+
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(bodies, max_size=30), st.booleans(), st.lists(st.integers(0, 5000), max_size=5))
-def test_no_input_escapes_as_an_exception(
-    frames: list[bytes], auth: bool, ticks: list[int]
-) -> None:
+@given(
+    st.lists(steps, min_size=20, max_size=80),
+    st.booleans(),
+    st.lists(st.integers(0, 5000), max_size=5),
+)
+def test_no_input_escapes_as_an_exception(script: list[Step], auth: bool, ticks: list[int]) -> None:
     clock = ManualClock()
-    config = Config(auth_tokens=["secret"] if auth else [])
+    config = Config(
+        auth_tokens=["secret"] if auth else [], keepalive_timeout_s=60, frame_timeout_s=10
+    )
     manager = QueueManager(config.queue_defaults, clock)
-    links = [Link(), Link()]
-    log = structlog.get_logger("fuzz")
-    sessions = [Session(link, manager, config, f"c{i}", log) for i, link in enumerate(links)]
-    connect = encode_body(Message(CommandType.CONNECT, "c", headers={"authToken": "secret"}))
-    for s in sessions:
-        s.handle_body(connect)
-    for i, body in enumerate(frames):
-        sessions[i % 2].handle_body(body)
+    clients = [Client(f"c{i}", manager, config, auth) for i in range(2)]
+    for i, (kind, who, data, n) in enumerate(script):
+        clients[who].step(kind, data, n)
         if ticks and i % 7 == 0:
             clock.advance(ticks[i % len(ticks)])
             manager.tick()
-    sessions[0].connection_lost()
+        assert_live(manager)
+    clients[0].finish()
     manager.tick()
-    # Everything written is well-formed protocol.
-    for link in links:
-        for body in FrameDecoder().feed(b"".join(link.out)):
-            decode_body(body)
+    assert_server_frames(clients[0].links + clients[1].links)
     # Queued bytes are accounted exactly.
     assert manager.memory_bytes == sum(q.store.nbytes for q in manager.queues.values())
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    st.lists(bodies, max_size=30),
+    st.lists(steps, min_size=20, max_size=80),
     st.lists(st.integers(0, 5000), max_size=5),
-    st.sets(st.integers(0, 29), max_size=3),
+    st.sets(st.integers(0, 79), max_size=3),
 )
 def test_journal_replay_equals_the_live_state(
-    frames: list[bytes], ticks: list[int], drops: set[int]
+    script: list[Step], ticks: list[int], drops: set[int]
 ) -> None:
     """Whatever the clients did (including dropping their connections), recovering the
     journal gives back exactly the durable queues and the messages still in them (ready or
     delivered but unacked)."""
-    asyncio.run(_replay_equals_live(frames, ticks, drops))
+    asyncio.run(_replay_equals_live(script, ticks, drops))
 
 
 def _live_ids(manager: QueueManager) -> dict[str, list[int]]:
@@ -155,7 +347,7 @@ def _live_ids(manager: QueueManager) -> dict[str, list[int]]:
     return out
 
 
-async def _replay_equals_live(frames: list[bytes], ticks: list[int], drops: set[int]) -> None:
+async def _replay_equals_live(script: list[Step], ticks: list[int], drops: set[int]) -> None:
     clock = ManualClock()
     config = Config()
     with tempfile.TemporaryDirectory() as tmp:
@@ -165,24 +357,23 @@ async def _replay_equals_live(frames: list[bytes], ticks: list[int], drops: set[
         journal.recover(manager)
         journal.start(manager)
         manager.persistence = journal
-        links = [Link(), Link()]
-        log = structlog.get_logger("fuzz")
-        sessions = [Session(link, manager, config, f"c{i}", log) for i, link in enumerate(links)]
-        for s in sessions:
-            s.handle_body(encode_body(Message(CommandType.CONNECT, "c")))
-        for i, body in enumerate(frames):
-            sessions[i % 2].handle_body(body)
+        clients = [Client(f"c{i}", manager, config, False) for i in range(2)]
+        for i, (kind, who, data, n) in enumerate(script):
+            clients[who].step(kind, data, n)
             if i in drops:  # the client goes away; a new one comes
-                sessions[0].connection_lost()
-                sessions[0] = Session(Link(), manager, config, f"c{i}", log)
-                sessions[0].handle_body(encode_body(Message(CommandType.CONNECT, "c")))
+                clients[0].link.closed = True
             if i % 5 == 0:
                 await asyncio.sleep(0)  # let the journal flush now and then
             if ticks and i % 7 == 0:
                 clock.advance(ticks[i % len(ticks)])
                 manager.tick()
+            assert_live(manager)
+        for client in clients:
+            client.finish()
+        await asyncio.sleep(0)  # the last durable acks
         expected = _live_ids(manager)
         await journal.close()
+        assert_server_frames(clients[0].links + clients[1].links)
 
         recovered = QueueManager(config.queue_defaults, clock)
         Journal(directory, clock=clock).recover(recovered)

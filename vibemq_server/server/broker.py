@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import Mapping
 
 import structlog
@@ -11,12 +12,17 @@ import structlog
 from vibemq_server.config import Config
 from vibemq_server.core import Clock, QueueManager, wall_clock_ms
 from vibemq_server.journal import FsyncPolicy, Journal
+from vibemq_server.protocol import CommandType, ErrorCode, Message, encode
 from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.server.adapter import Adapter, AdapterContext, AdapterFactory, Link
-from vibemq_server.server.connection import Connection
-from vibemq_server.server.transport import ReadBatch
+from vibemq_server.server.session import Session
+from vibemq_server.server.transport import ReadBatch, StreamTransport
 
 log = structlog.get_logger("vibemq.broker")
+conn_log = structlog.get_logger("vibemq.conn")
+
+# Connection ids are unique in the process, across brokers.
+_conn_ids = itertools.count(1)
 
 
 class Broker:
@@ -44,7 +50,7 @@ class Broker:
             clock=clock,
         )
         self.connections: set[Link] = set()
-        # Adapters' connections write what a read produced when that read is done.
+        # Every connection writes what a read produced when that read is done.
         self.read_batch = ReadBatch()
         context = AdapterContext(
             self.config, self.manager, self.register, self.unregister, self.read_batch
@@ -68,7 +74,7 @@ class Broker:
         for adapter in self.adapters.values():
             adapter.restore()
         self._server = await loop.create_server(
-            lambda: Connection(self), cfg.host, cfg.port, backlog=4096, reuse_address=True
+            self._native_connection, cfg.host, cfg.port, backlog=4096, reuse_address=True
         )
         self.port = self._server.sockets[0].getsockname()[1]
         try:
@@ -98,6 +104,27 @@ class Broker:
     def amqp_port(self) -> int | None:
         port = self.ready().get("amqp")
         return port if isinstance(port, int) else None
+
+    def _native_connection(self) -> StreamTransport:
+        """The transport of one accepted native connection, driving a native ``Session``."""
+        conn_id = f"srv_{next(_conn_ids)}"
+        manager, config = self.manager, self.config
+        refusal = Message(
+            CommandType.ERROR,
+            conn_id,
+            error_code=ErrorCode.CONNECTION_LIMIT,
+            error_message=f"at most {config.max_connections} connections",
+        )
+        return StreamTransport(
+            lambda link: Session(link, manager, config),
+            conn_id=conn_id,
+            log=conn_log,
+            out_limit=config.write_buffer_high_bytes,
+            batch=self.read_batch,
+            register=self.register,
+            unregister=self.unregister,
+            refusal=encode(refusal),
+        )
 
     def register(self, conn: Link) -> bool:
         if len(self.connections) >= self.config.max_connections:

@@ -1,23 +1,23 @@
-"""The native VibeMQ protocol state machine of one connection, over the core.
+"""The native VibeMQ protocol session of one connection: framing, state machine, handlers.
 
-Decoded messages come in through ``handle_body``; the state table below says which command is
-allowed in which state and which handler runs it. Replies and deliveries go out through the
-connection's ``send``. No socket is touched here.
+Sans-IO: the shared transport (``transport.StreamTransport``) hands it bytes through
+``data_received`` and drives its timers; every complete frame of a read is parsed in one pass,
+and the state table below says which command is allowed in which state and which handler runs
+it. Replies and deliveries go out through the ``Link``; the session touches no socket and
+reads no clock but the link's.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
-import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Protocol
-
-import structlog
+from typing import Any
 
 from vibemq_server import __version__
+from vibemq_server.config import Config
 from vibemq_server.core import (
     CoreError,
     InvalidQueueOptions,
@@ -30,9 +30,11 @@ from vibemq_server.core import (
     StoredMessage,
     Subscription,
 )
+from vibemq_server.core.durable_replies import DurableReplies
 from vibemq_server.protocol import (
     CommandType,
     ErrorCode,
+    FrameDecoder,
     Limits,
     Message,
     ProtocolError,
@@ -42,10 +44,7 @@ from vibemq_server.protocol import (
 )
 from vibemq_server.protocol.codec import encode_deliver, encode_publish_ack, peek_ack_target
 from vibemq_server.protocol.names import valid_queue_name
-
-if TYPE_CHECKING:
-    from vibemq_server.config import Config
-
+from vibemq_server.server.transport import Link
 
 _LOUD_ERRORS = 10
 _ACK_TYPE = int(CommandType.ACK)
@@ -55,23 +54,6 @@ class State(Enum):
     AWAITING_CONNECT = "awaiting_connect"
     OPEN = "open"
     CLOSED = "closed"
-
-
-class Link(Protocol):
-    """What the session needs of its transport."""
-
-    @property
-    def writable(self) -> bool: ...
-
-    def send(self, data: bytes) -> None: ...
-
-    def close(self) -> None: ...
-
-    def pause_reading(self) -> None: ...
-
-    def resume_reading(self) -> None: ...
-
-    def call_soon(self, callback: Callable[[], None]) -> None: ...
 
 
 # Which core error becomes which wire error code.
@@ -112,37 +94,33 @@ _OPTION_HEADERS = frozenset(
 class Session:
     """One client's protocol session: authentication, subscriptions, publisher flow control."""
 
-    def __init__(
-        self,
-        link: Link,
-        manager: QueueManager,
-        config: Config,
-        conn_id: str,
-        log: structlog.typing.FilteringBoundLogger,
-    ) -> None:
+    def __init__(self, link: Link, manager: QueueManager, config: Config) -> None:
         self.link = link
         self.manager = manager
         self.config = config
-        self.conn_id = conn_id
-        self.log = log
+        self.conn_id = link.conn_id
+        self.log = link.log
         self._state = State.AWAITING_CONNECT
         self._handlers = _HANDLERS[self._state]
         self.limits = Limits(config.max_message_size, config.max_headers, config.max_header_value)
+        self.decoder = FrameDecoder(config.max_message_size)
+        self._last_rx = link.time()
+        # Since when a frame has been incomplete without any frame completing (None: none is).
+        self._partial_since: float | None = None
         self.subs: dict[str, Subscription] = {}
         # Publishes held back while a BlockPublisher queue is full, in arrival order.
         self._deferred: deque[Message] = deque()
         # Queues whose subscribers acks freed during a batch of frames, refilled after it.
         self._acked: dict[str, Queue] = {}
         self._batching = False
-        # Publishes waiting for the journal's next flush, and that flush's epoch.
-        self._ack_batch: list[Message] | None = None
-        self._ack_epoch = -1
+        # Publishes whose PublishAck waits for the journal (made with the first of them).
+        self._durable: DurableReplies[Message] | None = None
         self._memory_paused = False
         self._rate = config.publish_rate_limit
         # The bucket holds at least one token, so a rate under 1/s still lets publishes through.
         self._burst = max(1.0, self._rate)
         self._tokens = self._burst
-        self._refilled = time.monotonic()
+        self._refilled = link.time()
         self._error_seq = 0
         self._errors_logged = 0
 
@@ -155,15 +133,54 @@ class Session:
         self._state = state
         self._handlers = _HANDLERS[state]
 
-    # -- input -------------------------------------------------------------------------------
+    # -- input (the transport's Session interface) ---------------------------------------------
 
-    def handle_bodies(self, bodies: list[bytes]) -> None:
+    def data_received(self, data: bytes) -> None:
+        """Run every complete frame of ``data`` (with what was buffered); a framing error
+        that cannot be resynchronised is answered, then the connection is closed."""
+        decoder = self.decoder
+        self._last_rx = now = self.link.time()
+        try:
+            bodies = decoder.feed(data)
+        except ProtocolError as exc:  # the stream is beyond repair; decoder.error says why
+            bodies = []
+            self.log.debug("framing error", error=str(exc))
+        if bodies:
+            self._handle_bodies(bodies)
+            if self._state is State.CLOSED:
+                return
+        if decoder.error is not None:
+            self.reply_error(decoder.error)
+            return
+        if decoder.buffered:
+            # A stall is no progress at all: a frame completing restarts the clock.
+            if bodies or self._partial_since is None:
+                self._partial_since = now
+        else:
+            self._partial_since = None
+
+    def check_timers(self, now: float, keepalive: float, frame_timeout: float) -> None:
+        """Close a client that went silent, or that stalled halfway through a frame."""
+        if self._state is State.CLOSED:
+            return
+        if self.link.reading_paused:
+            self._last_rx = now  # we stopped reading, so its silence is ours
+            return
+        if self._partial_since is not None and now - self._partial_since > frame_timeout:
+            self.log.warning("incomplete frame timed out", buffered=self.decoder.buffered)
+            self.send_error("", ErrorCode.INVALID_MESSAGE, "incomplete frame timed out")
+            self.close()
+        elif now - self._last_rx > keepalive:
+            self.log.info("keep-alive timeout", idle_s=round(now - self._last_rx, 1))
+            self.shutdown("keepalive_timeout")
+
+    def _handle_bodies(self, bodies: list[bytes]) -> None:
         """Run the frames of one read. Acks only free capacity here; the queues they freed
         are refilled once, after the whole batch."""
         self._batching = True
         try:
             for body in bodies:
-                self.handle_body(body)
+                self._handle_body(body)
                 if self._state is State.CLOSED:
                     break
         finally:
@@ -177,7 +194,7 @@ class Session:
                 if not queue.deleted and queue.store.count:
                     queue.dispatch()
 
-    def handle_body(self, body: bytes) -> None:
+    def _handle_body(self, body: bytes) -> None:
         """Decode and run one frame body; protocol errors become Error replies."""
         if len(body) > 1 and body[1] == _ACK_TYPE and self._state is State.OPEN:
             target = peek_ack_target(body, self.limits)
@@ -334,22 +351,15 @@ class Session:
         return False
 
     def _await_durable(self, msg: Message) -> None:
-        """PublishAck only once the journal has the message; never a false one.
-
-        Publishes recorded before the journal's next flush share one callback: the batch
-        is keyed by the journal's flush epoch."""
-        persistence = self.manager.persistence
-        assert persistence is not None
-        if self._ack_batch is None or self._ack_epoch != persistence.epoch:
-            batch: list[Message] = []
-            self._ack_batch = batch
-            self._ack_epoch = persistence.epoch
-            persistence.when_durable(lambda err: self._durable_acks(batch, err))
-        self._ack_batch.append(msg)
+        """PublishAck only once the journal has the message; never a false one."""
+        durable = self._durable
+        if durable is None:
+            persistence = self.manager.persistence
+            assert persistence is not None  # the core says ACCEPTED_DURABLE only with one
+            durable = self._durable = DurableReplies(persistence, self._durable_acks)
+        durable.add(msg)
 
     def _durable_acks(self, batch: list[Message], err: Exception | None) -> None:
-        if batch is self._ack_batch:
-            self._ack_batch = None
         if self.state is State.CLOSED:
             return
         if err is None:
@@ -375,7 +385,7 @@ class Session:
             self.link.resume_reading()
 
     def _take_token(self) -> bool:
-        now = time.monotonic()
+        now = self.link.time()
         self._tokens = min(self._burst, self._tokens + (now - self._refilled) * self._rate)
         self._refilled = now
         if self._tokens >= 1:
@@ -504,13 +514,14 @@ class Session:
 
     # -- transport events --------------------------------------------------------------------
 
-    def on_writable(self) -> None:
+    def writable_again(self) -> None:
         for sub in list(self.subs.values()):
             sub.queue.dispatch()
 
     def shutdown(self, reason: str) -> None:
         """Tell the client the server is going away, then close once the writes are out."""
         if self.state is State.CLOSED:
+            self.link.close()
             return
         self._error_seq += 1
         disconnect = Message(
@@ -519,7 +530,7 @@ class Session:
         self.link.send(encode(disconnect))
         self.close()
 
-    def connection_lost(self) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.state = State.CLOSED
         subs, self.subs = list(self.subs.values()), {}
         for sub in subs:

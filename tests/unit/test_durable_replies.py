@@ -1,0 +1,242 @@
+"""DurableReplies: replies batched by the persistence's flush epoch come back exactly once, in
+the order they were added, each with its own flush's error; with a persistence the test
+steps like the journal (including its out-of-order failure path) and with the real Journal."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vibemq_server.config import QueueDefaults
+from vibemq_server.core import ManualClock, PublishOutcome, QueueManager
+from vibemq_server.core.durable_replies import DurableReplies
+from vibemq_server.journal import journal as journal_mod
+from vibemq_server.journal.journal import FsyncPolicy, Journal
+
+Waiter = Callable[[Exception | None], None]
+
+
+class SteppedPersistence:
+    """A persistence whose flushes the test drives, in the journal's shape: a flush takes
+    what waits for it to an fsync stage, fsyncs finish in order, and a failure fails what
+    waits for the next flush first, then what the fsync stage holds (as ``Journal._fail``
+    does, so callbacks can come newest first)."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.waiting: list[tuple[int, Waiter]] = []
+        self.syncing: deque[list[tuple[int, Waiter]]] = deque()
+        self.registered: list[int] = []  # the epoch of every when_durable
+        self.outcome: dict[int, Exception | None] = {}  # what each epoch's flush gave
+
+    def when_durable(self, callback: Waiter) -> None:
+        self.registered.append(self.epoch)
+        self.waiting.append((self.epoch, callback))
+
+    def _call(self, group: list[tuple[int, Waiter]], err: Exception | None) -> None:
+        for epoch, callback in group:
+            self.outcome[epoch] = err
+            callback(err)
+
+    def flush(self) -> None:
+        self.epoch += 1
+        if self.waiting:
+            self.syncing.append(self.waiting)
+            self.waiting = []
+
+    def synced(self, err: Exception | None) -> None:
+        if self.syncing:
+            self._call(self.syncing.popleft(), err)
+
+    def fail(self, err: Exception) -> None:
+        self.epoch += 1
+        group, self.waiting = self.waiting, []
+        for held in self.syncing:
+            group.extend(held)
+        self.syncing.clear()
+        self._call(group, err)
+
+
+ops = st.lists(
+    st.sampled_from(["add", "add", "add", "follow", "flush", "synced", "sync_error", "fail"]),
+    max_size=60,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(ops)
+def test_every_reply_comes_back_once_in_order_with_its_flush_error(script: list[str]) -> None:
+    persistence = SteppedPersistence()
+    handed: list[tuple[int, Exception | None]] = []  # (item, error) in hand-over order
+    batches: list[list[int]] = []
+
+    def done(items: list[int], err: Exception | None) -> None:
+        batches.append(list(items))
+        handed.extend((item, err) for item in items)
+
+    replies: DurableReplies[int] = DurableReplies(persistence, done)
+    added: list[int] = []
+    epoch_of: dict[int, int] = {}  # durable item -> the epoch it was added in
+    for n, op in enumerate(script):
+        if op == "add":
+            replies.add(n)
+            added.append(n)
+            epoch_of[n] = persistence.epoch
+        elif op == "follow":
+            added.append(n)
+            if not replies.follow(n):
+                handed.append((n, None))  # nothing waits: the protocol sends it now
+        elif op == "flush":
+            persistence.flush()
+        elif op == "synced":
+            persistence.synced(None)
+        elif op == "sync_error":
+            persistence.synced(OSError(errno.EIO, f"fsync {n}"))
+        else:
+            persistence.fail(OSError(errno.ENOSPC, f"write {n}"))
+        # Nothing comes back before its flush did.
+        for item, _ in handed:
+            if item in epoch_of:
+                assert epoch_of[item] in persistence.outcome
+    persistence.flush()
+    while persistence.syncing:
+        persistence.synced(None)
+
+    assert [item for item, _ in handed] == added
+    assert not replies.waiting
+    for item, err in handed:
+        if item in epoch_of:
+            assert err is persistence.outcome[epoch_of[item]]
+    # One callback per epoch that had replies, and a batch never spans two epochs.
+    assert persistence.registered == sorted(set(epoch_of.values()))
+    for batch in batches:
+        assert len({epoch_of[i] for i in batch if i in epoch_of}) <= 1
+
+
+class AtOnce:
+    """A persistence that is always durable: it calls back inside ``when_durable``."""
+
+    epoch = 0
+
+    def when_durable(self, callback: Waiter) -> None:
+        callback(None)
+
+
+def test_a_reply_added_while_handing_over_keeps_its_place() -> None:
+    handed: list[str] = []
+    replies: DurableReplies[str] = DurableReplies(AtOnce(), lambda items, err: on_done(items))
+
+    def on_done(items: list[str]) -> None:
+        handed.extend(items)
+        if items == ["a"]:
+            replies.add("b")  # settles at once, within this hand-over
+            handed.append("after b")
+
+    replies.add("a")
+    replies.add("c")
+    assert handed == ["a", "after b", "b", "c"]
+    assert not replies.waiting
+
+
+# -- with the real journal -------------------------------------------------------------------
+
+
+class SlowFsyncOs:
+    """The ``os`` module as the journal sees it: fsync waits until released, writes fail on
+    demand (a full disk); everything else is the real module."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.fail_writes = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    def write(self, fd: int, data: Any) -> int:
+        if self.fail_writes:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return os.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        assert self.release.wait(10), "fsync never released"
+        os.fsync(fd)
+
+
+async def wait_until(cond: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.001)
+
+
+def open_journal(directory: Path, **kw: Any) -> tuple[QueueManager, Journal]:
+    clock = ManualClock()
+    manager = QueueManager(QueueDefaults(), clock)
+    journal = Journal(directory, clock=clock, **kw)
+    journal.recover(manager)
+    journal.start(manager)
+    manager.persistence = journal
+    manager.create_queue("d", manager.options_from({"durable": True}))
+    return manager, journal
+
+
+async def test_with_the_journal_one_batch_per_flush(tmp_path: Path) -> None:
+    manager, journal = open_journal(tmp_path / "journal", fsync=FsyncPolicy.ALWAYS)
+    batches: list[tuple[list[str], Exception | None]] = []
+    replies: DurableReplies[str] = DurableReplies(journal, lambda i, e: batches.append((i, e)))
+    try:
+        for round_ in range(3):
+            ids = [f"m{round_}.{i}" for i in range(5)]
+            for mid in ids:
+                assert manager.publish("d", mid, b"{}", {}) is PublishOutcome.ACCEPTED_DURABLE
+                replies.add(mid)
+            await wait_until(lambda: not replies.waiting, "the flush")
+            assert batches[-1] == (ids, None)
+        assert len(batches) == 3
+    finally:
+        await journal.close()
+
+
+async def test_with_the_journal_a_failed_write_waits_behind_the_fsync_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal fails the newest waiters while an older batch is still in its fsync: the
+    replies still come back oldest first, each with its own outcome."""
+    fake = SlowFsyncOs()
+    monkeypatch.setattr(journal_mod, "os", fake)
+    fake.release.set()  # opening a segment syncs at once
+    manager, journal = open_journal(tmp_path / "journal", fsync=FsyncPolicy.ALWAYS)
+    fake.release.clear()
+    batches: list[tuple[list[str], Exception | None]] = []
+    replies: DurableReplies[str] = DurableReplies(journal, lambda i, e: batches.append((i, e)))
+    try:
+        manager.publish("d", "a", b"{}", {})
+        replies.add("a")
+        await wait_until(lambda: journal._syncing, "the first batch's fsync")
+        fake.fail_writes = True
+        manager.publish("d", "b", b"{}", {})
+        replies.add("b")
+        await wait_until(lambda: not journal.available, "the failed write")
+        assert batches == []  # "b" failed first, but "a" is still being synced
+        fake.release.set()
+        await wait_until(lambda: not replies.waiting, "the fsync")
+        assert [items for items, _ in batches] == [["a"], ["b"]]
+        assert batches[0][1] is None
+        err = batches[1][1]
+        assert isinstance(err, OSError) and err.errno == errno.ENOSPC
+    finally:
+        fake.release.set()
+        fake.fail_writes = False
+        journal.maintain()
+        await journal.close()

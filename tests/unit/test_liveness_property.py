@@ -1,0 +1,447 @@
+"""No lost wake-up, on any protocol: a property test over the broker's real connections.
+
+Hypothesis drives a publisher and a consumer through random interleavings of publishes, the
+consumer's peer reading some of what the broker wrote (so the connection pauses and resumes
+writing as a socket would), acks, and housekeeping ticks; the broker's bounds are tiny (a
+4 KiB write buffer, a 16 KiB memory high watermark, a window of 50) so that every pause
+happens. After every step the loop is let run until it is idle, and then:
+
+* nothing the broker produced waits in a connection's own output buffer (it was written);
+* a ready message and a consumer with room always end in a delivery: no queue holds ready
+  messages while a subscription of it is under its prefetch and its socket is not paused.
+
+At the end the consumer reads and acks everything and every message must have arrived.
+
+The connections are the broker's own, made by the protocol factories its listeners were
+started with (captured from ``create_server``); only the socket below them is a stand-in
+that behaves like uvloop's transport (``pause_writing`` above the high-water mark,
+``resume_writing`` once drained to the low one, reads held while reading is paused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bench.amqp_driver import U16 as AMQP_U16
+from bench.amqp_driver import U32 as AMQP_U32
+from bench.amqp_driver import (
+    AmqpDeliveryScanner,
+    encode_ack,
+    encode_publish,
+    method,
+    shortstr,
+)
+from bench.mqtt_driver import MqttDeliveryScanner, MqttDriver, packet
+from bench.vibemq_driver import CONNECT, SUBSCRIBE, VibeDeliveryScanner, VibeDriver, frame
+from vibemq_server.app import create_broker
+from vibemq_server.config import Config
+
+WINDOW = 50
+HIGH = 4096
+QUEUE = "live"
+
+
+class FakeSocket(asyncio.Transport):
+    """What a connection sees of its socket: writes buffer until the peer reads them."""
+
+    def __init__(self, protocol: asyncio.Protocol, peer: int) -> None:
+        super().__init__()
+        self.protocol = protocol
+        self.peer = peer
+        self.buffer = bytearray()
+        self.high = 64 * 1024
+        self.low = 16 * 1024
+        self.write_paused = False
+        self.reading_paused = False
+        self.inbox: list[bytes] = []  # sent by the peer while reading was paused
+        self.closed = False
+
+    # -- what the connection calls --------------------------------------------------------------
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", self.peer) if name == "peername" else default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.high = high if high is not None else 64 * 1024
+        self.low = low if low is not None else self.high // 4
+
+    def get_write_buffer_size(self) -> int:
+        return len(self.buffer)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        assert not self.closed, "write after close"
+        self.buffer += data
+        if not self.write_paused and len(self.buffer) > self.high:
+            self.write_paused = True
+            self.protocol.pause_writing()
+
+    def writelines(self, list_of_data: Any) -> None:
+        for data in list_of_data:
+            self.write(data)
+
+    def pause_reading(self) -> None:
+        self.reading_paused = True
+
+    def resume_reading(self) -> None:
+        if self.reading_paused:
+            self.reading_paused = False
+            asyncio.get_running_loop().call_soon(self._deliver_inbox)
+
+    def is_reading(self) -> bool:
+        return not self.reading_paused
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self._lost()
+
+    def abort(self) -> None:
+        self._lost()
+
+    def _lost(self) -> None:
+        if not self.closed:
+            self.closed = True
+            asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
+
+    # -- what the peer does ---------------------------------------------------------------------
+
+    def peer_sends(self, data: bytes) -> None:
+        if self.reading_paused or self.inbox:
+            self.inbox.append(data)
+        else:
+            self.protocol.data_received(data)
+
+    def _deliver_inbox(self) -> None:
+        while self.inbox and not self.reading_paused and not self.closed:
+            self.protocol.data_received(self.inbox.pop(0))
+
+    def peer_reads(self, n: int) -> bytes:
+        data = bytes(self.buffer[:n])
+        del self.buffer[:n]
+        if self.write_paused and len(self.buffer) <= self.low:
+            self.write_paused = False
+            self.protocol.resume_writing()
+        return data
+
+
+# -- the three protocols' clients (the bench's raw load generators' frames) -----------------------
+
+
+class Client:
+    """One protocol's publisher and consumer frames, and how to read deliveries."""
+
+    listener: str
+    scanner: Any
+
+    def handshake_publisher(self) -> bytes:
+        raise NotImplementedError
+
+    def handshake_consumer(self) -> bytes:
+        raise NotImplementedError
+
+    def publish(self, start: int, count: int) -> bytes:
+        raise NotImplementedError
+
+    def acks(self, per_delivery: list[bytes]) -> bytes:
+        return b"".join(per_delivery)
+
+
+class NativeClient(Client):
+    listener = "vibemq"
+
+    def __init__(self) -> None:
+        self.driver = VibeDriver("127.0.0.1", 0, QUEUE, prefetch=WINDOW)
+        self.scanner = VibeDeliveryScanner()
+
+    def handshake_publisher(self) -> bytes:
+        return frame(CONNECT, "c-pub")
+
+    def handshake_consumer(self) -> bytes:
+        sub = frame(SUBSCRIBE, "s-1", QUEUE, headers={"prefetch": str(WINDOW)})
+        return frame(CONNECT, "c-sub") + sub
+
+    def publish(self, start: int, count: int) -> bytes:
+        return self.driver.publish_batch(start, count)
+
+
+def _mqtt_connect(client_id: bytes, clean: bool = True) -> bytes:
+    flags = b"\x02" if clean else b"\x00"
+    variable = b"\x00\x04MQTT\x04" + flags + b"\x02\x58"  # level 4, keep-alive 600 s
+    return packet(0x10, variable + AMQP_U16.pack(len(client_id)) + client_id)
+
+
+class MqttClient(Client):
+    """QoS 1 both ways; the subscriber has a clean session (its messages wait in memory)
+    or a persistent one (they wait in its core queue)."""
+
+    listener = "mqtt"
+
+    def __init__(self, clean: bool = True) -> None:
+        self.driver = MqttDriver("127.0.0.1", 0, QUEUE)
+        self.scanner = MqttDeliveryScanner()
+        self.clean = clean
+
+    def handshake_publisher(self) -> bytes:
+        return _mqtt_connect(b"pub")
+
+    def handshake_consumer(self) -> bytes:
+        topic = AMQP_U16.pack(len(QUEUE)) + QUEUE.encode()
+        subscribe = packet(0x82, AMQP_U16.pack(1) + topic + b"\x01")
+        return _mqtt_connect(b"sub", self.clean) + subscribe
+
+    def publish(self, start: int, count: int) -> bytes:
+        return self.driver.publish_batch(start, count)
+
+
+def _amqp_open() -> bytes:
+    response = b"\x00guest\x00guest"
+    start_ok = AMQP_U32.pack(0) + shortstr(b"PLAIN") + AMQP_U32.pack(len(response)) + response
+    tune_ok = method(0, 10, 31, b"\x07\xff\x00\x02\x00\x00\x00\x00")
+    return (
+        b"AMQP\x00\x00\x09\x01"
+        + method(0, 10, 11, start_ok + shortstr(b"en_US"))
+        + tune_ok
+        + method(0, 10, 40, shortstr(b"/") + shortstr(b"") + b"\x00")
+        + method(1, 20, 10, shortstr(b""))
+        + method(1, 50, 10, AMQP_U16.pack(0) + shortstr(QUEUE.encode()) + b"\x00\x00\x00\x00\x00")
+    )
+
+
+class AmqpClient(Client):
+    listener = "amqp"
+
+    def __init__(self) -> None:
+        self.scanner = AmqpDeliveryScanner()
+
+    def handshake_publisher(self) -> bytes:
+        return _amqp_open()
+
+    def handshake_consumer(self) -> bytes:
+        qos = method(1, 60, 10, b"\x00\x00\x00\x00" + AMQP_U16.pack(WINDOW) + b"\x00")
+        consume = method(
+            1,
+            60,
+            20,
+            AMQP_U16.pack(0) + shortstr(QUEUE.encode()) + shortstr(b"ct") + b"\x00" + b"\0" * 4,
+        )
+        return _amqp_open() + qos + consume
+
+    def publish(self, start: int, count: int) -> bytes:
+        return b"".join(
+            encode_publish(QUEUE.encode(), b"%064d" % i) for i in range(start, start + count)
+        )
+
+    def acks(self, per_delivery: list[bytes]) -> bytes:
+        # one basic.ack(multiple) for the batch, as consumers that ack every N do
+        tag = int.from_bytes(per_delivery[-1][11:19], "big")
+        return encode_ack(tag, multiple=True)
+
+
+CLIENTS: dict[str, Callable[[], Client]] = {
+    "native": NativeClient,
+    "mqtt": MqttClient,
+    "mqtt-persistent": lambda: MqttClient(clean=False),
+    "amqp": AmqpClient,
+}
+
+
+# -- the scenario ---------------------------------------------------------------------------------
+
+
+async def _settle() -> None:
+    for _ in range(4):
+        await asyncio.sleep(0)
+
+
+def _stuck_output(protocol: Any) -> int:
+    """Bytes a connection holds in its own output buffer (they should have been written)."""
+    out = getattr(protocol, "_out", None)
+    return sum(len(b) for b in out) if out else 0
+
+
+class Scenario:
+    def __init__(
+        self, broker: Any, factories: dict[str, Callable[[], asyncio.Protocol]], client: Client
+    ) -> None:
+        self.broker = broker
+        self.client = client
+        factory = factories[client.listener]
+        self.pub_proto = factory()
+        self.sub_proto = factory()
+        self.pub = FakeSocket(self.pub_proto, 40001)
+        self.sub = FakeSocket(self.sub_proto, 40002)
+        self.pub_proto.connection_made(self.pub)
+        self.sub_proto.connection_made(self.sub)
+        self.published = 0
+        self.delivered = 0
+        self.unacked: list[bytes] = []
+        self.received = bytearray()
+
+    async def start(self) -> None:
+        self.sub.peer_sends(self.client.handshake_consumer())
+        self.pub.peer_sends(self.client.handshake_publisher())
+        await _settle()
+        self.read(1 << 20)
+        self.pub.peer_reads(1 << 30)
+
+    def publish(self, count: int) -> None:
+        self.pub.peer_sends(self.client.publish(self.published, count))
+        self.published += count
+
+    def read(self, n: int) -> None:
+        self.received += self.sub.peer_reads(n)
+        used, delivered, acks = self.client.scanner.feed(self.received)
+        del self.received[:used]
+        if delivered:
+            size = len(acks) // delivered
+            self.unacked.extend(acks[i * size : (i + 1) * size] for i in range(delivered))
+            self.delivered += delivered
+
+    def ack(self, n: int) -> None:
+        batch, self.unacked = self.unacked[:n], self.unacked[n:]
+        if batch:
+            self.sub.peer_sends(self.client.acks(batch))
+
+    def tick(self) -> None:
+        self.broker.manager.tick()
+
+    def _violation(self) -> str:
+        """What is stuck now, or ''."""
+        for proto in (self.pub_proto, self.sub_proto):
+            if _stuck_output(proto):
+                return "output left unwritten in a connection's own buffer"
+        paused = self.sub.write_paused
+        for queue in self.broker.manager.queues.values():
+            if not queue.store.count:
+                continue
+            for sub in queue.subscriptions:
+                if len(sub.inflight) < sub.prefetch and not paused:
+                    return (
+                        f"{queue.store.count} ready in {queue.name!r}, "
+                        f"{len(sub.inflight)}/{sub.prefetch} in flight, socket not paused"
+                    )
+        mqtt = self.broker.adapters.get("mqtt")
+        for session in mqtt.sessions.values() if mqtt is not None else ():
+            # A clean session's messages wait in memory, outside the core (session.py).
+            waiting = len(session._pending) + len(session._backlog)
+            window = len(session.outbound) + len(session.direct) + len(session.pubrel)
+            if waiting and window < session.max_inflight and not paused:
+                return (
+                    f"{waiting} waiting for MQTT client {session.client_id!r}, "
+                    f"{window}/{session.max_inflight} in flight, socket not paused"
+                )
+        return ""
+
+    async def check(self, what: str) -> None:
+        """Let the loop run until nothing is stuck; a lost wake-up stays stuck (the
+        housekeeping timer, which would paper over one, is off: only ``tick`` ops tick).
+        Journal flushes complete on their own thread, so give them a moment."""
+        problem = ""
+        for _ in range(200):
+            await _settle()
+            self.pub.peer_reads(1 << 30)  # the publisher reads its acknowledgements at once
+            problem = self._violation()
+            if not problem:
+                return
+            await asyncio.sleep(0.001)
+        raise AssertionError(f"after {what}: {problem}")
+
+    async def finish(self) -> None:
+        """The consumer reads and acks everything; publishers are woken by the ticks."""
+        for _ in range(400):
+            if self.delivered >= self.published:
+                break
+            self.read(1 << 30)
+            self.ack(len(self.unacked))
+            self.tick()
+            await asyncio.sleep(0.005)
+        assert self.delivered == self.published, f"{self.delivered} of {self.published} arrived"
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("publish"), st.integers(1, 120)),
+        st.tuples(st.just("read"), st.integers(0, 12_000)),
+        st.tuples(st.just("ack"), st.integers(0, 120)),
+        st.tuples(st.just("tick"), st.just(0)),
+    ),
+    max_size=30,
+)
+
+
+async def _run(protocol: str, ops: list[tuple[str, int]], data_dir: Path) -> None:
+    loop = asyncio.get_running_loop()
+    factories: dict[str, Callable[[], asyncio.Protocol]] = {}
+    real_create_server = loop.create_server
+    names = iter(["vibemq", "mqtt", "amqp"])  # the order Broker.start opens them in
+
+    async def spy(factory: Callable[[], asyncio.Protocol], *args: Any, **kw: Any) -> Any:
+        factories[next(names)] = factory
+        return await real_create_server(factory, *args, **kw)
+
+    loop.create_server = spy  # type: ignore[method-assign]
+    config = Config(
+        host="127.0.0.1",
+        port=0,
+        data_dir=data_dir,
+        write_buffer_high_bytes=HIGH,
+        memory_high_watermark_bytes=16 * 1024,
+        housekeeping_interval_ms=10_000,  # the test ticks
+        drain_timeout_s=0.05,
+        queue_defaults={"max_queue_size": 1_000_000, "durable": False},
+        mqtt={
+            "port": 0,
+            "max_inflight": WINDOW,
+            "max_queued_messages": 1_000_000,
+            "max_publisher_pause_s": 0.02,
+        },
+        amqp={"port": 0, "heartbeat_s": 0},
+    )
+    broker = create_broker(config)
+    await broker.start()
+    loop.create_server = real_create_server  # type: ignore[method-assign]
+    try:
+        scenario = Scenario(broker, factories, CLIENTS[protocol]())
+        await scenario.start()
+        for op, n in ops:
+            if op == "publish":
+                scenario.publish(n)
+            elif op == "read":
+                scenario.read(n)
+            elif op == "ack":
+                scenario.ack(n)
+            else:
+                scenario.tick()
+            await scenario.check(f"{op}({n})")
+        await scenario.finish()
+    finally:
+        await broker.stop()
+
+
+def _property(protocol: str) -> Callable[..., None]:
+    @settings(
+        max_examples=int(os.environ.get("LIVENESS_EXAMPLES", "40")),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(ops=OPS)
+    def test(ops: list[tuple[str, int]]) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            asyncio.run(_run(protocol, ops, Path(tmp)))
+
+    return test
+
+
+test_native_no_lost_wakeup = _property("native")
+test_mqtt_no_lost_wakeup = _property("mqtt")
+test_mqtt_persistent_no_lost_wakeup = _property("mqtt-persistent")
+test_amqp_no_lost_wakeup = _property("amqp")
