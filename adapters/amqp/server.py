@@ -2,10 +2,11 @@
 
 AMQP queues are the broker's queues: a VibeMQ subscriber of ``orders`` and an AMQP consumer
 of ``orders`` compete on the same queue. A publish to the default exchange or to ``amq.topic``
-is also a publish at the address of its routing key for the other protocols (MQTT
-subscriptions are, in effect, bound to ``amq.topic``), and a VibeMQ or MQTT publish at an
-address reaches the AMQP queues bound to ``amq.topic`` with a matching key. Message mapping:
-see ``mapping.py`` and docs/amqp.md.
+is also a publish at the address of its routing key, handed to the core (``QueueManager.route``)
+for every protocol's subscribers (MQTT subscriptions are, in effect, bound to ``amq.topic``);
+and this server is the AMQP sink among them (``deliver``): a publish at an address from
+another protocol reaches the AMQP queues bound to ``amq.topic`` with a matching key. Message
+mapping: see ``mapping.py`` and docs/amqp.md.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from vibemq_server.core import (
     StoredMessage,
 )
 from vibemq_server.core.exchanges import Exchanges, canonical_arguments, decode_arguments
+from vibemq_server.core.routing import AddressSink, MessageSource
 from vibemq_server.core.table import DurableTable
 from vibemq_server.server.adapter import AdapterContext
 
@@ -119,10 +121,15 @@ class AmqpServer:
         self.port = 0
         #: output given during a read is written when the read is done (shared by protocols)
         self.batch = context.read_batch
+        # The publish being routed at an address (routing key, payload, headers) and its
+        # core form, built when another protocol's sink asks for it (see publish()).
+        self._own: tuple[str, bytes, Mapping[str, str]] | None = None
+        self._own_msg: StoredMessage | None = None
+        self._own_message: MessageSource = self._core_message
 
     def restore(self) -> None:
         """After journal recovery: exchanges, bindings and queue arguments (dead-letter
-        exchanges, priorities); observe other protocols."""
+        exchanges, priorities); hear other protocols' publishes (the AMQP sink)."""
         self.exchanges = Exchanges(self.manager)
         self.queue_table = DurableTable(self.manager, QUEUES_TABLE)
         for name, entry in self.queue_table.items():
@@ -137,7 +144,7 @@ class AmqpServer:
                 self.queue_table.delete(name)
                 continue
             self._apply_args(name, args)
-        self.manager.observers.append(self._observe)
+        self.manager.register_sink(self)
 
     async def start(self) -> None:
         from vibemq_server.adapters.amqp.connection import AmqpConnection
@@ -291,8 +298,12 @@ class AmqpServer:
                 routing_key,
                 dict(decode_properties(properties).headers or {}) if needs_headers else None,
             )
+        elif routing_key in self.manager.queues and routing_key[:1] != "$":
+            queues = [routing_key]
         else:
-            queues = [routing_key] if routing_key in self.manager.queues else []
+            # The default exchange routes by queue name, but never into the adapters' own
+            # "$" queues (MQTT sessions, the durable tables): those are not clients' queues.
+            queues = []
         reached = 0
         refused = False
         durable = False
@@ -346,20 +357,35 @@ class AmqpServer:
                     if queue is not None:
                         dead = StoredMessage(self.next_msg_id(), name, payload, headers, 0)
                         self._dead_letter(queue, dead, DeadLetterReason.QUEUE_OVERFLOW)
-        if (not exchange or exchange == "amq.topic") and len(manager.observers) > 1:
-            # The routing key is an address for the other protocols' subscriptions (the
-            # first observer beside our own makes the copy worth building).
-            msg = StoredMessage(self.next_msg_id(), routing_key, payload, headers, 0)
-            if manager.notify(routing_key, msg, skip=self._observe):
+        if not exchange or exchange == "amq.topic":
+            # The routing key is an address for every protocol's subscriptions; the queues
+            # were ours to fill (the exchanges did, above). The message for the others is
+            # built only if one of them takes it (_core_message).
+            # Never re-entered (another protocol's sink never publishes over AMQP).
+            self._own = (routing_key, payload, headers)
+            self._own_msg = None
+            if manager.route(routing_key, self._own_message, self, into_queue=False):
                 durable = True
         return reached, refused, durable
 
-    def _observe(self, address: str, msg: StoredMessage) -> bool:
-        """A publish at ``address`` from another protocol: to queues bound to amq.topic."""
+    def _core_message(self) -> StoredMessage:
+        """The core form of the publish publish() is routing, for other protocols."""
+        msg = self._own_msg
+        if msg is None:
+            assert self._own is not None
+            address, payload, headers = self._own
+            msg = self._own_msg = StoredMessage(self.next_msg_id(), address, payload, headers, 0)
+        return msg
+
+    def deliver(self, address: str, message: MessageSource, origin: AddressSink | None) -> bool:
+        """The core's hand-over of a publish at ``address`` (the AMQP sink): to the queues
+        bound to amq.topic, for a publish from another protocol (our own went through our
+        exchanges already: amq.topic's bindings, or the default exchange's queue alone)."""
         exchanges = self.exchanges
-        if exchanges is None or not exchanges.has_bindings("amq.topic"):
+        if origin is self or exchanges is None or not exchanges.has_bindings("amq.topic"):
             return False
         durable = False
+        payload = b""
         headers: Mapping[str, str] | None = None
         for name in exchanges.route("amq.topic", address):
             if name == address:
@@ -367,10 +393,12 @@ class AmqpServer:
             if headers is None:
                 # Delivered as from amq.topic with the address as routing key (as RabbitMQ's
                 # MQTT plugin does), not as from the default exchange with the queue's name.
+                msg = message()
+                payload = msg.payload
                 headers = {**msg.headers, EXCHANGE: "amq.topic", ROUTING_KEY: address}
             try:
                 outcome = self.manager.publish(
-                    name, self.next_msg_id(), msg.payload, headers, route=False
+                    name, self.next_msg_id(), payload, headers, route=False
                 )
             except CoreError:
                 continue

@@ -4,10 +4,12 @@ The listener is the shared ``StreamTransport`` (socket, write batching, flow con
 connection limit) carrying each client's sans-IO ``MqttConnection`` (connection.py); this
 module is what those connections use of the broker (connection.Server).
 
-Routing (docs/mqtt.md): a PUBLISH on topic ``a/b/c`` is the address ``a.b.c``. It reaches the
-VibeMQ queue of that name when one exists, and every MQTT session with a matching filter, at
-min(publish QoS, granted QoS), once per session however many of its filters match. A VibeMQ
-Publish reaches MQTT subscribers through the core's publish observers, as QoS 1.
+Routing (docs/mqtt.md): a PUBLISH on topic ``a/b/c`` is the address ``a.b.c``, handed to the
+core once (``QueueManager.route``): it reaches the VibeMQ queue of that name when one exists,
+and every protocol's subscribers of the address. This server is the MQTT sink among them
+(``deliver``): every MQTT session with a matching filter gets it, at min(publish QoS, granted
+QoS), once per session however many of its filters match; a publish from another protocol
+(a VibeMQ Publish, AMQP, ZeroMQ) counts as QoS 1.
 
 Durable state lives in the journal through two core tables: ``$mqtt.retained`` (topic ->
 retained message) and ``$mqtt.sessions`` (client id -> filters of a clean-session-0 client);
@@ -22,7 +24,7 @@ import hmac
 import itertools
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import structlog
 
@@ -34,11 +36,11 @@ from vibemq_server.adapters.mqtt.topics import (
     address_to_topic,
     filter_to_pattern,
     matches,
-    queue_address,
     topic_to_address,
 )
 from vibemq_server.config import DeliveryMode, OverflowStrategy
-from vibemq_server.core import CoreError, PublishOutcome, QueueOptions, StoredMessage
+from vibemq_server.core import CoreError, QueueOptions, StoredMessage
+from vibemq_server.core.routing import AddressSink, MessageSource
 from vibemq_server.core.table import DurableTable
 from vibemq_server.core.topics import TopicRouter, pattern_overlaps
 from vibemq_server.protocol.payload import PAYLOAD_ENCODING, from_core, to_core
@@ -74,7 +76,14 @@ class MqttServer:
         self._id_prefix = f"mqtt-{os.urandom(4).hex()}-"
         self._deny_subscribe = [filter_to_pattern(f) for f in self.cfg.deny_subscribe]
         self._deny_publish = list(self.cfg.deny_publish)
-        self._addresses: dict[str, tuple[str, str | None]] = {}
+        self._addresses: dict[str, str] = {}
+        # The publish being routed by route(), in its MQTT form, for deliver() to take when
+        # the core hands it back (no round trip through the core form): topic, payload,
+        # QoS, the publisher's session, whether congestion pauses it, its address.
+        self._own: tuple[str, bytes, int, MqttSession | None, bool, str] | None = None
+        # Its core form, built only when something beyond MQTT sessions takes it.
+        self._own_msg: StoredMessage | None = None
+        self._own_message: MessageSource = self._core_message
         self.retained: DurableTable | None = None
         self.session_table: DurableTable | None = None
         self._server: asyncio.Server | None = None
@@ -107,7 +116,7 @@ class MqttServer:
         for name in [n for n in self.manager.queues if n.startswith("$mqtt.s.")]:
             if name[len("$mqtt.s.") :] not in self.sessions:
                 self.manager.delete_queue(name)
-        self.manager.observers.append(self._observe)
+        self.manager.register_sink(self)
         if self.sessions or len(self.retained):
             log.info(
                 "mqtt state restored", sessions=len(self.sessions), retained=len(self.retained)
@@ -294,22 +303,65 @@ class MqttServer:
         durable = False
         if retain:
             durable = self._retain(topic, payload, qos)
-        cached = self._addresses.get(topic)
-        if cached is None:
+        address = self._addresses.get(topic)
+        if address is None:
             if len(self._addresses) > 10_000:
                 self._addresses.clear()
-            cached = self._addresses[topic] = (topic_to_address(topic), queue_address(topic))
-        address, queue_name = cached
-        if queue_name is not None and queue_name in self.manager.queues:
-            durable |= self._to_queue(queue_name, topic, payload, qos)
-        targets = self.router.match(address)
-        if targets:
-            durable |= self._to_sessions(targets, topic, payload, qos, origin, pause=pause)
-        if len(self.manager.observers) > 1:
-            # Other protocols' subscriptions to the address (AMQP queues bound to amq.topic).
+            address = self._addresses[topic] = topic_to_address(topic)
+        # The core hands the publish to the queue of that name and to every protocol's
+        # sink, ours included: deliver() (origin is self) and _core_message() find it here.
+        # Never re-entered: a delivery only buffers output (a connection lost meanwhile,
+        # and its will, come from the loop later), so nothing needs saving or clearing.
+        self._own = (topic, payload, qos, origin, pause, address)
+        self._own_msg = None
+        if self.manager.route(address, self._own_message, self):
+            durable = True
+        return durable
+
+    def _core_message(self) -> StoredMessage:
+        """The core form of the publish route() is routing (for a queue, other protocols)."""
+        msg = self._own_msg
+        if msg is None:
+            assert self._own is not None
+            topic, payload, qos, _, _, address = self._own
             body, headers = self._core_form(topic, payload, qos)
-            msg = StoredMessage(self.next_msg_id(), address, body, headers, 0)
-            durable |= self.manager.notify(address, msg, skip=self._observe)
+            msg = self._own_msg = StoredMessage(self.next_msg_id(), address, body, headers, 0)
+        return msg
+
+    def deliver(self, address: str, message: MessageSource, origin: AddressSink | None) -> bool:
+        """The core's hand-over of a publish at ``address`` (the MQTT sink): to every
+        session with a matching filter. True when a copy went into a durable queue.
+
+        Our own publish keeps its MQTT form and QoS, and a congested subscriber pauses its
+        publisher, except the publisher's own session (it could only drain by reading the
+        very acknowledgements the pause holds back) and except for a will (``pause`` False:
+        no connection consumes ``congested`` right after, so an entry left there would
+        pause whichever connection handles a packet next, even the slow subscriber
+        itself). Another protocol's publish counts as QoS 1 and pauses nobody, likewise."""
+        targets = self.router.match(address)
+        if not targets:
+            return False
+        own = self._own
+        if origin is self and own is not None:
+            topic, payload, qos, publisher, pause, _ = own
+        else:
+            msg = message()
+            topic = address_to_topic(address)
+            payload = from_core(msg.payload, msg.headers)
+            qos, publisher, pause = NATIVE_QOS, None, False
+        # Inline rather than a helper: every MQTT publish runs this loop.
+        durable = False
+        qos0: bytes | None = None
+        for session, granted in targets.items():
+            effective = granted if granted < qos else qos
+            if effective == 0:
+                if qos0 is None:
+                    qos0 = encode_publish(topic.encode(), payload)
+                session.send_qos0(qos0)
+            elif session.enqueue(topic, payload, effective):
+                durable = True
+            if pause and session.congested and not session.stalled and session is not publisher:
+                self.congested.append(session)
         return durable
 
     @staticmethod
@@ -319,48 +371,6 @@ class MqttServer:
         if encoding is not None:
             headers[PAYLOAD_ENCODING] = encoding
         return body, headers
-
-    def _to_sessions(
-        self,
-        targets: Mapping[MqttSession, int],
-        topic: str,
-        payload: bytes,
-        qos: int,
-        origin: MqttSession | None = None,
-        *,
-        pause: bool = True,
-    ) -> bool:
-        """``origin``: the publisher's own session, which must not make it wait (it could
-        only drain by reading the very acknowledgements the pause holds back). ``pause``:
-        False when no MQTT connection will consume ``congested`` right after (a VibeMQ
-        Publish, a will): entries left there would pause whichever connection handles a
-        packet next, even the slow subscriber itself."""
-        durable = False
-        qos0: bytes | None = None
-        for session, granted in targets.items():
-            effective = granted if granted < qos else qos
-            if effective == 0:
-                if qos0 is None:
-                    qos0 = encode_publish(topic.encode(), payload)
-                session.send_qos0(qos0)
-            else:
-                durable |= session.enqueue(topic, payload, effective)
-            if pause and session.congested and not session.stalled and session is not origin:
-                self.congested.append(session)
-        return durable
-
-    def _to_queue(self, queue_name: str, topic: str, payload: bytes, qos: int) -> bool:
-        body, headers = self._core_form(topic, payload, qos)
-        try:
-            outcome = self.manager.publish(
-                queue_name, self.next_msg_id(), body, headers, route=False
-            )
-        except CoreError as exc:
-            log.warning("publish into queue failed", queue=queue_name, error=str(exc))
-            return False
-        if not outcome.accepted:
-            log.debug("queue refused an MQTT publish", queue=queue_name, outcome=outcome.value)
-        return outcome is PublishOutcome.ACCEPTED_DURABLE
 
     def _retain(self, topic: str, payload: bytes, qos: int) -> bool:
         table = self.retained
@@ -374,14 +384,3 @@ class MqttServer:
             return False
         table.put(topic, payload, {HEADER_QOS: str(qos)})
         return self.manager.persistence is not None
-
-    def _observe(self, address: str, msg: StoredMessage) -> bool:
-        """A VibeMQ Publish (or another protocol's) at ``address``: to matching sessions."""
-        targets = self.router.match(address)
-        if not targets:
-            return False
-        payload = from_core(msg.payload, msg.headers)
-        # Not an MQTT connection's publish: nobody to pause (see _to_sessions).
-        return self._to_sessions(
-            targets, address_to_topic(address), payload, NATIVE_QOS, pause=False
-        )

@@ -1,18 +1,19 @@
 """The ZeroMQ bridge: a PULL socket into the broker, a PUB socket out of it (docs/zmq.md).
 
 ZMTP is libzmq's (through pyzmq); this module only turns ZeroMQ events into core commands
-and core publish observations into sends:
+and the core's hand-over of publishes into sends:
 
 * **PULL** -- a multipart message ``[address, part1, ..., partN]`` is one publish at
   ``address``: its payload is the RFC 50/MME encoding of the parts (base64, with
-  ``contentType: application/x-zmq-mme``, ``protocol/payload.py``). Like an MQTT publish it
-  goes into the VibeMQ queue named ``address`` when that queue exists (``manager.publish(...,
-  route=True)``, so every protocol's subscriptions see it too) and otherwise only to the
-  subscriptions (``manager.notify``): a ZeroMQ address nobody reads must not pile up messages.
-* **PUB** (an XPUB underneath, so we learn the SUB peers' prefixes) -- every publish the core
-  shows its observers at an address some SUB prefix matches is sent as ``[address, part1, ...,
-  partN]``: the parts of an MME body, or the original bytes as the one part. A malformed MME
-  body from another protocol goes out as one part, with a (throttled) log line.
+  ``contentType: application/x-zmq-mme``, ``protocol/payload.py``). Like an MQTT publish it is
+  handed to the core once (``manager.route``): into the VibeMQ queue named ``address`` when
+  that queue exists (a ZeroMQ address nobody reads must not pile up messages), and to every
+  protocol's subscriptions of the address, ours included.
+* **PUB** (an XPUB underneath, so we learn the SUB peers' prefixes) -- this bridge is the
+  ZeroMQ sink of the core's routing (``deliver``): every publish at an address some SUB prefix
+  matches, from any protocol, is sent as ``[address, part1, ..., partN]``: the parts of an MME
+  body, or the original bytes as the one part. A malformed MME body from another protocol goes
+  out as one part, with a (throttled) log line.
 
 Both sockets are plain (blocking-API) pyzmq sockets driven by the event loop through their
 ``ZMQ_FD``: no task per message, no thread. That descriptor is edge-triggered (it signals
@@ -38,6 +39,7 @@ import structlog
 import zmq
 
 from vibemq_server.core import CoreError, StoredMessage
+from vibemq_server.core.routing import AddressSink, MessageSource
 from vibemq_server.protocol import mme
 from vibemq_server.protocol.mme import MmeError
 from vibemq_server.protocol.payload import (
@@ -114,9 +116,12 @@ class ZmqBridge:
         self._prefixes: set[bytes] = set()
         self._targets: dict[str, bytes | None] = {}
         self._subscriptions_check = False
-        # The publish being routed from PULL: its observation reuses the frames as they came.
-        self._own_payload: bytes | None = None
-        self._own_frames: list[bytes] = []
+        # The publish being routed from PULL (address, core payload, frames as they came):
+        # its delivery to SUB peers reuses the frames; its core form is built only when
+        # something else takes it (a queue, another protocol).
+        self._own: tuple[str, bytes, list[bytes]] | None = None
+        self._own_msg: StoredMessage | None = None
+        self._own_message: MessageSource = self._core_message
         self._warn = _Throttled()
         self.received = 0
         self.sent = 0
@@ -145,7 +150,7 @@ class ZmqBridge:
                 pub.bind(cfg.pub)
                 self.pub_endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
                 self._watch(pub, self._on_subscriptions)
-                self.manager.observers.append(self._observe)
+                self.manager.register_sink(self)
         except zmq.ZMQError as exc:
             self.close()
             raise OSError(f"ZeroMQ bind failed: {exc}") from exc
@@ -174,8 +179,7 @@ class ZmqBridge:
             for fd in self._fds:
                 self.loop.remove_reader(fd)
         self._fds = []
-        if self._observe in self.manager.observers:
-            self.manager.observers.remove(self._observe)
+        self.manager.unregister_sink(self)
         for sock in (self.pull, self.pub):
             if sock is not None:
                 sock.close(linger=0)
@@ -258,31 +262,32 @@ class ZmqBridge:
                 limit=self.max_message_size,
             )
             return
-        payload = mme_to_core(body)
-        manager = self.manager
-        msg_id = f"{self._id_prefix}{next(self._ids)}"
-        self._own_payload = payload
-        self._own_frames = frames
+        self._own = (address, mme_to_core(body), frames)
+        self._own_msg = None
         try:
-            if address in manager.queues:
-                outcome = manager.publish(address, msg_id, payload, MULTIPART_HEADERS, route=True)
-                if not outcome.accepted:
-                    log.debug("queue refused a zmq publish", queue=address, outcome=outcome.value)
-            else:
-                msg = StoredMessage(msg_id, address, payload, MULTIPART_HEADERS, 0)
-                manager.notify(address, msg)
-        except CoreError as exc:  # PersistenceUnavailable is one
+            self.manager.route(address, self._own_message, self)
+        except CoreError as exc:  # a subscriber's queue refusing it (storage failing)
             self.dropped += 1
             self._warn.warning("zmq publish failed", address=address, error=str(exc))
         finally:
-            self._own_payload = None
-            self._own_frames = []
+            self._own = self._own_msg = None
+
+    def _core_message(self) -> StoredMessage:
+        """The core form of the publish _publish() is routing."""
+        msg = self._own_msg
+        if msg is None:
+            assert self._own is not None
+            address, payload, _ = self._own
+            msg_id = f"{self._id_prefix}{next(self._ids)}"
+            msg = self._own_msg = StoredMessage(msg_id, address, payload, MULTIPART_HEADERS, 0)
+        return msg
 
     # -- PUB: the core -> ZeroMQ -------------------------------------------------------------------
 
-    def _observe(self, address: str, msg: StoredMessage) -> bool:
-        """A publish at ``address`` on any protocol: to the SUB peers whose prefix matches.
-        Never journals anything (ZeroMQ delivery is at most once)."""
+    def deliver(self, address: str, message: MessageSource, origin: AddressSink | None) -> bool:
+        """The core's hand-over of a publish at ``address`` on any protocol (the ZeroMQ
+        sink): to the SUB peers whose prefix matches. Never journals anything (ZeroMQ
+        delivery is at most once)."""
         if not self._prefixes:
             return False
         target = self._targets.get(address, _NOT_CACHED)
@@ -293,10 +298,11 @@ class ZmqBridge:
         pub = self.pub
         if pub is None:
             return False
-        if msg.payload is self._own_payload:
-            frames = self._own_frames
+        own = self._own
+        if origin is self and own is not None:
+            frames = own[2]
         else:
-            frames = self._frames(address, target, msg)
+            frames = self._frames(address, target, message())
         try:
             # An XPUB over its high-water mark for a peer drops for that peer: never blocks.
             last = len(frames) - 1

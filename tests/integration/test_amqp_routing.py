@@ -649,6 +649,31 @@ def test_mandatory_unroutable_publish_is_returned(
     )
 
 
+def test_default_exchange_cannot_reach_internal_queues(
+    amqp: AmqpBroker, conn: pika.BlockingConnection
+) -> None:
+    """The adapters' "$" queues (here the AMQP adapter's own durable tables, which recovery
+    would read back as exchanges, bindings and queue arguments) route nowhere."""
+    internal = ["$amqp.bindings", "$amqp.exchanges", "$amqp.queues"]
+    assert all(amqp.has_queue(name) for name in internal)
+    ch = conn.channel()
+    returned: list[str] = []
+    ch.add_on_return_callback(
+        lambda _ch, method, _props, _body: returned.append(method.routing_key)
+    )
+    ch.queue_declare("visible")
+    for name in internal:
+        ch.basic_publish("", name, b"evil", mandatory=True)
+    ch.basic_publish("", "visible", b"fine", mandatory=True)
+    assert drain(ch, "visible") == [b"fine"]  # a barrier: every publish is routed
+    deadline = time.monotonic() + WAIT
+    while len(returned) < len(internal) and time.monotonic() < deadline:
+        conn.process_data_events(0.01)
+    assert returned == internal
+    counts = amqp.call(lambda b: [b.manager.queues[n].message_count for n in internal])
+    assert counts == [0, 0, 0]
+
+
 def test_mandatory_with_confirms_pika(ch: blocking.BlockingChannel) -> None:
     ch.confirm_delivery()
     ch.queue_declare("conf-q")

@@ -14,14 +14,17 @@ from vibemq_server.core.manager import (
 from vibemq_server.core.message import Priority, StoredMessage
 from vibemq_server.core.persistence import Persistence, SettleReason
 from vibemq_server.core.queue import Consumer, Queue, QueueOptions, Subscription
+from vibemq_server.core.routing import AddressSink, MessageSource
 
 __all__ = [
+    "AddressSink",
     "Clock",
     "Consumer",
     "CoreError",
     "DeadLetterReason",
     "InvalidQueueOptions",
     "ManualClock",
+    "MessageSource",
     "Persistence",
     "PersistenceUnavailable",
     "Priority",

@@ -1,7 +1,9 @@
 """The queue manager: every queue operation any protocol adapter can ask for.
 
 Synchronous and protocol-free. Time comes from an injected clock; ``tick`` runs TTL expiry,
-ack timeouts and the memory watermark, and the server calls it on a timer.
+ack timeouts and the memory watermark, and the server calls it on a timer. A publish at an
+address reaches the queue of that name and every protocol's subscribers through ``publish``
+(a native Publish) or ``route`` (any other protocol's): see routing.py.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from vibemq_server.core.queue import (
     QueueOptions,
     Subscription,
 )
+from vibemq_server.core.routing import AddressRouter, AddressSink, MessageSource, ready
 
 log = structlog.get_logger("vibemq.core")
 
@@ -177,11 +180,9 @@ class QueueManager:
         self._valid_name = name_validator or (lambda _name: True)
         self.persistence: Persistence | None = None
         self.next_seq = 1
-        # Called with (address, message) for every publish that asks to be routed: how the
-        # protocol adapters' own subscriptions (MQTT topic filters, ...) see other publishes.
-        # An observer returns True when it journaled a copy (the publish is then only
-        # acknowledged once the journal is durable).
-        self.observers: list[Callable[[str, StoredMessage], bool]] = []
+        #: every protocol's subscriptions to addresses (MQTT filters, AMQP amq.topic
+        #: bindings, ZeroMQ prefixes): who hears a publish besides the queue of its name
+        self.address_router = AddressRouter()
 
     # -- options -----------------------------------------------------------------------------
 
@@ -349,10 +350,13 @@ class QueueManager:
         ttl_ms: int = 0,
         priority: Priority | None = None,
     ) -> PublishOutcome:
-        """Publish into a queue (created if allowed); with ``route`` the observers see it too,
-        whatever the queue's outcome: the address has subscribers beyond the queue.
-        ``ttl_ms``: the message's own time to live (the shorter of it and the queue's wins);
-        ``priority``: instead of the ``priority`` header."""
+        """Publish into a queue (created if allowed). With ``route`` (a native VibeMQ
+        Publish) the message is also a publish at the address ``queue_name`` for every
+        protocol's subscribers (the registered sinks) once the queue has taken it: a refused
+        publish is retried or reported by its publisher, and routed then. ``route=False``:
+        into this one queue only (an adapter's own routing, a session's queue, a dead
+        letter). ``ttl_ms``: the message's own time to live (the shorter of it and the
+        queue's wins); ``priority``: instead of the ``priority`` header."""
         queue = self._get_or_create(queue_name)
         opts = queue.options
         persistence = self._durable(queue)
@@ -374,7 +378,7 @@ class QueueManager:
             outcome = self._overflow(queue, msg)
             if outcome is not None:
                 # A refused publish is retried or reported by its publisher: route it then.
-                if route and self.observers and outcome.accepted and self._observe(queue_name, msg):
+                if route and outcome.accepted and self._to_sinks(queue_name, ready(msg), None):
                     return PublishOutcome.ACCEPTED_DURABLE
                 return outcome
         queue.stats.published += 1
@@ -385,30 +389,64 @@ class QueueManager:
             queue.store.append(msg)
             queue.dispatch()
         durable = persistence is not None
-        if route and self.observers and self._observe(queue_name, msg):
+        if route and self.address_router.sinks and self._to_sinks(queue_name, ready(msg), None):
             durable = True
         if self.memory_bytes > self.memory_high:
             self.memory_blocked = True
         return PublishOutcome.ACCEPTED_DURABLE if durable else PublishOutcome.ACCEPTED
 
-    def _observe(self, address: str, msg: StoredMessage) -> bool:
-        durable = False
-        for observer in self.observers:
-            durable |= observer(address, msg)
-        return durable and self.persistence is not None
+    # -- cross-protocol routing (routing.py) ------------------------------------------------------
 
-    def notify(
+    def register_sink(self, sink: AddressSink) -> None:
+        """A protocol adapter's subscriptions to addresses: every publish at an address, from
+        any protocol (its own included), is handed to ``sink.deliver`` from now on."""
+        self.address_router.register(sink)
+
+    def unregister_sink(self, sink: AddressSink) -> None:
+        self.address_router.unregister(sink)
+
+    def route(
         self,
         address: str,
-        msg: StoredMessage,
-        skip: Callable[[str, StoredMessage], bool] | None = None,
+        message: MessageSource,
+        origin: AddressSink | None = None,
+        *,
+        into_queue: bool = True,
     ) -> bool:
-        """Show a publish routed by an adapter itself to the other adapters' subscriptions
-        (``skip``: the caller's own observer). True when one of them journaled a copy."""
+        """A publish at ``address`` by a protocol adapter (``origin``: its sink); a native
+        Publish is :meth:`publish` instead. It goes into the queue of that name when
+        ``into_queue``, that queue exists and clients may name it (a publish at an address
+        never creates a queue); then to every registered sink, once each, the publisher's
+        own included. The queue is one subscriber among the others: when it refuses the
+        message (full, storage failing) that is logged and the others still get it.
+        ``into_queue=False``: the publisher has put it into queues itself (AMQP's exchanges).
+        True when some copy was journaled: the publisher acknowledges once it is durable."""
         durable = False
-        for observer in self.observers:
-            if observer != skip:
-                durable |= observer(address, msg)
+        if into_queue and address in self.queues and self._valid_name(address):
+            durable = self._into_queue(address, message())
+        # _to_sinks, inlined: this is every MQTT publish's path.
+        for sink in self.address_router.sinks:
+            if sink.deliver(address, message, origin) and self.persistence is not None:
+                durable = True
+        return durable
+
+    def _into_queue(self, name: str, msg: StoredMessage) -> bool:
+        try:
+            outcome = self.publish(name, msg.id, msg.payload, msg.headers, route=False)
+        except CoreError as exc:
+            log.warning("publish into queue failed", queue=name, error=str(exc))
+            return False
+        if not outcome.accepted:
+            log.debug("queue refused a publish", queue=name, outcome=outcome.value)
+        return outcome is PublishOutcome.ACCEPTED_DURABLE
+
+    def _to_sinks(self, address: str, message: MessageSource, origin: AddressSink | None) -> bool:
+        """Every sink, once each, in registration order; True when one journaled a copy
+        (never without persistence: nothing would then wait for the journal)."""
+        durable = False
+        for sink in self.address_router.sinks:
+            if sink.deliver(address, message, origin):
+                durable = True
         return durable and self.persistence is not None
 
     def drop_oldest(self, queue: Queue) -> bool:

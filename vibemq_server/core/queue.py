@@ -10,13 +10,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from vibemq_server.config import DeliveryMode, OverflowStrategy
+from vibemq_server.core.clock import Clock
 from vibemq_server.core.message import Priority, StoredMessage
-
-if TYPE_CHECKING:
-    from vibemq_server.core.manager import QueueManager
 
 
 class DeliveryDeferred(Exception):
@@ -32,6 +30,30 @@ class Consumer(Protocol):
     def deliver(self, sub: Subscription, msg: StoredMessage) -> None: ...
 
     def subscription_cancelled(self, sub: Subscription, reason: str) -> None: ...
+
+
+class QueueHost(Protocol):
+    """What a queue needs of the manager that owns it (``QueueManager`` is the one host).
+
+    Declared here so that this module stays below the manager in the import layers: the
+    manager imports the queue, never the other way round."""
+
+    #: the broker's clock (ms), for TTLs met during dispatch
+    clock: Clock
+    #: bytes held by ready messages broker-wide; a fan-out adds its copies' share
+    memory_bytes: int
+
+    def send(self, sub: Subscription, msg: StoredMessage) -> None:
+        """Deliver one message to one subscription (accounting, journal, the consumer)."""
+        ...
+
+    def expire(self, queue: Queue, msg: StoredMessage) -> None:
+        """A message's TTL passed while it waited: dead-letter or drop it."""
+        ...
+
+    def after_dequeue(self, queue: Queue) -> None:
+        """Messages left the queue: wake publishers waiting for room."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +197,7 @@ class Queue:
     name: str
     options: QueueOptions
     created_at: int
-    manager: QueueManager
+    manager: QueueHost
     store: _Store = field(init=False)
     subscriptions: list[Subscription] = field(default_factory=list)
     stats: QueueStats = field(default_factory=QueueStats)
