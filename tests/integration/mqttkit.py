@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from serverproc import clean_env, server_args
+from waits import wait_for
 
 from vibemq_server.adapters.mqtt.codec import MqttParser, encode
 from vibemq_server.adapters.mqtt.packets import (
@@ -66,25 +67,6 @@ _ids = itertools.count(1)
 def unique_id(prefix: str = "c") -> str:
     """A client id unique within the test run (short enough for MQTT 3.1's 23 characters)."""
     return f"{prefix}{next(_ids)}"
-
-
-def wait_until(pred: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
-    """For synchronous tests: poll ``pred`` until it holds; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for: {what}")
-        time.sleep(0.01)
-
-
-async def wait_for(cond: Callable[[], bool], timeout: float = TIMEOUT, what: str = "") -> None:
-    """For async tests: poll ``cond`` (in the event loop) until it holds; fail after
-    ``timeout``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        assert loop.time() < deadline, f"condition not met in time: {what or cond}"
-        await asyncio.sleep(0.005)
 
 
 # -- the raw client ----------------------------------------------------------------------------

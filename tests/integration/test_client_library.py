@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from waits import wait_for
 
 from vibemq_server.client import (
     Client,
@@ -48,12 +49,6 @@ def free_port() -> int:
 
 async def next_message(sub: Subscription, timeout: float = 5.0) -> ReceivedMessage:
     return await sub.get(timeout=timeout)
-
-
-async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 # -- connect / auth -------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ import base64
 import json
 
 import pytest
-from mqttkit import MqttEnv, wait_for
+from mqttkit import MqttEnv
+from waits import wait_for
 
 from vibemq_server.adapters.mqtt.packets import Puback, Publish
 from vibemq_server.client import VibeMQError

@@ -22,9 +22,10 @@ from typing import Any
 import aiomqtt
 import paho.mqtt.client as mqtt
 import pytest
-from mqttkit import HOST, unique_id, wait_until
+from mqttkit import HOST, unique_id
 from mqttkit import TIMEOUT as WAIT
 from mqttutil import Clients, LogEntries, MakeBroker, Paho, ThreadBroker
+from waits import wait_until
 
 from vibemq_server.adapters.mqtt.codec import encode, encode_remaining_length
 from vibemq_server.adapters.mqtt.packets import (

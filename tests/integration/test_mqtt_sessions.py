@@ -15,7 +15,8 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
-from mqttkit import AsyncRawMqtt, MqttEnv, PahoFactory, Procs, wait_for
+from mqttkit import AsyncRawMqtt, MqttEnv, PahoFactory, Procs
+from waits import wait_for
 
 from vibemq_server.adapters.mqtt.packets import (
     Connack,

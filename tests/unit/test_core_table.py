@@ -5,11 +5,12 @@ and compaction treat entries like live messages (never dropping them)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waits import wait_for
 
 from vibemq_server.config import QueueDefaults
 from vibemq_server.core import ManualClock, QueueManager, StoredMessage, Subscription
@@ -78,14 +79,6 @@ async def durable(journal: Journal, timeout: float = 5.0) -> Exception | None:
 
     journal.when_durable(done)
     return await asyncio.wait_for(fut, timeout)
-
-
-async def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.001)
 
 
 def live(journal: Journal) -> int:
@@ -257,7 +250,7 @@ async def test_reclaim_and_compaction_keep_live_entries(env: Env) -> None:
         journal.maintain()
         assert await durable(journal) is None
     # The oldest segment held the long-lived entries: compacted (copied forward), deleted.
-    await wait_until(lambda: not oldest.exists())
+    await wait_for(lambda: not oldest.exists())
     assert len(env.segments()) <= 3
     assert live(journal) == len(table) == 6
 

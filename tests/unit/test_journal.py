@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waits import wait_for
 
 from vibemq_server.config import QueueDefaults
 from vibemq_server.core import (
@@ -167,14 +168,6 @@ async def durable(journal: Journal, timeout: float = 5.0) -> Exception | None:
 
     journal.when_durable(done)
     return await asyncio.wait_for(fut, timeout)
-
-
-async def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.001)
 
 
 def make(mgr: QueueManager, name: str, **options: object) -> None:
@@ -448,7 +441,7 @@ async def test_when_durable_fires_with_none(
     publish(mgr, "q", "m2")
     journal.when_durable(waiter(2))
     assert results == []  # never called back synchronously
-    await wait_until(lambda: len(results) == 2)
+    await wait_for(lambda: len(results) == 2)
     size = seg_path.stat().st_size
     assert [(i, err) for i, err, _ in results] == [(1, None), (2, None)]
     assert all(at_size == size for _, _, at_size in results)
@@ -461,7 +454,7 @@ async def test_when_durable_fires_with_none(
     if policy is FsyncPolicy.INTERVAL:
         before = fake.calls.count("fsync")
         publish(mgr, "q", "m3")
-        await wait_until(lambda: fake.calls.count("fsync") > before)
+        await wait_for(lambda: fake.calls.count("fsync") > before)
 
 
 async def test_group_commit_shares_fsyncs(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -475,7 +468,7 @@ async def test_group_commit_shares_fsyncs(env: Env, monkeypatch: pytest.MonkeyPa
     for i in range(50):
         publish(mgr, "q", f"m{i}")
         journal.when_durable(done.append)
-    await wait_until(lambda: len(done) == 50)
+    await wait_for(lambda: len(done) == 50)
     assert done == [None] * 50
     assert fake.calls.count("fsync") <= 2
     assert fake.calls.count("write") <= 2
@@ -711,7 +704,7 @@ async def test_compaction_moves_a_long_lived_message(env: Env) -> None:
     assert len(env.segments()) >= 5
 
     journal.maintain()  # compacts the oldest: the copy goes to the active segment
-    await wait_until(lambda: not oldest[1].exists())
+    await wait_for(lambda: not oldest[1].exists())
     assert live(journal) == 1
     for _ in range(5):
         journal.maintain()
@@ -742,7 +735,7 @@ async def test_compacted_copy_is_settled_and_reclaimed(env: Env) -> None:
     await _ack_batches(mgr, journal, sub)
     oldest = env.segments()[0][1]
     journal.maintain()
-    await wait_until(lambda: not oldest.exists())
+    await wait_for(lambda: not oldest.exists())
     assert mgr.ack(hsub, "keep")
     # push the segment holding the copy out of the active position, then reclaim
     await _publish_batches(mgr, journal, "work", 60, "z")
@@ -772,7 +765,7 @@ async def test_compaction_of_fan_out_copies(env: Env) -> None:
     await _ack_batches(mgr, journal, sub)
     oldest = env.segments()[0][1]
     journal.maintain()
-    await wait_until(lambda: not oldest.exists())
+    await wait_for(lambda: not oldest.exists())
     assert live(journal) == 1
     assert mgr.ack(sa, "f") and mgr.ack(sb, "f")
     assert live(journal) == 0

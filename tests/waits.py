@@ -1,0 +1,32 @@
+"""The tests' one way to wait for something: poll a condition, fail after a bounded time.
+
+``wait_until`` is for synchronous tests (a broker on its own thread or process); ``wait_for``
+for async tests, whose broker shares their event loop and must keep running meanwhile. Every
+wait here is bounded; none of them measures speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+TIMEOUT = 5.0
+
+
+def wait_until(pred: Callable[[], bool], what: str = "", timeout: float = TIMEOUT) -> None:
+    """Poll ``pred`` until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for: {what or pred}")
+        time.sleep(0.005)
+
+
+async def wait_for(cond: Callable[[], bool], timeout: float = TIMEOUT, what: str = "") -> None:
+    """Poll ``cond`` in the event loop until it holds; fail after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        assert loop.time() < deadline, f"condition not met in {timeout}s: {what or cond}"
+        await asyncio.sleep(0.001)
