@@ -95,11 +95,18 @@ _PACKAGE_DIGEST = (
 
 
 def _local_package_digest() -> dict[str, str]:
+    # In the checkout vibemq_server/adapters is a symlink to the top-level adapters folder
+    # (the wheel installs it as a real package): follow it, which Path.rglob does not.
     root = REPO / "vibemq_server"
-    return {
-        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*.py"))
-    }
+    digest = {}
+    for folder, _dirs, files in os.walk(root, followlinks=True):
+        for name in files:
+            if name.endswith(".py"):
+                path = Path(folder) / name
+                digest[path.relative_to(root).as_posix()] = hashlib.sha256(
+                    path.read_bytes()
+                ).hexdigest()
+    return digest
 
 
 def _free_port() -> int:
