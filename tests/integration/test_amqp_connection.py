@@ -39,6 +39,7 @@ from amqputil import (
     get_async,
     get_message,
     method_payload,
+    pump_until,
     queue_counts,
     roundtrip_ok,
 )
@@ -509,9 +510,7 @@ def test_channel_flow_pika(amqp: AmqpBroker, clients: PikaClients) -> None:
     other.basic_publish("", "flow-pika", b"later")
     assert queue_counts(other, "flow-pika") == (1, 1)
     assert channel.flow(True) is True
-    deadline = time.monotonic() + WAIT
-    while not got and time.monotonic() < deadline:
-        conn.process_data_events(0.01)
+    pump_until(conn, lambda: bool(got), "the delivery once flow is on again")
     assert got == [b"later"]
 
 

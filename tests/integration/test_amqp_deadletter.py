@@ -19,10 +19,10 @@ import pika.adapters.blocking_connection as blocking
 import pika.exceptions
 import pytest
 from amqputil import (
-    WAIT,
     AmqpBroker,
     PikaClients,
     assert_empty,
+    consume,
     get_message,
     queue_counts,
 )
@@ -303,14 +303,7 @@ def test_expired_message_at_the_head_is_never_delivered_to_a_consumer(
     ch.basic_publish("", "q", b"stale", pika.BasicProperties(expiration="20"))
     ch.basic_publish("", "q", b"fresh")
     time.sleep(0.2)
-    got: list[bytes] = []
-    deadline = time.monotonic() + WAIT
-    for method, _props, body in ch.consume("q", auto_ack=True, inactivity_timeout=0.05):
-        if method is not None:
-            got.append(body)
-            break
-        assert time.monotonic() < deadline, "no delivery"
-    ch.cancel()
+    got = [body for _method, _props, body in consume(ch, "q", 1)]
     assert got == [b"fresh"]
     assert_empty(ch, "q")
 
@@ -354,15 +347,7 @@ def test_max_priority_order_for_a_consumer(ch: blocking.BlockingChannel) -> None
         ch.basic_publish("", "pq", f"p{priority}".encode(), pika.BasicProperties(priority=priority))
     # The queue has all five before the consumer starts (basic.get is synchronous).
     assert queue_counts(ch, "pq") == (5, 0)
-    got: list[bytes] = []
-    deadline = time.monotonic() + WAIT
-    for method, _props, body in ch.consume("pq", auto_ack=True, inactivity_timeout=0.05):
-        if method is not None:
-            got.append(body)
-            if len(got) == 5:
-                break
-        assert time.monotonic() < deadline, f"only {got}"
-    ch.cancel()
+    got = [body for _method, _props, body in consume(ch, "pq", 5)]
     assert got == [b"p9", b"p7", b"p5", b"p1", b"p0"]
 
 

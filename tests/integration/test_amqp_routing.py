@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +34,7 @@ from amqputil import (
     get_async,
     get_message,
     pika_params,
+    pump_until,
     queue_counts,
 )
 from mqttutil import Paho
@@ -583,9 +583,7 @@ def test_mandatory_unroutable_publish_is_returned(
     ch.basic_publish("amq.direct", "yes", b"fine", mandatory=True)
     ch.basic_publish("amq.direct", "no-route", b"dropped quietly")  # not mandatory
     ch.basic_publish("", "missing-queue", b"bounce too", mandatory=True)
-    deadline = time.monotonic() + WAIT
-    while len(returned) < 2 and time.monotonic() < deadline:
-        conn.process_data_events(0.01)
+    pump_until(conn, lambda: len(returned) >= 2, "two basic.returns")
     assert get_all(ch, "routable") == [b"fine"]  # a barrier: all four publishes are routed
     conn.process_data_events(0)
     assert len(returned) == 2
@@ -622,9 +620,7 @@ def test_default_exchange_cannot_reach_internal_queues(
         ch.basic_publish("", name, b"evil", mandatory=True)
     ch.basic_publish("", "visible", b"fine", mandatory=True)
     assert get_all(ch, "visible") == [b"fine"]  # a barrier: every publish is routed
-    deadline = time.monotonic() + WAIT
-    while len(returned) < len(internal) and time.monotonic() < deadline:
-        conn.process_data_events(0.01)
+    pump_until(conn, lambda: len(returned) >= len(internal), "a basic.return each")
     assert returned == internal
     counts = amqp.call(lambda b: [b.manager.queues[n].message_count for n in internal])
     assert counts == [0, 0, 0]
