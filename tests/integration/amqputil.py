@@ -1,30 +1,38 @@
-"""Helpers for the AMQP 0-9-1 integration tests: a broker on its own thread, pika clients with
-bounded waits, and a raw socket client speaking frames built with pamqp.
+"""The AMQP 0-9-1 integration tests' helpers: a broker on its own thread, pika clients with
+bounded waits, and the one raw socket client of the test suite, speaking frames built with
+pamqp.
 
 * :class:`AmqpBroker` is :class:`mqttutil.ThreadBroker` (a real :class:`Broker` on a uvloop
   thread of its own) with the AMQP port and a few safe looks at its state. Because the broker
   has its own loop, tests may be plain synchronous code driving pika's ``BlockingConnection``
   and raw sockets, or async code driving aio-pika and the VibeMQ client: neither can starve it.
 * :class:`PikaClients` opens ``BlockingConnection`` s with short socket/stack timeouts and
-  closes every one of them at teardown.
+  closes every one of them at teardown; :class:`Collector` keeps what a pika consumer is
+  given, and the functions around them get, consume and count messages with bounded waits.
 * :class:`RawAmqp` is a blocking socket that sends hand-built frames (pamqp's ``marshal`` or
   raw bytes, for deliberately broken ones) and reads the broker's frames with pamqp's
-  ``unmarshal``. Heartbeat frames are counted and skipped by :meth:`RawAmqp.recv`.
+  ``unmarshal``, for what pika will not do (broken input, a server-generated consumer tag, a
+  consumer that stops reading). Heartbeat frames are counted and skipped by
+  :meth:`RawAmqp.recv`.
 
-Every wait is bounded by ``WAIT`` and fails the test with a message instead of hanging.
+The fixtures built on them are in ``conftest.py``. Every wait is bounded by ``WAIT`` and fails
+the test with a message instead of hanging.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aio_pika.abc
 import pika
 import pika.adapters.blocking_connection as blocking
 from mqttutil import ThreadBroker
@@ -34,29 +42,17 @@ from pamqp.base import Frame as PamqpFrame
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
+from waits import TIMEOUT as WAIT
 
-from vibemq_server.adapters.amqp.connection import AmqpConnection
 from vibemq_server.server import Broker
-
-WAIT = 5.0
-"""Bound of every wait for something that should happen (it normally takes milliseconds)."""
 
 HOST = "127.0.0.1"
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_END = b"\xce"
 
-T = TypeVar("T")
 F = TypeVar("F")
 
 AnyFrame = PamqpFrame | ContentHeader | ContentBody | Heartbeat
-
-
-def wait_until(pred: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for: {what}")
-        time.sleep(0.01)
 
 
 # --------------------------------------------------------------------------------------------
@@ -79,8 +75,48 @@ class AmqpBroker(ThreadBroker):
         assert self.broker is not None
         return self.broker.port
 
+    # Looks at AMQP connections. They are told apart by the port they were accepted on, not
+    # by their class, so that these helpers do not import the AMQP adapter's internals.
+    # Only to be used inside :meth:`call` (connections live on the broker's loop).
+
+    @staticmethod
+    def _amqp_links(b: Broker) -> list[Any]:
+        port = b.amqp_port
+        out: list[Any] = []
+        for link in list(b.connections):
+            transport = getattr(link, "transport", None)
+            sockname = transport.get_extra_info("sockname") if transport is not None else None
+            if sockname is not None and sockname[1] == port:
+                out.append(link)
+        return out
+
     def amqp_connections(self) -> int:
-        return self.call(lambda b: sum(isinstance(c, AmqpConnection) for c in list(b.connections)))
+        """How many AMQP connections the broker has."""
+        return self.call(lambda b: len(self._amqp_links(b)))
+
+    def negotiated(self) -> list[tuple[int, int, int]]:
+        """(frame_max, channel_max, heartbeat) of every open AMQP connection."""
+        return self.call(
+            lambda b: [(c.frame_max, c.channel_max, c.heartbeat) for c in self._amqp_links(b)]
+        )
+
+    def buffered_output(self) -> dict[str, int]:
+        """Bytes each AMQP connection holds in memory for its peer: our own pending output
+        plus the transport's write buffer."""
+
+        def look(b: Broker) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for conn in self._amqp_links(b):
+                transport = conn.transport
+                size = conn._out_size
+                if transport is not None and not transport.is_closing():
+                    size += transport.get_write_buffer_size()
+                out[conn.conn_id] = size
+            return out
+
+        return self.call(look)
+
+    # Looks at the core and the AMQP adapter's public state.
 
     def has_queue(self, name: str) -> bool:
         return self.call(lambda b: name in b.manager.queues)
@@ -88,22 +124,19 @@ class AmqpBroker(ThreadBroker):
     def queue_durable(self, name: str) -> bool:
         return self.call(lambda b: b.manager.queues[name].options.durable)
 
+    def unacked(self, queue: str) -> int:
+        return self.call(lambda b: b.manager.queues[queue].unacked_count)
+
+    def memory(self) -> tuple[int, bool]:
+        """(bytes of queued payloads the broker holds, memory blocked)."""
+        return self.call(lambda b: (b.manager.memory_bytes, b.manager.memory_blocked))
+
     def has_exchange(self, name: str) -> bool:
         def check(b: Broker) -> bool:
             assert b.adapters["amqp"] is not None and b.adapters["amqp"].exchanges is not None
             return b.adapters["amqp"].exchanges.get(name) is not None
 
         return self.call(check)
-
-    def negotiated(self) -> list[tuple[int, int, int]]:
-        """(frame_max, channel_max, heartbeat) of every open AMQP connection."""
-        return self.call(
-            lambda b: [
-                (c.frame_max, c.channel_max, c.heartbeat)
-                for c in list(b.connections)
-                if isinstance(c, AmqpConnection)
-            ]
-        )
 
 
 @contextlib.contextmanager
@@ -116,7 +149,8 @@ def amqp_brokers(tmp_path: Path) -> Iterator[Callable[..., AmqpBroker]]:
         overrides["amqp"] = {"port": 0, **overrides.get("amqp", {})}
         broker = AmqpBroker(tmp_path / f"data{len(started)}", **overrides)
         started.append(broker)
-        return broker.start()
+        broker.start()
+        return broker
 
     try:
         yield make
@@ -144,16 +178,33 @@ def pika_params(port: int, **kw: Any) -> pika.ConnectionParameters:
     return pika.ConnectionParameters(**settings)
 
 
-class PikaClients:
-    """Opens pika BlockingConnections for one test; closes all of them at teardown."""
+#: What the basic-class tests connect with: no heartbeats, and room for a publisher to stay
+#: blocked by the memory alarm while a test drains the queue.
+QUIET: dict[str, Any] = {"heartbeat": 0, "blocked_connection_timeout": 30}
 
-    def __init__(self) -> None:
+
+class PikaClients:
+    """Opens pika BlockingConnections for one test; closes all of them at teardown.
+
+    ``port`` and ``defaults`` (``pika_params`` keywords) apply to every connection that does
+    not give its own."""
+
+    def __init__(self, port: int | None = None, **defaults: Any) -> None:
+        self.port = port
+        self.defaults = defaults
         self._conns: list[pika.BlockingConnection] = []
 
-    def connect(self, port: int, **kw: Any) -> pika.BlockingConnection:
-        conn = pika.BlockingConnection(pika_params(port, **kw))
+    def connect(self, port: int | None = None, **kw: Any) -> pika.BlockingConnection:
+        if port is None:
+            assert self.port is not None, "no port given and no default port"
+            port = self.port
+        conn = pika.BlockingConnection(pika_params(port, **{**self.defaults, **kw}))
         self._conns.append(conn)
         return conn
+
+    def channel(self, port: int | None = None, **kw: Any) -> blocking.BlockingChannel:
+        """A channel on a connection of its own."""
+        return self.connect(port, **kw).channel()
 
     def close_all(self) -> None:
         for conn in self._conns:
@@ -162,12 +213,25 @@ class PikaClients:
                     conn.close()
 
 
-Delivery = tuple[Any, pika.BasicProperties, bytes]
+def pump_until(
+    conn: pika.BlockingConnection, pred: Callable[[], bool], what: str, timeout: float = WAIT
+) -> None:
+    """Let a pika BlockingConnection read and run its callbacks until ``pred()`` (bounded).
+    (``waits.wait_until`` would sleep instead of letting pika read.)"""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for: {what}")
+        conn.process_data_events(time_limit=0.02)
+
+
+#: (method, properties, body) as pika's basic_get and consume give them.
+Received = tuple[Any, pika.BasicProperties, bytes]
 
 
 def get_message(
     channel: blocking.BlockingChannel, queue: str, *, auto_ack: bool = True, timeout: float = WAIT
-) -> Delivery:
+) -> Received:
     """basic.get until a message is there (bounded)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -189,9 +253,9 @@ def assert_empty(channel: blocking.BlockingChannel, queue: str) -> None:
 
 def consume(
     channel: blocking.BlockingChannel, queue: str, count: int, *, timeout: float = WAIT
-) -> list[Delivery]:
+) -> list[Received]:
     """``count`` deliveries from a no-ack consumer on ``queue`` (bounded), then cancel."""
-    out: list[Delivery] = []
+    out: list[Received] = []
     deadline = time.monotonic() + timeout
     for method, props, body in channel.consume(queue, auto_ack=True, inactivity_timeout=0.05):
         if method is not None:
@@ -209,6 +273,145 @@ def queue_counts(channel: blocking.BlockingChannel, queue: str) -> tuple[int, in
     """(ready messages, consumers) of a queue, by a passive declare."""
     ok = channel.queue_declare(queue, passive=True).method
     return ok.message_count, ok.consumer_count
+
+
+@dataclass
+class Delivery:
+    method: Any  # pika.spec.Basic.Deliver or GetOk
+    properties: pika.BasicProperties
+    body: bytes
+
+    @property
+    def tag(self) -> int:
+        return int(self.method.delivery_tag)
+
+    @property
+    def redelivered(self) -> bool:
+        return bool(self.method.redelivered)
+
+
+class Collector:
+    """A pika consumer callback that keeps what it is given."""
+
+    def __init__(self, channel: blocking.BlockingChannel) -> None:
+        self.channel = channel
+        self.got: list[Delivery] = []
+
+    def __call__(
+        self,
+        channel: blocking.BlockingChannel,
+        method: Any,
+        properties: pika.BasicProperties,
+        body: bytes,
+    ) -> None:
+        self.got.append(Delivery(method, properties, body))
+
+    @property
+    def bodies(self) -> list[bytes]:
+        return [d.body for d in self.got]
+
+    def wait_for(self, count: int, timeout: float = WAIT) -> list[Delivery]:
+        """Pump the connection until ``count`` deliveries are in (bounded)."""
+        conn = self.channel.connection
+        deadline = time.monotonic() + timeout
+        while len(self.got) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{len(self.got)} of {count} deliveries in {timeout}s")
+            conn.process_data_events(time_limit=0.05)
+        return self.got
+
+    def settle(self) -> list[Delivery]:
+        """Every delivery the broker sent before a synchronous round trip made now: the reply
+        to a passive queue.declare comes after them on the same connection."""
+        self.channel.connection.process_data_events(time_limit=0)
+        sync = self.channel.connection.channel()
+        sync.close()
+        self.channel.connection.process_data_events(time_limit=0)
+        return self.got
+
+
+def consumer(
+    channel: blocking.BlockingChannel, queue: str, *, auto_ack: bool = False, **kw: Any
+) -> Collector:
+    collector = Collector(channel)
+    channel.basic_consume(queue, collector, auto_ack=auto_ack, **kw)
+    return collector
+
+
+def get(channel: blocking.BlockingChannel, queue: str, *, auto_ack: bool = True) -> Delivery:
+    """basic.get that must find a message."""
+    method, props, body = channel.basic_get(queue, auto_ack=auto_ack)
+    assert method is not None, f"get-empty from {queue!r}"
+    assert props is not None and body is not None
+    return Delivery(method, props, body)
+
+
+def get_all(channel: blocking.BlockingChannel, queue: str) -> list[bytes]:
+    """Every ready message of ``queue`` by basic.get (acked), until get-empty."""
+    out: list[bytes] = []
+    for _ in range(100_000):
+        method, _props, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            return out
+        assert body is not None
+        out.append(body)
+    raise AssertionError("queue never ran empty")
+
+
+async def get_async(
+    queue: aio_pika.abc.AbstractQueue, timeout: float = WAIT
+) -> aio_pika.abc.AbstractIncomingMessage:
+    """The next message of an aio-pika queue by basic.get (bounded)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        msg = await queue.get(no_ack=True, fail=False, timeout=timeout)
+        if msg is not None:
+            return msg
+        assert loop.time() < deadline, f"no message in {queue.name} within {timeout}s"
+        await asyncio.sleep(0.01)
+
+
+def all_basic_properties(headers: dict[str, Any]) -> pika.BasicProperties:
+    """Every basic property but ``expiration`` set (``cluster_id`` included)."""
+    return pika.BasicProperties(
+        content_type="application/x-test",
+        content_encoding="gzip",
+        headers=headers,
+        delivery_mode=pika.DeliveryMode.Persistent,
+        priority=7,
+        correlation_id="corr-42",
+        reply_to="amq.gen-reply",
+        message_id="msg-1",
+        timestamp=1_700_000_123,
+        type="order.created",
+        user_id="guest",
+        app_id="vibemq-tests",
+        cluster_id="cluster-9",
+    )
+
+
+PROPERTY_NAMES = (
+    "content_type",
+    "content_encoding",
+    "headers",
+    "delivery_mode",
+    "priority",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "timestamp",
+    "type",
+    "user_id",
+    "app_id",
+    "cluster_id",
+)
+"""The 14 basic properties of AMQP 0-9-1, by pika's names."""
+
+
+def properties_dict(props: pika.BasicProperties) -> dict[str, Any]:
+    return {name: getattr(props, name) for name in PROPERTY_NAMES}
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,8 +439,14 @@ def amqplain_response(login: str, password: str) -> bytes:
 class RawAmqp:
     """A blocking AMQP connection built from pamqp frames; every read is bounded."""
 
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection((HOST, port), timeout=WAIT)
+    def __init__(self, port: int, rcvbuf: int = 0) -> None:
+        """``rcvbuf``: a small kernel receive buffer (set before connecting) for a consumer
+        that stops reading."""
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(WAIT)
+        self.sock.connect((HOST, port))
         self.buf = bytearray()
         self.pending: deque[tuple[int, AnyFrame]] = deque()
         self.heartbeats = 0
@@ -347,7 +556,8 @@ class RawAmqp:
 
     def message(self, channel: int, timeout: float = WAIT) -> tuple[Any, ContentHeader, bytes]:
         """The next deliver / get-ok / return with its content, reassembled."""
-        method = self.recv(timeout)[1]
+        got_channel, method = self.recv(timeout)
+        assert got_channel == channel, f"{method!r} on channel {got_channel}, not {channel}"
         assert isinstance(
             method, commands.Basic.Deliver | commands.Basic.GetOk | commands.Basic.Return
         ), f"expected a message, got {method!r}"
@@ -402,6 +612,7 @@ class RawAmqp:
         username: str = "guest",
         password: str = "guest",
         mechanism: str = "PLAIN",
+        client_properties: dict[str, Any] | None = None,
     ) -> commands.Connection.Tune:
         """Send the protocol header and start-ok; the broker's tune."""
         self.start()
@@ -412,7 +623,7 @@ class RawAmqp:
         self.method(
             0,
             commands.Connection.StartOk(
-                client_properties={"product": "raw-test"},
+                client_properties=client_properties or {"product": "raw-test"},
                 mechanism=mechanism,
                 response=response.decode("ascii"),  # pamqp takes str; ASCII is byte-exact
                 locale="en_US",
@@ -430,9 +641,10 @@ class RawAmqp:
         heartbeat: int = 0,
         channel_max: int | None = None,
         vhost: str = "/",
+        client_properties: dict[str, Any] | None = None,
     ) -> commands.Connection.Tune:
         """The whole handshake up to open-ok; the broker's tune (what it proposed)."""
-        tune = self.login(username, password, mechanism)
+        tune = self.login(username, password, mechanism, client_properties)
         self.method(
             0,
             commands.Connection.TuneOk(
@@ -449,6 +661,11 @@ class RawAmqp:
         self.method(channel, commands.Channel.Open())
         self.expect(commands.Channel.OpenOk, channel)
 
+    def open(self) -> None:
+        """The handshake (as a client that takes the broker's basic.cancel) and channel 1."""
+        self.handshake(client_properties={"capabilities": {"consumer_cancel_notify": True}})
+        self.open_channel(1)
+
     def rpc(self, channel: int, method: PamqpFrame, reply: type[F]) -> F:
         self.method(channel, method)
         return self.expect(reply, channel)
@@ -464,8 +681,8 @@ class RawClients:
     def __init__(self) -> None:
         self._raw: list[RawAmqp] = []
 
-    def __call__(self, port: int) -> RawAmqp:
-        client = RawAmqp(port)
+    def __call__(self, port: int, rcvbuf: int = 0) -> RawAmqp:
+        client = RawAmqp(port, rcvbuf)
         self._raw.append(client)
         return client
 
@@ -482,3 +699,22 @@ def roundtrip_ok(conn: pika.BlockingConnection, queue: str, body: bytes = b"ping
     _method, _props, got = get_message(channel, queue)
     assert got == body
     channel.close()
+
+
+class Bystander:
+    """Another client of the same broker, with a stored message, checked after every error
+    test: its connection stays open, it can still publish and get, its message is still
+    there."""
+
+    QUEUE = "bystander-stored"
+
+    def __init__(self, conn: pika.BlockingConnection) -> None:
+        self.conn = conn
+        self.channel = conn.channel()
+        self.channel.queue_declare(self.QUEUE)
+        self.channel.basic_publish("", self.QUEUE, b"kept")
+
+    def assert_unaffected(self) -> None:
+        assert self.conn.is_open and self.channel.is_open
+        roundtrip_ok(self.conn, "bystander-roundtrip")
+        assert queue_counts(self.channel, self.QUEUE) == (1, 0)

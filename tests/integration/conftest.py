@@ -5,18 +5,46 @@ MQTT, synchronous tests (broker on a thread of its own): ``make_mqtt_broker``, `
 ``mqtt_clients``, ``broker_log``, ``will_watcher``. MQTT, async tests (broker in the test's
 event loop): ``mqtt_env``; real server processes: ``mqtt_procs``; paho clients for those:
 ``paho_factory``.
+
+AMQP (helpers in amqputil.py), a broker on a thread of its own: ``brokers`` (a factory),
+``amqp`` (one broker), pika ``clients`` (any port) and ``pikas`` (bound to ``amqp``, no
+heartbeats), a connection ``conn`` and a channel ``ch`` on ``amqp``, ``raw`` clients
+(``RawAmqp``), a ``bystander`` that must stay unaffected, an aio-pika connection ``aio``, and
+clients of the other protocols on the same broker: ``paho`` (MQTT), ``vibemq`` (native). An
+aio-pika ``channel`` to the in-process ``broker``; a ``vibemq-server`` process: ``server``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
+import aio_pika
+import aio_pika.abc
+import pika
+import pika.adapters.blocking_connection as blocking
 import pytest
+from amqputil import (
+    HOST,
+    QUIET,
+    WAIT,
+    AmqpBroker,
+    Bystander,
+    PikaClients,
+    RawClients,
+    amqp_brokers,
+    queue_counts,
+)
 from mqttkit import MqttEnv, PahoFactory, Procs
-from mqttutil import Clients, LogEntries, MakeBroker, Paho, ThreadBroker, brokers
+from mqttutil import Clients, LogEntries, MakeBroker, Paho, ThreadBroker
+from mqttutil import brokers as mqtt_brokers
+from serverproc import ServerProcess
 from structlog.testing import capture_logs
+from waits import wait_until
 
+from vibemq_server.client import Client
 from vibemq_server.server import Broker
 
 # -- MQTT, synchronous -------------------------------------------------------------------------
@@ -33,7 +61,7 @@ def broker_log() -> Iterator[LogEntries]:
 @pytest.fixture
 def make_mqtt_broker(tmp_path: Path, broker_log: LogEntries) -> Iterator[MakeBroker]:
     """Starts ThreadBrokers (Config overrides as keywords); all stopped at teardown."""
-    with brokers(tmp_path) as make:
+    with mqtt_brokers(tmp_path) as make:
         yield make
 
 
@@ -88,3 +116,123 @@ async def paho_factory() -> AsyncIterator[PahoFactory]:
         yield factory
     finally:
         await factory.close_all()
+
+
+# -- AMQP, a broker on its own thread ----------------------------------------------------------
+
+
+@pytest.fixture
+def brokers(tmp_path: Path) -> Iterator[Callable[..., AmqpBroker]]:
+    """Starts AmqpBrokers (Config overrides as keywords); all stopped at teardown."""
+    with amqp_brokers(tmp_path) as make:
+        yield make
+
+
+@pytest.fixture
+def amqp(brokers: Callable[..., AmqpBroker]) -> AmqpBroker:
+    return brokers()
+
+
+@pytest.fixture
+def clients(brokers: Callable[..., AmqpBroker]) -> Iterator[PikaClients]:
+    """pika connections to any port. Depends on brokers so that they close before the brokers
+    stop."""
+    made = PikaClients()
+    yield made
+    made.close_all()
+
+
+@pytest.fixture
+def pikas(amqp: AmqpBroker) -> Iterator[PikaClients]:
+    """pika connections to ``amqp`` without heartbeats (``QUIET``)."""
+    made = PikaClients(amqp.amqp_port, **QUIET)
+    yield made
+    made.close_all()
+
+
+@pytest.fixture
+def conn(amqp: AmqpBroker, clients: PikaClients) -> pika.BlockingConnection:
+    return clients.connect(amqp.amqp_port)
+
+
+@pytest.fixture
+def ch(conn: pika.BlockingConnection) -> blocking.BlockingChannel:
+    return conn.channel()
+
+
+@pytest.fixture
+def raw(brokers: Callable[..., AmqpBroker]) -> Iterator[RawClients]:
+    made = RawClients()
+    yield made
+    made.close_all()
+
+
+@pytest.fixture
+def bystander(amqp: AmqpBroker, clients: PikaClients) -> Iterator[Bystander]:
+    b = Bystander(clients.connect(amqp.amqp_port))
+    wait_until(lambda: queue_counts(b.channel, b.QUEUE)[0] == 1, "the bystander's message")
+    yield b
+    b.assert_unaffected()
+
+
+@pytest.fixture
+async def aio(amqp: AmqpBroker) -> AsyncIterator[aio_pika.abc.AbstractConnection]:
+    conn = await aio_pika.connect(f"amqp://guest:guest@{HOST}:{amqp.amqp_port}/", timeout=WAIT)
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+def paho(amqp: AmqpBroker) -> Iterator[Callable[[], Paho]]:
+    """Connected MQTT clients of ``amqp``."""
+    made: list[Paho] = []
+
+    def make() -> Paho:
+        client = Paho(amqp.mqtt_port)
+        made.append(client)
+        return client.connected()
+
+    yield make
+    for client in made:
+        with contextlib.suppress(Exception):
+            client.disconnect()
+
+
+@pytest.fixture
+async def vibemq(amqp: AmqpBroker) -> AsyncIterator[Callable[[], Awaitable[Client]]]:
+    """VibeMQ protocol clients of ``amqp``."""
+    made: list[Client] = []
+
+    async def make() -> Client:
+        client = await Client.connect(HOST, amqp.port, reconnect=False, request_timeout=WAIT)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        await client.close()
+
+
+# -- AMQP, other brokers -----------------------------------------------------------------------
+
+
+@pytest.fixture
+async def channel(broker: Broker) -> AsyncIterator[aio_pika.abc.AbstractChannel]:
+    """An aio-pika channel to the in-process ``broker``."""
+    conn = await asyncio.wait_for(
+        aio_pika.connect(f"amqp://guest:guest@{HOST}:{broker.amqp_port}"), WAIT
+    )
+    try:
+        yield await conn.channel()
+    finally:
+        await asyncio.wait_for(conn.close(), WAIT)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A ``vibemq-server`` process (started by the test), killed at teardown."""
+    s = ServerProcess(tmp_path, tmp_path / "data")
+    try:
+        yield s
+    finally:
+        s.kill()

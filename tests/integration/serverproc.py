@@ -1,4 +1,5 @@
-"""Starting a real `vibemq-server` process in tests: its command line and a clean environment."""
+"""Starting a real `vibemq-server` process in tests: its command line and a clean environment,
+``launch`` for async tests and :class:`ServerProcess` for synchronous ones."""
 
 from __future__ import annotations
 
@@ -6,9 +7,13 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from waits import wait_until
 
 #: How long a server process may take to write its ready file.
 START_TIMEOUT = 15.0
@@ -75,3 +80,48 @@ async def launch(
         err = await stderr_task
         raise AssertionError(f"server did not start: {err.decode(errors='replace')}") from None
     return proc, json.loads(ready.read_text()), stderr_task
+
+
+class ServerProcess:
+    """A ``vibemq-server`` process on port 0 (its log in a file), killed at the end whatever
+    happened."""
+
+    def __init__(self, workdir: Path, data_dir: Path) -> None:
+        self.workdir = workdir
+        self.data_dir = data_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.amqp_port = 0
+        self.starts = 0
+
+    def start(self) -> ServerProcess:
+        self.starts += 1
+        ready = self.workdir / f"ready{self.starts}.json"
+        log = self.workdir / f"server{self.starts}.log"
+        with log.open("wb") as log_file:
+            self.proc = subprocess.Popen(
+                server_args(self.data_dir, ready),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log_file,
+                env=clean_env(),
+                cwd=self.workdir,
+            )
+        proc = self.proc
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: ready.exists() or proc.poll() is not None, "", START_TIMEOUT)
+        if not ready.exists():
+            self.kill()
+            raise AssertionError(f"server did not start:\n{log.read_text()}")
+        self.amqp_port = json.loads(ready.read_text())["amqp"]
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM and wait (bounded) for a clean exit."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(15.0) == 0
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(15.0)

@@ -1,7 +1,7 @@
 """AMQP 0-9-1 basic class, confirms and transactions with real clients against a real broker.
 
 pika's BlockingConnection drives a broker running on a thread of its own
-(:class:`amqpbasic_util.BasicBroker`); aio-pika and pika's asyncio adapter run on the test's
+(:class:`amqputil.AmqpBroker`); aio-pika and pika's asyncio adapter run on the test's
 event loop against an in-process broker (``broker_factory``). Every wait is bounded.
 
 What is asserted is what a RabbitMQ user relies on: the 14 basic properties and the body
@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import decimal
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +26,14 @@ import aio_pika.abc
 import pika
 import pika.exceptions
 import pytest
-from amqpbasic_util import (
+from amqputil import (
+    QUIET,
     WAIT,
-    BasicBroker,
-    Pikas,
+    AmqpBroker,
+    PikaClients,
     RawAmqp,
     all_basic_properties,
-    basic_brokers,
+    amqp_brokers,
     consumer,
     get,
     get_all,
@@ -40,30 +41,15 @@ from amqpbasic_util import (
     properties_dict,
     pump_until,
     queue_counts,
-    wait_until,
 )
 from pamqp import commands
 from pika.adapters.asyncio_connection import AsyncioConnection
+from waits import wait_until
 
 from vibemq_server.server import Broker
 
 UTC = datetime.UTC
 BrokerFactory = Callable[..., Awaitable[Broker]]
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BasicBroker]:
-    with basic_brokers(tmp_path) as make:
-        yield make()
-
-
-@pytest.fixture
-def pikas(broker: BasicBroker) -> Iterator[Pikas]:
-    clients = Pikas(broker.amqp_port)
-    try:
-        yield clients
-    finally:
-        clients.close_all()
 
 
 def port_of(broker: Broker) -> int:
@@ -102,7 +88,7 @@ PIKA_HEADERS: dict[str, Any] = {
 # basic.publish: properties and body arrive unchanged
 
 
-def test_every_basic_property_and_header_type_survive_deliver_and_get(pikas: Pikas) -> None:
+def test_every_basic_property_and_header_type_survive_deliver_and_get(pikas: PikaClients) -> None:
     channel = pikas.channel()
     channel.queue_declare("props")
     sent = all_basic_properties(dict(PIKA_HEADERS))
@@ -124,7 +110,7 @@ def test_every_basic_property_and_header_type_survive_deliver_and_get(pikas: Pik
     assert delivery.method.routing_key == "props"
 
 
-def test_properties_survive_an_exchange_and_an_empty_body(pikas: Pikas) -> None:
+def test_properties_survive_an_exchange_and_an_empty_body(pikas: PikaClients) -> None:
     channel = pikas.channel()
     channel.exchange_declare("props.x", "direct")
     channel.queue_declare("props2")
@@ -207,20 +193,20 @@ async def test_aio_pika_every_property_and_float_headers(broker_factory: BrokerF
 # basic.consume
 
 
-def test_no_ack_consumer_leaves_nothing_unacked(broker: BasicBroker, pikas: Pikas) -> None:
+def test_no_ack_consumer_leaves_nothing_unacked(amqp: AmqpBroker, pikas: PikaClients) -> None:
     channel = pikas.channel()
     channel.queue_declare("noack")
     bodies = publish_n(channel, "noack", 5)
     collector = consumer(channel, "noack", auto_ack=True)
     assert [d.body for d in collector.wait_for(5)] == bodies
     assert all(not d.redelivered for d in collector.got)
-    assert broker.unacked("noack") == 0
+    assert amqp.unacked("noack") == 0
     channel.close()
     # Nothing comes back when the channel closes: no-ack deliveries were settled on sending.
     assert queue_counts(pikas.channel(), "noack") == (0, 0)
 
 
-def test_exclusive_consumer_refuses_others(pikas: Pikas) -> None:
+def test_exclusive_consumer_refuses_others(pikas: PikaClients) -> None:
     owner = pikas.channel()
     owner.queue_declare("excl")
     owner.basic_consume("excl", lambda *a: None, exclusive=True, consumer_tag="owner")
@@ -246,14 +232,14 @@ def test_exclusive_consumer_refuses_others(pikas: Pikas) -> None:
     assert queue_counts(again, "excl") == (0, 1)
 
 
-def test_consumer_tags_given_and_server_generated(broker: BasicBroker, pikas: Pikas) -> None:
+def test_consumer_tags_given_and_server_generated(amqp: AmqpBroker, pikas: PikaClients) -> None:
     channel = pikas.channel()
     channel.queue_declare("tags")
     collector = consumer(channel, "tags", auto_ack=True, consumer_tag="my-tag")
     channel.basic_publish("", "tags", b"one")
     assert collector.wait_for(1)[0].method.consumer_tag == "my-tag"
 
-    raw = RawAmqp(broker.amqp_port)
+    raw = RawAmqp(amqp.amqp_port)
     try:
         raw.open()
         raw.rpc(1, commands.Queue.Declare(queue="tags2"), commands.Queue.DeclareOk)
@@ -271,14 +257,14 @@ def test_consumer_tags_given_and_server_generated(broker: BasicBroker, pikas: Pi
         assert body == b"two"
         assert deliver.consumer_tag in (ok.consumer_tag, second.consumer_tag)
         # Reusing a tag on the channel is a connection error (530 NOT_ALLOWED), as in RabbitMQ.
-        raw.send(1, commands.Basic.Consume(queue="tags2", consumer_tag=ok.consumer_tag))
+        raw.method(1, commands.Basic.Consume(queue="tags2", consumer_tag=ok.consumer_tag))
         close = raw.expect(commands.Connection.Close, 0)
         assert close.reply_code == 530
     finally:
         raw.close()
 
 
-def test_basic_cancel_stops_deliveries(pikas: Pikas) -> None:
+def test_basic_cancel_stops_deliveries(pikas: PikaClients) -> None:
     channel = pikas.channel()
     channel.queue_declare("cancel")
     collector = consumer(channel, "cancel", auto_ack=True, consumer_tag="c1")
@@ -291,7 +277,7 @@ def test_basic_cancel_stops_deliveries(pikas: Pikas) -> None:
     assert get_all(channel, "cancel") == [b"after0", b"after1", b"after2"]
 
 
-def test_queue_deletion_cancels_consumers_pika(pikas: Pikas) -> None:
+def test_queue_deletion_cancels_consumers_pika(pikas: PikaClients) -> None:
     channel = pikas.channel()
     channel.queue_declare("doomed")
     cancelled: list[Any] = []
@@ -343,7 +329,7 @@ async def test_queue_deletion_cancels_consumers_aio_pika(broker_factory: BrokerF
 # Redelivery, basic.get, ack / nack / reject, recover
 
 
-def test_nack_requeue_comes_back_first_and_redelivered(pikas: Pikas) -> None:
+def test_nack_requeue_comes_back_first_and_redelivered(pikas: PikaClients) -> None:
     channel = pikas.channel()
     channel.queue_declare("requeue")
     publish_n(channel, "requeue", 3)
@@ -358,7 +344,7 @@ def test_nack_requeue_comes_back_first_and_redelivered(pikas: Pikas) -> None:
     assert rest.body == b"m1" and not rest.redelivered
 
 
-def test_closing_a_channel_with_unacked_redelivers_them(pikas: Pikas) -> None:
+def test_closing_a_channel_with_unacked_redelivers_them(pikas: PikaClients) -> None:
     channel = pikas.channel()
     channel.queue_declare("unacked")
     bodies = publish_n(channel, "unacked", 3)
@@ -374,7 +360,7 @@ def test_closing_a_channel_with_unacked_redelivers_them(pikas: Pikas) -> None:
     assert all(d.redelivered for d in again)
 
 
-def test_closing_a_connection_with_unacked_redelivers_them(pikas: Pikas) -> None:
+def test_closing_a_connection_with_unacked_redelivers_them(pikas: PikaClients) -> None:
     channel = pikas.channel()
     channel.queue_declare("unacked-conn")
     publish_n(channel, "unacked-conn", 2)
@@ -386,7 +372,7 @@ def test_closing_a_connection_with_unacked_redelivers_them(pikas: Pikas) -> None
     assert first.body == b"m0" and first.redelivered
 
 
-def test_basic_get_ok_and_get_empty_message_count(pikas: Pikas) -> None:
+def test_basic_get_ok_and_get_empty_message_count(pikas: PikaClients) -> None:
     channel = pikas.channel()
     channel.queue_declare("getq")
     publish_n(channel, "getq", 3)
@@ -403,19 +389,19 @@ def test_basic_get_ok_and_get_empty_message_count(pikas: Pikas) -> None:
     assert (method, props, body) == (None, None, None)  # basic.get-empty
 
 
-def test_ack_multiple(broker: BasicBroker, pikas: Pikas) -> None:
+def test_ack_multiple(amqp: AmqpBroker, pikas: PikaClients) -> None:
     channel = pikas.channel()
     channel.queue_declare("ackm")
     publish_n(channel, "ackm", 5)
     holder = pikas.channel()
     got = consumer(holder, "ackm").wait_for(5)
     holder.basic_ack(got[2].tag, multiple=True)
-    wait_until(lambda: broker.unacked("ackm") == 2, "two left unacked")
+    wait_until(lambda: amqp.unacked("ackm") == 2, "two left unacked")
     holder.close()
     assert get_all(channel, "ackm") == [b"m3", b"m4"]
 
 
-def test_nack_multiple_requeue_puts_them_back_at_the_head(pikas: Pikas) -> None:
+def test_nack_multiple_requeue_puts_them_back_at_the_head(pikas: PikaClients) -> None:
     channel = pikas.channel()
     channel.queue_declare("nackm")
     publish_n(channel, "nackm", 6)
@@ -429,7 +415,7 @@ def test_nack_multiple_requeue_puts_them_back_at_the_head(pikas: Pikas) -> None:
     assert get_all(channel, "nackm") == []
 
 
-def test_nack_and_reject_without_requeue_drop(broker: BasicBroker, pikas: Pikas) -> None:
+def test_nack_and_reject_without_requeue_drop(amqp: AmqpBroker, pikas: PikaClients) -> None:
     channel = pikas.channel()
     channel.queue_declare("drop")
     publish_n(channel, "drop", 6)
@@ -440,13 +426,13 @@ def test_nack_and_reject_without_requeue_drop(broker: BasicBroker, pikas: Pikas)
     channel.basic_nack(held[4].tag, multiple=True, requeue=False)  # m3 and m4
     back = get(channel, "drop", auto_ack=True)
     assert back.body == b"m2" and back.redelivered
-    assert broker.unacked("drop") == 1  # m5
+    assert amqp.unacked("drop") == 1  # m5
     channel.close()
     other = pikas.channel()
     assert get_all(other, "drop") == [b"m5"]
 
 
-def test_basic_recover_redelivers_unacked(pikas: Pikas) -> None:
+def test_basic_recover_redelivers_unacked(pikas: PikaClients) -> None:
     channel = pikas.channel()
     channel.queue_declare("recover")
     publish_n(channel, "recover", 3)
@@ -466,7 +452,7 @@ def test_basic_recover_redelivers_unacked(pikas: Pikas) -> None:
 # basic.qos and round robin
 
 
-def test_prefetch_per_consumer(broker: BasicBroker, pikas: Pikas) -> None:
+def test_prefetch_per_consumer(amqp: AmqpBroker, pikas: PikaClients) -> None:
     publisher = pikas.channel()
     publisher.queue_declare("prefetch")
     publish_n(publisher, "prefetch", 10)
@@ -481,7 +467,7 @@ def test_prefetch_per_consumer(broker: BasicBroker, pikas: Pikas) -> None:
     second = consumer(channel, "prefetch")
     second.wait_for(3)
     assert queue_counts(publisher, "prefetch") == (4, 2)
-    assert broker.unacked("prefetch") == 6
+    assert amqp.unacked("prefetch") == 6
 
     channel.basic_ack(first.got[0].tag)
     first.wait_for(4)
@@ -489,7 +475,7 @@ def test_prefetch_per_consumer(broker: BasicBroker, pikas: Pikas) -> None:
     assert len(second.settle()) == 3 and len(first.got) == 4
 
 
-def test_prefetch_global_is_channel_wide(broker: BasicBroker, pikas: Pikas) -> None:
+def test_prefetch_global_is_channel_wide(amqp: AmqpBroker, pikas: PikaClients) -> None:
     publisher = pikas.channel()
     publisher.queue_declare("gq1")
     publisher.queue_declare("gq2")
@@ -511,7 +497,7 @@ def test_prefetch_global_is_channel_wide(broker: BasicBroker, pikas: Pikas) -> N
     assert queue_counts(publisher, "gq1")[0] + queue_counts(publisher, "gq2")[0] == 5
 
 
-def test_round_robin_between_two_consumers(pikas: Pikas) -> None:
+def test_round_robin_between_two_consumers(pikas: PikaClients) -> None:
     publisher = pikas.channel()
     publisher.queue_declare("rr")
     a = consumer(pikas.channel(), "rr", auto_ack=True)
@@ -530,7 +516,7 @@ def test_round_robin_between_two_consumers(pikas: Pikas) -> None:
 # Queue arguments: x-message-ttl, x-max-length / x-overflow
 
 
-def test_message_ttl_expires_messages_that_are_never_delivered(pikas: Pikas) -> None:
+def test_message_ttl_expires_messages_that_are_never_delivered(pikas: PikaClients) -> None:
     channel = pikas.channel()
     channel.queue_declare("ttl", arguments={"x-message-ttl": 100})
     holder = pikas.channel()
@@ -549,7 +535,7 @@ def test_message_ttl_expires_messages_that_are_never_delivered(pikas: Pikas) -> 
     assert [d.body for d in collector.wait_for(2)] == [b"held0", b"fresh"]
 
 
-def test_max_length_drop_head_drops_the_oldest(pikas: Pikas) -> None:
+def test_max_length_drop_head_drops_the_oldest(pikas: PikaClients) -> None:
     channel = pikas.channel()
     channel.queue_declare("maxlen", arguments={"x-max-length": 3})
     publish_n(channel, "maxlen", 5)
@@ -557,7 +543,7 @@ def test_max_length_drop_head_drops_the_oldest(pikas: Pikas) -> None:
     assert get_all(channel, "maxlen") == [b"m2", b"m3", b"m4"]
 
 
-def test_max_length_reject_publish_nacks_with_confirms(pikas: Pikas) -> None:
+def test_max_length_reject_publish_nacks_with_confirms(pikas: PikaClients) -> None:
     channel = pikas.channel()
     channel.queue_declare("maxrej", arguments={"x-max-length": 2, "x-overflow": "reject-publish"})
     channel.confirm_delivery()
@@ -619,7 +605,7 @@ async def test_confirms_pika_asyncio_every_publish_acked_once(
             opened.set_exception(error)
 
     connection = AsyncioConnection(
-        pika_params(port_of(broker)),
+        pika_params(port_of(broker), **QUIET),
         on_open_callback=on_open,
         on_open_error_callback=on_error,
         custom_ioloop=loop,
@@ -680,7 +666,7 @@ async def test_confirms_aio_pika_and_durable_persistent(broker_factory: BrokerFa
             assert bodies == [b"p%d" % i for i in range(20)]
 
 
-def test_confirms_pika_blocking_durable_persistent(pikas: Pikas) -> None:
+def test_confirms_pika_blocking_durable_persistent(pikas: PikaClients) -> None:
     channel = pikas.channel()
     channel.queue_declare("durable-confirm", durable=True)
     channel.confirm_delivery()
@@ -696,7 +682,7 @@ def test_confirms_pika_blocking_durable_persistent(pikas: Pikas) -> None:
 # Transactions
 
 
-def test_tx_publishes_are_invisible_until_commit(pikas: Pikas) -> None:
+def test_tx_publishes_are_invisible_until_commit(pikas: PikaClients) -> None:
     observer = pikas.channel()
     observer.queue_declare("txq")
     tx = pikas.channel()
@@ -713,7 +699,7 @@ def test_tx_publishes_are_invisible_until_commit(pikas: Pikas) -> None:
     assert get_all(observer, "txq") == [b"t0", b"t1", b"t2"]
 
 
-def test_tx_acks_apply_at_commit(broker: BasicBroker, pikas: Pikas) -> None:
+def test_tx_acks_apply_at_commit(amqp: AmqpBroker, pikas: PikaClients) -> None:
     publisher = pikas.channel()
     publisher.queue_declare("txack")
     publish_n(publisher, "txack", 4)
@@ -721,15 +707,15 @@ def test_tx_acks_apply_at_commit(broker: BasicBroker, pikas: Pikas) -> None:
     tx.tx_select()
     first = [get(tx, "txack", auto_ack=False) for _ in range(2)]
     tx.basic_ack(first[1].tag, multiple=True)
-    assert broker.unacked("txack") == 2  # not yet
+    assert amqp.unacked("txack") == 2  # not yet
     tx.tx_commit()
-    assert broker.unacked("txack") == 0
+    assert amqp.unacked("txack") == 0
 
     second = [get(tx, "txack", auto_ack=False) for _ in range(2)]
     tx.basic_ack(second[0].tag)
     tx.basic_reject(second[1].tag, requeue=False)
     tx.tx_rollback()
-    assert broker.unacked("txack") == 2  # the acks were discarded, the messages still held
+    assert amqp.unacked("txack") == 2  # the acks were discarded, the messages still held
     tx.close()
     again = [get(publisher, "txack") for _ in range(2)]
     assert [d.body for d in again] == [b"m2", b"m3"]
@@ -742,9 +728,9 @@ def test_tx_acks_apply_at_commit(broker: BasicBroker, pikas: Pikas) -> None:
 
 def test_slow_consumer_leaves_messages_in_the_queue(tmp_path: Path) -> None:
     limit = 64 * 1024
-    with basic_brokers(tmp_path) as make:
+    with amqp_brokers(tmp_path) as make:
         broker = make(write_buffer_high_bytes=limit)
-        pikas = Pikas(broker.amqp_port)
+        pikas = PikaClients(broker.amqp_port, **QUIET)
         raw = RawAmqp(broker.amqp_port, rcvbuf=32 * 1024)
         try:
             raw.open()
@@ -792,8 +778,8 @@ def test_slow_consumer_leaves_messages_in_the_queue(tmp_path: Path) -> None:
                 assert got == body
                 tags.append(deliver.delivery_tag)
                 if len(tags) % 256 == 0:
-                    raw.send(1, commands.Basic.Ack(delivery_tag=tags[-1], multiple=True))
-            raw.send(1, commands.Basic.Ack(delivery_tag=tags[-1], multiple=True))
+                    raw.method(1, commands.Basic.Ack(delivery_tag=tags[-1], multiple=True))
+            raw.method(1, commands.Basic.Ack(delivery_tag=tags[-1], multiple=True))
             assert tags == list(range(1, published + 1))
             wait_until(lambda: queue_counts(publisher, "slow") == (0, 1), "queue drained")
             assert broker.unacked("slow") == 0
@@ -802,7 +788,7 @@ def test_slow_consumer_leaves_messages_in_the_queue(tmp_path: Path) -> None:
             pikas.close_all()
 
 
-def _fill_until_blocked(broker: BasicBroker, channel: Any, queue: str) -> int:
+def _fill_until_blocked(broker: AmqpBroker, channel: Any, queue: str) -> int:
     """Confirmed publishes until the broker is over its memory high watermark."""
     body = b"w" * 4096
     for published in range(1, 1000):
@@ -813,9 +799,9 @@ def _fill_until_blocked(broker: BasicBroker, channel: Any, queue: str) -> int:
 
 
 def test_memory_high_watermark_blocks_and_unblocks_publishers(tmp_path: Path) -> None:
-    with basic_brokers(tmp_path) as make:
+    with amqp_brokers(tmp_path) as make:
         broker = make(memory_high_watermark_bytes=64 * 1024)
-        pikas = Pikas(broker.amqp_port)
+        pikas = PikaClients(broker.amqp_port, **QUIET)
         try:
             publisher_conn = pikas.connect(blocked_connection_timeout=60)
             events: list[str] = []
@@ -852,9 +838,9 @@ def test_memory_high_watermark_blocks_and_unblocks_publishers(tmp_path: Path) ->
 def test_memory_alarm_does_not_stop_a_consumer_acking(tmp_path: Path) -> None:
     """While the broker is over its watermark, a connection that only consumes must still be
     read (its acks are what frees memory), as in RabbitMQ, where only publishers block."""
-    with basic_brokers(tmp_path) as make:
+    with amqp_brokers(tmp_path) as make:
         broker = make(memory_high_watermark_bytes=64 * 1024)
-        pikas = Pikas(broker.amqp_port)
+        pikas = PikaClients(broker.amqp_port, **QUIET)
         try:
             publisher = pikas.channel()
             publisher.queue_declare("mem2")

@@ -16,8 +16,7 @@ import asyncio
 import hashlib
 import struct
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import aio_pika
@@ -30,80 +29,30 @@ from amqputil import (
     PROTOCOL_HEADER,
     WAIT,
     AmqpBroker,
+    Bystander,
     PikaClients,
     RawAmqp,
     RawClients,
-    amqp_brokers,
     amqplain_response,
     consume,
     frame,
+    get_async,
     get_message,
     method_payload,
+    pump_until,
     queue_counts,
     roundtrip_ok,
-    wait_until,
 )
 from pamqp import commands
 from pamqp import frame as pamqp_frame
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
+from waits import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 #: A body well over the default frame-max (131072): it travels as several body frames.
 BIG = 500_000
-
-
-@pytest.fixture
-def brokers(tmp_path: Path) -> Iterator[Callable[..., AmqpBroker]]:
-    with amqp_brokers(tmp_path) as make:
-        yield make
-
-
-@pytest.fixture
-def amqp(brokers: Callable[..., AmqpBroker]) -> AmqpBroker:
-    return brokers()
-
-
-@pytest.fixture
-def clients() -> Iterator[PikaClients]:
-    made = PikaClients()
-    yield made
-    made.close_all()
-
-
-@pytest.fixture
-def raw() -> Iterator[RawClients]:
-    made = RawClients()
-    yield made
-    made.close_all()
-
-
-class Bystander:
-    """Another client of the same broker, with a stored message, checked after every error
-    test: its connection stays open, it can still publish and get, its message is still
-    there."""
-
-    QUEUE = "bystander-stored"
-
-    def __init__(self, conn: pika.BlockingConnection) -> None:
-        self.conn = conn
-        self.channel = conn.channel()
-        self.channel.queue_declare(self.QUEUE)
-        self.channel.basic_publish("", self.QUEUE, b"kept")
-
-    def assert_unaffected(self) -> None:
-        assert self.conn.is_open and self.channel.is_open
-        roundtrip_ok(self.conn, "bystander-roundtrip")
-        assert queue_counts(self.channel, self.QUEUE) == (1, 0)
-
-
-@pytest.fixture
-def bystander(amqp: AmqpBroker, clients: PikaClients) -> Iterator[Bystander]:
-    b = Bystander(clients.connect(amqp.amqp_port))
-    wait_until(lambda: queue_counts(b.channel, b.QUEUE)[0] == 1, "the bystander's message")
-    yield b
-    b.assert_unaffected()
 
 
 def payload(size: int, seed: bytes = b"x") -> bytes:
@@ -561,9 +510,7 @@ def test_channel_flow_pika(amqp: AmqpBroker, clients: PikaClients) -> None:
     other.basic_publish("", "flow-pika", b"later")
     assert queue_counts(other, "flow-pika") == (1, 1)
     assert channel.flow(True) is True
-    deadline = time.monotonic() + WAIT
-    while not got and time.monotonic() < deadline:
-        conn.process_data_events(0.01)
+    pump_until(conn, lambda: bool(got), "the delivery once flow is on again")
     assert got == [b"later"]
 
 
@@ -978,26 +925,7 @@ def test_pika_sees_connection_error_and_others_do_not(
 
 
 # --------------------------------------------------------------------------------------------
-# helpers
-
-
-async def get_async(queue: aio_pika.abc.AbstractQueue, timeout: float = WAIT) -> Any:
-    """The next message of an aio-pika queue by basic.get (bounded)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        msg = await queue.get(no_ack=True, fail=False, timeout=timeout)
-        if msg is not None:
-            return msg
-        assert loop.time() < deadline, f"no message in {queue.name} within {timeout}s"
-        await asyncio.sleep(0.01)
-
-
-@pytest.fixture
-async def aio(amqp: AmqpBroker) -> AsyncIterator[aio_pika.abc.AbstractConnection]:
-    conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{amqp.amqp_port}/", timeout=WAIT)
-    yield conn
-    await conn.close()
+# aio-pika
 
 
 async def test_aio_pika_many_channels(aio: aio_pika.abc.AbstractConnection) -> None:

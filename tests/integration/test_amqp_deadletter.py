@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,35 +19,16 @@ import pika.adapters.blocking_connection as blocking
 import pika.exceptions
 import pytest
 from amqputil import (
-    WAIT,
     AmqpBroker,
     PikaClients,
-    amqp_brokers,
     assert_empty,
+    consume,
     get_message,
     queue_counts,
-    wait_until,
 )
+from waits import wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[AmqpBroker]:
-    with amqp_brokers(tmp_path) as make:
-        yield make()
-
-
-@pytest.fixture
-def clients() -> Iterator[PikaClients]:
-    pikas = PikaClients()
-    yield pikas
-    pikas.close_all()
-
-
-@pytest.fixture
-def ch(broker: AmqpBroker, clients: PikaClients) -> blocking.BlockingChannel:
-    return clients.connect(broker.amqp_port).channel()
 
 
 def dead_letter_setup(ch: blocking.BlockingChannel, dead: str = "dead") -> None:
@@ -323,14 +303,7 @@ def test_expired_message_at_the_head_is_never_delivered_to_a_consumer(
     ch.basic_publish("", "q", b"stale", pika.BasicProperties(expiration="20"))
     ch.basic_publish("", "q", b"fresh")
     time.sleep(0.2)
-    got: list[bytes] = []
-    deadline = time.monotonic() + WAIT
-    for method, _props, body in ch.consume("q", auto_ack=True, inactivity_timeout=0.05):
-        if method is not None:
-            got.append(body)
-            break
-        assert time.monotonic() < deadline, "no delivery"
-    ch.cancel()
+    got = [body for _method, _props, body in consume(ch, "q", 1)]
     assert got == [b"fresh"]
     assert_empty(ch, "q")
 
@@ -374,20 +347,12 @@ def test_max_priority_order_for_a_consumer(ch: blocking.BlockingChannel) -> None
         ch.basic_publish("", "pq", f"p{priority}".encode(), pika.BasicProperties(priority=priority))
     # The queue has all five before the consumer starts (basic.get is synchronous).
     assert queue_counts(ch, "pq") == (5, 0)
-    got: list[bytes] = []
-    deadline = time.monotonic() + WAIT
-    for method, _props, body in ch.consume("pq", auto_ack=True, inactivity_timeout=0.05):
-        if method is not None:
-            got.append(body)
-            if len(got) == 5:
-                break
-        assert time.monotonic() < deadline, f"only {got}"
-    ch.cancel()
+    got = [body for _method, _props, body in consume(ch, "pq", 5)]
     assert got == [b"p9", b"p7", b"p5", b"p1", b"p0"]
 
 
-def test_max_priority_out_of_range_is_refused(broker: AmqpBroker, clients: PikaClients) -> None:
-    ch = clients.connect(broker.amqp_port).channel()
+def test_max_priority_out_of_range_is_refused(amqp: AmqpBroker, clients: PikaClients) -> None:
+    ch = clients.connect(amqp.amqp_port).channel()
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
         ch.queue_declare("pq", arguments={"x-max-priority": 256})
     assert info.value.reply_code == 406
@@ -409,30 +374,28 @@ def queue_gone(conn: pika.BlockingConnection, name: str) -> bool:
     return False
 
 
-def test_unused_queue_expires_and_used_one_does_not(
-    broker: AmqpBroker, clients: PikaClients
-) -> None:
-    conn = clients.connect(broker.amqp_port)
+def test_unused_queue_expires_and_used_one_does_not(amqp: AmqpBroker, clients: PikaClients) -> None:
+    conn = clients.connect(amqp.amqp_port)
     ch = conn.channel()
     ch.queue_declare("kept", arguments={"x-expires": 300})
     ch.basic_consume("kept", lambda *_a: None, auto_ack=True, consumer_tag="keeper")
     ch.queue_declare("expiring", arguments={"x-expires": 300})
     ch.basic_publish("", "expiring", b"goes with the queue")
 
-    wait_until(lambda: not broker.has_queue("expiring"), "the unused queue expires")
+    wait_until(lambda: not amqp.has_queue("expiring"), "the unused queue expires")
     assert queue_gone(conn, "expiring")
     # Declared before the expired one, but its consumer keeps it in use.
     assert not queue_gone(conn, "kept")
-    assert broker.has_queue("kept")
+    assert amqp.has_queue("kept")
 
     # Without its consumer it expires too.
     ch.basic_cancel("keeper")
-    wait_until(lambda: not broker.has_queue("kept"), "the queue expires after its consumer left")
+    wait_until(lambda: not amqp.has_queue("kept"), "the queue expires after its consumer left")
     assert queue_gone(conn, "kept")
 
 
-def test_redeclare_resets_x_expires(broker: AmqpBroker, clients: PikaClients) -> None:
-    conn = clients.connect(broker.amqp_port)
+def test_redeclare_resets_x_expires(amqp: AmqpBroker, clients: PikaClients) -> None:
+    conn = clients.connect(amqp.amqp_port)
     ch = conn.channel()
     ch.queue_declare("renewed", arguments={"x-expires": 1000})
     # Redeclaring it (passively, or with the same arguments) keeps it in use.
@@ -440,12 +403,12 @@ def test_redeclare_resets_x_expires(broker: AmqpBroker, clients: PikaClients) ->
     while time.monotonic() < deadline:
         ch.queue_declare("renewed", arguments={"x-expires": 1000})
         time.sleep(0.1)
-    assert broker.has_queue("renewed")
-    wait_until(lambda: not broker.has_queue("renewed"), "the queue expires once left alone")
+    assert amqp.has_queue("renewed")
+    wait_until(lambda: not amqp.has_queue("renewed"), "the queue expires once left alone")
 
 
-def test_x_expires_must_be_positive(broker: AmqpBroker, clients: PikaClients) -> None:
-    ch = clients.connect(broker.amqp_port).channel()
+def test_x_expires_must_be_positive(amqp: AmqpBroker, clients: PikaClients) -> None:
+    ch = clients.connect(amqp.amqp_port).channel()
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
         ch.queue_declare("bad", arguments={"x-expires": 0})
     assert info.value.reply_code == 406

@@ -16,11 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import signal
-import subprocess
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import aio_pika
@@ -32,60 +28,20 @@ from amqputil import (
     WAIT,
     AmqpBroker,
     PikaClients,
-    amqp_brokers,
     assert_empty,
     consume,
+    get_all,
+    get_async,
     get_message,
     pika_params,
+    pump_until,
     queue_counts,
-    wait_until,
 )
 from mqttutil import Paho
-from serverproc import clean_env, server_args
-
-from vibemq_server.client import Client
+from serverproc import ServerProcess
+from waits import wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def brokers(tmp_path: Path) -> Iterator[Callable[..., AmqpBroker]]:
-    with amqp_brokers(tmp_path) as make:
-        yield make
-
-
-@pytest.fixture
-def amqp(brokers: Callable[..., AmqpBroker]) -> AmqpBroker:
-    return brokers()
-
-
-@pytest.fixture
-def clients() -> Iterator[PikaClients]:
-    made = PikaClients()
-    yield made
-    made.close_all()
-
-
-@pytest.fixture
-def conn(amqp: AmqpBroker, clients: PikaClients) -> pika.BlockingConnection:
-    return clients.connect(amqp.amqp_port)
-
-
-@pytest.fixture
-def ch(conn: pika.BlockingConnection) -> blocking.BlockingChannel:
-    return conn.channel()
-
-
-def drain(channel: blocking.BlockingChannel, queue: str) -> list[bytes]:
-    """Every ready message of ``queue``, by basic.get until get-empty. Synchronous, so every
-    publish made before on this connection has been routed."""
-    out: list[bytes] = []
-    while True:
-        method, _props, body = channel.basic_get(queue, auto_ack=True)
-        if method is None:
-            return out
-        assert body is not None
-        out.append(body)
 
 
 def routed(
@@ -100,7 +56,7 @@ def routed(
         props = pika.BasicProperties(headers=headers) if headers is not None else None
         channel.basic_publish(exchange, key, f"{n}".encode(), props)
     labels = [f"{key}|{json.dumps(headers, sort_keys=True)}" for key, headers in publishes]
-    return {q: {labels[int(body)] for body in drain(channel, q)} for q in queues}
+    return {q: {labels[int(body)] for body in get_all(channel, q)} for q in queues}
 
 
 def declare_queues(channel: blocking.BlockingChannel, *names: str) -> None:
@@ -130,8 +86,8 @@ def test_default_exchange_routes_by_queue_name(ch: blocking.BlockingChannel) -> 
     ch.basic_publish("", "nobody", b"lost")
     method, _props, body = get_message(ch, "dq1")
     assert (method.exchange, method.routing_key, body) == ("", "dq1", b"one")
-    assert drain(ch, "dq2") == [b"two"]
-    assert drain(ch, "dq1") == []
+    assert get_all(ch, "dq2") == [b"two"]
+    assert get_all(ch, "dq1") == []
 
 
 def test_default_exchange_cannot_be_declared_bound_or_deleted(
@@ -263,11 +219,11 @@ def test_binding_is_idempotent_and_unbind_stops_routing(ch: blocking.BlockingCha
     ch.queue_bind("ub", "amq.direct", "k")
     ch.queue_bind("ub", "amq.direct", "k")  # the same binding twice is one binding
     ch.basic_publish("amq.direct", "k", b"once")
-    assert drain(ch, "ub") == [b"once"]
+    assert get_all(ch, "ub") == [b"once"]
     ch.queue_unbind("ub", "amq.direct", "k")
     ch.queue_unbind("ub", "amq.direct", "k")  # a missing binding is fine, as in RabbitMQ
     ch.basic_publish("amq.direct", "k", b"gone")
-    assert drain(ch, "ub") == []
+    assert get_all(ch, "ub") == []
 
 
 def test_headers_binding_arguments_are_part_of_the_binding(ch: blocking.BlockingChannel) -> None:
@@ -277,11 +233,11 @@ def test_headers_binding_arguments_are_part_of_the_binding(ch: blocking.Blocking
     ch.basic_publish("amq.headers", "", b"a", pika.BasicProperties(headers={"a": "1"}))
     ch.basic_publish("amq.headers", "", b"b", pika.BasicProperties(headers={"b": "2"}))
     ch.basic_publish("amq.headers", "", b"ab", pika.BasicProperties(headers={"a": "1", "b": "2"}))
-    assert sorted(drain(ch, "hb")) == [b"a", b"ab", b"b"]  # once each, even when both match
+    assert sorted(get_all(ch, "hb")) == [b"a", b"ab", b"b"]  # once each, even when both match
     ch.queue_unbind("hb", "amq.headers", "", {"x-match": "any", "a": "1"})
     ch.basic_publish("amq.headers", "", b"a2", pika.BasicProperties(headers={"a": "1"}))
     ch.basic_publish("amq.headers", "", b"b2", pika.BasicProperties(headers={"b": "2"}))
-    assert drain(ch, "hb") == [b"b2"]
+    assert get_all(ch, "hb") == [b"b2"]
 
 
 async def test_aio_pika_declared_exchanges(amqp: AmqpBroker) -> None:
@@ -353,7 +309,7 @@ def test_auto_delete_exchange_goes_with_its_last_binding(
     ch.queue_unbind("ad-q1", "ad-x", "k")
     assert amqp.has_exchange("ad-x")
     ch.basic_publish("ad-x", "k", b"still")
-    assert drain(ch, "ad-q2") == [b"still"]
+    assert get_all(ch, "ad-q2") == [b"still"]
     ch.queue_delete("ad-q2")  # its last binding goes with the queue
     assert not amqp.has_exchange("ad-x")
 
@@ -369,9 +325,9 @@ def test_internal_exchange_only_through_exchange_bindings(
     ch.queue_bind("inner-q", "inner", "")
     ch.basic_publish("front", "orders.new", b"via front")
     ch.basic_publish("front", "other", b"not routed")
-    assert drain(ch, "inner-q") == [b"via front"]
+    assert get_all(ch, "inner-q") == [b"via front"]
     assert channel_error(conn, lambda c: c.basic_publish("inner", "", b"direct")) == 403
-    assert drain(conn.channel(), "inner-q") == []
+    assert get_all(conn.channel(), "inner-q") == []
 
 
 def test_exchange_delete_if_unused(conn: pika.BlockingConnection, amqp: AmqpBroker) -> None:
@@ -397,7 +353,7 @@ def test_exchange_delete_removes_its_bindings(
     ch.exchange_delete("gone-x")
     ch.exchange_declare("gone-x", "fanout")  # a new exchange of the same name: no bindings
     ch.basic_publish("gone-x", "", b"nothing bound")
-    assert drain(ch, "gone-q") == []
+    assert get_all(ch, "gone-q") == []
 
 
 # --------------------------------------------------------------------------------------------
@@ -414,12 +370,12 @@ def test_exchange_to_exchange_bind_and_unbind(ch: blocking.BlockingChannel) -> N
     ch.basic_publish("e2e-src", "sensors.t", b"through")
     ch.basic_publish("e2e-src", "other.t", b"src only")
     ch.basic_publish("e2e-dst", "anything", b"dst itself")
-    assert drain(ch, "e2e-q") == [b"through", b"dst itself"]
-    assert drain(ch, "e2e-direct-q") == [b"through", b"src only"]
+    assert get_all(ch, "e2e-q") == [b"through", b"dst itself"]
+    assert get_all(ch, "e2e-direct-q") == [b"through", b"src only"]
     ch.exchange_unbind("e2e-dst", "e2e-src", "sensors.*")
     ch.basic_publish("e2e-src", "sensors.t", b"after unbind")
-    assert drain(ch, "e2e-q") == []
-    assert drain(ch, "e2e-direct-q") == [b"after unbind"]
+    assert get_all(ch, "e2e-q") == []
+    assert get_all(ch, "e2e-direct-q") == [b"after unbind"]
 
 
 def test_exchange_bindings_cycle_and_diamond_deliver_once(ch: blocking.BlockingChannel) -> None:
@@ -433,7 +389,7 @@ def test_exchange_bindings_cycle_and_diamond_deliver_once(ch: blocking.BlockingC
     for name in ("cy-a", "cy-b", "cy-c"):
         ch.queue_bind("cy-q", name, "")
     ch.basic_publish("cy-a", "", b"m")
-    assert drain(ch, "cy-q") == [b"m"]
+    assert get_all(ch, "cy-q") == [b"m"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -447,14 +403,14 @@ def test_server_named_queues(ch: blocking.BlockingChannel, amqp: AmqpBroker) -> 
     assert first != second
     assert amqp.has_queue(first) and amqp.has_queue(second)
     ch.basic_publish("", first, b"to a generated name")
-    assert drain(ch, first) == [b"to a generated name"]
+    assert get_all(ch, first) == [b"to a generated name"]
 
 
 def test_empty_queue_name_means_the_last_declared(ch: blocking.BlockingChannel) -> None:
     name = ch.queue_declare("").method.queue
     ch.queue_bind("", "amq.fanout")  # RabbitMQ: "" is the channel's last declared queue
     ch.basic_publish("amq.fanout", "", b"to the last")
-    assert drain(ch, name) == [b"to the last"]
+    assert get_all(ch, name) == [b"to the last"]
 
 
 def test_passive_queue_declare_reports_counts(
@@ -523,7 +479,7 @@ def test_exclusive_queue_is_deleted_with_its_connection(
     ch = clients.connect(amqp.amqp_port).channel()
     ch.basic_publish("amq.fanout", "", b"no binding left")
     ch.queue_declare("excl-q")  # the name is free again, for anyone
-    assert drain(ch, "excl-q") == []
+    assert get_all(ch, "excl-q") == []
 
 
 def test_exclusive_queue_goes_when_connection_drops(clients: PikaClients, amqp: AmqpBroker) -> None:
@@ -594,7 +550,7 @@ def test_queue_delete_if_unused_and_if_empty(
     consumer.close()  # its unacknowledged delivery goes back
     wait_until(lambda: queue_counts(ch, "cond-q") == (1, 0), "the message back, no consumer")
     assert channel_error(conn, lambda c: c.queue_delete("cond-q", if_empty=True)) == 406
-    assert drain(ch, "cond-q") == [b"x"]
+    assert get_all(ch, "cond-q") == [b"x"]
     assert ch.queue_delete("cond-q", if_unused=True, if_empty=True).method.message_count == 0
     assert not amqp.has_queue("cond-q")
 
@@ -605,7 +561,7 @@ def test_queue_delete_removes_its_bindings(ch: blocking.BlockingChannel) -> None
     ch.queue_delete("qdel")
     ch.queue_declare("qdel")
     ch.basic_publish("amq.topic", "qdel.x", b"no binding")
-    assert drain(ch, "qdel") == []
+    assert get_all(ch, "qdel") == []
 
 
 # --------------------------------------------------------------------------------------------
@@ -627,10 +583,8 @@ def test_mandatory_unroutable_publish_is_returned(
     ch.basic_publish("amq.direct", "yes", b"fine", mandatory=True)
     ch.basic_publish("amq.direct", "no-route", b"dropped quietly")  # not mandatory
     ch.basic_publish("", "missing-queue", b"bounce too", mandatory=True)
-    deadline = time.monotonic() + WAIT
-    while len(returned) < 2 and time.monotonic() < deadline:
-        conn.process_data_events(0.01)
-    assert drain(ch, "routable") == [b"fine"]  # a barrier: all four publishes are routed
+    pump_until(conn, lambda: len(returned) >= 2, "two basic.returns")
+    assert get_all(ch, "routable") == [b"fine"]  # a barrier: all four publishes are routed
     conn.process_data_events(0)
     assert len(returned) == 2
     (m1, p1, b1), (m2, _p2, b2) = returned
@@ -665,10 +619,8 @@ def test_default_exchange_cannot_reach_internal_queues(
     for name in internal:
         ch.basic_publish("", name, b"evil", mandatory=True)
     ch.basic_publish("", "visible", b"fine", mandatory=True)
-    assert drain(ch, "visible") == [b"fine"]  # a barrier: every publish is routed
-    deadline = time.monotonic() + WAIT
-    while len(returned) < len(internal) and time.monotonic() < deadline:
-        conn.process_data_events(0.01)
+    assert get_all(ch, "visible") == [b"fine"]  # a barrier: every publish is routed
+    pump_until(conn, lambda: len(returned) >= len(internal), "a basic.return each")
     assert returned == internal
     counts = amqp.call(lambda b: [b.manager.queues[n].message_count for n in internal])
     assert counts == [0, 0, 0]
@@ -680,7 +632,7 @@ def test_mandatory_with_confirms_pika(ch: blocking.BlockingChannel) -> None:
     ch.basic_publish("", "conf-q", b"ok", mandatory=True)
     with pytest.raises(pika.exceptions.UnroutableError):
         ch.basic_publish("amq.topic", "nobody.home", b"x", mandatory=True)
-    assert drain(ch, "conf-q") == [b"ok"]
+    assert get_all(ch, "conf-q") == [b"ok"]
 
 
 async def test_mandatory_return_aio_pika(amqp: AmqpBroker) -> None:
@@ -702,21 +654,6 @@ async def test_mandatory_return_aio_pika(amqp: AmqpBroker) -> None:
 
 # --------------------------------------------------------------------------------------------
 # Cross-protocol: MQTT
-
-
-@pytest.fixture
-def paho(amqp: AmqpBroker) -> Iterator[Callable[[], Paho]]:
-    made: list[Paho] = []
-
-    def make() -> Paho:
-        client = Paho(amqp.mqtt_port)
-        made.append(client)
-        return client.connected()
-
-    yield make
-    for client in made:
-        with contextlib.suppress(Exception):
-            client.disconnect()
 
 
 def test_amqp_publish_to_amq_topic_reaches_mqtt_subscriber(
@@ -747,32 +684,11 @@ def test_mqtt_publish_reaches_amqp_queue_bound_to_amq_topic(
     assert (method.exchange, method.routing_key) == ("amq.topic", "sensors.room2.temp")
     assert props.headers is not None and props.headers.get("mqttTopic") == "sensors/room2/temp"
     wait_until(lambda: queue_counts(ch, "sensor-events")[0] == 1, "the second match")
-    assert drain(ch, "sensor-events") == [b"zero words after"]
+    assert get_all(ch, "sensor-events") == [b"zero words after"]
 
 
 # --------------------------------------------------------------------------------------------
 # Cross-protocol: the VibeMQ protocol
-
-
-@pytest.fixture
-async def vibemq(amqp: AmqpBroker) -> AsyncIterator[Callable[[], Any]]:
-    made: list[Client] = []
-
-    async def make() -> Client:
-        client = await Client.connect("127.0.0.1", amqp.port, reconnect=False, request_timeout=WAIT)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        await client.close()
-
-
-@pytest.fixture
-async def aio(amqp: AmqpBroker) -> AsyncIterator[aio_pika.abc.AbstractConnection]:
-    conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{amqp.amqp_port}/", timeout=WAIT)
-    yield conn
-    await conn.close()
 
 
 async def test_vibemq_and_amqp_consumers_compete_on_one_queue(
@@ -814,7 +730,7 @@ async def test_vibemq_publish_reaches_amqp_consumer_as_json(
     queue = await channel.declare_queue("orders", durable=True)
     client = await vibemq()
     await client.publish("orders", {"id": 7, "items": ["a", "b"]}, headers={"source": "web"})
-    msg = await get_one(queue)
+    msg = await get_async(queue)
     assert json.loads(msg.body) == {"id": 7, "items": ["a", "b"]}
     assert msg.content_type == "application/json"
     assert msg.headers.get("source") == "web"
@@ -829,7 +745,7 @@ async def test_vibemq_created_queue_is_visible_to_amqp(
     channel = await aio.channel()
     queue = await channel.declare_queue("invoices", passive=True)
     assert queue.declaration_result.message_count == 1
-    msg = await get_one(queue)
+    msg = await get_async(queue)
     assert json.loads(msg.body) == {"n": 1}
 
 
@@ -873,81 +789,16 @@ async def test_amqp_roundtrip_through_vibemq_publish_keeps_bytes(
         aio_pika.Message(body, content_type="image/png", correlation_id="c-9", priority=3),
         "bytes-q",
     )
-    msg = await get_one(queue)
+    msg = await get_async(queue)
     assert msg.body == body
     assert (msg.content_type, msg.correlation_id, msg.priority) == ("image/png", "c-9", 3)
-
-
-async def get_one(queue: aio_pika.abc.AbstractQueue) -> aio_pika.abc.AbstractIncomingMessage:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT
-    while True:
-        msg = await queue.get(no_ack=True, fail=False, timeout=WAIT)
-        if msg is not None:
-            return msg
-        assert loop.time() < deadline, f"no message in {queue.name}"
-        await asyncio.sleep(0.01)
 
 
 # --------------------------------------------------------------------------------------------
 # Durability across a real broker restart
 
 
-class Server:
-    """A ``vibemq-server`` process on port 0 (its log in a file), killed at the end whatever
-    happened."""
-
-    def __init__(self, workdir: Path, data_dir: Path) -> None:
-        self.workdir = workdir
-        self.data_dir = data_dir
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.amqp_port = 0
-        self.starts = 0
-
-    def start(self) -> Server:
-        self.starts += 1
-        ready = self.workdir / f"ready{self.starts}.json"
-        log = self.workdir / f"server{self.starts}.log"
-        with log.open("wb") as log_file:
-            self.proc = subprocess.Popen(
-                server_args(self.data_dir, ready),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=log_file,
-                env=clean_env(),
-                cwd=self.workdir,
-            )
-        deadline = time.monotonic() + 15.0
-        while not ready.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise AssertionError(f"server did not start:\n{log.read_text()}")
-            time.sleep(0.02)
-        self.amqp_port = json.loads(ready.read_text())["amqp"]
-        return self
-
-    def stop(self) -> None:
-        """SIGTERM and wait (bounded) for a clean exit."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(15.0) == 0
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(15.0)
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    s = Server(tmp_path, tmp_path / "data")
-    try:
-        yield s
-    finally:
-        s.kill()
-
-
-def test_durable_topology_and_persistent_messages_survive_restart(server: Server) -> None:
+def test_durable_topology_and_persistent_messages_survive_restart(server: ServerProcess) -> None:
     server.start()
     conn = pika.BlockingConnection(pika_params(server.amqp_port))
     ch = conn.channel()
@@ -1005,15 +856,15 @@ def test_durable_topology_and_persistent_messages_survive_restart(server: Server
         assert props.content_type == "text/plain"
         assert props.headers == {"k": "v", "n": 1}
         assert (props.message_id, props.correlation_id, props.priority) == ("p-1", "corr", 4)
-        assert drain(ch, "d.audit-log") == [b"order 1"]
-        assert drain(ch, "d.matched") == [b"invoice"]
+        assert get_all(ch, "d.audit-log") == [b"order 1"]
+        assert get_all(ch, "d.matched") == [b"invoice"]
         # The bindings work after the restart, the exchange-to-exchange one too.
         ch.basic_publish("d.events", "orders.paid", b"order 2")
         ch.basic_publish("d.events", "orders.eu.paid", b"audit only")
         ch.basic_publish("d.match", "", b"inv 2", pika.BasicProperties(headers={"kind": "invoice"}))
-        assert drain(ch, "d.orders") == [b"order 2"]
-        assert drain(ch, "d.audit-log") == [b"order 2", b"audit only"]
-        assert drain(ch, "d.matched") == [b"inv 2"]
+        assert get_all(ch, "d.orders") == [b"order 2"]
+        assert get_all(ch, "d.audit-log") == [b"order 2", b"audit only"]
+        assert get_all(ch, "d.matched") == [b"inv 2"]
         # The transient ones are gone.
         assert channel_error(conn, lambda c: c.exchange_declare("t.events", passive=True)) == 404
         assert channel_error(conn, lambda c: c.queue_declare("t.queue", passive=True)) == 404
@@ -1028,7 +879,7 @@ def test_durable_topology_and_persistent_messages_survive_restart(server: Server
     server.stop()
 
 
-def test_consumer_sees_messages_published_before_restart(server: Server) -> None:
+def test_consumer_sees_messages_published_before_restart(server: ServerProcess) -> None:
     server.start()
     conn = pika.BlockingConnection(pika_params(server.amqp_port))
     ch = conn.channel()

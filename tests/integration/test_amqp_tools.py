@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import aio_pika
 import aio_pika.abc
@@ -60,20 +60,6 @@ async def run_tool(name: str, *args: str, stdin: bytes | None = None) -> bytes:
             await proc.wait()
     assert proc.returncode == 0, (name, args, proc.returncode, out, err)
     return out
-
-
-@pytest.fixture
-async def broker(broker_factory: BrokerFactory) -> Broker:
-    return await broker_factory()
-
-
-@pytest.fixture
-async def channel(broker: Broker) -> AsyncIterator[aio_pika.abc.AbstractChannel]:
-    conn = await asyncio.wait_for(aio_pika.connect(url(broker)), WAIT)
-    try:
-        yield await conn.channel()
-    finally:
-        await asyncio.wait_for(conn.close(), WAIT)
 
 
 async def consumer_count(channel: aio_pika.abc.AbstractChannel, queue: str) -> int:

@@ -7,13 +7,13 @@ import asyncio
 import base64
 import json
 import queue
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pika
 import pytest
+from amqputil import get_message
 from serverproc import clean_env, server_args
 from zmqutil import WAIT, ZMQ_FLAGS, Server, ZmqPeer, start_server
 
@@ -213,14 +213,8 @@ async def test_mqtt_gets_mme_bytes_and_mqtt_reaches_sub(server: Server, peer: Zm
 def _amqp_roundtrip(port: int) -> tuple[bytes, str | None, dict[str, object] | None]:
     conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
     try:
-        ch = conn.channel()
-        deadline = time.monotonic() + WAIT
-        while time.monotonic() < deadline:
-            method, props, body = ch.basic_get("zamqp", auto_ack=True)
-            if method is not None:
-                return body, props.content_type, props.headers
-            time.sleep(0.02)
-        raise AssertionError("nothing arrived in zamqp")
+        _method, props, body = get_message(conn.channel(), "zamqp", timeout=WAIT)
+        return body, props.content_type, props.headers
     finally:
         conn.close()
 

@@ -4,7 +4,6 @@ steps like the journal (including its out-of-order failure path) and with the re
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 import threading
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from waits import wait_for
 
 from vibemq_server.config import QueueDefaults
 from vibemq_server.core import ManualClock, PublishOutcome, QueueManager
@@ -172,14 +172,6 @@ class SlowFsyncOs:
         os.fsync(fd)
 
 
-async def wait_until(cond: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.001)
-
-
 def open_journal(directory: Path, **kw: Any) -> tuple[QueueManager, Journal]:
     clock = ManualClock()
     manager = QueueManager(QueueDefaults(), clock)
@@ -201,7 +193,7 @@ async def test_with_the_journal_one_batch_per_flush(tmp_path: Path) -> None:
             for mid in ids:
                 assert manager.publish("d", mid, b"{}", {}) is PublishOutcome.ACCEPTED_DURABLE
                 replies.add(mid)
-            await wait_until(lambda: not replies.waiting, "the flush")
+            await wait_for(lambda: not replies.waiting, what="the flush")
             assert batches[-1] == (ids, None)
         assert len(batches) == 3
     finally:
@@ -223,14 +215,14 @@ async def test_with_the_journal_a_failed_write_waits_behind_the_fsync_before_it(
     try:
         manager.publish("d", "a", b"{}", {})
         replies.add("a")
-        await wait_until(lambda: journal._syncing, "the first batch's fsync")
+        await wait_for(lambda: journal._syncing, what="the first batch's fsync")
         fake.fail_writes = True
         manager.publish("d", "b", b"{}", {})
         replies.add("b")
-        await wait_until(lambda: not journal.available, "the failed write")
+        await wait_for(lambda: not journal.available, what="the failed write")
         assert batches == []  # "b" failed first, but "a" is still being synced
         fake.release.set()
-        await wait_until(lambda: not replies.waiting, "the fsync")
+        await wait_for(lambda: not replies.waiting, what="the fsync")
         assert [items for items, _ in batches] == [["a"], ["b"]]
         assert batches[0][1] is None
         err = batches[1][1]
