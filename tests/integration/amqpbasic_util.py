@@ -27,6 +27,7 @@ from pamqp.heartbeat import Heartbeat
 
 from vibemq_server.adapters.amqp.connection import AmqpConnection
 from vibemq_server.server import Broker
+from vibemq_server.server.transport import StreamTransport
 
 WAIT = 5.0
 """Bound of every wait for something that should happen (it normally takes milliseconds)."""
@@ -68,10 +69,15 @@ class BasicBroker(ThreadBroker):
         assert port
         return port
 
-    def amqp_connections(self) -> list[AmqpConnection]:
-        """Only to be used inside :meth:`call` (they live on the broker's loop)."""
+    def amqp_connections(self) -> list[StreamTransport]:
+        """The transports carrying an AMQP connection. Only to be used inside :meth:`call`
+        (they live on the broker's loop)."""
         assert self.broker is not None
-        return [c for c in list(self.broker.connections) if isinstance(c, AmqpConnection)]
+        return [
+            c
+            for c in list(self.broker.connections)
+            if isinstance(c, StreamTransport) and isinstance(c.session, AmqpConnection)
+        ]
 
     def buffered_output(self) -> dict[str, int]:
         """Bytes each AMQP connection holds in memory for its peer: our own pending output

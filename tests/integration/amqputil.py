@@ -80,7 +80,7 @@ class AmqpBroker(ThreadBroker):
         return self.broker.port
 
     def amqp_connections(self) -> int:
-        return self.call(lambda b: sum(isinstance(c, AmqpConnection) for c in list(b.connections)))
+        return self.call(lambda b: len(_amqp_sessions(b)))
 
     def has_queue(self, name: str) -> bool:
         return self.call(lambda b: name in b.manager.queues)
@@ -98,12 +98,14 @@ class AmqpBroker(ThreadBroker):
     def negotiated(self) -> list[tuple[int, int, int]]:
         """(frame_max, channel_max, heartbeat) of every open AMQP connection."""
         return self.call(
-            lambda b: [
-                (c.frame_max, c.channel_max, c.heartbeat)
-                for c in list(b.connections)
-                if isinstance(c, AmqpConnection)
-            ]
+            lambda b: [(c.frame_max, c.channel_max, c.heartbeat) for c in _amqp_sessions(b)]
         )
+
+
+def _amqp_sessions(broker: Broker) -> list[AmqpConnection]:
+    """The AMQP sessions of the broker's connections (on the broker's loop)."""
+    sessions = (getattr(c, "session", None) for c in list(broker.connections))
+    return [s for s in sessions if isinstance(s, AmqpConnection)]
 
 
 @contextlib.contextmanager
