@@ -141,7 +141,7 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
 
     # -- frames ------------------------------------------------------------------------------------
 
-    def on_header_frame(self, frame: ProtocolHeader) -> None:
+    def on_protocol_header_frame(self, frame: ProtocolHeader) -> None:
         if ProtocolHeader not in self._accepts:
             raise AmqpError(ReplyCode.FRAME_ERROR, "FRAME_ERROR - unexpected protocol header", 0)
         self._fire(ProtocolHeader)
@@ -386,7 +386,7 @@ def _ids_of(method: PamqpFrame) -> tuple[int, int]:
 
 #: The handler of each kind of frame.
 _FRAME_HANDLERS: dict[type, Callable[[AmqpConnection, Any], None]] = {
-    ProtocolHeader: AmqpConnection.on_header_frame,
+    ProtocolHeader: AmqpConnection.on_protocol_header_frame,
     MethodFrame: AmqpConnection.on_method,
     HeaderFrame: AmqpConnection.on_header,
     BodyFrame: AmqpConnection.on_body,
