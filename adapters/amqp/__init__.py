@@ -6,10 +6,18 @@
   functions (hand-written for deliver / get-ok / return / confirms, pamqp for cold methods);
   field tables and basic properties.
 
-* :mod:`adapters.amqp.connection` -- the transport, the connection state machine and the
-  method handlers; :mod:`adapters.amqp.channel` -- consumers, delivery tags, confirms, tx.
-* :mod:`adapters.amqp.server` -- listener, queue arguments, routing, dead-lettering, auth;
-  :mod:`adapters.amqp.mapping` -- AMQP messages <-> core messages.
+* :mod:`adapters.amqp.connection` -- ``AmqpConnection``, the sans-IO session of one
+  connection (the transport's ``Session``, over a ``Link``): frames in, dispatch by state
+  and handler tables, errors onto connection.close / channel.close, timers;
+  :mod:`adapters.amqp.states` -- the connection's and the channels' state tables;
+  :mod:`adapters.amqp.base` -- a connection's state, its shared helpers and ``Server`` (what
+  it uses of the broker); the handlers: :mod:`adapters.amqp.handshake` (channel 0),
+  :mod:`adapters.amqp.declarations` (exchange.*, queue.*), :mod:`adapters.amqp.basic`
+  (basic.*, confirm.*, tx.*); :mod:`adapters.amqp.channel` -- consumers, delivery tags,
+  content assembly, acks.
+* :mod:`adapters.amqp.server` -- listener (the shared ``StreamTransport``), queue arguments,
+  routing, dead-lettering, auth; :mod:`adapters.amqp.mapping` -- AMQP messages <-> core
+  messages.
 """
 
 from vibemq_server.adapters.amqp.codec import (

@@ -3,23 +3,53 @@
 Consumers are core subscriptions (``AmqpConsumer`` is the core's Consumer); a delivery tag
 maps to the subscription and message id it acknowledges. Publishes arrive as a method frame,
 a content header and body frames, assembled here and routed by the server once complete.
+The channel's state (open, awaiting content, closing) moves by ``states.CHANNEL_TRANSITIONS``.
+
+What a channel uses of its connection is ``Owner`` below (the connection implements it), so
+this module imports nothing above it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from vibemq_server.adapters.amqp.codec import AmqpError, ReplyCode, encode_ack, encode_deliver
-from vibemq_server.core import Queue, StoredMessage, Subscription
-
-if TYPE_CHECKING:
-    from vibemq_server.adapters.amqp.connection import AmqpConnection
+from vibemq_server.adapters.amqp.mapping import MessageMapper
+from vibemq_server.adapters.amqp.states import CHANNEL_TRANSITIONS, ChannelState, Input
+from vibemq_server.core import Queue, QueueManager, StoredMessage, Subscription
+from vibemq_server.server.transport import Link
 
 #: prefetch 0 means "no limit"
 UNLIMITED = 2**31
 
 BASIC_CLASS = 60
+
+_CLOSING = ChannelState.CLOSING
+
+
+class Consumers(Protocol):
+    """What a channel uses of the broker's AMQP side."""
+
+    mapper: MessageMapper
+
+    def consumer_ended(self, consumer: AmqpConsumer) -> None: ...
+
+
+class Owner(Protocol):
+    """What a channel uses of its connection."""
+
+    conn_id: str
+    manager: QueueManager
+    frame_max: int
+
+    @property
+    def link(self) -> Link: ...
+
+    @property
+    def server(self) -> Consumers: ...
+
+    def consumer_cancelled(self, channel: Channel, tag: str) -> None: ...
 
 
 class AmqpConsumer:
@@ -91,10 +121,13 @@ class Pending:
 
 
 class Channel:
-    def __init__(self, conn: AmqpConnection, number: int) -> None:
+    def __init__(self, conn: Owner, number: int) -> None:
         self.conn = conn
+        self.link = conn.link
         self.number = number
-        self.closing = False
+        self.state = ChannelState.OPEN
+        #: what the current state accepts (read per method: no Enum hashing)
+        self.accepts = CHANNEL_TRANSITIONS[ChannelState.OPEN]
         self.flow = True
         self.next_tag = 1
         #: delivery tag -> (subscription, message id, consumer or None for basic.get)
@@ -111,13 +144,25 @@ class Channel:
         self.confirmed_upto = 0  # every publish up to this seq is confirmed
         self._tags = 0
 
+    # -- the state table ---------------------------------------------------------------------------
+
+    def fire(self, event: Input) -> None:
+        """Move to the state the table gives for ``event`` in the current one."""
+        self.state = state = CHANNEL_TRANSITIONS[self.state][event]
+        self.accepts = CHANNEL_TRANSITIONS[state]
+
+    @property
+    def closing(self) -> bool:
+        """We sent channel.close: only close / close-ok count now."""
+        return self.state is _CLOSING
+
     # -- delivery ----------------------------------------------------------------------------------
 
     def can_deliver(self) -> bool:
         return (
             self.flow
-            and not self.closing
-            and self.conn.writable
+            and self.state is not _CLOSING
+            and self.link.writable
             and (not self.global_prefetch or len(self.unacked) < self.global_prefetch)
         )
 
@@ -127,7 +172,7 @@ class Channel:
         conn = self.conn
         properties, body = conn.server.mapper.from_core(msg.payload, msg.headers)
         exchange, routing_key = conn.server.mapper.origin(msg.headers, sub.queue.name)
-        conn.send(
+        self.link.send(
             encode_deliver(
                 self.number,
                 consumer.tag_bytes,

@@ -1,5 +1,9 @@
 """The AMQP 0-9-1 side of one broker: listener, exchanges, queue declarations, routing, auth.
 
+The listener is the shared ``StreamTransport`` (socket, write batching, flow control, the
+connection limit) carrying each client's sans-IO ``AmqpConnection`` (connection.py); this
+module is what those connections use of the broker (``base.Server``).
+
 AMQP queues are the broker's queues: a VibeMQ subscriber of ``orders`` and an AMQP consumer
 of ``orders`` compete on the same queue. A publish to the default exchange or to ``amq.topic``
 is also a publish at the address of its routing key, handed to the core (``QueueManager.route``)
@@ -18,12 +22,13 @@ import hmac
 import itertools
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import structlog
 
-from vibemq_server.adapters.amqp.channel import consumer_count
+from vibemq_server.adapters.amqp.channel import AmqpConsumer, consumer_count
 from vibemq_server.adapters.amqp.codec import decode_properties, encode_properties, text
+from vibemq_server.adapters.amqp.connection import AmqpConnection
 from vibemq_server.adapters.amqp.mapping import EXCHANGE, ROUTING_KEY, MessageMapper
 from vibemq_server.config import DeliveryMode, OverflowStrategy
 from vibemq_server.core import (
@@ -39,10 +44,7 @@ from vibemq_server.core.exchanges import Exchanges, canonical_arguments, decode_
 from vibemq_server.core.routing import AddressSink, MessageSource
 from vibemq_server.core.table import DurableTable
 from vibemq_server.server.adapter import AdapterContext
-
-if TYPE_CHECKING:
-    from vibemq_server.adapters.amqp.channel import AmqpConsumer
-    from vibemq_server.adapters.amqp.connection import AmqpConnection
+from vibemq_server.server.transport import StreamTransport
 
 log = structlog.get_logger("vibemq.amqp")
 
@@ -104,8 +106,8 @@ class AmqpServer:
         self.unregister = context.unregister
         self.exchanges: Exchanges | None = None
         self.mapper = MessageMapper()
-        #: exclusive queue name -> the connection that owns it
-        self.exclusive: dict[str, AmqpConnection] = {}
+        #: exclusive queue name -> the connection that owns it (compared by identity)
+        self.exclusive: dict[str, object] = {}
         #: queue name -> its exclusive consumer
         self.exclusive_consumers: dict[str, AmqpConsumer] = {}
         #: x-arguments the core's queue options do not hold, by queue (dead-lettering,
@@ -116,6 +118,7 @@ class AmqpServer:
         #: auto-delete queues: deleted when their last consumer goes
         self.auto_delete: set[str] = set()
         self._ids = itertools.count(1)
+        self._conn_ids = itertools.count(1)
         self._id_prefix = f"amqp-{os.urandom(4).hex()}-"
         self._server: asyncio.Server | None = None
         self.port = 0
@@ -147,15 +150,26 @@ class AmqpServer:
         self.manager.register_sink(self)
 
     async def start(self) -> None:
-        from vibemq_server.adapters.amqp.connection import AmqpConnection
-
         host = self.cfg.host or self.config.host
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: AmqpConnection(self), host, self.cfg.port, backlog=4096, reuse_address=True
+            self._accept, host, self.cfg.port, backlog=4096, reuse_address=True
         )
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("listening", protocol="amqp", host=host, port=self.port)
+
+    def _accept(self) -> StreamTransport:
+        """A new socket: the shared transport, carrying an AMQP connection once the broker's
+        connection limit let it in (over the limit the socket just closes)."""
+        return StreamTransport(
+            lambda link: AmqpConnection(link, self),
+            conn_id=f"amqp_{next(self._conn_ids)}",
+            log=log,
+            out_limit=self.config.write_buffer_high_bytes,
+            batch=self.batch,
+            register=self.register,
+            unregister=self.unregister,
+        )
 
     def close(self) -> None:
         if self._server is not None:
@@ -253,7 +267,7 @@ class AmqpServer:
             self.exchanges.queue_deleted(name)
         return count
 
-    def connection_gone(self, conn: AmqpConnection) -> None:
+    def connection_gone(self, conn: object) -> None:
         """Exclusive queues die with their connection."""
         for name in [n for n, owner in self.exclusive.items() if owner is conn]:
             try:

@@ -97,7 +97,10 @@ class AmqpBroker(ThreadBroker):
     def negotiated(self) -> list[tuple[int, int, int]]:
         """(frame_max, channel_max, heartbeat) of every open AMQP connection."""
         return self.call(
-            lambda b: [(c.frame_max, c.channel_max, c.heartbeat) for c in self._amqp_links(b)]
+            lambda b: [
+                (c.session.frame_max, c.session.channel_max, c.session.heartbeat)
+                for c in self._amqp_links(b)
+            ]
         )
 
     def buffered_output(self) -> dict[str, int]:

@@ -24,20 +24,6 @@ from pathlib import Path
 PACKAGE = "vibemq_server"
 ROOT = Path(__file__).resolve().parents[2] / PACKAGE
 
-# Cycles other helpers of issue 12 are removing on their branches (the AMQP and MQTT
-# connection/session split). An SCC is tolerated only when all its
-# modules are inside one of these groups; any other cycle fails.
-# THE LEAD REMOVES THIS ALLOW-LIST AT MERGE, once those branches have landed.
-KNOWN_CYCLES_BEING_REMOVED: dict[str, frozenset[str]] = {
-    "amqp channel/connection/server": frozenset(
-        {
-            "vibemq_server.adapters.amqp.channel",
-            "vibemq_server.adapters.amqp.connection",
-            "vibemq_server.adapters.amqp.server",
-        }
-    ),
-}
-
 # The import layers (docs/architecture.md): what each part of the package may import of the
 # package (the stdlib and third-party libraries are not constrained here). A module belongs to
 # the longest key that is its name or a prefix of it; ``ADAPTER`` stands for the adapter's own
@@ -214,11 +200,9 @@ def test_the_package_is_found_with_its_adapters() -> None:
 
 
 def test_no_import_cycles() -> None:
-    unexpected = []
-    for component, cycle in _cycles():
-        if any(set(component) <= group for group in KNOWN_CYCLES_BEING_REMOVED.values()):
-            continue
-        unexpected.append(f"{' -> '.join(cycle)}  (all of: {', '.join(component)})")
+    unexpected = [
+        f"{' -> '.join(cycle)}  (all of: {', '.join(component)})" for component, cycle in _cycles()
+    ]
     assert not unexpected, "import cycles:\n" + "\n".join(unexpected)
 
 

@@ -1,0 +1,175 @@
+"""What every part of one AMQP connection's session shares: its state and its helpers.
+
+``ConnectionBase`` holds one connection's negotiated limits, channels and per-read work (the
+queues to refill, the confirms to send) and the helpers the method handlers share; the
+handlers live in ``handshake.py`` (channel 0), ``declarations.py`` (exchange.*, queue.*) and
+``basic.py`` (basic.*, confirm.*, tx.*), and ``connection.AmqpConnection`` puts them together
+and dispatches to them by table.
+
+What a connection uses of the broker's AMQP side is the ``Server`` protocol below
+(``server.AmqpServer`` implements it), so no module of the session imports the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import structlog
+
+from vibemq_server.adapters.amqp.channel import AmqpConsumer, Channel
+from vibemq_server.adapters.amqp.codec import AmqpError, FrameParser, ReplyCode, encode_ack
+from vibemq_server.adapters.amqp.mapping import MessageMapper
+from vibemq_server.adapters.amqp.states import TRANSITIONS, Input, State
+from vibemq_server.config import AmqpConfig
+from vibemq_server.core import QueueManager, QueueOptions
+from vibemq_server.core.durable_replies import DurableReplies
+from vibemq_server.core.exchanges import Exchanges
+from vibemq_server.server.transport import Link
+
+
+class Server(Protocol):
+    """What a connection uses of the AMQP side of the broker: settings, exchanges, queue
+    declarations and their arguments, exclusive and auto-delete queues, routing, auth."""
+
+    cfg: AmqpConfig
+    manager: QueueManager
+    mapper: MessageMapper
+    exchanges: Exchanges | None
+    #: exclusive queue name -> the connection that owns it (compared by identity)
+    exclusive: dict[str, object]
+    #: queue name -> its exclusive consumer
+    exclusive_consumers: dict[str, AmqpConsumer]
+    #: auto-delete queues: deleted when their last consumer goes
+    auto_delete: set[str]
+
+    def authenticate(self, username: str, password: str) -> bool: ...
+
+    def next_msg_id(self) -> str: ...
+
+    def queue_options(self, durable: bool, args: Mapping[str, Any]) -> QueueOptions: ...
+
+    def declared(self, name: str, durable: bool, args: Mapping[str, Any]) -> None: ...
+
+    def args_differ(self, name: str, args: Mapping[str, Any]) -> bool: ...
+
+    def touch(self, name: str) -> None: ...
+
+    def message_count(self, name: str) -> tuple[int, int]: ...
+
+    def delete_queue(self, name: str) -> int: ...
+
+    def publish(
+        self, exchange: str, routing_key: str, properties: bytes, body: bytes
+    ) -> tuple[int, bool, bool]: ...
+
+    def consumer_ended(self, consumer: AmqpConsumer) -> None: ...
+
+    def consumer_gone(self, queue_name: str) -> None: ...
+
+    def connection_gone(self, conn: object) -> None: ...
+
+
+class ConnectionBase:
+    """One AMQP connection's state, and the helpers its handlers share."""
+
+    def __init__(self, link: Link, server: Server) -> None:
+        self.link = link
+        #: output to the peer (the link's own method: no wrapper call per frame)
+        self.send: Callable[[bytes], None] = link.send
+        self.server = server
+        self.manager = server.manager
+        self.conn_id = link.conn_id
+        self.log: structlog.typing.FilteringBoundLogger = link.log
+        cfg = server.cfg
+        self.parser = FrameParser(cfg.frame_max)
+        self.state = State.AWAIT_HEADER
+        #: what the current state accepts (the hot path reads the row, no Enum hashing)
+        self._accepts = TRANSITIONS[State.AWAIT_HEADER]
+        self.channels: dict[int, Channel] = {}
+        self.frame_max = cfg.frame_max
+        self.channel_max = cfg.channel_max
+        self.heartbeat = 0
+        self.capabilities: dict[str, Any] = {}
+        self.opened_at = link.time()
+        self.last_rx = self.opened_at
+        self.last_heartbeat_sent = self.opened_at
+        self.closing_since = 0.0
+        self.blocked = False
+        self._published = False  # this read published something (memory alarm)
+        #: queues to dispatch once the read is done (acks, recover, a new consumer, qos)
+        self._refill: set[str] = set()
+        #: publisher confirms to send once the read is done (not waiting for the journal)
+        self._confirms: dict[Channel, list[int]] = {}
+        #: publisher confirms that wait for the journal, by flush epoch
+        self._durable: DurableReplies[tuple[Channel, int]] | None = None
+
+    # -- the state table ---------------------------------------------------------------------------
+
+    def _fire(self, event: Input) -> None:
+        """Move to the state the table gives for ``event`` in the current one."""
+        self.state = state = TRANSITIONS[self.state][event]
+        self._accepts = TRANSITIONS[state]
+
+    # -- channels ----------------------------------------------------------------------------------
+
+    def _release_all(self) -> None:
+        queues: set[str] = set()
+        for channel in list(self.channels.values()):
+            queues |= self._release_channel(channel)
+        self.channels.clear()
+        self.server.connection_gone(self)
+        for name in queues:
+            queue = self.manager.queues.get(name)
+            if queue is not None:
+                queue.dispatch()
+
+    def _release_channel(self, channel: Channel) -> set[str]:
+        consumer_queues = [c.queue for c in channel.consumers.values()]
+        queues = channel.release()
+        for name in consumer_queues:
+            self.server.consumer_gone(name)
+        return queues
+
+    # -- shared by the queue and basic methods -----------------------------------------------------
+
+    def _queue_name(self, channel: Channel, name: str) -> str:
+        """An empty queue name means the channel's last declared queue, as in RabbitMQ."""
+        if name:
+            return name
+        last = channel.last_queue
+        if not last:
+            raise AmqpError(
+                ReplyCode.NOT_FOUND, "NOT_FOUND - no previously declared queue", channel.number
+            )
+        return last
+
+    def _check_exclusive(self, channel: Channel, name: str, class_id: int, method_id: int) -> None:
+        owner = self.server.exclusive.get(name)
+        if owner is not None and owner is not self:
+            raise AmqpError(
+                ReplyCode.RESOURCE_LOCKED,
+                f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' "
+                "in vhost '/'",
+                channel.number,
+                class_id,
+                method_id,
+            )
+
+    def _exchanges(self) -> Exchanges:
+        exchanges = self.server.exchanges
+        assert exchanges is not None
+        return exchanges
+
+    def _send_confirms(self, channel: Channel, seqs: list[int]) -> None:
+        """Acks for ``seqs``; a run that covers everything up to its last one is sent as one
+        ack with ``multiple``."""
+        if channel.closing or not seqs:
+            return
+        done = channel.confirmed_upto
+        seqs.sort()
+        if seqs[0] == done + 1 and seqs[-1] - seqs[0] == len(seqs) - 1:
+            self.send(encode_ack(channel.number, seqs[-1], len(seqs) > 1))
+            channel.confirmed_upto = seqs[-1]
+        else:
+            self.send(b"".join(encode_ack(channel.number, s, False) for s in seqs))

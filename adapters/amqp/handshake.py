@@ -1,0 +1,144 @@
+"""The handlers of channel 0: the protocol header, the handshake (start-ok with PLAIN or
+AMQPLAIN, tune-ok, open) and connection.close / close-ok from the client.
+
+Which of them each connection state accepts, and the state that follows, is in
+``states.TRANSITIONS``; the connection moves before the handler runs, and a handler that
+fails raises ``AmqpError`` (the connection answers with connection.close).
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from pamqp import commands
+
+from vibemq_server.adapters.amqp.base import ConnectionBase
+from vibemq_server.adapters.amqp.codec import (
+    PROTOCOL_HEADER,
+    AmqpError,
+    ProtocolHeader,
+    ReplyCode,
+    decode_table,
+    encode_method,
+    text,
+)
+from vibemq_server.adapters.amqp.states import Event
+
+_CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+    "direct_reply_to": False,
+}
+
+
+class HandshakeMethods(ConnectionBase):
+    def on_protocol_header(self, frame: ProtocolHeader) -> None:
+        if not frame.ok:
+            self.log.info("wrong protocol header", header=frame.raw.hex())
+            self.send(PROTOCOL_HEADER)
+            self._fire(Event.REFUSED)
+            self.link.close()
+            return
+        self.send(
+            encode_method(
+                0,
+                commands.Connection.Start(
+                    server_properties={
+                        "product": "VibeMQ",
+                        "platform": "Python",
+                        "version": "0.1",
+                        "capabilities": cast(Any, _CAPABILITIES),
+                    },
+                    mechanisms="PLAIN AMQPLAIN",
+                    locales="en_US",
+                ),
+            )
+        )
+
+    def on_start_ok(self, method: commands.Connection.StartOk) -> None:
+        props = method.client_properties or {}
+        caps = props.get("capabilities")
+        if isinstance(caps, dict):
+            self.capabilities = caps
+        mechanism = text(method.mechanism)
+        response = method.response
+        raw = response.encode("latin-1") if isinstance(response, str) else bytes(response or b"")
+        if mechanism == "PLAIN":
+            parts = raw.split(b"\x00")
+            if len(parts) != 3:
+                raise AmqpError(ReplyCode.ACCESS_REFUSED, "ACCESS_REFUSED - bad PLAIN response", 0)
+            username, password = (
+                parts[1].decode("utf-8", "replace"),
+                parts[2].decode("utf-8", "replace"),
+            )
+        elif mechanism == "AMQPLAIN":
+            try:
+                table = decode_table(len(raw).to_bytes(4, "big") + raw)
+            except AmqpError:
+                table = {}
+            username = text(table.get("LOGIN"))
+            password = text(table.get("PASSWORD"))
+        else:
+            # RabbitMQ: 503 for a mechanism it does not offer (rabbit_reader).
+            raise AmqpError(
+                ReplyCode.COMMAND_INVALID,
+                f"COMMAND_INVALID - unknown authentication mechanism {mechanism!r} "
+                "(PLAIN, AMQPLAIN)",
+                0,
+            )
+        if not self.server.authenticate(username, password):
+            self.log.warning("authentication refused", user=username)
+            raise AmqpError(
+                ReplyCode.ACCESS_REFUSED,
+                f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}",
+                0,
+            )
+        self.log = self.log.bind(user=username)
+        cfg = self.server.cfg
+        self.send(
+            encode_method(
+                0,
+                commands.Connection.Tune(
+                    channel_max=cfg.channel_max, frame_max=cfg.frame_max, heartbeat=cfg.heartbeat_s
+                ),
+            )
+        )
+
+    def on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
+        cfg = self.server.cfg
+        frame_max = method.frame_max or cfg.frame_max
+        if frame_max < 4096 or frame_max > cfg.frame_max:
+            raise AmqpError(
+                ReplyCode.NOT_ALLOWED,
+                f"NOT_ALLOWED - frame_max {frame_max} outside 4096..{cfg.frame_max}",
+                0,
+            )
+        self.frame_max = frame_max
+        self.parser.max_frame_size = frame_max
+        self.channel_max = min(method.channel_max or cfg.channel_max, cfg.channel_max)
+        self.heartbeat = method.heartbeat
+
+    def on_open(self, method: commands.Connection.Open) -> None:
+        if text(method.virtual_host) != "/":
+            raise AmqpError(
+                ReplyCode.NOT_ALLOWED,
+                f"NOT_ALLOWED - vhost {text(method.virtual_host)!r} not found (only '/')",
+                0,
+                10,
+                40,
+            )
+        self.send(encode_method(0, commands.Connection.OpenOk()))
+        self.log.debug("connection open", heartbeat=self.heartbeat, frame_max=self.frame_max)
+
+    def on_close(self, method: commands.Connection.Close) -> None:
+        self.send(encode_method(0, commands.Connection.CloseOk()))
+        self._release_all()
+        self.link.close()
+
+    def on_close_ok(self, method: commands.Connection.CloseOk) -> None:
+        self.link.close()
