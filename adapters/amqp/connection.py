@@ -20,6 +20,7 @@ import structlog
 from pamqp import commands
 from pamqp.base import Frame as PamqpFrame
 
+from vibemq_server.adapters.amqp.arguments import validate_arguments
 from vibemq_server.adapters.amqp.channel import (
     UNLIMITED,
     AmqpConsumer,
@@ -53,6 +54,7 @@ from vibemq_server.core.exchanges import (
     ExchangeInUse,
     ExchangeMismatch,
     ExchangeNotFound,
+    InvalidExchangeType,
 )
 from vibemq_server.server.transport import BufferedConnection
 
@@ -60,6 +62,10 @@ if TYPE_CHECKING:
     from vibemq_server.adapters.amqp.server import AmqpServer
 
 _ids = itertools.count(1)
+
+#: A refused login without ``authentication_failure_close`` loses its socket after this long,
+#: with no close method (RabbitMQ's ``?SILENT_CLOSE_DELAY``: repeated guesses are slowed down).
+AUTH_FAILURE_DELAY_S = 3.0
 
 _CAPABILITIES = {
     "publisher_confirms": True,
@@ -89,7 +95,9 @@ _ACCEPTS: dict[State, frozenset[type]] = {
     State.AWAIT_START_OK: frozenset({commands.Connection.StartOk}),
     State.AWAIT_TUNE_OK: frozenset({commands.Connection.TuneOk}),
     State.AWAIT_OPEN: frozenset({commands.Connection.Open, commands.Connection.Close}),
-    State.OPEN: frozenset({commands.Connection.Close, commands.Connection.CloseOk}),
+    State.OPEN: frozenset(
+        {commands.Connection.Close, commands.Connection.CloseOk, commands.Connection.UpdateSecret}
+    ),
     State.CLOSING: frozenset({commands.Connection.Close, commands.Connection.CloseOk}),
     State.CLOSED: frozenset(),
 }
@@ -101,6 +109,7 @@ _CORE_ERRORS: dict[type[Exception], ReplyCode] = {
     ExchangeMismatch: ReplyCode.PRECONDITION_FAILED,
     ExchangeInUse: ReplyCode.PRECONDITION_FAILED,
     ExchangeAccessRefused: ReplyCode.ACCESS_REFUSED,
+    InvalidExchangeType: ReplyCode.COMMAND_INVALID,  # closes the connection, as in RabbitMQ
 }
 
 
@@ -126,6 +135,7 @@ class AmqpConnection(BufferedConnection):
         self.channel_max = server.cfg.channel_max
         self.heartbeat = 0
         self.capabilities: dict[str, Any] = {}
+        self.username = ""
         self.opened_at = self.loop.time()
         self.last_rx = self.opened_at
         self.last_heartbeat_sent = self.opened_at
@@ -168,7 +178,8 @@ class AmqpConnection(BufferedConnection):
                     code = _CORE_ERRORS.get(type(exc), ReplyCode.PRECONDITION_FAILED)
                     channel = getattr(frame, "channel", 0)
                     text = f"{_error_name(code)} - {exc}"
-                    self._fail(AmqpError(code, text, channel))
+                    ids = _ids_of(frame.method) if isinstance(frame, MethodFrame) else (0, 0)
+                    self._fail(AmqpError(code, text, channel, *ids))
                 except Exception:  # a bug must cost this connection only, never the broker
                     self.log.exception("internal error handling a frame")
                     self._fail(AmqpError(ReplyCode.INTERNAL_ERROR, "INTERNAL_ERROR", 0))
@@ -477,11 +488,9 @@ class AmqpConnection(BufferedConnection):
             )
         if not self.server.authenticate(username, password):
             self.log.warning("authentication refused", user=username)
-            raise AmqpError(
-                ReplyCode.ACCESS_REFUSED,
-                f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}",
-                0,
-            )
+            self._refuse_login(mechanism)
+            return
+        self.username = username
         self.log = self.log.bind(user=username)
         cfg = self.server.cfg
         self.send(
@@ -493,6 +502,35 @@ class AmqpConnection(BufferedConnection):
             )
         )
         self.state = State.AWAIT_TUNE_OK
+
+    def _refuse_login(self, mechanism: str) -> None:
+        """As RabbitMQ: connection.close 403 to a client that announced
+        ``authentication_failure_close``; any other loses its socket silently, later."""
+        if self.capabilities.get("authentication_failure_close") is True:
+            raise AmqpError(
+                ReplyCode.ACCESS_REFUSED,
+                f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}."
+                " For details see the broker logfile.",
+                0,
+            )
+        self.state = State.CLOSED
+        self.pause_reading()
+        self.loop.call_later(AUTH_FAILURE_DELAY_S, self.close)
+
+    def on_update_secret(self, method: commands.Connection.UpdateSecret) -> None:
+        # The new secret is checked as a login's password would be; a refusal costs the
+        # connection (530), as RabbitMQ answers when one of its auth backends refuses.
+        if not self.server.authenticate(self.username, text(method.new_secret)):
+            self.log.warning("secret update refused")
+            raise AmqpError(
+                ReplyCode.NOT_ALLOWED,
+                "NOT_ALLOWED - New secret was refused by one of the backends",
+                0,
+                10,
+                70,
+            )
+        self.log.info("secret updated", reason=text(method.reason))
+        self.send(encode_method(0, commands.Connection.UpdateSecretOk()))
 
     def on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
         cfg = self.server.cfg
@@ -580,7 +618,7 @@ class AmqpConnection(BufferedConnection):
         name = text(method.exchange)
         exchanges.declare(
             name,
-            text(method.exchange_type) or "direct",
+            text(method.exchange_type),  # "" too is refused (503), as RabbitMQ does
             durable=bool(method.durable),
             auto_delete=bool(method.auto_delete),
             internal=bool(method.internal),
@@ -630,13 +668,26 @@ class AmqpConnection(BufferedConnection):
             )
         return last
 
-    def _check_exclusive(self, channel: Channel, name: str, class_id: int, method_id: int) -> None:
+    def _check_exclusive(
+        self,
+        channel: Channel,
+        name: str,
+        class_id: int,
+        method_id: int,
+        *,
+        exclusive: bool | None = None,
+    ) -> None:
+        """405 for another connection's exclusive queue; with ``exclusive`` (a redeclare's
+        flag) also when the queue's exclusivity is not that (RabbitMQ's strict check)."""
         owner = self.server.exclusive.get(name)
-        if owner is not None and owner is not self:
+        if (owner is not None and owner is not self) or (
+            exclusive is not None and exclusive != (owner is self)
+        ):
             raise AmqpError(
                 ReplyCode.RESOURCE_LOCKED,
                 f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' "
-                "in vhost '/'",
+                "in vhost '/'. It could be originally declared on another connection or the "
+                "exclusive property value does not match that of the original declaration.",
                 channel.number,
                 class_id,
                 method_id,
@@ -668,29 +719,20 @@ class AmqpConnection(BufferedConnection):
                     10,
                 )
         else:
-            args = dict(method.arguments or {})
+            args = method.arguments or {}  # a codec.FieldTable: it knows the wire types
+            # RabbitMQ makes exclusive queues transient whatever the durable bit says.
+            durable = bool(method.durable) and not method.exclusive
             if existing is None:
-                manager.create_queue(name, server.queue_options(bool(method.durable), args))
-                server.declared(name, bool(method.durable), args)
+                validate_arguments(name, args)
+                manager.create_queue(name, server.queue_options(durable, args))
+                server.declared(name, durable, args)
                 if method.exclusive:
                     server.exclusive[name] = self
                 if method.auto_delete:
                     server.auto_delete.add(name)
-            elif args or existing.options.durable != bool(method.durable):
-                # Redeclared: the same properties, or 406 (a queue from another protocol
-                # declared without arguments is taken as it is).
-                wanted = server.queue_options(bool(method.durable), args)
-                if (wanted != existing.options or server.args_differ(name, args)) and (
-                    args or existing.options.durable != wanted.durable
-                ):
-                    raise AmqpError(
-                        ReplyCode.PRECONDITION_FAILED,
-                        f"PRECONDITION_FAILED - inequivalent arg 'durable' or arguments for "
-                        f"queue '{name}' in vhost '/'",
-                        channel.number,
-                        50,
-                        10,
-                    )
+            else:
+                self._check_exclusive(channel, name, 50, 10, exclusive=bool(method.exclusive))
+                server.check_redeclare(existing, durable, bool(method.auto_delete), args)
         channel.last_queue = name
         server.touch(name)
         if not method.nowait:
@@ -1079,6 +1121,7 @@ _CONNECTION_HANDLERS: dict[type, Callable[[AmqpConnection, Any], None]] = {
     commands.Connection.Open: AmqpConnection.on_open,
     commands.Connection.Close: AmqpConnection.on_close,
     commands.Connection.CloseOk: AmqpConnection.on_close_ok,
+    commands.Connection.UpdateSecret: AmqpConnection.on_update_secret,
 }
 
 _CHANNEL_HANDLERS: dict[type, Callable[[AmqpConnection, Channel, Any], None]] = {

@@ -144,7 +144,7 @@ def test_system_exchanges_may_be_redeclared_equivalently(ex: Exchanges) -> None:
     with pytest.raises(ExchangeMismatch) as info:
         ex.declare("amq.topic", "topic", durable=False)
     assert str(info.value) == (
-        "inequivalent arg 'durable' for exchange 'amq.topic': "
+        "inequivalent arg 'durable' for exchange 'amq.topic' in vhost '/': "
         "received 'false' but current is 'true'"
     )
     with pytest.raises(ExchangeMismatch, match="received 'fanout' but current is 'topic'"):

@@ -566,7 +566,7 @@ def _exchange_type(kind: ExchangeType | str) -> ExchangeType:
     try:
         return ExchangeType(kind)
     except ValueError:
-        raise InvalidExchangeType(f"unknown exchange type {kind!r}") from None
+        raise InvalidExchangeType(f"unknown exchange type '{kind}'") from None
 
 
 def _reserved(name: str) -> bool:
@@ -668,7 +668,7 @@ class Exchanges:
                 raise ExchangeAccessRefused("operation not permitted on the default exchange")
             found = self._exchanges.get(name)
             if found is None:
-                raise ExchangeNotFound(f"no exchange {name!r}")
+                raise ExchangeNotFound(f"no exchange '{name}' in vhost '/'")
             return found
         # RabbitMQ's order: the type first, then the default exchange, then the name.
         kind = _exchange_type(type)
@@ -690,7 +690,7 @@ class Exchanges:
         for what, field in _EQUIVALENT:
             if field(existing) != field(wanted):
                 raise ExchangeMismatch(
-                    f"inequivalent arg '{what}' for exchange '{name}': "
+                    f"inequivalent arg '{what}' for exchange '{name}' in vhost '/': "
                     f"received '{_shown(field(wanted))}' but current is '{_shown(field(existing))}'"
                 )
         return existing
@@ -704,7 +704,7 @@ class Exchanges:
         if _reserved(name):
             raise ExchangeAccessRefused(f"deletion of system exchange {name!r} not allowed")
         if name not in self._exchanges:
-            raise ExchangeNotFound(f"no exchange {name!r}")
+            raise ExchangeNotFound(f"no exchange '{name}' in vhost '/'")
         if if_unused and name in self._by_source:
             raise ExchangeInUse(f"exchange {name!r} in use")
         self._remove_bindings(self._forget_exchange(name))
@@ -777,7 +777,7 @@ class Exchanges:
             return []
         table = self._tables.get(exchange)
         if table is None:
-            raise ExchangeNotFound(f"no exchange {exchange!r}")
+            raise ExchangeNotFound(f"no exchange '{exchange}' in vhost '/'")
         found = table.match(routing_key, headers)
         if table.exchange_dests:
             return self._route_through(exchange, found, routing_key, headers)
@@ -836,14 +836,14 @@ class Exchanges:
     def _require(self, name: str) -> Exchange:
         exchange = self._exchanges.get(name)
         if exchange is None:
-            raise ExchangeNotFound(f"no exchange {name!r}")
+            raise ExchangeNotFound(f"no exchange '{name}' in vhost '/'")
         return exchange
 
     def _destination_durable(self, kind: str, name: str) -> bool:
         if kind == QUEUE:
             queue = self.manager.queues.get(name)
             if queue is None:
-                raise QueueNotFound(f"no queue {name!r}")
+                raise QueueNotFound(f"no queue '{name}' in vhost '/'")
             return queue.options.durable
         return self._require(name).durable
 
