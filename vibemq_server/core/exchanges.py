@@ -731,7 +731,8 @@ class Exchanges:
         routing_key: str,
         arguments: Mapping[str, Any] | None = None,
     ) -> None:
-        """queue.unbind; a binding that is not there is fine (as in RabbitMQ)."""
+        """queue.unbind; a binding, queue or exchange that is not there is fine (as in
+        RabbitMQ)."""
         self._unbind(QUEUE, queue, exchange, routing_key, arguments)
 
     def bind_exchange(
@@ -884,7 +885,12 @@ class Exchanges:
         routing_key: str,
         arguments: Mapping[str, Any] | None,
     ) -> None:
-        binding, _durable = self._binding(kind, destination, source, routing_key, arguments)
+        try:
+            binding, _durable = self._binding(kind, destination, source, routing_key, arguments)
+        except (ExchangeNotFound, QueueNotFound):
+            # Idempotent, as in RabbitMQ: aio-pika's RPC.close() unbinds its auto-delete
+            # result queue after cancelling the consumer that queue went with.
+            return
         if binding in self._bindings:
             self._remove_bindings([binding])
 
