@@ -177,6 +177,7 @@ COMPARED: list[tuple[str, str, Any, Any]] = [
     ("x-max-priority", "I", 5, 6),
     ("x-overflow", "S", "reject-publish", "drop-head"),
     ("x-queue-mode", "S", "lazy", "default"),
+    ("x-queue-version", "I", 1, 2),
     ("x-single-active-consumer", "t", 1, 0),
     ("x-queue-master-locator", "S", "min-masters", "random"),
     ("x-queue-type", "S", "classic", "quorum"),
