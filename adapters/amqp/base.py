@@ -22,7 +22,7 @@ from vibemq_server.adapters.amqp.codec import AmqpError, FrameParser, ReplyCode,
 from vibemq_server.adapters.amqp.mapping import MessageMapper
 from vibemq_server.adapters.amqp.states import TRANSITIONS, Input, State
 from vibemq_server.config import AmqpConfig
-from vibemq_server.core import QueueManager, QueueOptions
+from vibemq_server.core import Queue, QueueManager, QueueOptions
 from vibemq_server.core.durable_replies import DurableReplies
 from vibemq_server.core.exchanges import Exchanges
 from vibemq_server.server.transport import Link
@@ -51,7 +51,9 @@ class Server(Protocol):
 
     def declared(self, name: str, durable: bool, args: Mapping[str, Any]) -> None: ...
 
-    def args_differ(self, name: str, args: Mapping[str, Any]) -> bool: ...
+    def check_redeclare(
+        self, queue: Queue, durable: bool, auto_delete: bool, args: Mapping[str, Any]
+    ) -> None: ...
 
     def touch(self, name: str) -> None: ...
 
@@ -91,6 +93,9 @@ class ConnectionBase:
         self.channel_max = cfg.channel_max
         self.heartbeat = 0
         self.capabilities: dict[str, Any] = {}
+        self.username = ""
+        #: when a login was refused without a close method: the socket closes later
+        self.refused_at: float | None = None
         self.opened_at = link.time()
         self.last_rx = self.opened_at
         self.last_heartbeat_sent = self.opened_at
@@ -144,13 +149,26 @@ class ConnectionBase:
             )
         return last
 
-    def _check_exclusive(self, channel: Channel, name: str, class_id: int, method_id: int) -> None:
+    def _check_exclusive(
+        self,
+        channel: Channel,
+        name: str,
+        class_id: int,
+        method_id: int,
+        *,
+        exclusive: bool | None = None,
+    ) -> None:
+        """405 for another connection's exclusive queue; with ``exclusive`` (a redeclare's
+        flag) also when the queue's exclusivity is not that (RabbitMQ's strict check)."""
         owner = self.server.exclusive.get(name)
-        if owner is not None and owner is not self:
+        if (owner is not None and owner is not self) or (
+            exclusive is not None and exclusive != (owner is self)
+        ):
             raise AmqpError(
                 ReplyCode.RESOURCE_LOCKED,
                 f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' "
-                "in vhost '/'",
+                "in vhost '/'. It could be originally declared on another connection or the "
+                "exclusive property value does not match that of the original declaration.",
                 channel.number,
                 class_id,
                 method_id,

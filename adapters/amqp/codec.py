@@ -870,6 +870,67 @@ _FIELD_DECODERS: Final[dict[int, _ValueDecoder]] = {
 }
 
 
+#: RabbitMQ's names for the field types (``rabbit_binary_parser``), as its reply texts show them.
+FIELD_TYPE_NAMES: Final[dict[int, str]] = {
+    ord("t"): "bool",
+    ord("b"): "byte",
+    ord("B"): "unsignedbyte",
+    ord("s"): "short",
+    ord("U"): "short",
+    ord("u"): "unsignedshort",
+    ord("I"): "signedint",
+    ord("i"): "unsignedint",
+    ord("l"): "long",
+    ord("L"): "long",
+    ord("f"): "float",
+    ord("d"): "double",
+    ord("D"): "decimal",
+    ord("S"): "longstr",
+    ord("A"): "array",
+    ord("T"): "timestamp",
+    ord("F"): "table",
+    ord("V"): "void",
+    ord("x"): "binary",
+}
+
+
+class FieldTable(dict[str, Any]):
+    """A method's field-table argument (``arguments``, ``client_properties``) with the wire type
+    of each top-level value in ``types`` (RabbitMQ's names): a redeclare's 406 text names the
+    type, and the Python value alone cannot tell a ``byte`` 10 from a ``signedint`` 10."""
+
+    __slots__ = ("types",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.types: dict[str, str] = {}
+
+
+def _decode_argument_table(raw: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+    """A method argument's field table (cold methods only), keeping each value's type."""
+    if pos + 4 > end:
+        raise _truncated()
+    stop = pos + 4 + _U32.unpack_from(raw, pos)[0]
+    if stop > end:
+        raise _truncated()
+    pos += 4
+    table = FieldTable()
+    types = table.types
+    decoders = _FIELD_DECODERS
+    while pos < stop:
+        key_end = pos + 1 + raw[pos]
+        if key_end >= stop:
+            raise _truncated()
+        key = raw[pos + 1 : key_end].decode("utf-8", "surrogateescape")
+        tag = raw[key_end]
+        decode = decoders.get(tag)
+        if decode is None:
+            raise _syntax_error(f"unknown field type {tag:#04x} in table")
+        table[key], pos = decode(raw, key_end + 1, stop, depth + 1)
+        types[key] = FIELD_TYPE_NAMES[tag]
+    return table, stop
+
+
 def _decode_shortstr_arg(raw: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
     if pos >= end:
         raise _truncated()
@@ -886,7 +947,7 @@ _ARGUMENT_DECODERS: Final[dict[str, _ValueDecoder]] = {
     "longlong": _fixed(">Q"),  # unsigned, as the spec says (pamqp reads it signed)
     "shortstr": _decode_shortstr_arg,
     "longstr": _decode_longstr,
-    "table": _decode_field_table,
+    "table": _decode_argument_table,
     "timestamp": _decode_timestamp,
 }
 
@@ -1195,4 +1256,6 @@ def text(value: object) -> str:
     """A string field as text, whether pamqp handed it over as str or bytes (None: "")."""
     if value is None:
         return ""
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    if isinstance(value, bytes | bytearray):
+        return value.decode("utf-8", "replace")
+    return str(value)

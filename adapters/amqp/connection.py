@@ -40,7 +40,7 @@ from vibemq_server.adapters.amqp.codec import (
     encode_method,
 )
 from vibemq_server.adapters.amqp.declarations import DeclarationMethods
-from vibemq_server.adapters.amqp.handshake import HandshakeMethods
+from vibemq_server.adapters.amqp.handshake import AUTH_FAILURE_DELAY_S, HandshakeMethods
 from vibemq_server.adapters.amqp.states import CHANNEL_TRANSITIONS, ChannelState, Event, State
 from vibemq_server.core import CoreError, QueueExists, QueueNotFound
 from vibemq_server.core.exchanges import (
@@ -48,6 +48,7 @@ from vibemq_server.core.exchanges import (
     ExchangeInUse,
     ExchangeMismatch,
     ExchangeNotFound,
+    InvalidExchangeType,
 )
 
 _CORE_ERRORS: dict[type[Exception], ReplyCode] = {
@@ -57,6 +58,7 @@ _CORE_ERRORS: dict[type[Exception], ReplyCode] = {
     ExchangeMismatch: ReplyCode.PRECONDITION_FAILED,
     ExchangeInUse: ReplyCode.PRECONDITION_FAILED,
     ExchangeAccessRefused: ReplyCode.ACCESS_REFUSED,
+    InvalidExchangeType: ReplyCode.COMMAND_INVALID,  # closes the connection, as in RabbitMQ
 }
 
 _OPEN = State.OPEN
@@ -100,7 +102,8 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
                 code = _CORE_ERRORS.get(type(exc), ReplyCode.PRECONDITION_FAILED)
                 channel = getattr(frame, "channel", 0)
                 text = f"{_error_name(code)} - {exc}"
-                self._fail(AmqpError(code, text, channel))
+                ids = _ids_of(frame.method) if isinstance(frame, MethodFrame) else (0, 0)
+                self._fail(AmqpError(code, text, channel, *ids))
             except Exception:  # a bug must cost this connection only, never the broker
                 self.log.exception("internal error handling a frame")
                 self._fail(AmqpError(ReplyCode.INTERNAL_ERROR, "INTERNAL_ERROR", 0))
@@ -304,6 +307,10 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
     def check_timers(self, now: float, keepalive: float, frame_timeout: float) -> None:
         state = self.state
         if state is _CLOSED:
+            refused_at = self.refused_at
+            if refused_at is not None and now - refused_at >= AUTH_FAILURE_DELAY_S:
+                self.refused_at = None
+                self.link.close()  # a refused login's socket, held back (handshake.py)
             return
         if state is _CLOSING:
             if now - self.closing_since > 2.0:
@@ -400,6 +407,7 @@ _CONNECTION_HANDLERS: dict[type, Callable[[AmqpConnection, Any], None]] = {
     commands.Connection.Open: AmqpConnection.on_open,
     commands.Connection.Close: AmqpConnection.on_close,
     commands.Connection.CloseOk: AmqpConnection.on_close_ok,
+    commands.Connection.UpdateSecret: AmqpConnection.on_update_secret,
 }
 
 #: The handler of each method on an open channel; which channel state accepts which is in

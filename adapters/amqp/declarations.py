@@ -12,6 +12,7 @@ import contextlib
 
 from pamqp import commands
 
+from vibemq_server.adapters.amqp.arguments import validate_arguments
 from vibemq_server.adapters.amqp.base import ConnectionBase
 from vibemq_server.adapters.amqp.channel import Channel, consumer_count
 from vibemq_server.adapters.amqp.codec import AmqpError, ReplyCode, encode_method, text
@@ -26,7 +27,7 @@ class DeclarationMethods(ConnectionBase):
         name = text(method.exchange)
         exchanges.declare(
             name,
-            text(method.exchange_type) or "direct",
+            text(method.exchange_type),  # "" too is refused (503), as RabbitMQ does
             durable=bool(method.durable),
             auto_delete=bool(method.auto_delete),
             internal=bool(method.internal),
@@ -91,29 +92,20 @@ class DeclarationMethods(ConnectionBase):
                     10,
                 )
         else:
-            args = dict(method.arguments or {})
+            args = method.arguments or {}  # a codec.FieldTable: it knows the wire types
+            # RabbitMQ makes exclusive queues transient whatever the durable bit says.
+            durable = bool(method.durable) and not method.exclusive
             if existing is None:
-                manager.create_queue(name, server.queue_options(bool(method.durable), args))
-                server.declared(name, bool(method.durable), args)
+                validate_arguments(name, args)
+                manager.create_queue(name, server.queue_options(durable, args))
+                server.declared(name, durable, args)
                 if method.exclusive:
                     server.exclusive[name] = self
                 if method.auto_delete:
                     server.auto_delete.add(name)
-            elif args or existing.options.durable != bool(method.durable):
-                # Redeclared: the same properties, or 406 (a queue from another protocol
-                # declared without arguments is taken as it is).
-                wanted = server.queue_options(bool(method.durable), args)
-                if (wanted != existing.options or server.args_differ(name, args)) and (
-                    args or existing.options.durable != wanted.durable
-                ):
-                    raise AmqpError(
-                        ReplyCode.PRECONDITION_FAILED,
-                        f"PRECONDITION_FAILED - inequivalent arg 'durable' or arguments for "
-                        f"queue '{name}' in vhost '/'",
-                        channel.number,
-                        50,
-                        10,
-                    )
+            else:
+                self._check_exclusive(channel, name, 50, 10, exclusive=bool(method.exclusive))
+                server.check_redeclare(existing, durable, bool(method.auto_delete), args)
         channel.last_queue = name
         server.touch(name)
         if not method.nowait:

@@ -24,6 +24,10 @@ from vibemq_server.adapters.amqp.codec import (
 )
 from vibemq_server.adapters.amqp.states import Event
 
+#: A refused login without ``authentication_failure_close`` loses its socket after this long,
+#: with no close method (RabbitMQ's ``?SILENT_CLOSE_DELAY``: repeated guesses are slowed down).
+AUTH_FAILURE_DELAY_S = 3.0
+
 _CAPABILITIES = {
     "publisher_confirms": True,
     "exchange_exchange_bindings": True,
@@ -93,11 +97,9 @@ class HandshakeMethods(ConnectionBase):
             )
         if not self.server.authenticate(username, password):
             self.log.warning("authentication refused", user=username)
-            raise AmqpError(
-                ReplyCode.ACCESS_REFUSED,
-                f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}",
-                0,
-            )
+            self._refuse_login(mechanism)
+            return
+        self.username = username
         self.log = self.log.bind(user=username)
         cfg = self.server.cfg
         self.send(
@@ -108,6 +110,36 @@ class HandshakeMethods(ConnectionBase):
                 ),
             )
         )
+
+    def _refuse_login(self, mechanism: str) -> None:
+        """As RabbitMQ: connection.close 403 to a client that announced
+        ``authentication_failure_close``; any other loses its socket silently, later
+        (``check_timers`` closes it ``AUTH_FAILURE_DELAY_S`` after ``refused_at``)."""
+        if self.capabilities.get("authentication_failure_close") is True:
+            raise AmqpError(
+                ReplyCode.ACCESS_REFUSED,
+                f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}."
+                " For details see the broker logfile.",
+                0,
+            )
+        self._fire(Event.REFUSED)
+        self.link.pause_reading()
+        self.refused_at = self.link.time()
+
+    def on_update_secret(self, method: commands.Connection.UpdateSecret) -> None:
+        # The new secret is checked as a login's password would be; a refusal costs the
+        # connection (530), as RabbitMQ answers when one of its auth backends refuses.
+        if not self.server.authenticate(self.username, text(method.new_secret)):
+            self.log.warning("secret update refused")
+            raise AmqpError(
+                ReplyCode.NOT_ALLOWED,
+                "NOT_ALLOWED - New secret was refused by one of the backends",
+                0,
+                10,
+                70,
+            )
+        self.log.info("secret updated", reason=text(method.reason))
+        self.send(encode_method(0, commands.Connection.UpdateSecretOk()))
 
     def on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
         cfg = self.server.cfg

@@ -26,6 +26,14 @@ from typing import Any, cast
 
 import structlog
 
+from vibemq_server.adapters.amqp.arguments import (
+    EQUIVALENT,
+    Typed,
+    check_arguments,
+    check_flags,
+    infer_type,
+    typed_arguments,
+)
 from vibemq_server.adapters.amqp.channel import AmqpConsumer, consumer_count
 from vibemq_server.adapters.amqp.codec import decode_properties, encode_properties, text
 from vibemq_server.adapters.amqp.connection import AmqpConnection
@@ -55,6 +63,9 @@ UNBOUNDED = 2**62
 ACK_TIMEOUT_MS = 30 * 60 * 1000
 
 QUEUES_TABLE = "$amqp.queues"
+#: Header of a ``$amqp.queues`` record that holds every compared argument (the headers are
+#: their wire types); older records hold only the adapter's own arguments.
+_COMPARED = "$compared"
 #: Queue arguments the adapter itself implements (the rest map onto core queue options).
 _KEPT_ARGS = frozenset(
     {
@@ -113,6 +124,9 @@ class AmqpServer:
         #: x-arguments the core's queue options do not hold, by queue (dead-lettering,
         #: priorities); durable queues' are kept in the journal table ``$amqp.queues``
         self.queue_args: dict[str, dict[str, Any]] = {}
+        #: the arguments a redeclare must repeat (arguments.EQUIVALENT), with their wire
+        #: types, by queue declared over AMQP
+        self.declared_args: dict[str, dict[str, Typed]] = {}
         self.queue_table: DurableTable | None = None
         self._last_used: dict[str, int] = {}
         #: auto-delete queues: deleted when their last consumer goes
@@ -146,7 +160,16 @@ class AmqpServer:
                 log.warning("unreadable queue arguments dropped", queue=name)
                 self.queue_table.delete(name)
                 continue
-            self._apply_args(name, args)
+            kept = {k: v for k, v in args.items() if k in _KEPT_ARGS}
+            if kept:
+                self._apply_args(name, kept)
+            if _COMPARED in entry.headers:
+                types = entry.headers
+                self.declared_args[name] = {
+                    k: (types.get(k) or infer_type(v), v)
+                    for k, v in args.items()
+                    if k in EQUIVALENT
+                }
         self.manager.register_sink(self)
 
     async def start(self) -> None:
@@ -197,17 +220,49 @@ class AmqpServer:
     # -- queues ----------------------------------------------------------------------------------
 
     def declared(self, name: str, durable: bool, args: Mapping[str, Any]) -> None:
-        """A queue was created by queue.declare: keep the arguments the core does not."""
-        kept = {k: v for k, v in args.items() if k in _KEPT_ARGS}
-        if not kept:
-            return
-        self._apply_args(name, kept)
+        """A queue was created by queue.declare: keep the arguments the core does not, and
+        the ones a redeclare must repeat (with their wire types, for the 406 text)."""
+        # Strings the client sent as byte arrays are kept as text (what the adapter compares).
+        kept = {
+            k: text(v) if isinstance(v, bytes | bytearray) else v
+            for k, v in args.items()
+            if k in _KEPT_ARGS
+        }
+        compared = typed_arguments(args)
+        self.declared_args[name] = compared
+        if kept:
+            self._apply_args(name, kept)
         if durable and self.queue_table is not None:
-            self.queue_table.put(name, canonical_arguments(kept).encode(), {})
+            stored = {**kept, **{k: value for k, (_type, value) in compared.items()}}
+            types = {k: kind for k, (kind, _value) in compared.items()}
+            self.queue_table.put(
+                name, canonical_arguments(stored).encode(), {**types, _COMPARED: "1"}
+            )
 
-    def args_differ(self, name: str, args: Mapping[str, Any]) -> bool:
-        kept = {k: v for k, v in args.items() if k in _KEPT_ARGS}
-        return kept != self.queue_args.get(name, {})
+    def check_redeclare(
+        self, queue: Queue, durable: bool, auto_delete: bool, args: Mapping[str, Any]
+    ) -> None:
+        """queue.declare of an existing queue: the same flags and compared arguments, or
+        arguments.QueueMismatch (406) worded as RabbitMQ words it."""
+        name = queue.name
+        check_flags(name, (queue.options.durable, durable), (name in self.auto_delete, auto_delete))
+        received = typed_arguments(args)
+        current = self.declared_args.get(name)
+        if current is None:
+            if not received:
+                return  # a queue from another protocol (or an older journal) taken as it is
+            current = self._implied_args(queue)
+        check_arguments(name, current, received)
+
+    def _implied_args(self, queue: Queue) -> dict[str, Typed]:
+        """The arguments a queue not declared over AMQP (or restored from an older journal
+        record) stands for: its adapter arguments and its core limits."""
+        args: dict[str, Any] = dict(self.queue_args.get(queue.name, {}))
+        if queue.options.max_queue_size != UNBOUNDED:
+            args["x-max-length"] = queue.options.max_queue_size
+        if queue.options.message_ttl_ms:
+            args["x-message-ttl"] = queue.options.message_ttl_ms
+        return typed_arguments(args)
 
     def _apply_args(self, name: str, args: Mapping[str, Any]) -> None:
         self.queue_args[name] = dict(args)
@@ -226,11 +281,11 @@ class AmqpServer:
         _int_arg(args, "x-expires", 1)
         _int_arg(args, "x-max-length-bytes", 0)
         dlx = args.get("x-dead-letter-exchange")
-        if dlx is not None and not isinstance(dlx, str | bytes):
+        if dlx is not None and not isinstance(dlx, str | bytes | bytearray):
             raise QueueArgumentError(f"invalid arg 'x-dead-letter-exchange' for queue: {dlx!r}")
         overflow_name = args.get("x-overflow", "drop-head")
-        if isinstance(overflow_name, bytes):
-            overflow_name = overflow_name.decode()
+        if isinstance(overflow_name, bytes | bytearray):
+            overflow_name = overflow_name.decode("utf-8", "replace")
         overflow = _OVERFLOW.get(str(overflow_name))
         if overflow is None:
             raise QueueArgumentError(f"invalid arg 'x-overflow' for queue: {overflow_name!r}")
@@ -260,7 +315,10 @@ class AmqpServer:
         self.exclusive.pop(name, None)
         self.exclusive_consumers.pop(name, None)
         self._last_used.pop(name, None)
-        if self.queue_args.pop(name, None) is not None and self.queue_table is not None:
+        had_args = self.queue_args.pop(name, None) is not None
+        if (self.declared_args.pop(name, None) is not None or had_args) and (
+            self.queue_table is not None
+        ):
             self.queue_table.delete(name)
         self.auto_delete.discard(name)
         if self.exchanges is not None:

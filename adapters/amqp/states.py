@@ -85,6 +85,7 @@ TRANSITIONS: dict[State, dict[Input, State]] = {
     State.OPEN: {
         commands.Connection.Close: State.CLOSED,
         commands.Connection.CloseOk: State.CLOSED,
+        commands.Connection.UpdateSecret: State.OPEN,
         **_ERRORS,
     },
     State.CLOSING: {

@@ -144,7 +144,7 @@ def test_system_exchanges_may_be_redeclared_equivalently(ex: Exchanges) -> None:
     with pytest.raises(ExchangeMismatch) as info:
         ex.declare("amq.topic", "topic", durable=False)
     assert str(info.value) == (
-        "inequivalent arg 'durable' for exchange 'amq.topic': "
+        "inequivalent arg 'durable' for exchange 'amq.topic' in vhost '/': "
         "received 'false' but current is 'true'"
     )
     with pytest.raises(ExchangeMismatch, match="received 'fanout' but current is 'topic'"):
@@ -207,12 +207,11 @@ def test_bind_errors(ex: Exchanges) -> None:
         ex.bind_exchange("absent", "amq.direct", "k")
     with pytest.raises(ExchangeNotFound):
         ex.bind_exchange("amq.direct", "absent", "k")
-    with pytest.raises(ExchangeNotFound):
-        ex.unbind_queue("q1", "absent", "k")
-    with pytest.raises(QueueNotFound):
-        ex.unbind_queue("absent", "amq.direct", "k")
-    with pytest.raises(ExchangeNotFound):
-        ex.unbind_exchange("absent", "amq.direct", "k")
+    # Unbinding is idempotent, missing ends included (RabbitMQ 3.10 answers unbind-ok).
+    ex.unbind_queue("q1", "absent", "k")
+    ex.unbind_queue("absent", "amq.direct", "k")
+    ex.unbind_exchange("absent", "amq.direct", "k")
+    ex.unbind_exchange("amq.direct", "absent", "k")
     with pytest.raises(InvalidArguments):
         ex.bind_queue("q1", "amq.direct", "k", {"v": object()})
     assert ex.bindings() == []
@@ -594,6 +593,63 @@ def test_auto_delete_cascades(ex: Exchanges) -> None:
     assert ex.route("top", "") == ["q2"]
     ex.delete("keep")  # top's last binding went with it
     assert ex.get("top") is None and ex.bindings() == []
+
+
+def test_auto_delete_exchanges_bound_to_each_other_stay(ex: Exchanges) -> None:
+    """aio-pika's pattern: two auto-delete exchanges, one bound to the other. Only losing
+    its last binding *as source* deletes one (RabbitMQ 3.10, observed)."""
+    ex.declare("a", "direct", auto_delete=True)
+    ex.declare("b", "direct", auto_delete=True)
+    ex.bind_exchange("b", "a", "k")  # destination b, source a
+    ex.bind_queue("q1", "b", "k")
+    assert ex.get("a") is not None and ex.get("b") is not None
+    assert ex.route("a", "k") == ["q1"]
+    ex.unbind_exchange("b", "a", "k")
+    assert ex.get("a") is None  # its last binding as source went
+    assert ex.get("b") is not None  # a destination-only loss deletes nothing
+
+
+def test_auto_delete_is_about_bindings_as_source(ex: Exchanges) -> None:
+    """Each case as rabbitmq-server 3.10 answered it."""
+    ex.declare("dest-only", "direct", auto_delete=True)
+    ex.bind_exchange("dest-only", "amq.direct", "x")
+    ex.unbind_exchange("dest-only", "amq.direct", "x")
+    assert ex.get("dest-only") is not None
+    ex.declare("never-bound", "direct", auto_delete=True)
+    ex.unbind_queue("q1", "never-bound", "zz")  # a binding that is not there
+    assert ex.get("never-bound") is not None
+    ex.declare("two", "direct", auto_delete=True)
+    ex.bind_queue("q1", "two", "a")
+    ex.bind_queue("q1", "two", "b")
+    ex.unbind_queue("q1", "two", "a")
+    assert ex.get("two") is not None and ex.route("two", "b") == ["q1"]
+    ex.declare("self", "direct", auto_delete=True)
+    ex.bind_exchange("self", "self", "")
+    ex.unbind_exchange("self", "self", "")
+    assert ex.get("self") is None
+
+
+def test_auto_delete_when_the_destination_exchange_goes(ex: Exchanges) -> None:
+    ex.declare("src", "fanout", auto_delete=True)
+    ex.declare("dst", "fanout", auto_delete=True)
+    ex.bind_exchange("dst", "src", "")
+    ex.delete("dst")  # src's only binding went with it
+    assert ex.get("src") is None
+    ex.declare("src2", "fanout", auto_delete=True)
+    ex.declare("dst2", "fanout", auto_delete=True)
+    ex.bind_exchange("dst2", "src2", "")
+    ex.delete("src2")  # the destination only lost a binding to it
+    assert ex.get("dst2") is not None
+
+
+def test_unknown_exchange_type_wording(ex: Exchanges) -> None:
+    for kind in ("fanout2", "x-consistent-hash", ""):
+        with pytest.raises(InvalidExchangeType) as info:
+            ex.declare("e", kind)
+        assert str(info.value) == f"unknown exchange type '{kind}'"
+    with pytest.raises(ExchangeNotFound) as not_found:
+        ex.declare("e", "fanout2", passive=True)  # passive: the type is not looked at
+    assert str(not_found.value) == "no exchange 'e' in vhost '/'"
 
 
 def test_queue_deleted_keeps_other_bindings(ex: Exchanges) -> None:

@@ -566,7 +566,7 @@ def _exchange_type(kind: ExchangeType | str) -> ExchangeType:
     try:
         return ExchangeType(kind)
     except ValueError:
-        raise InvalidExchangeType(f"unknown exchange type {kind!r}") from None
+        raise InvalidExchangeType(f"unknown exchange type '{kind}'") from None
 
 
 def _reserved(name: str) -> bool:
@@ -668,7 +668,7 @@ class Exchanges:
                 raise ExchangeAccessRefused("operation not permitted on the default exchange")
             found = self._exchanges.get(name)
             if found is None:
-                raise ExchangeNotFound(f"no exchange {name!r}")
+                raise ExchangeNotFound(f"no exchange '{name}' in vhost '/'")
             return found
         # RabbitMQ's order: the type first, then the default exchange, then the name.
         kind = _exchange_type(type)
@@ -690,7 +690,7 @@ class Exchanges:
         for what, field in _EQUIVALENT:
             if field(existing) != field(wanted):
                 raise ExchangeMismatch(
-                    f"inequivalent arg '{what}' for exchange '{name}': "
+                    f"inequivalent arg '{what}' for exchange '{name}' in vhost '/': "
                     f"received '{_shown(field(wanted))}' but current is '{_shown(field(existing))}'"
                 )
         return existing
@@ -704,7 +704,7 @@ class Exchanges:
         if _reserved(name):
             raise ExchangeAccessRefused(f"deletion of system exchange {name!r} not allowed")
         if name not in self._exchanges:
-            raise ExchangeNotFound(f"no exchange {name!r}")
+            raise ExchangeNotFound(f"no exchange '{name}' in vhost '/'")
         if if_unused and name in self._by_source:
             raise ExchangeInUse(f"exchange {name!r} in use")
         self._remove_bindings(self._forget_exchange(name))
@@ -731,7 +731,8 @@ class Exchanges:
         routing_key: str,
         arguments: Mapping[str, Any] | None = None,
     ) -> None:
-        """queue.unbind; a binding that is not there is fine (as in RabbitMQ)."""
+        """queue.unbind; a binding, queue or exchange that is not there is fine (as in
+        RabbitMQ)."""
         self._unbind(QUEUE, queue, exchange, routing_key, arguments)
 
     def bind_exchange(
@@ -777,7 +778,7 @@ class Exchanges:
             return []
         table = self._tables.get(exchange)
         if table is None:
-            raise ExchangeNotFound(f"no exchange {exchange!r}")
+            raise ExchangeNotFound(f"no exchange '{exchange}' in vhost '/'")
         found = table.match(routing_key, headers)
         if table.exchange_dests:
             return self._route_through(exchange, found, routing_key, headers)
@@ -836,14 +837,14 @@ class Exchanges:
     def _require(self, name: str) -> Exchange:
         exchange = self._exchanges.get(name)
         if exchange is None:
-            raise ExchangeNotFound(f"no exchange {name!r}")
+            raise ExchangeNotFound(f"no exchange '{name}' in vhost '/'")
         return exchange
 
     def _destination_durable(self, kind: str, name: str) -> bool:
         if kind == QUEUE:
             queue = self.manager.queues.get(name)
             if queue is None:
-                raise QueueNotFound(f"no queue {name!r}")
+                raise QueueNotFound(f"no queue '{name}' in vhost '/'")
             return queue.options.durable
         return self._require(name).durable
 
@@ -884,7 +885,12 @@ class Exchanges:
         routing_key: str,
         arguments: Mapping[str, Any] | None,
     ) -> None:
-        binding, _durable = self._binding(kind, destination, source, routing_key, arguments)
+        try:
+            binding, _durable = self._binding(kind, destination, source, routing_key, arguments)
+        except (ExchangeNotFound, QueueNotFound):
+            # Idempotent, as in RabbitMQ: aio-pika's RPC.close() unbinds its auto-delete
+            # result queue after cancelling the consumer that queue went with.
+            return
         if binding in self._bindings:
             self._remove_bindings([binding])
 
