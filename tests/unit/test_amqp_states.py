@@ -44,6 +44,7 @@ def test_every_accepted_connection_input_has_a_handler() -> None:
         commands.Connection.Open,
         commands.Connection.Close,
         commands.Connection.CloseOk,
+        commands.Connection.UpdateSecret,
     }
 
 
