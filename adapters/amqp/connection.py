@@ -54,7 +54,7 @@ from vibemq_server.core.exchanges import (
     ExchangeMismatch,
     ExchangeNotFound,
 )
-from vibemq_server.server.transport import BufferedConnection
+from vibemq_server.server.transport import FAIR_READ_BYTES, BufferedConnection
 
 if TYPE_CHECKING:
     from vibemq_server.adapters.amqp.server import AmqpServer
@@ -178,6 +178,8 @@ class AmqpConnection(BufferedConnection):
             self._after_read()
         finally:
             reads.end()
+        if len(data) >= FAIR_READ_BYTES:
+            self._yield_reading()  # a flooding publisher must not keep the acks of others waiting
 
     def _after_read(self) -> None:
         for channel, seqs in self._confirms.items():
