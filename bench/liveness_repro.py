@@ -218,7 +218,7 @@ def one_run(target: Target, queue: str, ns: argparse.Namespace) -> Outcome:
                 out.error = "run timeout"
                 break
             if now - last > ns.stall:
-                out.max_gap, out.gap_at = now - last, got
+                waited = now - last
                 # Busy or idle while nothing arrives, and where the bytes are.
                 if target.pid:
                     cpu = cpu_seconds(target.pid)
@@ -230,6 +230,8 @@ def one_run(target: Target, queue: str, ns: argparse.Namespace) -> Outcome:
                 # Nothing ready: the tail of the run waits below the low-water mark, which
                 # is the consumer's doing; ready messages with room at the consumer are not.
                 out.stalled = out.ready > 0
+                if out.stalled:
+                    out.max_gap, out.gap_at = waited, got
                 if out.stalled and target.native_port:
                     out.broker = broker_view(target.native_port, queue)
                 break
