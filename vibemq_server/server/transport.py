@@ -4,6 +4,10 @@ Output is gathered and written once: at the end of the read being handled (``Rea
 or else at the end of the loop turn. While the socket is paused, or our own pending output
 is over its bound, ``writable`` is False so deliveries wait in their queues instead of in
 memory here; when it drains, ``_writable_again`` lets the protocol resume them.
+
+Input is read fairly: after a large read a connection is not read again until the loop has
+turned (``FAIR_READ_BYTES``), so one flooding peer cannot keep the others (a consumer's
+acks among them) waiting.
 """
 
 from __future__ import annotations
@@ -13,6 +17,13 @@ from collections.abc import Callable
 from typing import Protocol, cast
 
 import structlog
+
+#: After a read of at least this much, more input is probably waiting: the connection is not
+#: read again until the loop has turned. libuv reads a readable socket again and again while
+#: each read fills uvloop's 256 KB buffer, up to 32 times (8 MB, some 60,000 publishes) in one
+#: loop turn; a consumer's acks that arrived meanwhile waited behind all of it, seconds on a
+#: busy machine, with its window full and ready messages in the queue (issue 12).
+FAIR_READ_BYTES = 64 * 1024
 
 
 class ReadBatch:
@@ -127,6 +138,7 @@ class StreamTransport(asyncio.Protocol):
         self._flush_scheduled = False
         self._write_paused = False
         self._reading_paused = False
+        self._yielding = False  # not read until the loop turns (after a large read)
         self._closing = False
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
@@ -162,6 +174,8 @@ class StreamTransport(asyncio.Protocol):
             self.abort()
         finally:
             batch.end()
+        if len(data) >= FAIR_READ_BYTES:
+            self._yield_reading()
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
@@ -235,6 +249,19 @@ class StreamTransport(asyncio.Protocol):
         if self.session is not None and not self._closing:
             self.session.writable_again()
 
+    def _yield_reading(self) -> None:
+        """Stop reading until the loop has turned: the other connections' input goes first."""
+        if self._yielding or self.transport is None or self._closing:
+            return
+        self._yielding = True
+        self.transport.pause_reading()
+        self.loop.call_soon(self._end_yield)
+
+    def _end_yield(self) -> None:
+        self._yielding = False
+        if not self._reading_paused and self.transport is not None and not self._closing:
+            self.transport.resume_reading()
+
     def pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None and not self._closing:
             self._reading_paused = True
@@ -243,7 +270,8 @@ class StreamTransport(asyncio.Protocol):
     def resume_reading(self) -> None:
         if self._reading_paused and self.transport is not None and not self._closing:
             self._reading_paused = False
-            self.transport.resume_reading()
+            if not self._yielding:  # else _end_yield resumes
+                self.transport.resume_reading()
 
     def close(self) -> None:
         """Close after what is queued has been written."""
