@@ -1,5 +1,6 @@
-"""The handlers of channel 0: the protocol header, the handshake (start-ok with PLAIN or
-AMQPLAIN, tune-ok, open) and connection.close / close-ok from the client.
+"""The handlers of channel 0: the protocol header, the handshake (start-ok with PLAIN,
+AMQPLAIN, or EXTERNAL over TLS with a client certificate, tune-ok, open) and
+connection.close / close-ok from the client.
 
 Which of them each connection state accepts, and the state that follows, is in
 ``states.TRANSITIONS``; the connection moves before the handler runs, and a handler that
@@ -58,7 +59,11 @@ class HandshakeMethods(ConnectionBase):
                         "version": "0.1",
                         "capabilities": cast(Any, _CAPABILITIES),
                     },
-                    mechanisms="PLAIN AMQPLAIN",
+                    # EXTERNAL (RabbitMQ's rabbitmq_auth_mechanism_ssl) only when a verified
+                    # client certificate came with the TLS handshake.
+                    mechanisms=(
+                        "EXTERNAL PLAIN AMQPLAIN" if self.link.peer_identity else "PLAIN AMQPLAIN"
+                    ),
                     locales="en_US",
                 ),
             )
@@ -80,6 +85,11 @@ class HandshakeMethods(ConnectionBase):
                 parts[1].decode("utf-8", "replace"),
                 parts[2].decode("utf-8", "replace"),
             )
+        elif mechanism == "EXTERNAL" and self.link.peer_identity:
+            # The certificate was verified in the handshake: its CN is the user, whatever
+            # the response names (as RabbitMQ does with ssl_cert_login_from = common_name).
+            self._logged_in(self.link.peer_identity)
+            return
         elif mechanism == "AMQPLAIN":
             try:
                 table = decode_table(len(raw).to_bytes(4, "big") + raw)
@@ -99,6 +109,9 @@ class HandshakeMethods(ConnectionBase):
             self.log.warning("authentication refused", user=username)
             self._refuse_login(mechanism)
             return
+        self._logged_in(username)
+
+    def _logged_in(self, username: str) -> None:
         self.username = username
         self.log = self.log.bind(user=username)
         cfg = self.server.cfg

@@ -19,6 +19,7 @@ What the connection uses of the broker's MQTT side is the ``Server`` protocol be
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Protocol
@@ -65,6 +66,8 @@ class Server(Protocol):
     manager: QueueManager
     #: sessions whose QoS 0 backlog grew during the last route(): the publisher pauses
     congested: list[MqttSession]
+    #: over TLS, the client certificate's identity is the username (config ``tls``)
+    use_identity_as_username: bool
 
     @property
     def sessions(self) -> Mapping[str, MqttSession]: ...
@@ -350,7 +353,14 @@ class MqttConnection:
 
     def on_connect(self, packet: Connect) -> None:
         server = self.server
-        code = server.authenticate(packet)
+        identity = self.link.peer_identity
+        if server.use_identity_as_username and self.link.over_tls:
+            # Mosquitto's use_identity_as_username: the verified certificate is the login;
+            # without one the client is not authorized whatever it sends.
+            code = ConnackCode.ACCEPTED if identity else ConnackCode.NOT_AUTHORIZED
+            packet = dataclasses.replace(packet, username=identity, password=None)
+        else:
+            code = server.authenticate(packet)
         client_id = packet.client_id
         if code is ConnackCode.ACCEPTED and len(client_id) > server.cfg.max_client_id_length:
             code = ConnackCode.IDENTIFIER_REJECTED

@@ -7,6 +7,7 @@ through ``Adapter``.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -37,6 +38,8 @@ class AdapterContext:
     unregister: Callable[[Link], None]
     #: output given while one connection handles a read is written when the read is done
     read_batch: ReadBatch
+    #: the TLS listeners' context (server/tls.py); None = no certificate configured
+    tls: ssl.SSLContext | None = None
 
 
 class Adapter(Protocol):
