@@ -35,6 +35,9 @@ FAIR_READ_BYTES = 64 * 1024
 
 #: The first bytes of a TLS ClientHello: a handshake record of TLS 1.x (SSL 3 = 3.0).
 _TLS_RECORD = b"\x16\x03"
+#: A read returns at most one TLS record (16 KiB of plaintext); a larger buffer would only
+#: cost an allocation (and a large one an mmap) per record.
+_RECORD_MAX = 32_768
 
 
 class ReadBatch:
@@ -385,7 +388,7 @@ class StreamTransport(asyncio.Protocol):
         chunks: list[bytes] = []
         try:
             while True:
-                chunk = ssl_obj.read(262_144)
+                chunk = ssl_obj.read(_RECORD_MAX)
                 if not chunk:
                     self.close()
                     break
