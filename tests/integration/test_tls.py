@@ -346,6 +346,34 @@ def test_amqp_external_mechanism(mtls_broker: ThreadBroker, pki: Pki) -> None:
         conn.close()
 
 
+async def test_aio_pika_external(mtls_broker: ThreadBroker, pki: Pki) -> None:
+    port = ports(mtls_broker)["amqp_tls"]
+    conn = await aio_pika.connect(
+        f"amqps://localhost:{port}/?auth=external",
+        ssl_context=client_ctx(pki, pki.alice),
+        timeout=WAIT,
+    )
+    async with conn:
+        assert "alice" in _usernames(mtls_broker, "username")
+        channel = await conn.channel()
+        await channel.declare_queue("ext-aio")
+
+
+def test_cli_mutual_tls(mtls_broker: ThreadBroker, pki: Pki) -> None:
+    port = str(ports(mtls_broker)["vibemq_tls"])
+    cli = [sys.executable, "-m", "vibemq_server.client.cli", "--port", port, "--cafile"]
+    mutual = [*cli, str(pki.ca), "--cert", str(pki.alice.cert), "--key", str(pki.alice.key)]
+    done = subprocess.run(
+        [*mutual, "list-queues"], capture_output=True, timeout=WAIT, env=clean_env()
+    )
+    assert done.returncode == 0, done.stderr
+    refused = subprocess.run(
+        [*cli, str(pki.ca), "list-queues"], capture_output=True, timeout=WAIT, env=clean_env()
+    )
+    assert refused.returncode == 1
+    assert b"Traceback" not in refused.stderr
+
+
 def test_amqp_plain_without_certificate_has_no_external(tls_broker: ThreadBroker, pki: Pki) -> None:
     port = ports(tls_broker)["amqp_tls"]
     params = pika.ConnectionParameters(
