@@ -32,6 +32,7 @@ from waits import wait_until
 from vibemq_server.client import Client, tls_context
 from vibemq_server.config import Config
 from vibemq_server.server import Broker
+from vibemq_server.server.tls import reload as reload_tls
 
 WAIT = 10.0
 
@@ -560,3 +561,21 @@ async def test_sighup_reloads_certificates(tmp_path: Path, pki: Pki) -> None:
         log = (await stderr).decode(errors="replace")
     assert proc.returncode == 0, log
     assert "TLS certificates reloaded" in log
+
+
+def test_reload_with_a_broken_file_keeps_the_certificate(
+    make_mqtt_broker: MakeBroker,
+    pki: Pki,
+    tmp_path: Path,
+    broker_log: LogEntries,
+    mqtt_clients: Clients,
+) -> None:
+    cert, key = tmp_path / "live.pem", tmp_path / "live.key"
+    shutil.copy(pki.server.cert, cert)
+    shutil.copy(pki.server.key, key)
+    broker = make_mqtt_broker(tls=tls_settings(pki, cert_file=cert, key_file=key))
+    shutil.copy(pki.server2.cert, cert)  # a new certificate with the old key: unusable
+    assert broker.call(lambda b: b.tls is not None and not reload_tls(b.tls, b.config.tls))
+    assert log_events(broker_log, "TLS certificates not reloaded, the old ones stay")
+    client = tls_paho(mqtt_clients, ports(broker)["mqtt_tls"], pki).connected()
+    assert client.subscribe(("still/ok", 0)) == [0]

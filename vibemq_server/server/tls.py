@@ -46,6 +46,9 @@ def reload(ctx: ssl.SSLContext, cfg: TlsConfig) -> bool:
     """Load the certificate, key and CA files again into ``ctx`` (new handshakes use them).
     A file that cannot be used is logged and the certificate in use kept."""
     try:
+        # Tried on a scratch context first: a certificate that loads with a key that does not
+        # match it would otherwise leave the live context half replaced.
+        _load(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), cfg)
         _load(ctx, cfg)
     except (OSError, ValueError) as exc:
         log.error("TLS certificates not reloaded, the old ones stay", error=str(exc))
