@@ -29,7 +29,10 @@ def server_context(cfg: TlsConfig) -> ssl.SSLContext | None:
     ctx.minimum_version = _MIN_VERSIONS[cfg.min_version]
     # Compression invites CRIME; renegotiation by a client is a denial-of-service lever.
     ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_NO_RENEGOTIATION
-    _load(ctx, cfg)
+    try:
+        _load(ctx, cfg)
+    except (OSError, ValueError) as exc:
+        raise OSError(f"TLS: cannot load {_files(cfg)}: {exc}") from exc
     if cfg.ca_file is not None:
         ctx.verify_mode = ssl.CERT_REQUIRED if cfg.require_client_cert else ssl.CERT_OPTIONAL
     return ctx
@@ -42,6 +45,11 @@ def _load(ctx: ssl.SSLContext, cfg: TlsConfig) -> None:
         ctx.load_verify_locations(cafile=cfg.ca_file)
 
 
+def _files(cfg: TlsConfig) -> str:
+    named = {"cert_file": cfg.cert_file, "key_file": cfg.key_file, "ca_file": cfg.ca_file}
+    return ", ".join(f"{k} {v}" for k, v in named.items() if v is not None)
+
+
 def reload(ctx: ssl.SSLContext, cfg: TlsConfig) -> bool:
     """Load the certificate, key and CA files again into ``ctx`` (new handshakes use them).
     A file that cannot be used is logged and the certificate in use kept."""
@@ -51,7 +59,9 @@ def reload(ctx: ssl.SSLContext, cfg: TlsConfig) -> bool:
         _load(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), cfg)
         _load(ctx, cfg)
     except (OSError, ValueError) as exc:
-        log.error("TLS certificates not reloaded, the old ones stay", error=str(exc))
+        log.error(
+            "TLS certificates not reloaded, the old ones stay", files=_files(cfg), error=str(exc)
+        )
         return False
     log.info("TLS certificates reloaded", cert_file=str(cfg.cert_file))
     return True
