@@ -579,3 +579,24 @@ def test_reload_with_a_broken_file_keeps_the_certificate(
     assert log_events(broker_log, "TLS certificates not reloaded, the old ones stay")
     client = tls_paho(mqtt_clients, ports(broker)["mqtt_tls"], pki).connected()
     assert client.subscribe(("still/ok", 0)) == [0]
+
+
+def test_healthcheck_over_tls(mtls_broker: ThreadBroker, pki: Pki) -> None:
+    port = str(ports(mtls_broker)["vibemq_tls"])
+    probe = [sys.executable, "-m", "vibemq_server.healthcheck"]
+    # A TLS-only deployment: the probe goes to the TLS port by itself.
+    env = clean_env(
+        VIBEMQ_TLS__PLAIN_VIBEMQ="false",
+        VIBEMQ_TLS__PORT=port,
+        VIBEMQ_HEALTHCHECK_CERT=str(pki.alice.cert),
+        VIBEMQ_HEALTHCHECK_KEY=str(pki.alice.key),
+    )
+    done = subprocess.run(probe, capture_output=True, timeout=WAIT, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(b"healthy")
+    # Without the client certificate this broker wants, it is told so.
+    refused = subprocess.run(
+        [*probe, "--tls", "--port", port], capture_output=True, timeout=WAIT, env=clean_env()
+    )
+    assert refused.returncode == 1
+    assert refused.stderr.startswith(b"unhealthy")
