@@ -600,3 +600,35 @@ def test_healthcheck_over_tls(mtls_broker: ThreadBroker, pki: Pki) -> None:
     )
     assert refused.returncode == 1
     assert refused.stderr.startswith(b"unhealthy")
+
+
+def test_identity_as_username_without_a_certificate_is_not_authorized(
+    make_mqtt_broker: MakeBroker, pki: Pki, mqtt_clients: Clients
+) -> None:
+    # Certificates asked for but optional: a client without one has no identity to log in as.
+    broker = make_mqtt_broker(tls=tls_settings(pki, use_identity_as_username=True))
+    port = ports(broker)["mqtt_tls"]
+    anonymous = tls_paho(mqtt_clients, port, pki)
+    assert anonymous.connect().getName() == "Not authorized"
+    assert tls_paho(mqtt_clients, port, pki, pki.alice).connect().getName() == "Success"
+
+
+def test_min_version_13_refuses_tls_12(
+    make_mqtt_broker: MakeBroker, pki: Pki, broker_log: LogEntries
+) -> None:
+    broker = make_mqtt_broker(tls=tls_settings(pki, min_version="1.3"))
+    ctx = client_ctx(pki)
+    ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    with (
+        socket.create_connection((HOST, ports(broker)["amqp_tls"]), WAIT) as raw,
+        pytest.raises(ssl.SSLError),
+    ):
+        ctx.wrap_socket(raw, server_hostname="localhost")
+    wait_until(lambda: bool(log_events(broker_log, "TLS handshake failed")), "log line")
+    assert "UNSUPPORTED_PROTOCOL" in log_events(broker_log, "TLS handshake failed")[0]["reason"]
+    ctx13 = client_ctx(pki)
+    with (
+        socket.create_connection((HOST, ports(broker)["amqp_tls"]), WAIT) as raw,
+        ctx13.wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        assert tls.version() == "TLSv1.3"
