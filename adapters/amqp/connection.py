@@ -286,6 +286,7 @@ class AmqpConnection(BufferedConnection):
         if channel is None or channel.closing:
             return
         self.log.info("channel error", channel=exc.channel, code=int(exc.code), error=exc.text)
+        self._flush_confirms(channel)
         self._refill |= self._release_channel(channel)
         channel.closing = True
         self.send(
@@ -294,6 +295,15 @@ class AmqpConnection(BufferedConnection):
                 commands.Channel.Close(int(exc.code), exc.text[:255], exc.class_id, exc.method_id),
             )
         )
+
+    def _flush_confirms(self, channel: Channel) -> None:
+        """Send the confirms this read gathered for ``channel`` now, ahead of a frame that
+        ends it: nothing may follow a channel's close or close-ok, or connection.close, and
+        they were gathered for publishes routed before it (found by
+        tests/unit/test_amqp_session_fuzz.py)."""
+        seqs = self._confirms.pop(channel, None)
+        if seqs:
+            self._send_confirms(channel, seqs)
 
     def _close_connection(
         self, code: int, text: str, class_id: int = 0, method_id: int = 0
@@ -304,6 +314,8 @@ class AmqpConnection(BufferedConnection):
             self.state = State.CLOSED
             self.close()
             return
+        for confirm_channel in list(self._confirms):
+            self._flush_confirms(confirm_channel)
         self.send(
             encode_method(0, commands.Connection.Close(int(code), text[:255], class_id, method_id))
         )
@@ -556,6 +568,7 @@ class AmqpConnection(BufferedConnection):
         )
 
     def ch_close(self, channel: Channel, method: commands.Channel.Close) -> None:
+        self._flush_confirms(channel)
         self._refill |= self._release_channel(channel)
         del self.channels[channel.number]
         self.send(encode_method(channel.number, commands.Channel.CloseOk()))
