@@ -634,14 +634,19 @@ class AmqpConnection(BufferedConnection):
 
     def _queue_name(self, channel: Channel, name: str) -> str:
         """An empty queue name means the channel's last declared queue, as in RabbitMQ."""
-        if name:
-            return name
-        last = channel.last_queue
-        if not last:
+        name = name or channel.last_queue
+        if not name:
             raise AmqpError(
                 ReplyCode.NOT_FOUND, "NOT_FOUND - no previously declared queue", channel.number
             )
-        return last
+        if name.startswith("$"):
+            # The adapters' own queues (the durable tables, MQTT sessions) are no client's:
+            # queue.delete/purge/bind of "$amqp.bindings" lost the bindings at the next
+            # restart (found by tests/unit/test_amqp_session_fuzz.py).
+            raise AmqpError(
+                ReplyCode.NOT_FOUND, f"NOT_FOUND - no queue '{name}' in vhost '/'", channel.number
+            )
+        return name
 
     def _check_exclusive(self, channel: Channel, name: str, class_id: int, method_id: int) -> None:
         owner = self.server.exclusive.get(name)

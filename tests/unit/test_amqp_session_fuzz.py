@@ -218,9 +218,12 @@ QUEUE_ARGS: list[dict[str, Any]] = [
 HEADERS: list[Any] = [None, {"k": "v"}, {"k": 1}]
 BIND_ARGS: list[dict[str, Any]] = [{}, {"x-match": "any", "k": "v"}, {"x-match": "all"}]
 
-channels = st.sampled_from([1, 2, 1, 2, 1, 2, 1, 3])  # 3 is not opened at first
+channels = st.sampled_from([1, 2, 1, 2, 3])  # 3: the consumers' channel
 booleans = st.booleans()
-rare = st.integers(0, 7).map(lambda n: n == 0)  # True one time in eight
+# Hypothesis starts from (and shrinks towards) the smallest choices, so a draw's 0 is
+# always the productive one: no rare flag, a routed publish, the setup step taken, a polite
+# client, no lie and no chaos.
+rare = st.integers(0, 7).map(lambda n: n == 7)  # True one time in eight
 
 
 @st.composite
@@ -238,20 +241,20 @@ def publishes(draw: st.DrawFn, channel: int, chaos: int) -> bytes:
     """basic.publish, its content header and body frames; with chaos, sometimes the header
     lies about the size, or the content never comes."""
     body = draw(st.sampled_from(BODIES) | st.binary(max_size=40))
-    if draw(st.integers(0, 3)):  # where the setup's declarations route
+    if draw(st.integers(0, 3)) < 3:  # where the setup's declarations route
         exchange, key = draw(st.sampled_from(ROUTED))
     else:
         exchange, key = draw(st.sampled_from(PUBLISH_EXCHANGES)), draw(st.sampled_from(KEYS))
     method = commands.Basic.Publish(exchange=exchange, routing_key=key, mandatory=draw(booleans))
     out = marshal(method, channel)
-    lie = draw(st.integers(0, 15)) if chaos else 3
-    if lie == 0:
+    lie = draw(st.integers(0, 15)) if chaos else 0
+    if lie == 15:
         return out  # no content: the next method on the channel is out of order
     props = draw(properties())
-    if lie == 1:  # announces more than it sends
+    if lie == 14:  # announces more than it sends
         out += marshal(pamqp_header.ContentHeader(0, len(body) + 3, props), channel)
         return out + marshal(pamqp_body.ContentBody(body), channel)
-    if lie == 2:  # sends more than it announced
+    if lie == 13:  # sends more than it announced
         out += marshal(pamqp_header.ContentHeader(0, max(len(body) - 1, 0), props), channel)
         return out + marshal(pamqp_body.ContentBody(body + b"!"), channel)
     pieces = draw(st.integers(1, 3))
@@ -345,16 +348,16 @@ def channel_methods(chaos: int) -> st.SearchStrategy[Method]:
         _method(commands.Queue.Delete, queue=queues, if_unused=rare, if_empty=rare, nowait=rare),
         _method(commands.Exchange.Delete, exchange=exchanges, if_unused=rare),
         _method(commands.Channel.Flow, active=booleans),
-        _method(commands.Channel.CloseOk),
         *(
             [
+                _method(commands.Channel.CloseOk),
                 _method(
                     commands.Channel.Close,
                     reply_code=st.just(200),
                     reply_text=st.just("bye"),
                     class_id=st.just(0),
                     method_id=st.just(0),
-                )
+                ),
             ]
             if chaos
             else []
@@ -402,16 +405,21 @@ odd_frames = st.one_of(
 def client_input(draw: st.DrawFn, chaos: int) -> bytes:
     """What a client sends in one go: valid methods and publishes, and, one time in
     ``60 // chaos``, frames no client should send or random bytes."""
-    channel = draw(channels if chaos else st.sampled_from([1, 2]))
-    if chaos and draw(st.integers(0, 60 // chaos)) == 0:
+    channel = draw(channels)
+    if chaos and draw(st.integers(0, 60 // chaos)) == 60 // chaos:
         if draw(booleans):
             return bytes(draw(odd_frames))
         return draw(st.binary(min_size=1, max_size=24))
-    if draw(st.integers(0, 2)) == 0:
+    if draw(st.integers(0, 1)) == 0:
         return bytes(draw(publishes(channel, chaos)))
     return marshal(draw(channel_methods(chaos)), channel)
 
 
+#: A client's consumers, on channel 3 (a polite client starts them again when it reopens it).
+CONSUMERS = [
+    marshal(commands.Basic.Consume(queue="tq", consumer_tag="s1"), 3),
+    marshal(commands.Basic.Consume(queue="dq1", consumer_tag="s2"), 3),
+]
 #: What a client declares once connected (so that publishes have somewhere to go).
 SETUP = [
     marshal(commands.Queue.Declare(queue="dq1", durable=True), 1),
@@ -420,8 +428,7 @@ SETUP = [
     marshal(commands.Exchange.Declare(exchange="ex.d", durable=True), 1),
     marshal(commands.Queue.Bind(queue="dq1", exchange="ex.d", routing_key="dq1"), 1),
     marshal(commands.Queue.Bind(queue="dq1", exchange="amq.topic", routing_key="a.#"), 1),
-    marshal(commands.Basic.Consume(queue="tq", consumer_tag="s1"), 2),
-    marshal(commands.Basic.Consume(queue="dq1", consumer_tag="s2"), 2),
+    *CONSUMERS,
     marshal(commands.Confirm.Select(), 1),
 ]
 
@@ -429,7 +436,7 @@ SETUP = [
 @st.composite
 def handshakes(draw: st.DrawFn) -> tuple[bytes, int]:
     """A client's opening and the frame-max it asks for. Mostly a valid handshake that opens
-    channels 1 and 2 and declares some of what the others use; about one time in five, one step
+    channels 1 to 3 and declares some of what the others use; about one time in six, one step
     is wrong or missing."""
     frame_max = draw(st.sampled_from([0, 4096, SERVER_FRAME_MAX]))
     start_ok = commands.Connection.StartOk(
@@ -443,7 +450,7 @@ def handshakes(draw: st.DrawFn) -> tuple[bytes, int]:
         mechanism="PLAIN",
         response="\0guest\0guest",
     )
-    tune_ok = commands.Connection.TuneOk(channel_max=draw(st.sampled_from([0, 2, 2047])))
+    tune_ok = commands.Connection.TuneOk(channel_max=draw(st.sampled_from([0, 2047])))
     tune_ok.frame_max = frame_max
     frames = [
         HEADER,
@@ -452,8 +459,9 @@ def handshakes(draw: st.DrawFn) -> tuple[bytes, int]:
         marshal(commands.Connection.Open(virtual_host="/"), 0),
         marshal(commands.Channel.Open(), 1),
         marshal(commands.Channel.Open(), 2),
+        marshal(commands.Channel.Open(), 3),
     ]
-    fault = draw(st.integers(0, 39))
+    fault = draw(st.integers(0, 59))
     if fault == 1:
         frames[0] = b"AMQP\x01\x01\x00\x09"
     elif fault == 2:
@@ -477,8 +485,11 @@ def handshakes(draw: st.DrawFn) -> tuple[bytes, int]:
         frames[3] = marshal(commands.Connection.Open(virtual_host="/other"), 0)
     elif fault == 9:
         frames.insert(2, frames[1])  # start-ok twice
+    elif fault == 10:
+        tune_ok.channel_max = 2  # channel 3 is over it
+        frames[2] = marshal(tune_ok, 0)
     setup = draw(st.lists(st.integers(0, 3), min_size=len(SETUP), max_size=len(SETUP)))
-    frames += [step for step, chosen in zip(SETUP, setup, strict=True) if chosen]
+    frames += [step for step, skipped in zip(SETUP, setup, strict=True) if skipped < 3]
     return b"".join(frames), frame_max
 
 
@@ -486,7 +497,7 @@ def handshakes(draw: st.DrawFn) -> tuple[bytes, int]:
 def sends(draw: st.DrawFn, chaos: int) -> tuple[Any, ...]:
     """Input for one connection: several client frames, delivered cut at random byte
     positions over several reads; the last piece may stay back until the next send."""
-    data = b"".join(draw(st.lists(client_input(chaos), min_size=1, max_size=6)))
+    data = b"".join(draw(st.lists(client_input(chaos), min_size=2, max_size=8)))
     cuts = sorted(set(draw(st.lists(st.integers(1, max(len(data) - 1, 1)), max_size=3))))
     return ("send", draw(st.integers(0, 2)), data, tuple(cuts), draw(rare))
 
@@ -505,14 +516,14 @@ def steps(chaos: int) -> st.SearchStrategy[list[tuple[Any, ...]]]:
             st.tuples(st.just("drop"), st.integers(0, 2), booleans),
             st.tuples(st.just("reconnect"), st.integers(0, 2), handshakes()),
         ),
-        min_size=4,
+        min_size=8,
         max_size=40,
     )
 
 
 #: (chaos, polite, steps): chaos 0 sends valid frames only (in any order); a polite client
 #: answers the server's channel.close with close-ok and opens the channel again at once.
-scenarios = st.tuples(st.integers(0, 3), st.integers(0, 3).map(bool)).flatmap(
+scenarios = st.tuples(st.integers(0, 3), st.integers(0, 3).map(lambda n: n < 3)).flatmap(
     lambda cp: st.tuples(st.just(cp[0]), st.just(cp[1]), steps(cp[0]))
 )
 
@@ -886,15 +897,13 @@ def reopen(client: Client, channel: int) -> None:
         client.stream.client_closed(channel)
     client.send(marshal(commands.Channel.Open(), channel))
     client.opening.add(channel)
+    if channel == 3:
+        client.send(b"".join(CONSUMERS))
 
 
 def recover_channels(client: Client) -> None:
-    """A polite client keeps channels 1 and 2 open, and answers the server's channel.close
-    on any other."""
-    for channel, state in list(client.stream.channels.items()):
-        if state == "closing":
-            reopen(client, channel)
-    for channel in (1, 2):
+    """A polite client keeps channels 1 to 3 open."""
+    for channel in (1, 2, 3):
         reopen(client, channel)
 
 
@@ -1004,7 +1013,7 @@ MEMORY = st.sampled_from([512 * 1024 * 1024, 4096])
 
 
 @settings(
-    max_examples=int(os.environ.get("AMQP_FUZZ_EXAMPLES", "150")),
+    max_examples=int(os.environ.get("AMQP_FUZZ_EXAMPLES", "200")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -1078,3 +1087,21 @@ def test_a_confirm_goes_out_before_a_channel_error_in_the_same_read() -> None:
     """A publish, then a channel error (a queue that is not there) in the same read."""
     read = _publish(b"hello", 5) + marshal(commands.Basic.Get(queue="nope"), 1)
     assert _frames_after(read) == [(1, "Basic.Ack"), (1, "Channel.Close")]
+
+
+def test_a_client_cannot_delete_the_durable_tables() -> None:
+    """queue.delete of ``$amqp.bindings`` used to delete the bindings' durable table: the
+    binding below was gone after a restart (the run's replay check). Such queues are no
+    client's: 404, as for basic.consume."""
+    declare_exchange = commands.Exchange.Declare(exchange="ex.d", durable=True)
+    declare_queue = commands.Queue.Declare(queue="dq1", durable=True)
+    bind = commands.Queue.Bind(queue="dq1", exchange="ex.d", routing_key="k")
+    delete = commands.Queue.Delete(queue="tq")
+    delete.queue = "$amqp.bindings"  # (pamqp refuses the name in its constructor)
+    read = b"".join(marshal(m, 1) for m in (declare_exchange, declare_queue, bind, delete))
+    assert _frames_after(read) == [
+        (1, "Exchange.DeclareOk"),
+        (1, "Queue.DeclareOk"),
+        (1, "Queue.BindOk"),
+        (1, "Channel.Close"),
+    ]
