@@ -194,7 +194,9 @@ class AmqpConnection(BufferedConnection):
         # RabbitMQ): a consumer's acks, or a new connection, are what frees memory.
         if published and self.manager.memory_blocked and not self._reading_paused:
             self.pause_reading()
-            if self.capabilities.get("connection.blocked"):
+            # Not once connection.close is out: nothing but close-ok may follow it (found
+            # by tests/unit/test_amqp_session_fuzz.py).
+            if self.capabilities.get("connection.blocked") and self.state is State.OPEN:
                 self.send(encode_method(0, commands.Connection.Blocked("memory high watermark")))
                 self.blocked = True
             self.manager.wait_for_memory(self._memory_ok)
@@ -202,7 +204,8 @@ class AmqpConnection(BufferedConnection):
     def _memory_ok(self) -> None:
         if self.blocked:
             self.blocked = False
-            self.send(encode_method(0, commands.Connection.Unblocked()))
+            if self.state is State.OPEN:  # (as for connection.blocked, above)
+                self.send(encode_method(0, commands.Connection.Unblocked()))
         self.resume_reading()
 
     def _writable_again(self) -> None:
@@ -221,7 +224,16 @@ class AmqpConnection(BufferedConnection):
         self._release_all()
         self.log.debug("connection closed", error=str(exc) if exc else None)
 
+    def _stop_deliveries(self) -> None:
+        """Before the channels are released one by one: releasing one dispatches its queues,
+        which must not deliver to another channel of this connection that is going too
+        (deliveries used to follow connection.close and close-ok; found by
+        tests/unit/test_amqp_session_fuzz.py)."""
+        for channel in self.channels.values():
+            channel.closing = True
+
     def _release_all(self) -> None:
+        self._stop_deliveries()
         queues: set[str] = set()
         for channel in list(self.channels.values()):
             queues |= self._release_channel(channel)
@@ -322,6 +334,7 @@ class AmqpConnection(BufferedConnection):
         self.state = State.CLOSING
         self.closing_since = self.loop.time()
         self._refill |= set()
+        self._stop_deliveries()
         queues: set[str] = set()
         for channel in list(self.channels.values()):
             queues |= self._release_channel(channel)

@@ -882,7 +882,12 @@ def recovered_state(config: Config) -> dict[str, Any]:
     )
     amqp.restore()
     for queue in manager.queues.values():
+        assert queue.options.durable, f"transient queue {queue.name} recovered"
         assert list(queue.store) == in_publish_order(queue), f"{queue.name} out of order"
+    assert amqp.exchanges is not None
+    for name in EXCHANGES:
+        exchange = amqp.exchanges.get(name)
+        assert exchange is None or exchange.durable, f"transient exchange {name} recovered"
     return durable_state(manager, amqp)
 
 
@@ -1042,9 +1047,13 @@ def test_amqp_session_fuzz(
 def _opening(*after: bytes) -> tuple[bytes, int]:
     """A connection in confirm mode on channel 1 with the transient queue tq (its confirms
     need not wait for the journal), and ``after``."""
+    capabilities: dict[str, Any] = {"connection.blocked": True}
+    start_ok = commands.Connection.StartOk(
+        client_properties={"capabilities": capabilities}, response="\0guest\0guest"
+    )
     frames = [
         HEADER,
-        marshal(commands.Connection.StartOk(response="\0guest\0guest"), 0),
+        marshal(start_ok, 0),
         marshal(commands.Connection.TuneOk(), 0),
         marshal(commands.Connection.Open(virtual_host="/"), 0),
         marshal(commands.Channel.Open(), 1),
@@ -1054,13 +1063,13 @@ def _opening(*after: bytes) -> tuple[bytes, int]:
     return b"".join([*frames, *after]), 0
 
 
-def _frames_after(read: bytes) -> list[tuple[int, str]]:
-    """What the server answers to ``read`` (one read, after the opening), checked by the
-    same properties as the fuzz."""
+def _frames_after(*reads: bytes, memory: int = 512 * 1024 * 1024) -> list[tuple[int, str]]:
+    """What the server answers to ``reads`` (one read each, after the opening), checked by
+    the same properties as the fuzz."""
     seen: list[list[tuple[int, str]]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        step = ("send", 0, read, (), False)
-        asyncio.run(run([_opening()], False, [step], 512 * 1024 * 1024, Path(tmp), seen))
+        steps = [("send", 0, read, (), False) for read in reads]
+        asyncio.run(run([_opening()], False, steps, memory, Path(tmp), seen))
     (answers,) = seen
     return answers[answers.index((1, "Confirm.SelectOk")) + 1 :]
 
@@ -1110,3 +1119,33 @@ def test_a_client_cannot_delete_the_durable_tables() -> None:
         (1, "Queue.BindOk"),
         (1, "Channel.Close"),
     ]
+
+
+def test_no_delivery_follows_connection_close() -> None:
+    """Releasing one channel of a connection that is closing dispatches its queues: that
+    used to deliver to another of its channels after connection.close went out (the
+    property checks of ``run`` see it)."""
+    first = b"".join(
+        [
+            marshal(commands.Channel.Open(), 3),
+            marshal(commands.Basic.Qos(prefetch_count=1), 1),
+            marshal(commands.Basic.Consume(queue="tq", consumer_tag="a"), 1),
+            marshal(commands.Basic.Qos(prefetch_count=1), 3),
+            marshal(commands.Basic.Consume(queue="tq", consumer_tag="b"), 3),
+            *(_publish(b"hello", 5) for _ in range(3)),  # one for each, one waits
+        ]
+    )
+    # The ack makes room on channel 3, then a frame of no known type ends the connection.
+    second = marshal(commands.Basic.Ack(delivery_tag=1), 3) + b"\xff" * 8
+    answers = _frames_after(first, second)
+    assert answers[-1] == (0, "Connection.Close")
+    assert answers.count((3, "Basic.Deliver")) == 1
+
+
+def test_no_connection_blocked_follows_connection_close() -> None:
+    """Publishes that cross the memory high watermark, then an error, in one read:
+    connection.blocked used to follow connection.close."""
+    read = b"".join(_publish(b"x" * 1000, 1000) for _ in range(3)) + b"\xff" * 8
+    answers = _frames_after(read, memory=2048)
+    assert answers[-1] == (0, "Connection.Close")
+    assert (0, "Connection.Blocked") not in answers
