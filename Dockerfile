@@ -1,7 +1,14 @@
 # VibeMQ broker image.
 #
 #   docker build -t vibemq .
-#   docker run -d -p 2925:2925 -v vibemq-data:/data vibemq
+#   docker run -d -p 2925:2925 -p 1883:1883 -p 5672:5672 -v vibemq-data:/data \
+#       -e VIBEMQ_AUTH_TOKENS=s3cret vibemq
+#
+# The broker listens on 0.0.0.0 here, so it needs credentials to start (secure by default, as
+# Mosquitto 2.0): a token (-e VIBEMQ_AUTH_TOKENS=TOKEN[:USER]), a users file (in the /data
+# volume, or mounted and named by VIBEMQ_USERS_FILE), or an explicit
+# -e VIBEMQ_ALLOW_ANONYMOUS=true. Without any of them it exits 2 and says how to fix it.
+# TLS: mount certificates read-only and set VIBEMQ_TLS__CERT_FILE / VIBEMQ_TLS__KEY_FILE.
 #
 # Two stages: the builder turns the checkout into wheels (the project's and its dependencies');
 # the final stage installs those wheels only -- no source tree, no build tools, no pip cache.
@@ -29,7 +36,7 @@ ARG VIBEMQ_UID=10001
 ARG VIBEMQ_GID=10001
 
 LABEL org.opencontainers.image.title="VibeMQ" \
-      org.opencontainers.image.description="Message broker speaking VibeMQ natively (MQTT, AMQP 0-9-1 and ZeroMQ adapters planned)" \
+      org.opencontainers.image.description="Message broker: native VibeMQ protocol, MQTT 3.1/3.1.1, AMQP 0-9-1 and a ZeroMQ bridge, optionally over TLS" \
       org.opencontainers.image.licenses="MIT"
 
 ENV PYTHONUNBUFFERED=1 \
@@ -62,14 +69,18 @@ RUN pip install --no-cache-dir --no-index --find-links /tmp/wheels vibemq-server
 VOLUME ["/data"]
 WORKDIR /data
 
-# 2925: VibeMQ native protocol. 1883 (MQTT) and 5672 (AMQP 0-9-1) are reserved for the
-# protocol adapters; nothing listens on them until those adapters ship and are enabled.
-EXPOSE 2925 1883 5672
+# Plain: 2925 VibeMQ native protocol, 1883 MQTT, 5672 AMQP 0-9-1. TLS: 2926 VibeMQ, 8883 MQTT,
+# 5671 AMQP; those listen only once a certificate is configured (VIBEMQ_TLS__CERT_FILE), and
+# each plain one can then be turned off (VIBEMQ_TLS__PLAIN_VIBEMQ=false, ...). ZeroMQ has no
+# default endpoint (VIBEMQ_ZMQ__PULL / VIBEMQ_ZMQ__PUB), so it has no EXPOSE.
+EXPOSE 2925 1883 5672 2926 8883 5671
 
 USER ${VIBEMQ_UID}:${VIBEMQ_GID}
 
 # A real protocol round trip (Connect/ConnectAck + Ping/Pong) with the stdlib only; it sends
-# VIBEMQ_HEALTHCHECK_TOKEN, or else the first of VIBEMQ_AUTH_TOKENS, as the authToken.
+# VIBEMQ_HEALTHCHECK_TOKEN, or else the first of VIBEMQ_AUTH_TOKENS, as the authToken (or
+# VIBEMQ_HEALTHCHECK_USERNAME / _PASSWORD, for a users file only). With the plain VibeMQ
+# listener off (VIBEMQ_TLS__PLAIN_VIBEMQ=false) it probes the TLS port, VIBEMQ_TLS__PORT.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=10s --retries=3 \
     CMD ["python", "-m", "vibemq_server.healthcheck"]
 

@@ -10,11 +10,16 @@ Needs root and apt (the script installs podman, runc and debootstrap when they a
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import socket
+import ssl
 import subprocess
+import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,17 +27,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import paho.mqtt.client as paho
+import pika
 import pytest
 
+from vibemq_server.client import Client as VibeClient
+from vibemq_server.client import tls_context
 from vibemq_server.protocol.codec import CommandType, FrameDecoder, Message, decode_body, encode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
+from certs import Pki, make_pki
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(2400)]
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
 SCRIPT = SHARED / "tools" / "container-run.sh"
-TAG = "vibemq-test:latest"
+# One tag per checkout: two worktrees testing at once must not run each other's image.
+TAG = f"vibemq-test-{hashlib.sha256(str(REPO).encode()).hexdigest()[:8]}:latest"
 TOKEN = "secret"
+IMAGE_UID = 10001  # the image's vibemq user (Dockerfile ARG VIBEMQ_UID)
 
 BASE_TIMEOUT = 1200.0  # debootstrap of the stand-in base image, once per machine
 BUILD_TIMEOUT = 1200.0  # pip downloads the dependency wheels
@@ -117,10 +131,15 @@ def _free_port() -> int:
 
 
 class Client:
-    """A minimal blocking VibeMQ client over a raw socket, using the project's codec."""
+    """A minimal blocking VibeMQ client over a raw socket (TLS with ``tls``), using the
+    project's codec."""
 
-    def __init__(self, port: int, timeout: float = IO_TIMEOUT) -> None:
+    def __init__(
+        self, port: int, timeout: float = IO_TIMEOUT, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        if tls is not None:
+            self.sock = tls.wrap_socket(self.sock, server_hostname="localhost")
         self.timeout = timeout
         self.decoder = FrameDecoder()
         self.inbox: list[Message] = []
@@ -190,7 +209,8 @@ class Client:
 @dataclass
 class Container:
     name: str
-    port: int
+    port: int  # the VibeMQ port the test talks to (the TLS one in a TLS deployment)
+    tls: ssl.SSLContext | None = None
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +235,7 @@ def _wait_ready(c: Container) -> None:
         if not state.get("Running"):
             pytest.fail(f"container exited early: {state}\n{_logs(c.name)}")
         try:
-            with Client(c.port, timeout=3.0) as client:
+            with Client(c.port, timeout=3.0, tls=c.tls) as client:
                 ack = client.connect()
                 if ack.type == CommandType.CONNECT_ACK:
                     return
@@ -228,24 +248,39 @@ def _wait_ready(c: Container) -> None:
     )
 
 
-@pytest.fixture
-def container(image: str) -> Iterator[Container]:
+def _env_args(env: dict[str, str]) -> list[str]:
+    return [arg for key, value in env.items() for arg in ("-e", f"{key}={value}")]
+
+
+@contextlib.contextmanager
+def _started(
+    image: str, env: dict[str, str], *run_args: str, port: int, tls: ssl.SSLContext | None = None
+) -> Iterator[Container]:
+    """A running broker container (removed afterwards in any case), ready on ``port``."""
     name = f"vibemq-test-{uuid.uuid4().hex[:10]}"
-    port = _free_port()
     try:
         # --rm=false overrides the script's --rm, so the exit code can be read after a stop.
-        _script(
-            "run", image, "--name", name, "-d", "--rm=false",
-            "-e", f"VIBEMQ_PORT={port}", "-e", f"VIBEMQ_AUTH_TOKENS={TOKEN}",
-            # Host network: MQTT and AMQP on any free port, not on the host's 1883 / 5672.
-            "-e", "VIBEMQ_MQTT__PORT=0", "-e", "VIBEMQ_AMQP__PORT=0",
-            timeout=120,
-        )  # fmt: skip
-        c = Container(name, port)
+        _script("run", image, "--name", name, "-d", "--rm=false", *_env_args(env), *run_args,
+                timeout=120)  # fmt: skip
+        c = Container(name, port, tls)
         _wait_ready(c)
         yield c
     finally:
         _podman("rm", "--force", name, timeout=120, check=False)
+
+
+@pytest.fixture
+def container(image: str) -> Iterator[Container]:
+    port = _free_port()
+    env = {
+        "VIBEMQ_PORT": str(port),
+        "VIBEMQ_AUTH_TOKENS": TOKEN,
+        # Host network: MQTT and AMQP on any free port, not on the host's 1883 / 5672.
+        "VIBEMQ_MQTT__PORT": "0",
+        "VIBEMQ_AMQP__PORT": "0",
+    }
+    with _started(image, env, port=port) as c:
+        yield c
 
 
 def test_image_metadata(image: str) -> None:
@@ -256,7 +291,11 @@ def test_image_metadata(image: str) -> None:
     health = config.get("Healthcheck") or cfg.get("Healthcheck") or {}
     test = health.get("Test") or []
     assert test and "vibemq_server.healthcheck" in " ".join(test), f"no healthcheck: {health}"
-    assert {"2925/tcp", "1883/tcp", "5672/tcp"} <= set(config.get("ExposedPorts") or {}), config
+    exposed = set(config.get("ExposedPorts") or {})
+    plain, tls = {"2925/tcp", "1883/tcp", "5672/tcp"}, {"2926/tcp", "8883/tcp", "5671/tcp"}
+    assert plain | tls <= exposed, config
+    labels = config.get("Labels") or {}
+    assert "planned" not in labels.get("org.opencontainers.image.description", ""), labels
     assert "/data" in (config.get("Volumes") or {}), config
     assert config.get("Entrypoint") == ["vibemq-server"], config
     assert not config.get("Cmd"), f"base image CMD leaked into the entrypoint args: {config}"
@@ -359,3 +398,143 @@ def test_broker_in_container(container: Container) -> None:
     assert state.get("ExitCode") == 0, (
         f"exit code {state.get('ExitCode')} after SIGTERM ({took:.1f}s)\n{_logs(c.name)}"
     )
+
+
+# -- a TLS deployment: certificates mounted read-only, TLS-only listeners ------------------------
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    directory = tmp_path_factory.mktemp("certs")
+    made = make_pki(directory)
+    # As a deployment keeps them: the key private to the image's user (it runs as uid 10001,
+    # so a root-owned 0600 key would be unreadable), the certificates world-readable.
+    for path in directory.iterdir():
+        os.chown(path, IMAGE_UID, IMAGE_UID)
+        path.chmod(0o600 if path.suffix == ".key" else 0o644)
+    directory.chmod(0o755)
+    return made
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports (held open together, so none is picked twice)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
+async def _native_round_trip(port: int, ctx: ssl.SSLContext) -> None:
+    """Our client library over TLS: create, subscribe, publish, receive, ack."""
+    queue = f"docker-tls-{uuid.uuid4().hex[:8]}"
+    body = {"over": "tls", "n": 1}
+    async with await VibeClient.connect(
+        "127.0.0.1", port, token=TOKEN, ssl_context=ctx, reconnect=False,
+        connect_timeout=IO_TIMEOUT, request_timeout=IO_TIMEOUT,
+    ) as client:  # fmt: skip
+        await client.create_queue(queue)
+        sub = await client.subscribe(queue)
+        await client.publish(queue, body)
+        got = await sub.get(timeout=IO_TIMEOUT)
+        assert got.payload == body, got
+        await got.ack()
+
+
+def _mqtt_round_trip(port: int, pki: Pki) -> None:
+    """paho-mqtt with ``tls_set`` (the CA only): subscribe and publish at QoS 1."""
+    topic = f"docker/tls/{uuid.uuid4().hex[:8]}"
+    connected, subscribed = threading.Event(), threading.Event()
+    codes: list[str] = []
+    received: list[bytes] = []
+    got = threading.Event()
+    client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"docker-{topic[-8:]}")
+
+    def on_connect(_c: Any, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
+        codes.append(str(reason))
+        connected.set()
+
+    def on_message(_c: Any, _u: Any, msg: Any) -> None:
+        received.append(msg.payload)
+        got.set()
+
+    client.on_connect = on_connect
+    client.on_subscribe = lambda *_args: subscribed.set()
+    client.on_message = on_message
+    client.username_pw_set("container", TOKEN)  # a token is a password on every protocol
+    client.tls_set(ca_certs=str(pki.ca))
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    try:
+        assert connected.wait(IO_TIMEOUT) and codes == ["Success"], codes
+        client.subscribe(topic, qos=1)
+        assert subscribed.wait(IO_TIMEOUT), "no SUBACK"
+        client.publish(topic, b"mqtts", qos=1).wait_for_publish(IO_TIMEOUT)
+        assert got.wait(IO_TIMEOUT) and received == [b"mqtts"], received
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def _amqp_round_trip(port: int, ctx: ssl.SSLContext) -> None:
+    """pika over ``SSLOptions``: a confirmed publish to a queue, then basic.get."""
+    queue = f"docker-amqps-{uuid.uuid4().hex[:8]}"
+    params = pika.ConnectionParameters(
+        "127.0.0.1", port,
+        credentials=pika.PlainCredentials("container", TOKEN),
+        ssl_options=pika.SSLOptions(ctx, "localhost"),
+        socket_timeout=IO_TIMEOUT, blocked_connection_timeout=IO_TIMEOUT,
+    )  # fmt: skip
+    conn = pika.BlockingConnection(params)
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(queue)
+        ch.basic_publish("", queue, b"amqps")  # returns once confirmed
+        _method, _props, body = ch.basic_get(queue, auto_ack=True)
+        assert body == b"amqps", body
+    finally:
+        conn.close()
+
+
+def test_tls_deployment(image: str, pki: Pki) -> None:
+    """README's TLS deployment: certificates mounted read-only at /certs, every protocol on
+    its TLS port only, a token; round trips from the host on the three TLS ports, the plain
+    VibeMQ port closed, and the image's health check going over TLS by itself."""
+    vibemq_tls, mqtt_tls, amqp_tls, plain = _free_ports(4)
+    env = {
+        "VIBEMQ_AUTH_TOKENS": TOKEN,
+        "VIBEMQ_PORT": str(plain),
+        "VIBEMQ_TLS__CERT_FILE": "/certs/server.pem",
+        "VIBEMQ_TLS__KEY_FILE": "/certs/server.key",
+        "VIBEMQ_TLS__PORT": str(vibemq_tls),
+        "VIBEMQ_TLS__MQTT_PORT": str(mqtt_tls),
+        "VIBEMQ_TLS__AMQP_PORT": str(amqp_tls),
+        "VIBEMQ_TLS__PLAIN_VIBEMQ": "false",
+        "VIBEMQ_TLS__PLAIN_MQTT": "false",
+        "VIBEMQ_TLS__PLAIN_AMQP": "false",
+    }
+    ctx = tls_context(str(pki.ca))
+    mount = f"{pki.ca.parent}:/certs:ro"
+    with _started(image, env, "-v", mount, port=vibemq_tls, tls=ctx) as c:
+        # The mount is read-only, and the key was readable by the broker (it is listening).
+        ro = _podman("exec", c.name, "sh", "-c", "touch /certs/x", check=False)
+        assert ro.returncode != 0, ro
+
+        asyncio.run(_native_round_trip(vibemq_tls, ctx))
+        _mqtt_round_trip(mqtt_tls, pki)
+        _amqp_round_trip(amqp_tls, ctx)
+
+        # TLS-only: nothing answers on the plain VibeMQ port.
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", plain), timeout=IO_TIMEOUT).close()
+
+        # The image's HEALTHCHECK passes, and it went to the TLS port (plain VibeMQ is off).
+        health = _podman("healthcheck", "run", c.name, check=False, timeout=60)
+        assert health.returncode == 0, f"healthcheck failed: {health}\n{_logs(c.name)}"
+        probe = _podman("exec", c.name, "python", "-m", "vibemq_server.healthcheck")
+        assert probe.stdout.strip() == f"healthy: 127.0.0.1:{vibemq_tls}", probe
+
+        _script("stop", c.name, timeout=60)
+        state = _inspect("container", c.name)["State"]
+        assert state.get("ExitCode") == 0, f"{state}\n{_logs(c.name)}"
