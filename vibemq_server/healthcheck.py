@@ -18,6 +18,9 @@ Environment:
   The broker's certificate is not verified (the probe checks liveness, on loopback); a client
   certificate, for a broker that requires one: ``VIBEMQ_HEALTHCHECK_CERT`` and
   ``VIBEMQ_HEALTHCHECK_KEY``.
+- ``VIBEMQ_HEALTHCHECK_USERNAME`` and ``VIBEMQ_HEALTHCHECK_PASSWORD``: a user to log in as
+  (``username``/``password`` headers), for a broker with a users file and no token; used only
+  when no token is given.
 """
 
 from __future__ import annotations
@@ -117,9 +120,10 @@ def check(
     token: str = "",
     timeout: float = DEFAULT_TIMEOUT,
     tls: ssl.SSLContext | None = None,
+    login: tuple[str, str] | None = None,
 ) -> None:
-    """Connect (over TLS with ``tls``), authenticate and ping. Raises HealthCheckError or
-    OSError on failure."""
+    """Connect (over TLS with ``tls``), authenticate (with ``token``, else ``login``, a user
+    name and password) and ping. Raises HealthCheckError or OSError on failure."""
     deadline = time.monotonic() + timeout
     suffix = f"{os.getpid()}-{int(time.time() * 1000)}"
     connect_id = f"health-connect-{suffix}"
@@ -127,6 +131,8 @@ def check(
     headers = {"clientVersion": "healthcheck"}
     if token:
         headers["authToken"] = token
+    elif login is not None:
+        headers["username"], headers["password"] = login
     decoder = FrameDecoder()
     pending: list[Message] = []
     with contextlib.ExitStack() as stack:
@@ -173,10 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     token = args.token if args.token is not None else token_from_env(env)
     host: str = args.host
+    username = env.get("VIBEMQ_HEALTHCHECK_USERNAME", "")
+    login = (username, env.get("VIBEMQ_HEALTHCHECK_PASSWORD", "")) if username else None
 
     try:
         tls = _tls_context(env) if use_tls else None
-        check(host, port, token, timeout, tls)
+        check(host, port, token, timeout, tls, login)
     except (HealthCheckError, OSError) as exc:
         print(f"unhealthy: {host}:{port}: {exc or type(exc).__name__}", file=sys.stderr)
         return 1
