@@ -30,6 +30,7 @@ from typing import Any
 import paho.mqtt.client as paho
 import pika
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from vibemq_server.client import Client as VibeClient
 from vibemq_server.client import tls_context
@@ -197,10 +198,13 @@ class Client:
         )
         return reply
 
-    def connect(self, token: str | None = TOKEN) -> Message:
+    def connect(self, token: str | None = TOKEN, login: tuple[str, str] | None = None) -> Message:
+        """Connect with ``token``, else with ``login`` (user name, password), else anonymous."""
         headers = {"clientVersion": "container-test"}
         if token is not None:
             headers["authToken"] = token
+        elif login is not None:
+            headers["username"], headers["password"] = login
         msg = Message(CommandType.CONNECT, self.next_id("conn"), headers=headers)
         self.send(msg)
         return self.reply_to(msg.id, "ConnectAck")
@@ -211,6 +215,8 @@ class Container:
     name: str
     port: int  # the VibeMQ port the test talks to (the TLS one in a TLS deployment)
     tls: ssl.SSLContext | None = None
+    token: str | None = TOKEN  # how _wait_ready logs in: the token, else login, else anonymous
+    login: tuple[str, str] | None = None
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +242,7 @@ def _wait_ready(c: Container) -> None:
             pytest.fail(f"container exited early: {state}\n{_logs(c.name)}")
         try:
             with Client(c.port, timeout=3.0, tls=c.tls) as client:
-                ack = client.connect()
+                ack = client.connect(c.token, c.login)
                 if ack.type == CommandType.CONNECT_ACK:
                     return
                 last = AssertionError(f"Connect answered with {ack}")
@@ -248,21 +254,22 @@ def _wait_ready(c: Container) -> None:
     )
 
 
+def _container_name() -> str:
+    return f"vibemq-test-{uuid.uuid4().hex[:10]}"
+
+
 def _env_args(env: dict[str, str]) -> list[str]:
     return [arg for key, value in env.items() for arg in ("-e", f"{key}={value}")]
 
 
 @contextlib.contextmanager
-def _started(
-    image: str, env: dict[str, str], *run_args: str, port: int, tls: ssl.SSLContext | None = None
-) -> Iterator[Container]:
-    """A running broker container (removed afterwards in any case), ready on ``port``."""
-    name = f"vibemq-test-{uuid.uuid4().hex[:10]}"
+def _started(image: str, env: dict[str, str], *run_args: str, c: Container) -> Iterator[Container]:
+    """The broker container ``c`` running (removed afterwards in any case), ready."""
+    name = c.name
     try:
         # --rm=false overrides the script's --rm, so the exit code can be read after a stop.
         _script("run", image, "--name", name, "-d", "--rm=false", *_env_args(env), *run_args,
                 timeout=120)  # fmt: skip
-        c = Container(name, port, tls)
         _wait_ready(c)
         yield c
     finally:
@@ -279,7 +286,7 @@ def container(image: str) -> Iterator[Container]:
         "VIBEMQ_MQTT__PORT": "0",
         "VIBEMQ_AMQP__PORT": "0",
     }
-    with _started(image, env, port=port) as c:
+    with _started(image, env, c=Container(_container_name(), port)) as c:
         yield c
 
 
@@ -448,7 +455,7 @@ def _mqtt_round_trip(port: int, pki: Pki) -> None:
     codes: list[str] = []
     received: list[bytes] = []
     got = threading.Event()
-    client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"docker-{topic[-8:]}")
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"docker-{topic[-8:]}")
 
     def on_connect(_c: Any, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
         codes.append(str(reason))
@@ -516,7 +523,7 @@ def test_tls_deployment(image: str, pki: Pki) -> None:
     }
     ctx = tls_context(str(pki.ca))
     mount = f"{pki.ca.parent}:/certs:ro"
-    with _started(image, env, "-v", mount, port=vibemq_tls, tls=ctx) as c:
+    with _started(image, env, "-v", mount, c=Container(_container_name(), vibemq_tls, ctx)) as c:
         # The mount is read-only, and the key was readable by the broker (it is listening).
         ro = _podman("exec", c.name, "sh", "-c", "touch /certs/x", check=False)
         assert ro.returncode != 0, ro
