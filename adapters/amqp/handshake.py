@@ -23,6 +23,7 @@ from vibemq_server.adapters.amqp.codec import (
     text,
 )
 from vibemq_server.adapters.amqp.states import Event
+from vibemq_server.auth.authenticator import Outcome
 
 #: A refused login without ``authentication_failure_close`` loses its socket after this long,
 #: with no close method (RabbitMQ's ``?SILENT_CLOSE_DELAY``: repeated guesses are slowed down).
@@ -95,12 +96,15 @@ class HandshakeMethods(ConnectionBase):
                 "(PLAIN, AMQPLAIN)",
                 0,
             )
-        if not self.server.authenticate(username, password):
+        verdict = self.server.authenticate(username, password, self.link.peer_host)
+        if verdict.user is None:
             self.log.warning("authentication refused", user=username)
-            self._refuse_login(mechanism)
+            self._refuse_login(mechanism, verdict.delay)
             return
         self.username = username
-        self.log = self.log.bind(user=username)
+        self.user = verdict.user
+        self.anonymous = verdict.outcome is Outcome.ANONYMOUS
+        self.log = self.log.bind(user=verdict.user)
         cfg = self.server.cfg
         self.send(
             encode_method(
@@ -111,17 +115,26 @@ class HandshakeMethods(ConnectionBase):
             )
         )
 
-    def _refuse_login(self, mechanism: str) -> None:
+    def _refuse_login(self, mechanism: str, delay: float = 0.0) -> None:
         """As RabbitMQ: connection.close 403 to a client that announced
-        ``authentication_failure_close``; any other loses its socket silently, later
+        ``authentication_failure_close`` (held back ``delay`` seconds, reading paused, when
+        its address failed before); any other loses its socket silently, later
         (``check_timers`` closes it ``AUTH_FAILURE_DELAY_S`` after ``refused_at``)."""
         if self.capabilities.get("authentication_failure_close") is True:
-            raise AmqpError(
-                ReplyCode.ACCESS_REFUSED,
+            text = (
                 f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}."
-                " For details see the broker logfile.",
-                0,
+                " For details see the broker logfile."
             )
+            if delay <= 0:
+                raise AmqpError(ReplyCode.ACCESS_REFUSED, text, 0)
+            self.link.pause_reading()
+
+            def refuse() -> None:
+                self.link.resume_reading()  # for the client's close-ok
+                self._fail(AmqpError(ReplyCode.ACCESS_REFUSED, text, 0))
+
+            self.link.call_later(delay, refuse)
+            return
         self._fire(Event.REFUSED)
         self.link.pause_reading()
         self.refused_at = self.link.time()
@@ -129,7 +142,14 @@ class HandshakeMethods(ConnectionBase):
     def on_update_secret(self, method: commands.Connection.UpdateSecret) -> None:
         # The new secret is checked as a login's password would be; a refusal costs the
         # connection (530), as RabbitMQ answers when one of its auth backends refuses.
-        if not self.server.authenticate(self.username, text(method.new_secret)):
+        # An anonymous login (guest) has no secret to check: any is taken, as RabbitMQ's
+        # internal backend takes any.
+        if not self.anonymous and (
+            self.server.authenticate(
+                self.username, text(method.new_secret), self.link.peer_host
+            ).user
+            != self.user
+        ):
             self.log.warning("secret update refused")
             raise AmqpError(
                 ReplyCode.NOT_ALLOWED,

@@ -69,7 +69,7 @@ class Server(Protocol):
     @property
     def sessions(self) -> Mapping[str, MqttSession]: ...
 
-    def authenticate(self, packet: Connect) -> ConnackCode: ...
+    def authenticate(self, packet: Connect, peer_host: str) -> tuple[ConnackCode, float]: ...
 
     def open_session(self, client_id: str, clean: bool) -> tuple[MqttSession, bool]: ...
 
@@ -350,15 +350,26 @@ class MqttConnection:
 
     def on_connect(self, packet: Connect) -> None:
         server = self.server
-        code = server.authenticate(packet)
+        code, delay = server.authenticate(packet, self.link.peer_host)
         client_id = packet.client_id
         if code is ConnackCode.ACCEPTED and len(client_id) > server.cfg.max_client_id_length:
             code = ConnackCode.IDENTIFIER_REJECTED
         if code is not ConnackCode.ACCEPTED:
             self.log.warning("connect refused", code=code.name, client_id=client_id)
-            self.link.send(encode(Connack(code)))
             self._fire(Event.REFUSED)
-            self.link.close()
+            refusal = encode(Connack(code))
+            if delay <= 0:
+                self.link.send(refusal)
+                self.link.close()
+                return
+            # A failed login's CONNACK is held back (guessing slowed per address).
+            self.link.pause_reading()
+
+            def refuse() -> None:
+                self.link.send(refusal)
+                self.link.close()
+
+            server.call_later(delay, refuse)
             return
         if not client_id:
             client_id = f"auto-{uuid.uuid4().hex}"

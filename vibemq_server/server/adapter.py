@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from vibemq_server.auth import Authenticator
 from vibemq_server.config import Config
 from vibemq_server.core import QueueManager
 from vibemq_server.server.transport import ReadBatch
@@ -37,6 +38,8 @@ class AdapterContext:
     unregister: Callable[[Link], None]
     #: output given while one connection handles a read is written when the read is done
     read_batch: ReadBatch
+    #: who may connect (every protocol asks it)
+    auth: Authenticator
 
 
 class Adapter(Protocol):

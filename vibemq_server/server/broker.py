@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 import structlog
 
+from vibemq_server.auth import Authenticator, check_exposure
 from vibemq_server.config import Config
 from vibemq_server.core import Clock, QueueManager, wall_clock_ms
 from vibemq_server.journal import FsyncPolicy, Journal
@@ -52,8 +53,10 @@ class Broker:
         self.connections: set[Link] = set()
         # Every connection writes what a read produced when that read is done.
         self.read_batch = ReadBatch()
+        #: who may connect, for every protocol (raises UsersFileError on a corrupt users file)
+        self.auth = Authenticator(self.config)
         context = AdapterContext(
-            self.config, self.manager, self.register, self.unregister, self.read_batch
+            self.config, self.manager, self.register, self.unregister, self.read_batch, self.auth
         )
         #: the protocol adapters, by name, built by the composition root's factories
         self.adapters: dict[str, Adapter] = {
@@ -67,6 +70,9 @@ class Broker:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         cfg = self.config
+        # Secure by default: no anonymous listener on the network unless asked for.
+        check_exposure(cfg, self.auth.credentials_configured)
+        self.auth.warn_plain_text()
         # Recovery comes first: no client may see a queue before its messages are back.
         self.journal.recover(self.manager)
         self.journal.start(self.manager)
@@ -108,7 +114,7 @@ class Broker:
     def _native_connection(self) -> StreamTransport:
         """The transport of one accepted native connection, driving a native ``Session``."""
         conn_id = f"srv_{next(_conn_ids)}"
-        manager, config = self.manager, self.config
+        manager, config, auth = self.manager, self.config, self.auth
         refusal = Message(
             CommandType.ERROR,
             conn_id,
@@ -116,7 +122,7 @@ class Broker:
             error_message=f"at most {config.max_connections} connections",
         )
         return StreamTransport(
-            lambda link: Session(link, manager, config),
+            lambda link: Session(link, manager, config, auth),
             conn_id=conn_id,
             log=conn_log,
             out_limit=config.write_buffer_high_bytes,
@@ -128,6 +134,10 @@ class Broker:
 
     def register(self, conn: Link) -> bool:
         if len(self.connections) >= self.config.max_connections:
+            return False
+        peer = getattr(conn, "peer_host", "")
+        if peer and not self.auth.allow_connection(peer):
+            log.warning("per-address connection rate exceeded", peer=peer)
             return False
         self.connections.add(conn)
         return True
@@ -150,10 +160,15 @@ class Broker:
                 now = loop.time()
                 if now >= next_conn_check:
                     next_conn_check = now + 1.0
+                    self.auth.check_reload()  # the users file changed: no restart needed
                     for conn in list(self.connections):
                         conn.check_timers(now, cfg.keepalive_timeout_s, cfg.frame_timeout_s)
             except Exception:  # a bug here must not stop TTL and timeouts for good
                 log.exception("housekeeping failed")
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the users file now."""
+        self.auth.reload()
 
     async def stop(self, reason: str = "server_shutdown") -> None:
         """Stop accepting, send Disconnect to every client, wait for them to drain, close."""

@@ -72,6 +72,8 @@ class Link(Protocol):
 
     conn_id: str
     log: structlog.typing.FilteringBoundLogger
+    #: the client's address (for authentication: loopback or not, failed logins per address)
+    peer_host: str
 
     @property
     def writable(self) -> bool: ...
@@ -90,6 +92,8 @@ class Link(Protocol):
     def resume_reading(self) -> None: ...
 
     def call_soon(self, callback: Callable[[], None]) -> None: ...
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None: ...
 
     def time(self) -> float: ...
 
@@ -128,6 +132,7 @@ class StreamTransport(asyncio.Protocol):
         self._write_paused = False
         self._reading_paused = False
         self._closing = False
+        self.peer_host = ""
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
@@ -137,6 +142,7 @@ class StreamTransport(asyncio.Protocol):
         closed)."""
         self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
+        self.peer_host = str(peer[0]) if peer else ""
         self.log = self.log.bind(conn_id=self.conn_id, peer=f"{peer[0]}:{peer[1]}" if peer else "")
         self.transport.set_write_buffer_limits(high=self._out_limit)
         if not self._register(self):
@@ -207,6 +213,9 @@ class StreamTransport(asyncio.Protocol):
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         self.loop.call_soon(callback)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        self.loop.call_later(delay, callback)
 
     def send(self, data: bytes) -> None:
         if self._closing:
