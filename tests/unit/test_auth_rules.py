@@ -23,6 +23,7 @@ from vibemq_server.auth.exposure import is_loopback_host
 from vibemq_server.auth.guard import LoginGuard
 from vibemq_server.auth.passwords import hash_password, verify_password
 from vibemq_server.config import Config
+from vibemq_server.healthcheck import token_from_env
 
 LOOPBACK = "127.0.0.1"
 REMOTE = "192.0.2.7"
@@ -138,3 +139,9 @@ def test_exposure(tmp_path: Path) -> None:
     check_exposure(Config(data_dir=tmp_path, amqp={"host": "::", "enabled": False}), False)
     check_exposure(Config(data_dir=tmp_path, host="0.0.0.0"), True)
     check_exposure(Config(data_dir=tmp_path, host="0.0.0.0", allow_anonymous=True), False)
+
+
+def test_the_healthcheck_sends_the_token_of_a_bound_entry() -> None:
+    assert token_from_env({"VIBEMQ_AUTH_TOKENS": "tok:alice,other"}) == "tok"
+    assert token_from_env({"VIBEMQ_AUTH_TOKENS": '["a:b:svc"]'}) == "a:b"
+    assert token_from_env({"VIBEMQ_AUTH_TOKENS": "bare"}) == "bare"
