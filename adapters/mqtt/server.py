@@ -40,6 +40,7 @@ from vibemq_server.adapters.mqtt.topics import (
 from vibemq_server.auth.authenticator import Outcome
 from vibemq_server.config import DeliveryMode, OverflowStrategy
 from vibemq_server.core import CoreError, QueueOptions, StoredMessage
+from vibemq_server.core.permissions import Access
 from vibemq_server.core.routing import AddressSink, MessageSource
 from vibemq_server.core.table import DurableTable
 from vibemq_server.core.topics import TopicRouter, pattern_overlaps
@@ -173,8 +174,11 @@ class MqttServer:
 
     # -- authentication and sessions -------------------------------------------------------------
 
-    def authenticate(self, packet: Connect, peer_host: str) -> tuple[ConnackCode, float]:
-        """The CONNACK code for a CONNECT's credentials, and how long to hold a refusal.
+    def authenticate(
+        self, packet: Connect, peer_host: str
+    ) -> tuple[ConnackCode, float, Access | None]:
+        """The CONNACK code for a CONNECT's credentials, how long to hold a refusal, and
+        what the client may do once accepted (``core.permissions``).
         No password asks for anonymous access (the user name alone is only a label, as in
         Mosquitto); a password is checked, also where anonymous clients are let in."""
         password = None if packet.password is None else packet.password.decode("utf-8", "replace")
@@ -183,7 +187,9 @@ class MqttServer:
         if code is ConnackCode.NOT_AUTHORIZED and packet.username is not None:
             # Mosquitto: a user name without its password is a bad user name or password.
             code = ConnackCode.BAD_USERNAME_OR_PASSWORD
-        return code, verdict.delay
+        if verdict.user is None:
+            return code, verdict.delay, None
+        return code, 0.0, self.auth.access(verdict.user, packet.client_id)
 
     def next_msg_id(self) -> str:
         return f"{self._id_prefix}{next(self._ids)}"

@@ -25,6 +25,7 @@ from mqttkit import RawMqtt
 from paho.mqtt.enums import CallbackAPIVersion
 from rawclient import RawClient
 from serverproc import clean_env, launch, server_args
+from userskit import add_user, users
 from waits import wait_for
 
 from vibemq_server.client import Client
@@ -35,25 +36,6 @@ from vibemq_server.server import Broker
 HOST = "127.0.0.1"
 SECRET = "hunter2-Secret-Passw0rd"
 WAIT = 10.0
-
-
-def users(
-    users_file: Path, *args: str, password: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    """``vibemq-server users ...`` as its own process; the password on stdin."""
-    return subprocess.run(
-        [sys.executable, "-m", "vibemq_server", "users", "--users-file", str(users_file), *args],
-        input=None if password is None else password + "\n",
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        timeout=60,
-    )
-
-
-def add_user(users_file: Path, name: str, password: str, *flags: str) -> None:
-    done = users(users_file, "add", name, "--password-stdin", *flags, password=password)
-    assert done.returncode == 0, done.stderr
 
 
 # -- the users file -----------------------------------------------------------------------------

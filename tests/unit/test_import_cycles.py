@@ -35,7 +35,9 @@ LAYERS: dict[str, frozenset[str]] = {
     # protocol-free, IO-free: knows no protocol, no server, no journal (a Protocol instead)
     "vibemq_server.core": frozenset({"vibemq_server.core", "vibemq_server.config"}),
     # who may connect: users file, password hashes, the authenticator (no protocol)
-    "vibemq_server.auth": frozenset({"vibemq_server.auth", "vibemq_server.config"}),
+    "vibemq_server.auth": frozenset(
+        {"vibemq_server.auth", "vibemq_server.core", "vibemq_server.config"}
+    ),
     "vibemq_server.journal": frozenset(
         {"vibemq_server.journal", "vibemq_server.core", "vibemq_server.config"}
     ),

@@ -30,6 +30,7 @@ from vibemq_server.auth.guard import LoginGuard
 from vibemq_server.auth.passwords import dummy_hash, verify_password
 from vibemq_server.auth.users import User, UsersFileError, UserStore
 from vibemq_server.config import Config
+from vibemq_server.core.permissions import FULL_ACCESS, Access
 
 log = structlog.get_logger("vibemq.auth")
 
@@ -142,10 +143,11 @@ class Authenticator:
         self, username: str | None, password: str | None, peer_host: str, protocol: str
     ) -> Verdict:
         """A login's verdict. ``password`` None asks for anonymous access (``username`` is
-        then only a label, as an MQTT client id is)."""
+        then only a label: the client is the user ``anonymous``, whose permissions a users-file
+        user of that name may set)."""
         if password is None:
             if self.anonymous_allowed(peer_host):
-                return Verdict(Outcome.ANONYMOUS, username or ANONYMOUS)
+                return Verdict(Outcome.ANONYMOUS, ANONYMOUS)
             return self._refuse(Outcome.CREDENTIALS_REQUIRED, username, peer_host, protocol)
         user = self._check_password(username or "", password)
         if user is None:
@@ -211,6 +213,13 @@ class Authenticator:
             delay_s=round(delay, 3),
         )
         return Verdict(outcome, None, delay)
+
+    def access(self, user: str, client_id: str = "") -> Access:
+        """What a logged-in user may do (``core.permissions``): a users-file user's own
+        patterns; everyone else (anonymous, plain-config users, users named only by a token)
+        everything, as before permissions existed."""
+        stored = self.users.get(user)
+        return Access(stored.permissions if stored is not None else FULL_ACCESS, user, client_id)
 
     def allow_connection(self, peer_host: str) -> bool:
         return self.guard.allow_connection(peer_host)

@@ -1,0 +1,113 @@
+"""Permissions (issue 13, item 3), enforced on MQTT: RabbitMQ-style write/read regexes per
+user over the shared address space, set with ``vibemq-server users permit``, with
+``%u``/``%c`` substitution; a refused SUBSCRIBE filter gets 0x80, a refused PUBLISH (and
+will) is acknowledged and dropped, and nothing another protocol publishes reaches a
+subscriber who may not read it."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from mqttkit import RawMqtt
+from rawclient import RawClient
+from userskit import add_user, users
+
+from vibemq_server.adapters.mqtt.packets import Puback, Publish
+from vibemq_server.protocol import CommandType
+from vibemq_server.server import Broker
+
+
+def permit(path: Path, name: str, **patterns: str) -> None:
+    flags = [f"--{kind}={pattern}" for kind, pattern in patterns.items()]
+    done = users(path, "permit", name, *flags)
+    assert done.returncode == 0, done.stderr
+
+
+def login(port: int, user: str, client_id: str | None = None, **fields: Any) -> RawMqtt:
+    raw = RawMqtt(port)
+    connack = raw.connect(client_id, username=user, password=f"{user}-pw".encode(), **fields)
+    assert connack.return_code == 0
+    return raw
+
+
+async def test_mqtt_read_and_write_permissions(broker_factory: Any, tmp_path: Path) -> None:
+    path = tmp_path / "users.json"
+    for name in ("alice", "admin"):
+        add_user(path, name, f"{name}-pw")
+    permit(path, "alice", write=r"^(%u|public)\.", read=r"^(%u|public)\.|^inbox\.%c$")
+    broker: Broker = await broker_factory(users_file=path)
+    port = broker.mqtt_port
+    assert port is not None
+    loop = asyncio.get_running_loop()
+
+    def scenario() -> None:
+        alice = login(port, "alice", "dev1")
+        admin = login(port, "admin")
+        try:
+            for topic_filter, granted in [
+                ("alice/in/#", 1),
+                ("public/+", 1),
+                ("inbox/dev1", 1),  # %c: her own client id's inbox
+                ("inbox/dev2", 0x80),
+                ("secret/#", 0x80),
+                ("#", 0x80),  # a filter wider than what she may read
+                ("bob/x", 0x80),
+            ]:
+                assert alice.subscribe(topic_filter, 1) == granted, topic_filter
+            assert admin.subscribe("#", 0) == 0
+
+            # Her publish where she may not write is acknowledged (3.1.1 has no refusal)
+            # and reaches nobody.
+            alice.send(Publish("secret/x", b"leak", qos=1, packet_id=7))
+            assert alice.expect(Puback).packet_id == 7
+            alice.send(Publish("alice/x", b"mine", qos=1, packet_id=8))
+            assert alice.expect(Puback).packet_id == 8
+            got = [p for p in admin.barrier(0.3) if isinstance(p, Publish)]
+            assert [(p.topic, p.payload) for p in got] == [("alice/x", b"mine")]
+        finally:
+            alice.disconnect()
+            admin.disconnect()
+
+    await loop.run_in_executor(None, scenario)
+
+
+async def test_nothing_reaches_a_subscriber_who_may_not_read(
+    broker_factory: Any, tmp_path: Path
+) -> None:
+    """Cross-protocol: a VibeMQ publish to an address reaches only MQTT subscribers whose
+    user may read it (their subscriptions were refused), and a will follows the rules."""
+    path = tmp_path / "users.json"
+    add_user(path, "carol", "carol-pw")
+    add_user(path, "admin", "admin-pw")
+    permit(path, "carol", write="^carol\\.", read="^open\\.")
+    broker: Broker = await broker_factory(users_file=path, auth_tokens=["tok:admin"])
+    port = broker.mqtt_port
+    assert port is not None
+    loop = asyncio.get_running_loop()
+    carol = await loop.run_in_executor(None, login, port, "carol")
+    admin = await loop.run_in_executor(None, login, port, "admin")
+    try:
+        assert await loop.run_in_executor(None, carol.subscribe, "open/#", 0) == 0
+        assert await loop.run_in_executor(None, carol.subscribe, "closed/#", 0) == 0x80
+        assert await loop.run_in_executor(None, admin.subscribe, "#", 0) == 0
+        native = await RawClient.connected(broker.port, token="tok")
+        for address in ("closed.x", "open.x"):
+            reply = await native.publish(address, {"a": address})
+            assert reply.type is CommandType.PUBLISH_ACK
+        got = await loop.run_in_executor(None, carol.barrier, 0.3)
+        assert [p.topic for p in got if isinstance(p, Publish)] == ["open/x"]
+        await native.close()
+
+        # A will at a topic carol may not write is not published when she drops.
+        will_owner = await loop.run_in_executor(
+            None,
+            lambda: login(port, "carol", will_topic="closed/will", will_payload=b"w"),
+        )
+        will_owner.close()
+        got = await loop.run_in_executor(None, admin.barrier, 0.3)
+        assert [p.topic for p in got if isinstance(p, Publish)] == ["closed/x", "open/x"]
+    finally:
+        carol.disconnect()
+        admin.disconnect()
