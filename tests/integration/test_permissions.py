@@ -15,7 +15,7 @@ from rawclient import RawClient
 from userskit import add_user, users
 
 from vibemq_server.adapters.mqtt.packets import Puback, Publish
-from vibemq_server.protocol import CommandType
+from vibemq_server.protocol import CommandType, Message
 from vibemq_server.server import Broker
 
 
@@ -111,3 +111,39 @@ async def test_nothing_reaches_a_subscriber_who_may_not_read(
     finally:
         carol.disconnect()
         admin.disconnect()
+
+
+async def test_native_permissions(broker_factory: Any, tmp_path: Path) -> None:
+    """VibeMQ: NOT_AUTHORIZED for a publish, subscribe, queue info or queue creation/deletion
+    the user may not do; the connection stays open. A token bound to a user carries the
+    user's permissions."""
+    path = tmp_path / "users.json"
+    add_user(path, "dave", "dave-pw")
+    permit(path, "dave", configure="^%u\\.own$", write="^%u\\.", read="^%u\\.")
+    broker: Broker = await broker_factory(users_file=path, auth_tokens=["dave-tok:dave"])
+    for connect in ("token", "password"):
+        if connect == "token":
+            c = await RawClient.connected(broker.port, token="dave-tok")
+        else:
+            c = await RawClient.open(broker.port)
+            reply = await c.request(
+                Message(
+                    CommandType.CONNECT, "c1", headers={"username": "dave", "password": "dave-pw"}
+                )
+            )
+            assert reply.type is CommandType.CONNECT_ACK
+        assert (await c.publish("dave.q", {"n": 1})).type is CommandType.PUBLISH_ACK
+        assert (await c.subscribe("dave.q")).type is CommandType.SUBSCRIBE_ACK
+        for reply in (
+            await c.publish("other.q", {"n": 1}),
+            await c.subscribe("other.q"),
+            await c.queue_info("other.q"),
+            await c.create_queue("dave.q2"),
+            await c.delete_queue("dave.q"),
+        ):
+            assert reply.type is CommandType.ERROR and reply.error_code == "NOT_AUTHORIZED"
+            assert "refused for user 'dave'" in (reply.error_message or "")
+        created = await c.create_queue("dave.own")
+        assert created.type is not CommandType.ERROR or created.error_code == "QUEUE_EXISTS"
+        assert (await c.ping()).type is CommandType.PONG  # still open
+        await c.close()

@@ -32,6 +32,7 @@ from vibemq_server.core import (
     Subscription,
 )
 from vibemq_server.core.durable_replies import DurableReplies
+from vibemq_server.core.permissions import FULL_ACCESS, Access, Operation
 from vibemq_server.protocol import (
     CommandType,
     ErrorCode,
@@ -106,8 +107,9 @@ class Session:
         self.manager = manager
         self.config = config
         self.auth = auth if auth is not None else Authenticator(config)
-        #: who the client logged in as (set by Connect)
+        #: who the client logged in as, and what that user may do (set by Connect)
         self.user: str | None = None
+        self.access = Access(FULL_ACCESS, "")
         self.conn_id = link.conn_id
         self.log = link.log
         self._state = State.AWAITING_CONNECT
@@ -290,6 +292,7 @@ class Session:
             self._refuse_auth(msg, code, text, verdict.delay)
             return
         self.user = verdict.user
+        self.access = self.auth.access(verdict.user, self.conn_id)
         self.state = State.OPEN
         self.log = self.log.bind(user=verdict.user)
         self.log.info("client connected", client_version=msg.headers.get("clientVersion"))
@@ -341,8 +344,17 @@ class Session:
     def _core_error(self, msg: Message, exc: CoreError) -> ProtocolError:
         return ProtocolError(_CORE_ERRORS[type(exc)], str(exc), message_id=msg.id)
 
+    def _permit(self, operation: Operation, msg: Message, name: str) -> None:
+        """NOT_AUTHORIZED unless the user may do ``operation`` on the queue (docs/security.md)."""
+        if not self.access.allowed(operation, name):
+            raise ProtocolError(
+                ErrorCode.NOT_AUTHORIZED,
+                f"{operation.value} access to queue '{name}' refused for user '{self.access.user}'",
+                message_id=msg.id,
+            )
+
     def on_publish(self, msg: Message) -> None:
-        self._queue_name(msg)
+        self._permit(Operation.WRITE, msg, self._queue_name(msg))
         validate_json(msg.payload, msg.id)
         if self._rate and not self._take_token():
             raise ProtocolError(
@@ -427,6 +439,7 @@ class Session:
 
     def on_subscribe(self, msg: Message) -> None:
         queue = self._queue_name(msg)
+        self._permit(Operation.READ, msg, queue)
         prefetch = self.config.default_prefetch
         raw = msg.headers.get("prefetch")
         if raw is not None:
@@ -467,6 +480,7 @@ class Session:
 
     def on_create_queue(self, msg: Message) -> None:
         queue = self._queue_name(msg)
+        self._permit(Operation.CONFIGURE, msg, queue)
         raw: dict[str, Any] = {}
         if msg.payload:
             validate_json(msg.payload, msg.id)
@@ -491,6 +505,7 @@ class Session:
 
     def on_delete_queue(self, msg: Message) -> None:
         queue = self._queue_name(msg)
+        self._permit(Operation.CONFIGURE, msg, queue)
         try:
             durable = self.manager.get(queue).options.durable
             self.manager.delete_queue(queue)
@@ -517,6 +532,7 @@ class Session:
 
     def on_queue_info(self, msg: Message) -> None:
         queue = self._queue_name(msg)
+        self._permit(Operation.READ, msg, queue)
         try:
             info = self.manager.queue_info(queue)
         except CoreError as exc:
