@@ -26,6 +26,7 @@ from vibemq_server.config import AmqpConfig
 from vibemq_server.core import Queue, QueueManager, QueueOptions
 from vibemq_server.core.durable_replies import DurableReplies
 from vibemq_server.core.exchanges import Exchanges
+from vibemq_server.core.permissions import FULL_ACCESS, Access
 from vibemq_server.server.transport import Link
 
 
@@ -45,6 +46,8 @@ class Server(Protocol):
     auto_delete: set[str]
 
     def authenticate(self, username: str, password: str, peer_host: str) -> Verdict: ...
+
+    def access(self, user: str) -> Access: ...
 
     def next_msg_id(self) -> str: ...
 
@@ -98,6 +101,8 @@ class ConnectionBase:
         #: who the client logged in as (the authenticator's verdict)
         self.user: str | None = None
         self.anonymous = False
+        #: what the user may do (set at login; until then nothing on a channel can run)
+        self.access = Access(FULL_ACCESS, "")
         #: when a login was refused without a close method: the socket closes later
         self.refused_at: float | None = None
         self.opened_at = link.time()

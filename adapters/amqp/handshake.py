@@ -104,6 +104,7 @@ class HandshakeMethods(ConnectionBase):
         self.username = username
         self.user = verdict.user
         self.anonymous = verdict.outcome is Outcome.ANONYMOUS
+        self.access = self.server.access(verdict.user)
         self.log = self.log.bind(user=verdict.user)
         cfg = self.server.cfg
         self.send(

@@ -49,6 +49,7 @@ from vibemq_server.core import (
     StoredMessage,
 )
 from vibemq_server.core.exchanges import Exchanges, canonical_arguments, decode_arguments
+from vibemq_server.core.permissions import Access
 from vibemq_server.core.routing import AddressSink, MessageSource
 from vibemq_server.core.table import DurableTable
 from vibemq_server.server.adapter import AdapterContext
@@ -215,6 +216,9 @@ class AmqpServer:
         if username == "guest" and password == "guest" and "guest" not in self.auth.users:
             return self.auth.authenticate("guest", None, peer_host, "amqp")
         return self.auth.authenticate(username, password, peer_host, "amqp")
+
+    def access(self, user: str) -> Access:
+        return self.auth.access(user)
 
     # -- queues ----------------------------------------------------------------------------------
 

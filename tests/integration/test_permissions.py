@@ -10,9 +10,12 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pika
+import pytest
 from mqttkit import RawMqtt
 from rawclient import RawClient
 from userskit import add_user, users
+from waits import wait_until
 
 from vibemq_server.adapters.mqtt.packets import Puback, Publish
 from vibemq_server.protocol import CommandType, Message
@@ -147,3 +150,70 @@ async def test_native_permissions(broker_factory: Any, tmp_path: Path) -> None:
         assert created.type is not CommandType.ERROR or created.error_code == "QUEUE_EXISTS"
         assert (await c.ping()).type is CommandType.PONG  # still open
         await c.close()
+
+
+async def test_amqp_permissions(broker_factory: Any, tmp_path: Path) -> None:
+    """AMQP, RabbitMQ's table: channel.close 403 in RabbitMQ's words for each refused
+    method; the connection and its other channels go on."""
+    path = tmp_path / "users.json"
+    add_user(path, "erin", "erin-pw")
+    permit(path, "erin", configure="^erin\\.", write="^(erin\\.|amq\\.default$)", read="^erin\\.")
+    broker: Broker = await broker_factory(users_file=path)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, amqp_scenario, broker.amqp_port)
+
+
+def amqp_scenario(port: int | None) -> None:
+    assert port is not None
+    conn = pika.BlockingConnection(
+        pika.ConnectionParameters(
+            "127.0.0.1", port, credentials=pika.PlainCredentials("erin", "erin-pw")
+        )
+    )
+    try:
+        ch = conn.channel()
+        ch.queue_declare("erin.q")
+        ch.basic_publish("", "erin.q", b"hi")
+        got: list[bytes] = []
+
+        def fetch() -> bool:
+            method, _props, body = ch.basic_get("erin.q", auto_ack=True)
+            if method is not None:
+                got.append(body)
+            return bool(got)
+
+        wait_until(fetch, "erin's own message")
+        assert got == [b"hi"]
+        refused = {
+            "declare": lambda c: c.queue_declare("other.q"),
+            "delete": lambda c: c.queue_delete("other.q"),
+            "get": lambda c: c.basic_get("other.q"),
+            "consume": lambda c: c.basic_consume("other.q", lambda *a: None),
+            "purge": lambda c: c.queue_purge("other.q"),
+            "publish": lambda c: (c.confirm_delivery(), c.basic_publish("amq.topic", "x", b"")),
+            "bind": lambda c: c.queue_bind("erin.q", "amq.topic", "erin.#"),
+            "exchange": lambda c: c.exchange_declare("other.x", "fanout"),
+        }
+        words = {
+            "declare": "queue 'other.q'",
+            "delete": "queue 'other.q'",
+            "get": "queue 'other.q'",
+            "consume": "queue 'other.q'",
+            "purge": "queue 'other.q'",
+            "publish": "exchange 'amq.topic'",
+            "bind": "exchange 'amq.topic'",
+            "exchange": "exchange 'other.x'",
+        }
+        for name, action in refused.items():
+            channel = conn.channel()
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+                action(channel)
+            assert info.value.reply_code == 403, name
+            assert info.value.reply_text == (
+                f"ACCESS_REFUSED - access to {words[name]} in vhost '/' refused for user 'erin'"
+            ), name
+        # The first channel is untouched; passive declares need nothing.
+        assert ch.queue_declare("erin.q", passive=True).method.message_count == 0
+        assert conn.is_open
+    finally:
+        conn.close()
