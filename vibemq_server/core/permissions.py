@@ -13,13 +13,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from enum import Enum
+from enum import IntEnum
 
 
-class Operation(Enum):
-    CONFIGURE = "configure"
-    WRITE = "write"
-    READ = "read"
+class Operation(IntEnum):
+    """An int (C-level hash, a list index): checked once per publish on the hot path."""
+
+    CONFIGURE = 0
+    WRITE = 1
+    READ = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
 
 
 #: a user everything is allowed to (anonymous clients, plain-config users, tokens' default)
@@ -42,27 +48,28 @@ class Access:
     def __init__(self, permissions: Mapping[str, str], user: str, client_id: str = "") -> None:
         self.user = user
         self.client_id = client_id
-        self.everything = all(permissions.get(op.value) == ".*" for op in Operation)
-        self._patterns = {
-            op: _compile(permissions.get(op.value, ""), user, client_id) for op in Operation
-        }
-        self._cache: dict[tuple[Operation, str], bool] = {}
+        self.everything = all(permissions.get(op.label) == ".*" for op in Operation)
+        self._patterns = [
+            _compile(permissions.get(op.label, ""), user, client_id) for op in Operation
+        ]
+        #: per operation: address -> decision
+        self._cache: list[dict[str, bool]] = [{} for _ in Operation]
 
     def allowed(self, operation: Operation, address: str) -> bool:
         if self.everything:
             return True
-        key = (operation, address)
-        decision = self._cache.get(key)
+        cache = self._cache[operation]
+        decision = cache.get(address)
         if decision is None:
             pattern = self._patterns[operation]
             decision = pattern is not None and pattern.search(address) is not None
-            if len(self._cache) >= _CACHE_LIMIT:
-                self._cache.clear()
-            self._cache[key] = decision
+            if len(cache) >= _CACHE_LIMIT:
+                cache.clear()
+            cache[address] = decision
         return decision
 
 
 def check_patterns(permissions: Mapping[str, str]) -> None:
     """Raise re.error when a pattern (with %u/%c substituted) does not compile."""
     for op in Operation:
-        _compile(permissions.get(op.value, ""), "user", "client")
+        _compile(permissions.get(op.label, ""), "user", "client")

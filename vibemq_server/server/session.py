@@ -349,7 +349,7 @@ class Session:
         if not self.access.allowed(operation, name):
             raise ProtocolError(
                 ErrorCode.NOT_AUTHORIZED,
-                f"{operation.value} access to queue '{name}' refused for user '{self.access.user}'",
+                f"{operation.label} access to queue '{name}' refused for user '{self.access.user}'",
                 message_id=msg.id,
             )
 
