@@ -103,6 +103,11 @@ class ZmqConfig(BaseModel):
     )
     rcvhwm: int = Field(1000, ge=1, description="messages the PULL socket queues")
     batch: int = Field(256, ge=1, le=100_000, description="PULL messages handled per loop turn")
+    user: str | None = Field(
+        None,
+        min_length=1,
+        description="the user PULL publishes as (its write permission applies); None = anonymous",
+    )
 
     @property
     def enabled(self) -> bool:

@@ -14,8 +14,10 @@ import pika
 import pytest
 from mqttkit import RawMqtt
 from rawclient import RawClient
+from serverproc import clean_env
 from userskit import add_user, users
 from waits import wait_until
+from zmqutil import ZMQ_FLAGS, ZmqPeer, start_server
 
 from vibemq_server.adapters.mqtt.packets import Puback, Publish
 from vibemq_server.protocol import CommandType, Message
@@ -217,3 +219,28 @@ def amqp_scenario(port: int | None) -> None:
         assert conn.is_open
     finally:
         conn.close()
+
+
+async def test_zmq_pull_publishes_as_its_configured_user(tmp_path: Path) -> None:
+    """ZeroMQ has no login: PULL publishes as ``zmq.user``, whose write permission applies
+    (a refused message is dropped with a warning)."""
+    path = tmp_path / "users.json"
+    add_user(path, "zed", "zed-pw")
+    permit(path, "zed", write="^(open\\.|\\.probe$)")  # (.probe: the helper's probes)
+    srv = await start_server(
+        tmp_path, *ZMQ_FLAGS, "--users-file", str(path), env=clean_env(VIBEMQ_ZMQ__USER="zed")
+    )
+    peer = ZmqPeer(srv)
+    try:
+        sub = await peer.sub(b"")
+        push = peer.push()
+        await push.send_multipart([b"closed.a", b"no"])
+        await push.send_multipart([b"open.a", b"yes"])
+        assert await peer.recv(sub) == [b"open.a", b"yes"]  # (in order: closed.a was dropped)
+    finally:
+        peer.close()
+        assert await srv.stop() == 0
+    dropped = [
+        e for e in srv.log_events() if e.get("event") == "zmq message dropped: no write permission"
+    ]
+    assert [(e["address"], e["user"]) for e in dropped] == [("closed.a", "zed")]
