@@ -10,6 +10,13 @@
 | exchange.bind / unbind | write on the destination, read on the source |
 | queue.purge, basic.get, basic.consume | read on the queue |
 | basic.publish | write on the exchange (the default exchange is ``amq.default``) |
+
+The default exchange and ``amq.topic`` are also doors into the address space every protocol
+shares (docs/architecture.md), so, beyond RabbitMQ's table, what passes through them is
+checked on the address too, as an MQTT or native client is: a publish to the default
+exchange needs write on its routing key (the queue), one to ``amq.topic`` write on its
+routing key (the topic; RabbitMQ's topic permissions), and a binding from ``amq.topic`` read
+on its binding key; so no protocol reaches an address another would refuse.
 """
 
 from __future__ import annotations
@@ -32,7 +39,27 @@ def _unless_passive(name: Callable[[Any], str | None]) -> Callable[[Any], str | 
     return lambda m: None if m.passive else name(m)
 
 
-_PUBLISH: list[Check] = [(W, "exchange", lambda m: m.exchange or "amq.default")]
+TOPIC_EXCHANGE = "amq.topic"
+#: how a refusal names each kind of resource
+_WORDS = {
+    "queue": "queue '{}'",
+    "exchange": "exchange '{}'",
+    "address": "queue '{}'",
+    "topic": "topic '{}' in exchange 'amq.topic'",
+}
+
+
+def _on_topic(
+    key: Callable[[Any], str], exchange: Callable[[Any], str]
+) -> Callable[[Any], str | None]:
+    return lambda m: key(m) if exchange(m) == TOPIC_EXCHANGE else None
+
+
+_PUBLISH: list[Check] = [
+    (W, "exchange", lambda m: m.exchange or "amq.default"),
+    (W, "address", lambda m: m.routing_key or None if not m.exchange else None),
+    (W, "topic", _on_topic(lambda m: m.routing_key, lambda m: m.exchange)),
+]
 
 NEEDS: dict[type, list[Check]] = {
     commands.Exchange.Declare: [(C, "exchange", _unless_passive(lambda m: m.exchange))],
@@ -40,6 +67,7 @@ NEEDS: dict[type, list[Check]] = {
     commands.Exchange.Bind: [
         (W, "exchange", lambda m: m.destination),
         (R, "exchange", lambda m: m.source),
+        (R, "topic", _on_topic(lambda m: m.routing_key, lambda m: m.source)),
     ],
     commands.Exchange.Unbind: [
         (W, "exchange", lambda m: m.destination),
@@ -48,7 +76,11 @@ NEEDS: dict[type, list[Check]] = {
     # A server-named queue (empty name) is not checked: its name is made up by the broker.
     commands.Queue.Declare: [(C, "queue", _unless_passive(lambda m: m.queue or None))],
     commands.Queue.Delete: [(C, "queue", lambda m: m.queue)],
-    commands.Queue.Bind: [(W, "queue", lambda m: m.queue), (R, "exchange", lambda m: m.exchange)],
+    commands.Queue.Bind: [
+        (W, "queue", lambda m: m.queue),
+        (R, "exchange", lambda m: m.exchange),
+        (R, "topic", _on_topic(lambda m: m.routing_key, lambda m: m.exchange)),
+    ],
     commands.Queue.Unbind: [
         (W, "queue", lambda m: m.queue),
         (R, "exchange", lambda m: m.exchange),
@@ -72,8 +104,8 @@ def check(access: Access, method: Any, channel: int, last_queue: str, ids: tuple
         if not access.allowed(operation, name):
             raise AmqpError(
                 ReplyCode.ACCESS_REFUSED,
-                f"ACCESS_REFUSED - access to {kind} '{name}' in vhost '/' refused for user "
-                f"'{access.user}'",
+                f"ACCESS_REFUSED - access to {_WORDS[kind].format(name)} in vhost '/' refused "
+                f"for user '{access.user}'",
                 channel,
                 *ids,
             )

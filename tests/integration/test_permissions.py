@@ -244,3 +244,72 @@ async def test_zmq_pull_publishes_as_its_configured_user(tmp_path: Path) -> None
         e for e in srv.log_events() if e.get("event") == "zmq message dropped: no write permission"
     ]
     assert [(e["address"], e["user"]) for e in dropped] == [("closed.a", "zed")]
+
+
+async def test_amqp_cannot_reach_addresses_other_protocols_would_refuse(
+    broker_factory: Any, tmp_path: Path
+) -> None:
+    """The default exchange and amq.topic lead into the shared address space: their routing
+    and binding keys are checked as addresses (RabbitMQ's topic permissions for amq.topic)."""
+    path = tmp_path / "users.json"
+    add_user(path, "fay", "fay-pw")
+    permit(
+        path,
+        "fay",
+        configure="^fay\\.",
+        write="^(fay\\.|amq\\.topic$|amq\\.default$)",
+        read="^(fay\\.|amq\\.topic$)",
+    )
+    broker: Broker = await broker_factory(users_file=path)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, amqp_address_scenario, broker.amqp_port)
+
+
+def amqp_address_scenario(port: int | None) -> None:
+    assert port is not None
+    conn = pika.BlockingConnection(
+        pika.ConnectionParameters(
+            "127.0.0.1", port, credentials=pika.PlainCredentials("fay", "fay-pw")
+        )
+    )
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("fay.q")
+        ch.queue_bind("fay.q", "amq.topic", "fay.#")
+        ch.basic_publish("amq.topic", "fay.x", b"via-topic")
+        ch.basic_publish("", "fay.q", b"direct")
+        got: list[bytes] = []
+
+        def fetch() -> bool:
+            method, _props, body = ch.basic_get("fay.q", auto_ack=True)
+            if method is not None:
+                got.append(body)
+            return len(got) == 2
+
+        wait_until(fetch, "fay's two messages")
+        assert sorted(got) == [b"direct", b"via-topic"]
+        refused = {
+            "bind": (
+                lambda c: c.queue_bind("fay.q", "amq.topic", "secret.#"),
+                "topic 'secret.#' in exchange 'amq.topic'",
+            ),
+            "topic publish": (
+                lambda c: (c.confirm_delivery(), c.basic_publish("amq.topic", "secret.x", b"")),
+                "topic 'secret.x' in exchange 'amq.topic'",
+            ),
+            "default publish": (
+                lambda c: (c.confirm_delivery(), c.basic_publish("", "secret.q", b"")),
+                "queue 'secret.q'",
+            ),
+        }
+        for name, (action, words) in refused.items():
+            channel = conn.channel()
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+                action(channel)
+            assert (info.value.reply_code, info.value.reply_text) == (
+                403,
+                f"ACCESS_REFUSED - access to {words} in vhost '/' refused for user 'fay'",
+            ), name
+    finally:
+        conn.close()
