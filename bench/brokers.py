@@ -126,10 +126,12 @@ class VibeMQBroker(Broker):
         mqtt: bool = False,
         amqp: bool = False,
         env: dict[str, str] | None = None,
+        tls: tuple[Path, Path] | None = None,
     ):
         """``mqtt``/``amqp``: also open the MQTT/AMQP 0-9-1 listener on a free port
         (``self.mqtt_port``/``self.amqp_port``); ``env``: extra environment variables
-        (``VIBEMQ_*`` settings) for the server."""
+        (``VIBEMQ_*`` settings) for the server; ``tls``: (certificate, key) for the TLS
+        listeners next to the plain ones (``self.tls_port``, ``self.mqtt_tls_port``)."""
         super().__init__()
         self.command = command
         self.extra_args = extra_args or []
@@ -138,6 +140,9 @@ class VibeMQBroker(Broker):
         self.amqp = amqp
         self.amqp_port = 0
         self.env = env or {}
+        self.tls = tls
+        self.tls_port = 0
+        self.mqtt_tls_port = 0
 
     @staticmethod
     def default_command() -> list[str]:
@@ -179,6 +184,10 @@ class VibeMQBroker(Broker):
             argv += ["--amqp-port", str(self.amqp_port)]
         elif "--no-amqp" in help_text(tuple(command)):
             argv += ["--no-amqp"]  # 5672 may be taken (a system rabbitmq)
+        if self.tls is not None:
+            cert, key = self.tls
+            argv += ["--tls-cert", str(cert), "--tls-key", str(key)]
+            argv += ["--tls-port", "0", "--mqtt-tls-port", "0", "--amqp-tls-port", "0"]
         self._spawn(argv, env={**os.environ, **self.env} if self.env else None)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -187,6 +196,9 @@ class VibeMQBroker(Broker):
             try:
                 info = json.loads(ready.read_text())
                 self.port = int(info["vibemq"])
+                if self.tls is not None:
+                    self.tls_port = int(info["vibemq_tls"])
+                    self.mqtt_tls_port = int(info.get("mqtt_tls") or 0)
             except (OSError, ValueError, KeyError, TypeError):
                 time.sleep(0.05)
                 continue
@@ -208,9 +220,13 @@ class VibeMQBroker(Broker):
 class MosquittoBroker(Broker):
     name = "mosquitto"
 
-    def __init__(self, inflight: int = 1000) -> None:
+    def __init__(self, inflight: int = 1000, tls: tuple[Path, Path] | None = None) -> None:
+        """``tls``: (certificate, key) for a TLS listener next to the plain one
+        (``self.tls_port``)."""
         super().__init__()
         self.inflight = inflight
+        self.tls = tls
+        self.tls_port = 0
 
     def start(self, timeout: float = 20.0) -> None:
         exe = shutil.which("mosquitto") or (
@@ -234,9 +250,20 @@ class MosquittoBroker(Broker):
             "log_type error\n"
             "log_type warning\n"
         )
+        if self.tls is not None:
+            self.tls_port = free_port()
+            cert, key = self.tls
+            with conf.open("a") as fh:
+                fh.write(
+                    f"listener {self.tls_port} 127.0.0.1\n"
+                    f"certfile {cert}\nkeyfile {key}\n"
+                    "tls_version tlsv1.2\n"  # the minimum, as VibeMQ's default
+                )
         os.chmod(conf, 0o644)
         self._spawn([exe, "-c", str(conf)])
-        if not wait_port(self.host, self.port, timeout):
+        if not wait_port(self.host, self.port, timeout) or (
+            self.tls is not None and not wait_port(self.host, self.tls_port, timeout)
+        ):
             self.stop()
             raise self._died()
 

@@ -11,6 +11,9 @@ the ack bytes for them). This module runs the drivers:
   unacknowledged; the subscriber acknowledges every delivery, one write per read.
 * latency: one process, blocking sockets, strictly sequential publish -> deliver -> ack.
 
+Over TLS (``tls_ca`` given), a connection runs the client side of TLS itself over memory BIOs
+(``TlsClient``): the blocking handshake and the adopted asyncio socket share one TLS session.
+
 Timestamps that cross processes use ``time.monotonic_ns`` (CLOCK_MONOTONIC, system wide).
 """
 
@@ -23,7 +26,9 @@ import os
 import resource
 import signal
 import socket
+import ssl
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
@@ -162,20 +167,108 @@ def run_loop(coro: Coroutine[Any, Any, T]) -> T:
 # blocking connection used for handshakes and the latency phase
 
 
-class BlockingConn:
-    """A connected blocking socket plus a receive buffer."""
+def make_tls_cert(directory: Path) -> tuple[Path, Path]:
+    """A self-signed server certificate for 127.0.0.1/localhost (the clients' CA too), made
+    with the openssl command: (certificate, key), both PEM."""
+    cert, key = directory / "tls-cert.pem", directory / "tls-key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "ec", "-nodes", "-days", "2"),
+            *("-pkeyopt", "ec_paramgen_curve:prime256v1", "-subj", "/CN=localhost"),
+            *("-keyout", str(key), "-out", str(cert)),
+            *("-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    # Read by brokers that drop privileges (mosquitto as its own user); a bench-only key.
+    os.chmod(cert, 0o644)
+    os.chmod(key, 0o644)
+    return cert, key
 
-    def __init__(self, host: str, port: int, timeout: float = 10.0) -> None:
+
+class TlsClient:
+    """The client side of one TLS session over memory BIOs: ``encrypt`` what goes out,
+    ``decrypt`` what comes in (every complete record)."""
+
+    def __init__(self, ca_file: str) -> None:
+        ctx = ssl.create_default_context(cafile=ca_file)
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.obj = ctx.wrap_bio(self.incoming, self.outgoing, server_hostname="localhost")
+
+    def handshake(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                self.obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                if self.outgoing.pending:
+                    sock.sendall(self.outgoing.read())
+                data = sock.recv(65536)
+                if not data:
+                    raise BenchError("connection closed during the TLS handshake") from None
+                self.incoming.write(data)
+        if self.outgoing.pending:
+            sock.sendall(self.outgoing.read())
+
+    def encrypt(self, data: bytes) -> bytes:
+        self.obj.write(data)
+        return self.outgoing.read()
+
+    def decrypt(self, data: bytes) -> bytes:
+        if data:
+            self.incoming.write(data)
+        out: list[bytes] = []
+        try:
+            while True:
+                chunk = self.obj.read(32_768)
+                if not chunk:
+                    break
+                out.append(chunk)
+        except ssl.SSLWantReadError:
+            pass
+        except ssl.SSLZeroReturnError:
+            pass
+        return b"".join(out)
+
+
+class BlockingConn:
+    """A connected blocking socket plus a receive buffer; over TLS when ``tls_ca`` names the
+    CA file to verify the server with."""
+
+    def __init__(
+        self, host: str, port: int, timeout: float = 10.0, tls_ca: str | None = None
+    ) -> None:
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = bytearray()
+        self.tls: TlsClient | None = None
+        if tls_ca:
+            self.tls = TlsClient(tls_ca)
+            self.tls.handshake(self.sock)
 
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
+    def send(self, data: bytes | memoryview) -> None:
+        if self.tls is not None:
+            self.sock.sendall(self.tls.encrypt(bytes(data)))
+        else:
+            self.sock.sendall(data)
+
+    def recv(self, size: int = 262_144) -> bytes:
+        """What arrives next (b"" at EOF); over TLS, at least one whole record's worth."""
+        if self.tls is None:
+            return self.sock.recv(size)
+        while True:
+            raw = self.sock.recv(size)
+            if not raw:
+                return b""
+            plain = self.tls.decrypt(raw)
+            if plain:
+                return plain
 
     def fill(self) -> None:
         """Read at least one more byte into the buffer (raises on EOF)."""
-        chunk = self.sock.recv(262_144)
+        chunk = self.recv(262_144)
         if not chunk:
             raise BenchError("connection closed by the broker")
         self.buf += chunk
@@ -365,11 +458,53 @@ class _SubProtocol(asyncio.Protocol):
         self.finish(f"connection lost: {exc!r}")
 
 
+class _TlsTransport:
+    """What the hot loops write through over TLS: encrypts, then writes to the socket."""
+
+    def __init__(self, raw: asyncio.Transport, tls: TlsClient) -> None:
+        self.raw, self.tls = raw, tls
+
+    def write(self, data: bytes) -> None:
+        self.raw.write(self.tls.encrypt(data))
+
+    def writelines(self, chunks: list[bytes]) -> None:
+        self.write(b"".join(chunks))
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+class _TlsProtocol(asyncio.Protocol):
+    """Decrypts for an inner protocol (the TLS session the blocking handshake started)."""
+
+    def __init__(self, inner: asyncio.Protocol, tls: TlsClient) -> None:
+        self.inner, self.tls = inner, tls
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        shim = _TlsTransport(cast(asyncio.Transport, transport), self.tls)
+        self.inner.connection_made(cast(asyncio.Transport, shim))
+
+    def data_received(self, data: bytes) -> None:
+        plain = self.tls.decrypt(data)
+        if plain:
+            self.inner.data_received(plain)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.inner.connection_lost(exc)
+
+
 async def _adopt(
     conn: BlockingConn, factory: Callable[[], asyncio.Protocol]
 ) -> tuple[asyncio.BaseTransport, asyncio.Protocol]:
     loop = asyncio.get_running_loop()
     conn.sock.setblocking(False)
+    tls = conn.tls
+    if tls is not None:
+        inner = factory()
+        transport, _ = await loop.create_connection(
+            lambda: _TlsProtocol(inner, tls), sock=conn.sock
+        )
+        return transport, inner
     return await loop.create_connection(factory, sock=conn.sock)
 
 

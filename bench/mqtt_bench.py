@@ -15,7 +15,11 @@ selector loop) checks the framing of a whole read at once with strided slices (e
 delivery has the same size), and builds the PUBACKs of a read the same way. Publisher and
 subscribers run in separate ``spawn`` processes.
 
+``--tls``: both brokers' TLS listeners instead (one self-signed certificate for both; the
+load generator runs TLS over memory BIOs, common.TlsClient).
+
     .venv/bin/python -m bench.mqtt_bench --json mqtt.json
+    .venv/bin/python -m bench.mqtt_bench --tls --scenarios qos0-1to1,qos1-1to1
     .venv/bin/python -m bench.mqtt_bench --only mosquitto --runs 1
     .venv/bin/python -m bench.mqtt_bench --target 127.0.0.1:1883
 """
@@ -32,12 +36,13 @@ import socket
 import statistics
 import struct
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -48,6 +53,7 @@ from bench.common import (
     BlockingConn,
     cpu_seconds,
     install_sigterm_exit,
+    make_tls_cert,
     percentiles_us,
     raise_nofile_limit,
 )
@@ -96,6 +102,8 @@ class Options:
     drain_s: float
     timeout_s: float
     coalesce_s: float = 0.0
+    #: over TLS: the CA file that verifies the broker
+    tls_ca: str | None = None
     coalesce_bytes: int = 16384
 
 
@@ -107,9 +115,11 @@ def _str16(value: bytes) -> bytes:
     return U16.pack(len(value)) + value
 
 
-def mqtt_connect(host: str, port: int, role: str, timeout: float) -> BlockingConn:
+def mqtt_connect(
+    host: str, port: int, role: str, timeout: float, tls_ca: str | None = None
+) -> BlockingConn:
     """CONNECT (clean session, keep-alive 600 s) and wait for CONNACK."""
-    conn = BlockingConn(host, port, timeout=timeout)
+    conn = BlockingConn(host, port, timeout=timeout, tls_ca=tls_ca)
     client_id = f"mb-{role}-{os.getpid()}-{uuid.uuid4().hex[:8]}".encode()
     conn.send(packet(0x10, _str16(b"MQTT") + bytes((4, 0x02)) + U16.pack(600) + _str16(client_id)))
     first, rest = read_packet(conn)
@@ -311,7 +321,7 @@ def _publish(
         st.t_start_ns = time.monotonic_ns()
         for start in range(0, total, opts.batch):
             n = min(opts.batch, total - start)
-            sock.sendall(chunk if n == opts.batch else chunk[: n * size])
+            conn.send(chunk if n == opts.batch else chunk[: n * size])
             st.sent += n
             if time.monotonic() > deadline:
                 raise BenchError(f"timed out after {opts.timeout_s:.0f}s")
@@ -327,12 +337,12 @@ def _publish(
         room = opts.window - (sent - counter.acked)
         while sent < total and room >= min(step, total - sent):
             n = min(step * (room // step) or room, total - sent)
-            sock.sendall(blob[sent * size : (sent + n) * size])
+            conn.send(blob[sent * size : (sent + n) * size])
             sent += n
             room -= n
         st.sent = sent
         try:
-            data = sock.recv(RECV_SIZE)
+            data = conn.recv(RECV_SIZE)
         except TimeoutError:
             raise BenchError(
                 f"no PUBACK for {opts.stall_s:.0f}s ({counter.acked}/{total} acked, {sent} sent)"
@@ -353,7 +363,7 @@ def _wait_closed(conn: BlockingConn, timeout: float) -> int:
     """DISCONNECT, half-close, wait for the broker's EOF: it has then read every PUBLISH."""
     sock = conn.sock
     with contextlib.suppress(OSError):
-        sock.sendall(b"\xe0\x00")
+        conn.send(b"\xe0\x00")
         sock.shutdown(socket.SHUT_WR)
         sock.settimeout(timeout)
         while sock.recv(RECV_SIZE):
@@ -368,7 +378,7 @@ def publisher_main(opts: Options, layout: Layout, total: int, pipe: Connection) 
     conn: BlockingConn | None = None
     try:
         data = encode_stream(layout, total, opts.batch)
-        conn = mqtt_connect(opts.host, opts.port, "pub", opts.stall_s)
+        conn = mqtt_connect(opts.host, opts.port, "pub", opts.stall_s, opts.tls_ca)
         pipe.send(("ready", None))
         if not pipe.poll(60) or pipe.recv()[0] != "go":
             raise BenchError("no 'go'")
@@ -407,7 +417,7 @@ def _consume(
                 acks = scanners[i].feed(bytes(conn.buf))
                 conn.buf.clear()
                 if acks:
-                    conn.sock.sendall(acks)
+                    conn.send(acks)
         while True:
             events = sel.select(0.25)
             now = time.monotonic()
@@ -420,13 +430,13 @@ def _consume(
                         raise BenchError("stopped: the publisher failed")
                     pub_done = now
                     continue
-                sock = conns[i].sock
-                data = sock.recv(RECV_SIZE)
+                conn = conns[i]
+                data = conn.recv(RECV_SIZE)
                 if not data:
                     raise BenchError(f"the broker closed subscriber {i}")
                 acks = scanners[i].feed(data)
                 if acks:
-                    sock.sendall(acks)
+                    conn.send(acks)
                 progressed += len(data)
                 st.reads += 1
             if progressed:
@@ -464,7 +474,7 @@ def subscriber_main(
     conns: list[BlockingConn] = []
     try:
         for _ in range(count):
-            conn = mqtt_connect(opts.host, opts.port, "sub", opts.stall_s)
+            conn = mqtt_connect(opts.host, opts.port, "sub", opts.stall_s, opts.tls_ca)
             conns.append(conn)
             mqtt_subscribe(conn, layout.topic, layout.qos)
         pipe.send(("ready", None))
@@ -631,9 +641,9 @@ def run_latency(opts: Options, qos: int, samples: int, warmup: int) -> LatencyRe
     deadline = time.monotonic() + opts.timeout_s
     sub = pub = None
     try:
-        sub = mqtt_connect(opts.host, opts.port, "lsub", opts.stall_s)
+        sub = mqtt_connect(opts.host, opts.port, "lsub", opts.stall_s, opts.tls_ca)
         mqtt_subscribe(sub, layout.topic, qos)
-        pub = mqtt_connect(opts.host, opts.port, "lpub", opts.stall_s)
+        pub = mqtt_connect(opts.host, opts.port, "lpub", opts.stall_s, opts.tls_ca)
         for i in range(warmup + samples):
             if time.monotonic() > deadline:
                 raise BenchError(f"timed out after {opts.timeout_s:.0f}s, {len(taken)} samples")
@@ -731,8 +741,15 @@ def bench_broker(name: str, args: argparse.Namespace) -> dict[str, Any]:
             broker.start()
             out["startup_s"] = round(time.monotonic() - t0, 2)
             host = broker.host
-            port = broker.mqtt_port if isinstance(broker, VibeMQBroker) else broker.port
-        print(f"[{name}] MQTT on {host}:{port}", flush=True)
+            if args.tls_cert is not None:
+                if isinstance(broker, VibeMQBroker):
+                    port = broker.mqtt_tls_port
+                else:
+                    port = cast(MosquittoBroker, broker).tls_port
+            else:
+                port = broker.mqtt_port if isinstance(broker, VibeMQBroker) else broker.port
+        over = " over TLS" if args.tls_cert is not None else ""
+        print(f"[{name}] MQTT{over} on {host}:{port}", flush=True)
         opts = Options(
             host=host,
             port=port,
@@ -742,6 +759,7 @@ def bench_broker(name: str, args: argparse.Namespace) -> dict[str, Any]:
             drain_s=args.drain,
             timeout_s=args.timeout,
             coalesce_s=args.coalesce_us / 1e6,
+            tls_ca=str(args.tls_cert) if args.tls_cert is not None else None,
         )
         if args.warmup:
             warm = run_scenario(SCENARIOS[0], opts, args.warmup)
@@ -801,14 +819,15 @@ def parse_target(value: str, default_host: str) -> tuple[str, int]:
 
 
 def make_broker(name: str, args: argparse.Namespace) -> Broker:
+    tls = (args.tls_cert, args.tls_key) if args.tls_cert is not None else None
     if name == "mosquitto":
-        return MosquittoBroker(inflight=args.inflight)
+        return MosquittoBroker(inflight=args.inflight, tls=tls)
     # the same queueing limits as the generated mosquitto.conf
     env = {
         "VIBEMQ_MQTT__MAX_INFLIGHT": str(args.inflight),
         "VIBEMQ_MQTT__MAX_QUEUED_MESSAGES": "10000000",
     }
-    return VibeMQBroker(extra_args=args.server_arg, mqtt=True, env=env)
+    return VibeMQBroker(extra_args=args.server_arg, mqtt=True, env=env, tls=tls)
 
 
 # --------------------------------------------------------------------------------------------
@@ -912,6 +931,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mosquitto-port", type=int, help="port of a running Mosquitto")
     p.add_argument("--target", help="host:port: measure just this MQTT server")
     p.add_argument("--server-arg", action="append", default=[], help="for vibemq-server")
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="both brokers' TLS listeners (a self-signed certificate made with openssl)",
+    )
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
     if not 0 < args.window < 65535:
@@ -926,6 +950,13 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unknown scenario {s!r}")
     install_sigterm_exit()
     raise_nofile_limit()
+    args.tls_cert = args.tls_key = None
+    if args.tls:
+        if args.target or args.vibemq_port or args.mosquitto_port:
+            p.error("--tls measures brokers the bench starts")
+        cert_dir = Path(tempfile.mkdtemp(prefix="bench-tls-"))
+        os.chmod(cert_dir, 0o755)
+        args.tls_cert, args.tls_key = make_tls_cert(cert_dir)
     names = ["target"] if args.target else [args.only] if args.only else list(BROKERS)
     results = [bench_broker(n, args) for n in names]
     print_table(results)
@@ -941,6 +972,7 @@ def main(argv: list[str] | None = None) -> int:
                 "inflight": args.inflight,
                 "latency_samples": args.samples,
                 "cpus": os.cpu_count(),
+                "tls": args.tls,
             },
             "results": results,
         }

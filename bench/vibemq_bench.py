@@ -8,6 +8,8 @@ Phases (default: throughput and latency):
   subscriber scans length prefixes, slices the fixed-width id out of each Deliver and answers
   with pre-built Ack frames, one write per read.
 * latency -- sequential publish -> Deliver -> Ack round trips, ``--samples`` of them.
+* ``--tls``: throughput and latency over the plain listener, then over the TLS one of the
+  same broker (a self-signed certificate made with openssl), side by side.
 * memory (``--memory``) -- 1,000,000 messages into a queue nobody consumes; broker VmRSS.
 * connections (``--connections``) -- 10,000 concurrent connections (Connect/ConnectAck each),
   held open, Ping/Pong on a sample; broker VmRSS.
@@ -16,6 +18,7 @@ The broker is started as ``vibemq-server --port 0 --ready-file ...`` unless ``--
 host:port`` names a running one (then ``--broker-pid`` enables the RSS readings).
 
     .venv/bin/python -m bench.vibemq_bench --all --json vibemq.json
+    .venv/bin/python -m bench.vibemq_bench --tls --json vibemq-tls.json
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import os
 import random
 import shlex
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -43,6 +47,7 @@ from bench.common import (
     BlockingConn,
     encode_batches,
     install_sigterm_exit,
+    make_tls_cert,
     publish_pipelined,
     raise_nofile_limit,
     rss_kib,
@@ -234,6 +239,54 @@ def run_connections(
 # CLI
 
 
+def _throughput_and_latency(
+    args: argparse.Namespace,
+    report: dict[str, Any],
+    prefix: str,
+    host: str,
+    port: int,
+    tls_ca: str | None,
+    pids: Any,
+) -> None:
+    """The throughput and latency phases on one listener (``prefix``: "" or "tls-")."""
+
+    def driver() -> VibeDriver:
+        return VibeDriver(
+            host, port, f"bench-{uuid.uuid4().hex[:8]}", prefetch=args.prefetch, tls_ca=tls_ca
+        )
+
+    label = "over TLS " if tls_ca else ""
+    if not args.no_throughput:
+        if args.warmup:
+            run_throughput(driver(), args.warmup, window=args.window, batch=args.batch, timeout=60)
+        thr = run_throughput(
+            driver(),
+            args.messages,
+            window=args.window,
+            batch=args.batch,
+            timeout=args.timeout,
+            broker_pids=pids,
+        )
+        report[f"{prefix}throughput"] = asdict(thr)
+        print(
+            f"[throughput] {label}{thr.delivered:,}/{thr.messages:,} delivered: "
+            f"{thr.deliver_rate:,.0f} msg/s delivered, {thr.publish_rate:,.0f} msg/s "
+            f"published (acked); cpu s: broker {thr.broker_cpu_s}, publisher "
+            f"{thr.publisher_cpu_s:.2f}, subscriber {thr.subscriber_cpu_s:.2f} over "
+            f"{thr.elapsed_s:.2f}s" + (f"; errors: {thr.errors}" if thr.errors else ""),
+            flush=True,
+        )
+    if not args.no_latency:
+        lat = run_latency(driver(), args.samples, timeout=args.timeout)
+        report[f"{prefix}latency"] = asdict(lat)
+        print(
+            f"[latency] {label}{lat.samples} round trips: p50 {lat.p50_us:.0f}us "
+            f"p95 {lat.p95_us:.0f}us p99 {lat.p99_us:.0f}us max {lat.max_us:.0f}us"
+            + (f"; errors: {lat.errors}" if lat.errors else ""),
+            flush=True,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--target", help="host:port of a running broker (default: start one)")
@@ -258,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--connection-count", type=int, default=10_000)
     p.add_argument("--ping-sample", type=int, default=200)
     p.add_argument("--all", action="store_true", help="every phase")
+    p.add_argument(
+        "--tls", action="store_true", help="throughput and latency over TLS too (vs plain)"
+    )
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
     if args.all:
@@ -277,46 +333,23 @@ def main(argv: list[str] | None = None) -> int:
             if args.connections and "--max-connections" not in extra:
                 extra += ["--max-connections", str(args.connection_count + 100)]
             command = shlex.split(args.server_cmd) if args.server_cmd else None
-            broker = VibeMQBroker(command, extra_args=extra)
+            tls = None
+            if args.tls:
+                cert_dir = Path(tempfile.mkdtemp(prefix="bench-tls-"))
+                tls = make_tls_cert(cert_dir)
+            broker = VibeMQBroker(command, extra_args=extra, tls=tls)
             broker.start()
             host, port, pid = broker.host, broker.port, broker.main_pid
         print(f"VibeMQ at {host}:{port} (pid {pid or 'unknown'}), RLIMIT_NOFILE {nofile}")
         pids = broker.pids if broker is not None else None
 
-        def driver() -> VibeDriver:
-            return VibeDriver(host, port, f"bench-{uuid.uuid4().hex[:8]}", prefetch=args.prefetch)
-
-        if not args.no_throughput:
-            if args.warmup:
-                run_throughput(
-                    driver(), args.warmup, window=args.window, batch=args.batch, timeout=60
-                )
-            thr = run_throughput(
-                driver(),
-                args.messages,
-                window=args.window,
-                batch=args.batch,
-                timeout=args.timeout,
-                broker_pids=pids,
-            )
-            report["throughput"] = asdict(thr)
-            print(
-                f"[throughput] {thr.delivered:,}/{thr.messages:,} delivered: "
-                f"{thr.deliver_rate:,.0f} msg/s delivered, {thr.publish_rate:,.0f} msg/s "
-                f"published (acked); cpu s: broker {thr.broker_cpu_s}, publisher "
-                f"{thr.publisher_cpu_s:.2f}, subscriber {thr.subscriber_cpu_s:.2f} over "
-                f"{thr.elapsed_s:.2f}s" + (f"; errors: {thr.errors}" if thr.errors else ""),
-                flush=True,
-            )
-        if not args.no_latency:
-            lat = run_latency(driver(), args.samples, timeout=args.timeout)
-            report["latency"] = asdict(lat)
-            print(
-                f"[latency] {lat.samples} round trips: p50 {lat.p50_us:.0f}us "
-                f"p95 {lat.p95_us:.0f}us p99 {lat.p99_us:.0f}us max {lat.max_us:.0f}us"
-                + (f"; errors: {lat.errors}" if lat.errors else ""),
-                flush=True,
-            )
+        variants: list[tuple[str, int, str | None]] = [("", port, None)]
+        if args.tls:
+            if broker is None or broker.tls is None:
+                raise BenchError("--tls measures a broker the bench starts (not --target)")
+            variants.append(("tls-", broker.tls_port, str(broker.tls[0])))
+        for prefix, vport, tls_ca in variants:
+            _throughput_and_latency(args, report, prefix, host, vport, tls_ca, pids)
         if args.connections:
             con = run_connections(
                 host, port, pid, args.connection_count, args.ping_sample, args.timeout

@@ -218,12 +218,14 @@ class VibeDriver:
     max_queue_size: int = 2_000_000
     id_prefix: str = "m"
     name: str = "vibemq"
+    #: over TLS: the CA file that verifies the broker
+    tls_ca: str | None = None
 
     def msg_id(self, i: int) -> str:
         return f"{self.id_prefix}{i:08d}"
 
     def connect_publisher(self) -> BlockingConn:
-        conn = BlockingConn(self.host, self.port)
+        conn = BlockingConn(self.host, self.port, tls_ca=self.tls_ca)
         handshake(conn, "pub")
         return conn
 
@@ -236,7 +238,7 @@ class VibeDriver:
                 raise
 
     def connect_subscriber(self) -> BlockingConn:
-        conn = BlockingConn(self.host, self.port)
+        conn = BlockingConn(self.host, self.port, tls_ca=self.tls_ca)
         handshake(conn, "sub")
         self.create_queue(conn, {"mode": "RoundRobin", "maxQueueSize": self.max_queue_size})
         sub = frame(

@@ -41,6 +41,8 @@ system_need_test() {
   if ! command -v mosquitto_pub >/dev/null || ! command -v mosquitto_sub >/dev/null; then
     pkgs+=(mosquitto-clients)
   fi
+  # The TLS tests run openssl s_client (verification, TLS 1.0/1.1 refused).
+  command -v openssl >/dev/null || pkgs+=(openssl)
   # The AMQP interoperability tests run Debian's amqp-tools (amqp-publish, amqp-consume, ...).
   if ! command -v amqp-publish >/dev/null || ! command -v amqp-consume >/dev/null \
     || ! command -v amqp-get >/dev/null || ! command -v amqp-declare-queue >/dev/null; then

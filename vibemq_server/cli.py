@@ -91,6 +91,31 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ENDPOINT",
         help="bind a ZeroMQ PUB socket here, e.g. tcp://127.0.0.1:5558 (default: off)",
     )
+    tls = p.add_argument_group("TLS (docs/security.md): listeners open when --tls-cert is given")
+    tls.add_argument("--tls-cert", type=Path, metavar="PEM", help="server certificate chain")
+    tls.add_argument("--tls-key", type=Path, metavar="PEM", help="its key (default: in --tls-cert)")
+    tls.add_argument("--tls-ca", type=Path, metavar="PEM", help="CAs of client certificates")
+    tls.add_argument(
+        "--tls-require-client-cert",
+        action="store_true",
+        default=None,
+        help="refuse clients without a certificate signed by --tls-ca",
+    )
+    tls.add_argument("--tls-min-version", choices=["1.2", "1.3"], help="default 1.2")
+    tls.add_argument(
+        "--tls-port", type=int, help="VibeMQ over TLS (default 2926; 0 = any free port)"
+    )
+    tls.add_argument("--mqtt-tls-port", type=int, help="MQTT over TLS (default 8883)")
+    tls.add_argument("--amqp-tls-port", type=int, help="AMQP over TLS, amqps (default 5671)")
+    tls.add_argument("--no-plain-port", action="store_true", help="no plain VibeMQ listener")
+    tls.add_argument("--no-mqtt-plain", action="store_true", help="no plain MQTT listener")
+    tls.add_argument("--no-amqp-plain", action="store_true", help="no plain AMQP listener")
+    tls.add_argument(
+        "--use-identity-as-username",
+        action="store_true",
+        default=None,
+        help="MQTT over TLS: the client certificate's CN is the username",
+    )
     p.add_argument(
         "--ready-file",
         type=Path,
@@ -108,6 +133,31 @@ _NOT_CONFIG = {
     "no_amqp",
     "zmq_pull",
     "zmq_pub",
+    *(f"tls_{k}" for k in ("cert", "key", "ca", "require_client_cert", "min_version", "port")),
+    "mqtt_tls_port",
+    "amqp_tls_port",
+    "no_plain_port",
+    "no_mqtt_plain",
+    "no_amqp_plain",
+    "use_identity_as_username",
+}
+
+#: TLS flag -> field of [tls]
+_TLS_FLAGS = {
+    "tls_cert": "cert_file",
+    "tls_key": "key_file",
+    "tls_ca": "ca_file",
+    "tls_require_client_cert": "require_client_cert",
+    "tls_min_version": "min_version",
+    "tls_port": "port",
+    "mqtt_tls_port": "mqtt_port",
+    "amqp_tls_port": "amqp_port",
+    "use_identity_as_username": "use_identity_as_username",
+}
+_PLAIN_OFF_FLAGS = {
+    "no_plain_port": "plain_vibemq",
+    "no_mqtt_plain": "plain_mqtt",
+    "no_amqp_plain": "plain_amqp",
 }
 
 
@@ -136,6 +186,14 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Confi
         zmq["pub"] = args.zmq_pub
     if zmq:
         overrides["zmq"] = zmq
+    tls: dict[str, Any] = {
+        field: getattr(args, flag)
+        for flag, field in _TLS_FLAGS.items()
+        if getattr(args, flag) is not None
+    }
+    tls.update({field: False for flag, field in _PLAIN_OFF_FLAGS.items() if getattr(args, flag)})
+    if tls:
+        overrides["tls"] = tls
     path = args.config or (Path(environ["VIBEMQ_CONFIG"]) if environ.get("VIBEMQ_CONFIG") else None)
     return load_config(path, environ, overrides)
 
@@ -157,12 +215,16 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
             ready["mqtt"] = None
         if "amqp" not in ready:
             ready["amqp"] = None
+        for key in ("vibemq_tls", "mqtt_tls", "amqp_tls"):
+            ready.setdefault(key, None)
         tmp.write_text(json.dumps(ready))
         tmp.replace(ready_file)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # SIGHUP: the users file is re-read, new TLS handshakes use the certificate files as
+    # they are now.
     loop.add_signal_handler(signal.SIGHUP, broker.reload)
     await stop.wait()
     await broker.stop()

@@ -14,7 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ENV_PREFIX = "VIBEMQ_"
 
@@ -114,6 +114,42 @@ class ZmqConfig(BaseModel):
         return self.pull is not None or self.pub is not None
 
 
+class TlsConfig(BaseModel):
+    """TLS listeners next to the plain ones (see docs/security.md): on when ``cert_file`` is
+    set. Each plain listener can be turned off for a TLS-only deployment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cert_file: Path | None = Field(None, description="server certificate chain (PEM)")
+    key_file: Path | None = Field(None, description="its private key (PEM); None = in cert_file")
+    ca_file: Path | None = Field(None, description="CAs that sign client certificates (PEM)")
+    require_client_cert: bool = False
+    min_version: Literal["1.2", "1.3"] = "1.2"
+    handshake_timeout_s: float = Field(10.0, gt=0)
+    port: int = Field(2926, ge=0, le=65535, description="native VibeMQ over TLS")
+    mqtt_port: int = Field(8883, ge=0, le=65535)
+    amqp_port: int = Field(5671, ge=0, le=65535)
+    plain_vibemq: bool = Field(True, description="False = no plain VibeMQ listener")
+    plain_mqtt: bool = Field(True, description="False = no plain MQTT listener")
+    plain_amqp: bool = Field(True, description="False = no plain AMQP listener")
+    use_identity_as_username: bool = Field(
+        False, description="MQTT over TLS: the client certificate's CN is the username"
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert_file is not None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TlsConfig:
+        if self.require_client_cert and self.ca_file is None:
+            raise ValueError("tls.require_client_cert needs tls.ca_file")
+        plain_off = not (self.plain_vibemq and self.plain_mqtt and self.plain_amqp)
+        if plain_off and self.cert_file is None:
+            raise ValueError("a plain listener can be turned off only with tls.cert_file set")
+        return self
+
+
 class Config(BaseModel):
     """Every broker setting. Defaults are the embedded default config."""
 
@@ -163,6 +199,7 @@ class Config(BaseModel):
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     amqp: AmqpConfig = Field(default_factory=AmqpConfig)
     zmq: ZmqConfig = Field(default_factory=ZmqConfig)
+    tls: TlsConfig = Field(default_factory=TlsConfig)
     users: dict[str, str] = Field(
         default_factory=dict, description="username -> password, for MQTT and AMQP clients"
     )

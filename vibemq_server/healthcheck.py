@@ -14,6 +14,11 @@ Environment:
   (comma-separated, or a JSON list; of ``token:user``, the token); else no ``authToken``
   header.
 - ``VIBEMQ_HEALTHCHECK_TIMEOUT``: overall timeout in seconds (default 3).
+- TLS (``--tls``): on by itself when the plain VibeMQ listener is off
+  (``VIBEMQ_TLS__PLAIN_VIBEMQ=false``); then the port is ``VIBEMQ_TLS__PORT`` (default 2926).
+  The broker's certificate is not verified (the probe checks liveness, on loopback); a client
+  certificate, for a broker that requires one: ``VIBEMQ_HEALTHCHECK_CERT`` and
+  ``VIBEMQ_HEALTHCHECK_KEY``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import contextlib
 import json
 import os
 import socket
+import ssl
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -32,6 +38,7 @@ from vibemq_server.protocol.errors import ProtocolError
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 2925
+DEFAULT_TLS_PORT = 2926
 DEFAULT_TIMEOUT = 3.0
 
 
@@ -113,8 +120,10 @@ def check(
     port: int = DEFAULT_PORT,
     token: str = "",
     timeout: float = DEFAULT_TIMEOUT,
+    tls: ssl.SSLContext | None = None,
 ) -> None:
-    """Connect, authenticate and ping. Raises HealthCheckError or OSError on failure."""
+    """Connect (over TLS with ``tls``), authenticate and ping. Raises HealthCheckError or
+    OSError on failure."""
     deadline = time.monotonic() + timeout
     suffix = f"{os.getpid()}-{int(time.time() * 1000)}"
     connect_id = f"health-connect-{suffix}"
@@ -124,7 +133,10 @@ def check(
         headers["authToken"] = token
     decoder = FrameDecoder()
     pending: list[Message] = []
-    with socket.create_connection((host, port), timeout=timeout) as sock:
+    with contextlib.ExitStack() as stack:
+        sock = stack.enter_context(socket.create_connection((host, port), timeout=timeout))
+        if tls is not None:
+            sock = stack.enter_context(tls.wrap_socket(sock))
         sock.sendall(encode(Message(CommandType.CONNECT, connect_id, headers=headers)))
         _expect(sock, decoder, pending, deadline, CommandType.CONNECT_ACK, connect_id)
         sock.sendall(encode(Message(CommandType.PING, ping_id)))
@@ -144,10 +156,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--token", default=None)
     parser.add_argument("--timeout", type=float, default=None)
+    parser.add_argument("--tls", action="store_true", default=None, help="probe over TLS")
     args = parser.parse_args(argv)
+    use_tls = args.tls or env.get("VIBEMQ_TLS__PLAIN_VIBEMQ", "").lower() in ("false", "0")
 
     try:
-        port = args.port if args.port is not None else int(env.get("VIBEMQ_PORT") or DEFAULT_PORT)
+        if args.port is not None:
+            port = args.port
+        elif use_tls:
+            port = int(env.get("VIBEMQ_TLS__PORT") or DEFAULT_TLS_PORT)
+        else:
+            port = int(env.get("VIBEMQ_PORT") or DEFAULT_PORT)
         timeout = (
             args.timeout
             if args.timeout is not None
@@ -160,12 +179,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     host: str = args.host
 
     try:
-        check(host, port, token, timeout)
+        tls = _tls_context(env) if use_tls else None
+        check(host, port, token, timeout, tls)
     except (HealthCheckError, OSError) as exc:
         print(f"unhealthy: {host}:{port}: {exc or type(exc).__name__}", file=sys.stderr)
         return 1
     print(f"healthy: {host}:{port}")
     return 0
+
+
+def _tls_context(env: Mapping[str, str]) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    # A liveness probe of the broker on this host: whose certificate it is does not matter.
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    cert = env.get("VIBEMQ_HEALTHCHECK_CERT")
+    if cert:
+        ctx.load_cert_chain(cert, env.get("VIBEMQ_HEALTHCHECK_KEY") or None)
+    return ctx
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import structlog
 from vibemq_server.adapters.amqp.channel import AmqpConsumer, Channel
 from vibemq_server.adapters.amqp.codec import AmqpError, FrameParser, ReplyCode, encode_ack
 from vibemq_server.adapters.amqp.mapping import MessageMapper
-from vibemq_server.adapters.amqp.states import TRANSITIONS, Input, State
+from vibemq_server.adapters.amqp.states import TRANSITIONS, Event, Input, State
 from vibemq_server.auth import Verdict
 from vibemq_server.config import AmqpConfig
 from vibemq_server.core import Queue, QueueManager, QueueOptions
@@ -131,7 +131,26 @@ class ConnectionBase:
 
     # -- channels ----------------------------------------------------------------------------------
 
+    def _stop_deliveries(self) -> None:
+        """Before the channels are released one by one: releasing one dispatches its queues,
+        which must not deliver to another channel of this connection that is going too
+        (deliveries used to follow connection.close and close-ok; found by
+        tests/unit/test_amqp_session_fuzz.py)."""
+        for channel in self.channels.values():
+            if Event.CLOSE_SENT in channel.accepts:  # open, or waiting for content
+                channel.fire(Event.CLOSE_SENT)
+
+    def _flush_confirms(self, channel: Channel) -> None:
+        """Send the confirms this read gathered for ``channel`` now, ahead of a frame that
+        ends it: nothing may follow a channel's close or close-ok, or connection.close, and
+        they were gathered for publishes routed before it (found by
+        tests/unit/test_amqp_session_fuzz.py)."""
+        seqs = self._confirms.pop(channel, None)
+        if seqs:
+            self._send_confirms(channel, seqs)
+
     def _release_all(self) -> None:
+        self._stop_deliveries()
         queues: set[str] = set()
         for channel in list(self.channels.values()):
             queues |= self._release_channel(channel)
@@ -153,14 +172,19 @@ class ConnectionBase:
 
     def _queue_name(self, channel: Channel, name: str) -> str:
         """An empty queue name means the channel's last declared queue, as in RabbitMQ."""
-        if name:
-            return name
-        last = channel.last_queue
-        if not last:
+        name = name or channel.last_queue
+        if not name:
             raise AmqpError(
                 ReplyCode.NOT_FOUND, "NOT_FOUND - no previously declared queue", channel.number
             )
-        return last
+        if name.startswith("$"):
+            # The adapters' own queues (the durable tables, MQTT sessions) are no client's:
+            # queue.delete/purge/bind of "$amqp.bindings" lost the bindings at the next
+            # restart (found by tests/unit/test_amqp_session_fuzz.py).
+            raise AmqpError(
+                ReplyCode.NOT_FOUND, f"NOT_FOUND - no queue '{name}' in vhost '/'", channel.number
+            )
+        return name
 
     def _check_exclusive(
         self,

@@ -226,7 +226,7 @@ class Channel:
             sub, msg_id = self.unacked.pop(tag)
             manager.ack(sub, msg_id, dispatch=False)
             queues.add(sub.queue.name)
-        return queues
+        return self._freed(queues)
 
     def nack(self, delivery_tag: int, multiple: bool, requeue: bool) -> set[str]:
         manager = self.conn.manager
@@ -237,6 +237,14 @@ class Channel:
             sub, msg_id = self.unacked.pop(tag)
             manager.nack(sub, msg_id, requeue=requeue, dispatch=False)
             queues.add(sub.queue.name)
+        return self._freed(queues)
+
+    def _freed(self, queues: set[str]) -> set[str]:
+        """The queues to refill once deliveries of ``queues`` are settled. Under a global
+        (channel-wide) prefetch the room is the channel's: every consumer of the channel may
+        take it, not only those of the settled deliveries' queues (which may be empty)."""
+        if self.global_prefetch and queues:
+            queues.update(consumer.queue for consumer in self.consumers.values())
         return queues
 
     def recover(self) -> set[str]:

@@ -132,7 +132,9 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
         link = self.link
         if published and self.manager.memory_blocked and not link.reading_paused:
             link.pause_reading()
-            if self.capabilities.get("connection.blocked"):
+            # Not once connection.close is out: nothing but close-ok may follow it (found
+            # by tests/unit/test_amqp_session_fuzz.py).
+            if self.capabilities.get("connection.blocked") and self.state is _OPEN:
                 self.send(encode_method(0, commands.Connection.Blocked("memory high watermark")))
                 self.blocked = True
             self.manager.wait_for_memory(self._memory_ok)
@@ -140,7 +142,8 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
     def _memory_ok(self) -> None:
         if self.blocked:
             self.blocked = False
-            self.send(encode_method(0, commands.Connection.Unblocked()))
+            if self.state is _OPEN:  # (as for connection.blocked, above)
+                self.send(encode_method(0, commands.Connection.Unblocked()))
         self.link.resume_reading()
 
     # -- frames ------------------------------------------------------------------------------------
@@ -266,6 +269,7 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
         if channel is None or channel.closing:
             return
         self.log.info("channel error", channel=exc.channel, code=int(exc.code), error=exc.text)
+        self._flush_confirms(channel)
         self._refill |= self._release_channel(channel)
         channel.fire(Event.CLOSE_SENT)
         self.send(
@@ -284,11 +288,14 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
             self._fire(Event.REFUSED)
             self.link.close()
             return
+        for confirm_channel in list(self._confirms):
+            self._flush_confirms(confirm_channel)
         self.send(
             encode_method(0, commands.Connection.Close(int(code), text[:255], class_id, method_id))
         )
         self._fire(Event.CLOSE_SENT)
         self.closing_since = self.link.time()
+        self._stop_deliveries()
         queues: set[str] = set()
         for channel in list(self.channels.values()):
             queues |= self._release_channel(channel)
@@ -371,6 +378,7 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
         )
 
     def ch_close(self, channel: Channel, method: commands.Channel.Close) -> None:
+        self._flush_confirms(channel)
         self._refill |= self._release_channel(channel)
         del self.channels[channel.number]
         self.send(encode_method(channel.number, commands.Channel.CloseOk()))

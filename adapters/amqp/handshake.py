@@ -1,5 +1,6 @@
-"""The handlers of channel 0: the protocol header, the handshake (start-ok with PLAIN or
-AMQPLAIN, tune-ok, open) and connection.close / close-ok from the client.
+"""The handlers of channel 0: the protocol header, the handshake (start-ok with PLAIN,
+AMQPLAIN, or EXTERNAL over TLS with a client certificate, tune-ok, open) and
+connection.close / close-ok from the client.
 
 Which of them each connection state accepts, and the state that follows, is in
 ``states.TRANSITIONS``; the connection moves before the handler runs, and a handler that
@@ -59,7 +60,11 @@ class HandshakeMethods(ConnectionBase):
                         "version": "0.1",
                         "capabilities": cast(Any, _CAPABILITIES),
                     },
-                    mechanisms="PLAIN AMQPLAIN",
+                    # EXTERNAL (RabbitMQ's rabbitmq_auth_mechanism_ssl) only when a verified
+                    # client certificate came with the TLS handshake.
+                    mechanisms=(
+                        "EXTERNAL PLAIN AMQPLAIN" if self.link.peer_identity else "PLAIN AMQPLAIN"
+                    ),
                     locales="en_US",
                 ),
             )
@@ -81,6 +86,12 @@ class HandshakeMethods(ConnectionBase):
                 parts[1].decode("utf-8", "replace"),
                 parts[2].decode("utf-8", "replace"),
             )
+        elif mechanism == "EXTERNAL" and self.link.peer_identity:
+            # The certificate was verified in the handshake: its CN is the user, whatever
+            # the response names (as RabbitMQ does with ssl_cert_login_from = common_name).
+            identity = self.link.peer_identity
+            self._logged_in(identity, identity, anonymous=False)
+            return
         elif mechanism == "AMQPLAIN":
             try:
                 table = decode_table(len(raw).to_bytes(4, "big") + raw)
@@ -101,11 +112,15 @@ class HandshakeMethods(ConnectionBase):
             self.log.warning("authentication refused", user=username)
             self._refuse_login(mechanism, verdict.delay)
             return
+        self._logged_in(username, verdict.user, verdict.outcome is Outcome.ANONYMOUS)
+
+    def _logged_in(self, username: str, user: str, anonymous: bool) -> None:
+        """``username`` as the client named itself; ``user`` whose permissions apply."""
         self.username = username
-        self.user = verdict.user
-        self.anonymous = verdict.outcome is Outcome.ANONYMOUS
-        self.access = self.server.access(verdict.user)
-        self.log = self.log.bind(user=verdict.user)
+        self.user = user
+        self.anonymous = anonymous
+        self.access = self.server.access(user)
+        self.log = self.log.bind(user=user)
         cfg = self.server.cfg
         self.send(
             encode_method(

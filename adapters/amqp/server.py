@@ -15,11 +15,11 @@ mapping: see ``mapping.py`` and docs/amqp.md.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime
 import itertools
 import os
+import ssl
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -53,6 +53,7 @@ from vibemq_server.core.permissions import Access
 from vibemq_server.core.routing import AddressSink, MessageSource
 from vibemq_server.core.table import DurableTable
 from vibemq_server.server.adapter import AdapterContext
+from vibemq_server.server.listeners import Listeners
 from vibemq_server.server.transport import StreamTransport
 
 log = structlog.get_logger("vibemq.amqp")
@@ -136,7 +137,7 @@ class AmqpServer:
         self._ids = itertools.count(1)
         self._conn_ids = itertools.count(1)
         self._id_prefix = f"amqp-{os.urandom(4).hex()}-"
-        self._server: asyncio.Server | None = None
+        self.listeners = Listeners(context.tls)
         self.port = 0
         #: output given during a read is written when the read is done (shared by protocols)
         self.batch = context.read_batch
@@ -176,14 +177,14 @@ class AmqpServer:
 
     async def start(self) -> None:
         host = self.cfg.host or self.config.host
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self._accept, host, self.cfg.port, backlog=4096, reuse_address=True
+        tls = self.config.tls
+        await self.listeners.open(
+            "amqp", self._accept, host, self.cfg.port if tls.plain_amqp else None
         )
-        self.port = self._server.sockets[0].getsockname()[1]
-        log.info("listening", protocol="amqp", host=host, port=self.port)
+        await self.listeners.open("amqp_tls", self._accept, host, tls.amqp_port, tls=True)
+        self.port = self.listeners.port("amqp")
 
-    def _accept(self) -> StreamTransport:
+    def _accept(self, tls: ssl.SSLContext | None) -> StreamTransport:
         """A new socket: the shared transport, carrying an AMQP connection once the broker's
         connection limit let it in (over the limit the socket just closes)."""
         return StreamTransport(
@@ -194,15 +195,15 @@ class AmqpServer:
             batch=self.batch,
             register=self.register,
             unregister=self.unregister,
+            tls=tls,
+            handshake_timeout=self.config.tls.handshake_timeout_s,
         )
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        self.listeners.close()
 
     def ready(self) -> dict[str, int | str | None]:
-        return {"amqp": self.port}
+        return dict(self.listeners.ports)
 
     def next_msg_id(self) -> str:
         return f"{self._id_prefix}{next(self._ids)}"

@@ -19,6 +19,7 @@ What the connection uses of the broker's MQTT side is the ``Server`` protocol be
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Protocol
@@ -70,12 +71,18 @@ class Server(Protocol):
     manager: QueueManager
     #: sessions whose QoS 0 backlog grew during the last route(): the publisher pauses
     congested: list[MqttSession]
+    #: over TLS, the client certificate's identity is the username (config ``tls``)
+    use_identity_as_username: bool
 
     @property
     def sessions(self) -> Mapping[str, MqttSession]: ...
 
     def authenticate(
         self, packet: Connect, peer_host: str
+    ) -> tuple[ConnackCode, float, Access | None]: ...
+
+    def certificate_login(
+        self, identity: str | None, client_id: str
     ) -> tuple[ConnackCode, float, Access | None]: ...
 
     def open_session(self, client_id: str, clean: bool) -> tuple[MqttSession, bool]: ...
@@ -362,7 +369,14 @@ class MqttConnection:
 
     def on_connect(self, packet: Connect) -> None:
         server = self.server
-        code, delay, access = server.authenticate(packet, self.link.peer_host)
+        identity = self.link.peer_identity
+        if server.use_identity_as_username and self.link.over_tls:
+            # Mosquitto's use_identity_as_username: the verified certificate is the login;
+            # without one the client is not authorized whatever it sends.
+            packet = dataclasses.replace(packet, username=identity, password=None)
+            code, delay, access = server.certificate_login(identity, packet.client_id)
+        else:
+            code, delay, access = server.authenticate(packet, self.link.peer_host)
         client_id = packet.client_id
         if code is ConnackCode.ACCEPTED and len(client_id) > server.cfg.max_client_id_length:
             code = ConnackCode.IDENTIFIER_REJECTED

@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import json
 import os
+import ssl
 from collections.abc import Callable
 
 import structlog
@@ -46,6 +47,7 @@ from vibemq_server.core.table import DurableTable
 from vibemq_server.core.topics import TopicRouter, pattern_overlaps
 from vibemq_server.protocol.payload import PAYLOAD_ENCODING, from_core, to_core
 from vibemq_server.server.adapter import AdapterContext
+from vibemq_server.server.listeners import Listeners
 from vibemq_server.server.transport import StreamTransport
 
 log = structlog.get_logger("vibemq.mqtt")
@@ -78,6 +80,7 @@ class MqttServer:
         self.config = config
         self.cfg = config.mqtt
         self.auth = context.auth
+        self.use_identity_as_username = config.tls.use_identity_as_username
         self.manager = context.manager
         self.router: TopicRouter[MqttSession] = TopicRouter()
         self.sessions: dict[str, MqttSession] = {}
@@ -95,7 +98,7 @@ class MqttServer:
         self._own_message: MessageSource = self._core_message
         self.retained: DurableTable | None = None
         self.session_table: DurableTable | None = None
-        self._server: asyncio.Server | None = None
+        self.listeners = Listeners(context.tls)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn_ids = itertools.count(1)
         self.port = 0
@@ -135,13 +138,14 @@ class MqttServer:
         host = self.cfg.host or self.config.host
         loop = asyncio.get_running_loop()
         self._loop = loop
-        self._server = await loop.create_server(
-            self._accept, host, self.cfg.port, backlog=4096, reuse_address=True
+        tls = self.config.tls
+        await self.listeners.open(
+            "mqtt", self._accept, host, self.cfg.port if tls.plain_mqtt else None
         )
-        self.port = self._server.sockets[0].getsockname()[1]
-        log.info("listening", protocol="mqtt", host=host, port=self.port)
+        await self.listeners.open("mqtt_tls", self._accept, host, tls.mqtt_port, tls=True)
+        self.port = self.listeners.port("mqtt")
 
-    def _accept(self) -> StreamTransport:
+    def _accept(self, tls: ssl.SSLContext | None) -> StreamTransport:
         """A new socket: the shared transport, carrying an MQTT connection once the broker's
         connection limit let it in (over the limit the socket just closes: MQTT has no
         refusal before CONNECT)."""
@@ -154,6 +158,8 @@ class MqttServer:
             register=self.register,
             unregister=self.unregister,
             refusal=b"",
+            tls=tls,
+            handshake_timeout=self.config.tls.handshake_timeout_s,
         )
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
@@ -162,15 +168,13 @@ class MqttServer:
         return loop.call_later(delay, callback)
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        self.listeners.close()
 
     def tick(self) -> None:
         pass  # MQTT's timers are per connection (keep-alive)
 
     def ready(self) -> dict[str, int | str | None]:
-        return {"mqtt": self.port}
+        return dict(self.listeners.ports)
 
     # -- authentication and sessions -------------------------------------------------------------
 
@@ -190,6 +194,15 @@ class MqttServer:
         if verdict.user is None:
             return code, verdict.delay, None
         return code, 0.0, self.auth.access(verdict.user, packet.client_id)
+
+    def certificate_login(
+        self, identity: str | None, client_id: str
+    ) -> tuple[ConnackCode, float, Access | None]:
+        """``use_identity_as_username`` over TLS: the verified certificate's identity is the
+        user (its permissions apply); no certificate, not authorised."""
+        if not identity:
+            return ConnackCode.NOT_AUTHORIZED, 0.0, None
+        return ConnackCode.ACCEPTED, 0.0, self.auth.access(identity, client_id)
 
     def next_msg_id(self) -> str:
         return f"{self._id_prefix}{next(self._ids)}"

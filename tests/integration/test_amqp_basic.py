@@ -497,6 +497,34 @@ def test_prefetch_global_is_channel_wide(amqp: AmqpBroker, pikas: PikaClients) -
     assert queue_counts(publisher, "gq1")[0] + queue_counts(publisher, "gq2")[0] == 5
 
 
+def test_an_ack_under_a_global_prefetch_refills_the_channels_other_queues(
+    tmp_path: Path,
+) -> None:
+    """The channel-wide window is shared: an ack from one queue's consumer frees room for
+    the channel's consumers of other queues too (a lost wake-up otherwise; the
+    housekeeping timer, which would hide it, is made too slow to matter)."""
+    with amqp_brokers(tmp_path) as make:
+        pikas = PikaClients(make(housekeeping_interval_ms=3_600_000).amqp_port, **QUIET)
+        try:
+            publisher = pikas.channel()
+            publisher.queue_declare("gw1")
+            publisher.queue_declare("gw2")
+            publish_n(publisher, "gw1", 1)
+            publish_n(publisher, "gw2", 2)
+            channel = pikas.channel()
+            channel.basic_qos(prefetch_count=1, global_qos=True)
+            one = consumer(channel, "gw1")
+            one.wait_for(1)
+            two = consumer(channel, "gw2")  # the channel's window is full: nothing yet
+            assert len(two.settle()) == 0
+            channel.basic_ack(one.got[0].tag)  # gw1 is empty now; gw2's consumer has room
+            two.wait_for(1)
+            channel.basic_ack(two.got[0].tag)
+            two.wait_for(2)
+        finally:
+            pikas.close_all()
+
+
 def test_round_robin_between_two_consumers(pikas: PikaClients) -> None:
     publisher = pikas.channel()
     publisher.queue_declare("rr")

@@ -44,6 +44,9 @@ class RecordingLink:
     """A ``Link`` whose socket is ``out``: sends are written at once, ``close``/``abort``
     only mark it closed (what a later loop turn would then report is left out)."""
 
+    peer_identity: str | None = None  # a plain connection
+    over_tls = False
+
     def __init__(self) -> None:
         self.conn_id = f"amqp_t{next(_ids)}"
         self.peer_host = "127.0.0.1"

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bench.amqp_driver import U16 as AMQP_U16
@@ -47,6 +47,7 @@ from vibemq_server.config import Config
 WINDOW = 50
 HIGH = 4096
 QUEUE = "live"
+QUEUE2 = "live2"  # amqp-global's second queue
 
 
 class FakeSocket(asyncio.Transport):
@@ -246,11 +247,36 @@ class AmqpClient(Client):
         return encode_ack(tag, multiple=True)
 
 
+class AmqpGlobalClient(AmqpClient):
+    """Two queues consumed on one channel under a global (channel-wide) prefetch: a batch
+    goes to one queue or the other (by where it starts), so an ack may settle a queue that
+    is empty now while the other one has messages ready and the channel has room again."""
+
+    def handshake_consumer(self) -> bytes:
+        declare = AMQP_U16.pack(0) + shortstr(QUEUE2.encode()) + b"\x00\x00\x00\x00\x00"
+        qos = method(1, 60, 10, b"\x00\x00\x00\x00" + AMQP_U16.pack(WINDOW) + b"\x01")
+        consumes = b"".join(
+            method(
+                1,
+                60,
+                20,
+                AMQP_U16.pack(0) + shortstr(queue.encode()) + shortstr(tag) + b"\x00" + b"\0" * 4,
+            )
+            for queue, tag in ((QUEUE, b"ct"), (QUEUE2, b"ct2"))
+        )
+        return _amqp_open() + method(1, 50, 10, declare) + qos + consumes
+
+    def publish(self, start: int, count: int) -> bytes:
+        queue = (QUEUE if start % 2 == 0 else QUEUE2).encode()
+        return b"".join(encode_publish(queue, b"%064d" % i) for i in range(start, start + count))
+
+
 CLIENTS: dict[str, Callable[[], Client]] = {
     "native": NativeClient,
     "mqtt": MqttClient,
     "mqtt-persistent": lambda: MqttClient(clean=False),
     "amqp": AmqpClient,
+    "amqp-global": AmqpGlobalClient,
 }
 
 
@@ -324,7 +350,9 @@ class Scenario:
             if not queue.store.count:
                 continue
             for sub in queue.subscriptions:
-                if len(sub.inflight) < sub.prefetch and not paused:
+                # has_capacity: under the prefetch, and the consumer writable (its socket
+                # and output not over their bounds, its AMQP channel's global window open)
+                if sub.has_capacity() and not paused:
                     return (
                         f"{queue.store.count} ready in {queue.name!r}, "
                         f"{len(sub.inflight)}/{sub.prefetch} in flight, socket not paused"
@@ -388,7 +416,7 @@ async def _run(protocol: str, ops: list[tuple[str, int]], data_dir: Path) -> Non
         factories[next(names)] = factory
         return await real_create_server(factory, *args, **kw)
 
-    loop.create_server = spy  # type: ignore[method-assign]
+    loop.create_server = spy  # type: ignore[method-assign,assignment]
     config = Config(
         host="127.0.0.1",
         port=0,
@@ -427,7 +455,9 @@ async def _run(protocol: str, ops: list[tuple[str, int]], data_dir: Path) -> Non
         await broker.stop()
 
 
-def _property(protocol: str) -> Callable[..., None]:
+def _property(protocol: str, *examples: list[tuple[str, int]]) -> Callable[..., None]:
+    """The property for one protocol; ``examples``: op lists always tried (known cases)."""
+
     @settings(
         max_examples=int(os.environ.get("LIVENESS_EXAMPLES", "40")),
         deadline=None,
@@ -438,6 +468,8 @@ def _property(protocol: str) -> Callable[..., None]:
         with tempfile.TemporaryDirectory() as tmp:
             asyncio.run(_run(protocol, ops, Path(tmp)))
 
+    for ops in examples:
+        test = example(ops=ops)(test)
     return test
 
 
@@ -445,3 +477,8 @@ test_native_no_lost_wakeup = _property("native")
 test_mqtt_no_lost_wakeup = _property("mqtt")
 test_mqtt_persistent_no_lost_wakeup = _property("mqtt-persistent")
 test_amqp_no_lost_wakeup = _property("amqp")
+# The channel's window filled from both queues; the ack settles the first queue's only
+# message: the second queue's consumer must be refilled too.
+test_amqp_global_prefetch_no_lost_wakeup = _property(
+    "amqp-global", [("publish", 1), ("publish", 60), ("read", 12_000), ("ack", 1)]
+)

@@ -93,6 +93,9 @@ class TestLink:
 
     __test__ = False  # not a test class, whatever its name
 
+    peer_identity: str | None = None  # a plain connection
+    over_tls = False
+
     def __init__(self, world: World, port: int) -> None:
         self.world = world
         self.loop = world.loop

@@ -33,6 +33,9 @@ class Link:
     """The transport side of a session (``transport.Link``), recording what would be
     written; its clock and its socket's writability are the test's to move."""
 
+    peer_identity: str | None = None  # a plain connection
+    over_tls = False
+
     def __init__(self, conn_id: str) -> None:
         self.conn_id = conn_id
         self.peer_host = "127.0.0.1"

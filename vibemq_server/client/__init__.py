@@ -14,7 +14,7 @@ Quick start::
 See ``docs/client.md`` for the full guide.
 """
 
-from vibemq_server.client.connection import DEFAULT_PORT, Client
+from vibemq_server.client.connection import DEFAULT_PORT, Client, tls_context
 from vibemq_server.client.errors import (
     ConnectionFailed,
     ConnectionLost,
@@ -35,4 +35,5 @@ __all__ = [
     "Subscription",
     "VibeMQError",
     "decode_multipart",
+    "tls_context",
 ]

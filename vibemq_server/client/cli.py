@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from vibemq_server.client.connection import DEFAULT_PORT, Client
+from vibemq_server.client.connection import DEFAULT_PORT, Client, tls_context
 from vibemq_server.client.errors import VibeMQError
 
 PROG = "vibemq"
@@ -75,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=env.get("VIBEMQ_TOKEN") or None,
         help="authentication token (default: $VIBEMQ_TOKEN)",
     )
+    parser.add_argument(
+        "--tls", action="store_true", help="connect over TLS (implied by --cafile/--cert)"
+    )
+    parser.add_argument("--cafile", help="CA certificates (PEM) to verify the broker with")
+    parser.add_argument("--cert", help="client certificate (PEM), for mutual TLS")
+    parser.add_argument("--key", help="its private key (default: in --cert)")
     parser.add_argument(
         "--timeout", type=float, default=10.0, help="seconds to wait for each reply (default 10)"
     )
@@ -175,8 +181,16 @@ async def _subscribe(client: Client, args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else int(os.environ.get("VIBEMQ_PORT", DEFAULT_PORT))
     # One-shot commands should fail fast rather than retry in the background.
+    ssl_context = None
+    if args.tls or args.cafile or args.cert:
+        ssl_context = tls_context(args.cafile, args.cert, args.key)
     async with await Client.connect(
-        args.host, port, token=args.token, reconnect=False, request_timeout=args.timeout
+        args.host,
+        port,
+        token=args.token,
+        reconnect=False,
+        request_timeout=args.timeout,
+        ssl_context=ssl_context,
     ) as client:
         cmd = args.command
         if cmd == "publish":
@@ -239,6 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
         return 0
+    except OSError as exc:  # an unreadable --cafile/--cert/--key
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import json
 import logging
 import random
 import secrets
+import ssl
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -126,6 +127,9 @@ class Client:
         request_timeout: float | None = 30.0,
         keepalive_interval: float | None = 20.0,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        tls: bool = False,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -139,6 +143,11 @@ class Client:
         self.keepalive_interval = keepalive_interval
         self._token = token  # not a public attribute: keeps it out of reprs and logs
         self._max_message_size = max_message_size
+        # TLS: the given context, or the system's trust store with hostname checking.
+        if ssl_context is None and tls:
+            ssl_context = ssl.create_default_context()
+        self.ssl_context = ssl_context
+        self.server_hostname = server_hostname
 
         #: ``serverVersion`` and ``connectionId`` from the latest ConnectAck.
         self.server_version: str | None = None
@@ -179,6 +188,9 @@ class Client:
         request_timeout: float | None = 30.0,
         keepalive_interval: float | None = 20.0,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        tls: bool = False,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
     ) -> Client:
         """Open a connection, perform the Connect handshake and return the ready client.
 
@@ -198,6 +210,9 @@ class Client:
             connect_timeout=connect_timeout,
             request_timeout=request_timeout,
             keepalive_interval=keepalive_interval,
+            tls=tls,
+            ssl_context=ssl_context,
+            server_hostname=server_hostname,
             max_message_size=max_message_size,
         )
         await client.start()
@@ -517,7 +532,11 @@ class Client:
         try:
             async with asyncio.timeout(self.connect_timeout):
                 reader, writer = await asyncio.open_connection(
-                    self.host, self.port, limit=_READ_CHUNK
+                    self.host,
+                    self.port,
+                    limit=_READ_CHUNK,
+                    ssl=self.ssl_context,
+                    server_hostname=self.server_hostname if self.ssl_context else None,
                 )
         except (OSError, TimeoutError) as exc:
             raise ConnectionFailed(
@@ -765,3 +784,15 @@ class Client:
         subs, self._subs = self._subs, {}
         for sub in subs.values():
             sub._end(reason, None if reason == "closed" else error)
+
+
+def tls_context(
+    cafile: str | None = None, certfile: str | None = None, keyfile: str | None = None
+) -> ssl.SSLContext:
+    """A client TLS context: the server verified against ``cafile`` (default: the system's
+    CAs), and a client certificate when ``certfile`` is given (for mutual TLS)."""
+    ctx = ssl.create_default_context(cafile=cafile)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if certfile is not None:
+        ctx.load_cert_chain(certfile, keyfile)
+    return ctx

@@ -7,6 +7,7 @@ through ``Adapter``.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -40,6 +41,8 @@ class AdapterContext:
     read_batch: ReadBatch
     #: who may connect (every protocol asks it)
     auth: Authenticator
+    #: the TLS listeners' context (server/tls.py); None = no certificate configured
+    tls: ssl.SSLContext | None = None
 
 
 class Adapter(Protocol):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import ssl
 from collections.abc import Mapping
 
 import structlog
@@ -16,7 +17,10 @@ from vibemq_server.journal import FsyncPolicy, Journal
 from vibemq_server.protocol import CommandType, ErrorCode, Message, encode
 from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.server.adapter import Adapter, AdapterContext, AdapterFactory, Link
+from vibemq_server.server.listeners import Listeners
 from vibemq_server.server.session import Session
+from vibemq_server.server.tls import reload as reload_tls
+from vibemq_server.server.tls import server_context
 from vibemq_server.server.transport import ReadBatch, StreamTransport
 
 log = structlog.get_logger("vibemq.broker")
@@ -55,15 +59,26 @@ class Broker:
         self.read_batch = ReadBatch()
         #: who may connect, for every protocol (raises UsersFileError on a corrupt users file)
         self.auth = Authenticator(self.config)
+        #: the TLS listeners' one context (None: no certificate); SIGHUP reloads it
+        self.tls = server_context(self.config.tls)
         context = AdapterContext(
-            self.config, self.manager, self.register, self.unregister, self.read_batch, self.auth
+            self.config,
+            self.manager,
+            self.register,
+            self.unregister,
+            self.read_batch,
+            self.auth,
+            self.tls,
         )
         #: the protocol adapters, by name, built by the composition root's factories
         self.adapters: dict[str, Adapter] = {
             name: factory(context) for name, factory in (adapters or {}).items()
         }
         self.port = 0
-        self._server: asyncio.Server | None = None
+        self.tls_port = 0
+        #: the native protocol's listeners (plain and TLS)
+        self.listeners = Listeners(self.tls)
+        self._server: Listeners | None = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
 
@@ -79,11 +94,19 @@ class Broker:
         self.manager.persistence = self.journal
         for adapter in self.adapters.values():
             adapter.restore()
-        self._server = await loop.create_server(
-            self._native_connection, cfg.host, cfg.port, backlog=4096, reuse_address=True
-        )
-        self.port = self._server.sockets[0].getsockname()[1]
+        self._server = self.listeners
         try:
+            await self._server.open(
+                "vibemq",
+                self._native_connection,
+                cfg.host,
+                cfg.port if cfg.tls.plain_vibemq else None,
+            )
+            await self._server.open(
+                "vibemq_tls", self._native_connection, cfg.host, cfg.tls.port, tls=True
+            )
+            self.port = self._server.port("vibemq")
+            self.tls_port = self._server.port("vibemq_tls")
             for adapter in self.adapters.values():
                 await adapter.start()
         except OSError:
@@ -92,11 +115,10 @@ class Broker:
                 adapter.close()
             raise
         self._housekeeping = loop.create_task(self._housekeep())
-        log.info("listening", protocol="vibemq", host=cfg.host, port=self.port)
 
     def ready(self) -> dict[str, int | str | None]:
         """Every listener's bound port (or endpoint), by the ready file's keys."""
-        out: dict[str, int | str | None] = {"vibemq": self.port}
+        out: dict[str, int | str | None] = dict(self.listeners.ports)
         for adapter in self.adapters.values():
             out.update(adapter.ready())
         return out
@@ -111,7 +133,12 @@ class Broker:
         port = self.ready().get("amqp")
         return port if isinstance(port, int) else None
 
-    def _native_connection(self) -> StreamTransport:
+    def reload_tls(self) -> None:
+        """SIGHUP: new handshakes use the certificate files as they are now."""
+        if self.tls is not None:
+            reload_tls(self.tls, self.config.tls)
+
+    def _native_connection(self, tls: ssl.SSLContext | None) -> StreamTransport:
         """The transport of one accepted native connection, driving a native ``Session``."""
         conn_id = f"srv_{next(_conn_ids)}"
         manager, config, auth = self.manager, self.config, self.auth
@@ -130,6 +157,8 @@ class Broker:
             register=self.register,
             unregister=self.unregister,
             refusal=encode(refusal),
+            tls=tls,
+            handshake_timeout=config.tls.handshake_timeout_s,
         )
 
     def register(self, conn: Link) -> bool:
@@ -167,8 +196,10 @@ class Broker:
                 log.exception("housekeeping failed")
 
     def reload(self) -> None:
-        """SIGHUP: re-read the users file now."""
+        """SIGHUP: re-read the users file now; new TLS handshakes use the certificate files
+        as they are now."""
         self.auth.reload()
+        self.reload_tls()
 
     async def stop(self, reason: str = "server_shutdown") -> None:
         """Stop accepting, send Disconnect to every client, wait for them to drain, close."""

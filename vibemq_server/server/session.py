@@ -17,7 +17,7 @@ from typing import Any
 
 from vibemq_server import __version__
 from vibemq_server.auth import Authenticator
-from vibemq_server.auth.authenticator import Outcome
+from vibemq_server.auth.authenticator import Outcome, Verdict
 from vibemq_server.config import Config
 from vibemq_server.core import (
     CoreError,
@@ -275,13 +275,19 @@ class Session:
     # -- handlers ----------------------------------------------------------------------------
 
     def on_connect(self, msg: Message) -> None:
-        # A token, or a user name and password (headers), or nothing: anonymous.
+        # A token, or a user name and password (headers), or a verified client certificate,
+        # or nothing: anonymous.
         headers = msg.headers
         peer = self.link.peer_host
+        identity = self.link.peer_identity
         if "username" in headers or "password" in headers:
             verdict = self.auth.authenticate(
                 headers.get("username"), headers.get("password", ""), peer, "vibemq"
             )
+        elif identity and "authToken" not in headers:
+            # A client certificate verified in the TLS handshake is a login (as AMQP's
+            # EXTERNAL): its CN is the user.
+            verdict = Verdict(Outcome.ACCEPTED, identity)
         else:
             verdict = self.auth.authenticate_token(headers.get("authToken"), peer, "vibemq")
         if verdict.user is None:

@@ -4,15 +4,40 @@ Output is gathered and written once: at the end of the read being handled (``Rea
 or else at the end of the loop turn. While the socket is paused, or our own pending output
 is over its bound, ``writable`` is False so deliveries wait in their queues instead of in
 memory here; when it drains, ``_writable_again`` lets the protocol resume them.
+
+Input is read fairly: after a large read a connection is not read again until the loop has
+turned (``FAIR_READ_BYTES``), so one flooding peer cannot keep the others (a consumer's
+acks among them) waiting.
+
+A TLS listener hands the transport its ``ssl.SSLContext``: the transport runs the handshake
+itself over memory BIOs (so a failed or stalled handshake is logged with its peer, and the
+session sees the client certificate's identity), then encrypts and decrypts whole batches.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ssl
 from collections.abc import Callable
 from typing import Protocol, cast
 
 import structlog
+
+from vibemq_server.server.tls import describe, peer_identity
+
+#: After a read of at least this much, more input is probably waiting: the connection is not
+#: read again until the loop has turned. libuv reads a readable socket again and again while
+#: each read fills uvloop's 256 KB buffer, up to 32 times (8 MB, some 60,000 publishes) in one
+#: loop turn; a consumer's acks that arrived meanwhile waited behind all of it, seconds on a
+#: busy machine, with its window full and ready messages in the queue (issue 12).
+FAIR_READ_BYTES = 64 * 1024
+
+#: The first bytes of a TLS ClientHello: a handshake record of TLS 1.x (SSL 3 = 3.0).
+_TLS_RECORD = b"\x16\x03"
+#: A read returns at most one TLS record (16 KiB of plaintext); a larger buffer would only
+#: cost an allocation (and a large one an mmap) per record.
+_RECORD_MAX = 32_768
 
 
 class ReadBatch:
@@ -74,6 +99,10 @@ class Link(Protocol):
     log: structlog.typing.FilteringBoundLogger
     #: the client's address (for authentication: loopback or not, failed logins per address)
     peer_host: str
+    #: over TLS with a verified client certificate: its CN (or first SAN); else None
+    peer_identity: str | None
+    #: the connection came in on a TLS listener
+    over_tls: bool
 
     @property
     def writable(self) -> bool: ...
@@ -114,6 +143,8 @@ class StreamTransport(asyncio.Protocol):
         register: Callable[[StreamTransport], bool],
         unregister: Callable[[StreamTransport], None],
         refusal: bytes = b"",
+        tls: ssl.SSLContext | None = None,
+        handshake_timeout: float = 10.0,
     ) -> None:
         self.loop = asyncio.get_running_loop()
         self._make_session = make_session
@@ -131,8 +162,19 @@ class StreamTransport(asyncio.Protocol):
         self._flush_scheduled = False
         self._write_paused = False
         self._reading_paused = False
+        self._yielding = False  # not read until the loop turns (after a large read)
         self._closing = False
         self.peer_host = ""
+        self.peer_identity: str | None = None
+        self._tls = tls
+        self.over_tls = tls is not None
+        self._handshake_timeout = handshake_timeout
+        self._ssl: ssl.SSLObject | None = None
+        self._bio_in: ssl.MemoryBIO | None = None
+        self._bio_out: ssl.MemoryBIO | None = None
+        self._handshake_timer: asyncio.TimerHandle | None = None
+        # A plain listener looks once at the first bytes for a TLS ClientHello.
+        self._sniff = tls is None
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
@@ -147,18 +189,38 @@ class StreamTransport(asyncio.Protocol):
         self.transport.set_write_buffer_limits(high=self._out_limit)
         if not self._register(self):
             self.log.warning("connection refused: limit reached")
-            if self._refusal:
+            if self._refusal and self._tls is None:
                 self.transport.write(self._refusal)
             self._closing = True
             self.transport.close()
             return
         self.log.debug("connection opened")
+        if self._tls is not None:
+            # The session starts once the handshake is done (and the peer known).
+            self._bio_in, self._bio_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+            self._ssl = self._tls.wrap_bio(self._bio_in, self._bio_out, server_side=True)
+            self._handshake_timer = self.loop.call_later(
+                self._handshake_timeout, self._handshake_timed_out
+            )
+            return
         self.session = self._make_session(self)
 
     def data_received(self, data: bytes) -> None:
         session = self.session
         if session is None or self._closing:
+            if self._ssl is not None and not self._closing:
+                self._handshake(data)
             return
+        if self._ssl is not None:
+            data = self._decrypt(data)
+            if not data:
+                return
+        elif self._sniff:
+            self._sniff = False
+            if data[:2] == _TLS_RECORD:
+                self.log.warning("TLS handshake on a plain port: closed")
+                self.abort()
+                return
         batch = self._batch
         batch.begin()
         try:
@@ -168,12 +230,16 @@ class StreamTransport(asyncio.Protocol):
             self.abort()
         finally:
             batch.end()
+        if len(data) >= FAIR_READ_BYTES:
+            self._yield_reading()
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
         self._unregister(self)
         if self.session is not None:
             self.session.connection_lost(exc)
@@ -236,13 +302,30 @@ class StreamTransport(asyncio.Protocol):
             return  # (closing: close() flushed already; a lost connection's output is void)
         was_full = self._out_size >= self._out_limit
         out, self._out, self._out_size = self._out, [], 0
-        self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+        data = b"".join(out) if len(out) > 1 else out[0]
+        if self._ssl is not None:
+            self._encrypt(data)
+        else:
+            self.transport.write(data)
         if was_full and self.writable:
             self._writable_again()
 
     def _writable_again(self) -> None:
         if self.session is not None and not self._closing:
             self.session.writable_again()
+
+    def _yield_reading(self) -> None:
+        """Stop reading until the loop has turned: the other connections' input goes first."""
+        if self._yielding or self.transport is None or self._closing:
+            return
+        self._yielding = True
+        self.transport.pause_reading()
+        self.loop.call_soon(self._end_yield)
+
+    def _end_yield(self) -> None:
+        self._yielding = False
+        if not self._reading_paused and self.transport is not None and not self._closing:
+            self.transport.resume_reading()
 
     def pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None and not self._closing:
@@ -252,7 +335,8 @@ class StreamTransport(asyncio.Protocol):
     def resume_reading(self) -> None:
         if self._reading_paused and self.transport is not None and not self._closing:
             self._reading_paused = False
-            self.transport.resume_reading()
+            if not self._yielding:  # else _end_yield resumes
+                self.transport.resume_reading()
 
     def close(self) -> None:
         """Close after what is queued has been written."""
@@ -260,9 +344,98 @@ class StreamTransport(asyncio.Protocol):
             return
         self._flush()
         self._closing = True
+        if self._ssl is not None and self.session is not None:
+            # close_notify, so the peer knows the stream was not cut short
+            with contextlib.suppress(ssl.SSLError):
+                self._ssl.unwrap()
+            self._send_records()
         self.transport.close()
 
     def abort(self) -> None:
         self._closing = True
         if self.transport is not None:
             self.transport.abort()
+
+    # -- TLS ---------------------------------------------------------------------------------
+
+    def _handshake(self, data: bytes) -> None:
+        assert self._ssl is not None and self._bio_in is not None
+        self._bio_in.write(data)
+        try:
+            self._ssl.do_handshake()
+        except ssl.SSLWantReadError:
+            self._send_records()
+            return
+        except (ssl.SSLError, ValueError) as exc:
+            self._send_records()  # the alert, so the client knows why
+            self._tls_failed("TLS handshake failed", exc)
+            return
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        self._send_records()  # the server's last flight (and TLS 1.3 session tickets)
+        self.peer_identity = peer_identity(self._ssl.getpeercert())
+        self.log.debug(
+            "TLS established",
+            version=self._ssl.version(),
+            cipher=(self._ssl.cipher() or ("",))[0],
+            identity=self.peer_identity,
+        )
+        if self.peer_identity is not None:
+            self.log = self.log.bind(identity=self.peer_identity)
+        self.session = self._make_session(self)
+        if self._bio_in.pending:
+            self.data_received(b"")  # application data that came with the handshake
+
+    def _decrypt(self, data: bytes) -> bytes:
+        """What ``data`` (and what was buffered) decrypts to; a close or an error ends the
+        connection after what was decrypted before it is handled."""
+        ssl_obj, bio_in = self._ssl, self._bio_in
+        assert ssl_obj is not None and bio_in is not None
+        if data:
+            bio_in.write(data)
+        chunks: list[bytes] = []
+        try:
+            while True:
+                chunk = ssl_obj.read(_RECORD_MAX)
+                if not chunk:
+                    self.close()
+                    break
+                chunks.append(chunk)
+        except ssl.SSLWantReadError:
+            pass
+        except ssl.SSLZeroReturnError:
+            self.close()  # the peer's close_notify
+        except ssl.SSLError as exc:
+            self._tls_failed("TLS error", exc)
+        if self._bio_out is not None and self._bio_out.pending:
+            self._send_records()
+        if len(chunks) == 1:
+            return chunks[0]
+        return b"".join(chunks)
+
+    def _encrypt(self, data: bytes) -> None:
+        assert self._ssl is not None
+        try:
+            self._ssl.write(data)
+        except ssl.SSLError as exc:
+            self._tls_failed("TLS error", exc)
+            return
+        self._send_records()
+
+    def _send_records(self) -> None:
+        bio_out = self._bio_out
+        if bio_out is not None and bio_out.pending and self.transport is not None:
+            self.transport.write(bio_out.read())
+
+    def _tls_failed(self, what: str, exc: BaseException) -> None:
+        self.log.warning(what, reason=describe(exc))
+        self._closing = True
+        if self.transport is not None:
+            self.transport.close()  # after the alert is written
+
+    def _handshake_timed_out(self) -> None:
+        self._handshake_timer = None
+        if self.session is None and not self._closing:
+            self.log.warning("TLS handshake timed out", after_s=self._handshake_timeout)
+            self.abort()
