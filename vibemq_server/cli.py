@@ -18,6 +18,8 @@ from pydantic import ValidationError
 
 from vibemq_server import __version__
 from vibemq_server.app import create_broker
+from vibemq_server.auth import InsecureDefault, UsersFileError
+from vibemq_server.auth.cli import main as users_main
 from vibemq_server.config import Config, load_config
 from vibemq_server.journal import JournalCorrupt
 from vibemq_server.logs import configure_logging
@@ -30,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="vibemq-server",
         description="VibeMQ message broker. Settings: config file < VIBEMQ_* env < these flags.",
+        epilog="Users: vibemq-server users add|delete|passwd|list|tag|permit (see --help there).",
     )
     p.add_argument("--version", action="version", version=f"vibemq-server {__version__}")
     p.add_argument("--config", type=Path, help="TOML config file (env VIBEMQ_CONFIG)")
@@ -43,7 +46,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         dest="auth_tokens",
         metavar="TOKEN",
-        help="accepted client token; repeatable; any token turns authentication on",
+        help="accepted client token, TOKEN:USER binds it to a user (a bare one is "
+        "default_token_user's); repeatable",
+    )
+    p.add_argument(
+        "--users-file",
+        type=Path,
+        help="users file (default <data-dir>/users.json); edit with `vibemq-server users`",
+    )
+    p.add_argument(
+        "--allow-anonymous",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="accept clients without credentials from anywhere (--no-allow-anonymous: never); "
+        "default: from loopback only, and only while no user or token is configured",
     )
     p.add_argument(
         "--fsync",
@@ -207,13 +223,17 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    # SIGHUP: new TLS handshakes use the certificate files as they are now.
-    loop.add_signal_handler(signal.SIGHUP, broker.reload_tls)
+    # SIGHUP: the users file is re-read, new TLS handshakes use the certificate files as
+    # they are now.
+    loop.add_signal_handler(signal.SIGHUP, broker.reload)
     await stop.wait()
     await broker.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["users"]:
+        return users_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         config = config_from_args(args, dict(os.environ))
@@ -228,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         uvloop.run(serve(config, args.ready_file))
+    except (InsecureDefault, UsersFileError) as exc:
+        log.error("cannot start", error=str(exc))
+        print(f"vibemq-server: {exc}", file=sys.stderr)
+        return 2
     except (OSError, JournalCorrupt) as exc:
         log.error("cannot start", error=str(exc))
         return 1

@@ -103,6 +103,11 @@ class ZmqConfig(BaseModel):
     )
     rcvhwm: int = Field(1000, ge=1, description="messages the PULL socket queues")
     batch: int = Field(256, ge=1, le=100_000, description="PULL messages handled per loop turn")
+    user: str | None = Field(
+        None,
+        min_length=1,
+        description="the user PULL publishes as (its write permission applies); None = anonymous",
+    )
 
     @property
     def enabled(self) -> bool:
@@ -155,7 +160,25 @@ class Config(BaseModel):
     data_dir: Path = Path("./data")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "console"
-    auth_tokens: list[str] = Field(default_factory=list)
+    auth_tokens: list[str] = Field(
+        default_factory=list,
+        description='"token:user" binds a token to a user; a bare token is default_token_user\'s',
+    )
+    default_token_user: str = Field("admin", min_length=1)
+    users_file: Path | None = Field(None, description="None = <data_dir>/users.json")
+    allow_anonymous: bool | None = Field(
+        None,
+        description="None = anonymous clients from loopback only, and only while no user or "
+        "token exists; true = from anywhere; false = never",
+    )
+    auth_failure_delay_s: float = Field(
+        0.2, ge=0, description="refusal delay after the 1st failed login of an address; doubles"
+    )
+    auth_failure_max_delay_s: float = Field(5.0, ge=0)
+    connection_rate_limit: float = Field(
+        0.0, ge=0, description="new connections/s per source address; 0 = off"
+    )
+    connection_rate_burst: int = Field(20, ge=1)
 
     max_connections: int = Field(10_000, ge=1)
     max_message_size: int = Field(1024 * 1024, ge=64)
@@ -187,7 +210,12 @@ class Config(BaseModel):
 
     @property
     def auth_enabled(self) -> bool:
-        return bool(self.auth_tokens)
+        """Credentials in the config itself (a users file may hold more: auth package)."""
+        return bool(self.auth_tokens or self.users or self.mqtt.users)
+
+    @property
+    def users_path(self) -> Path:
+        return self.users_file if self.users_file is not None else self.data_dir / "users.json"
 
 
 _LIST_FIELDS = {"auth_tokens"}

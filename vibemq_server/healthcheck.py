@@ -11,7 +11,8 @@ Environment:
 - ``VIBEMQ_HEALTHCHECK_HOST``: address to probe (default ``127.0.0.1``).
 - ``VIBEMQ_PORT``: port to probe (default 2925).
 - ``VIBEMQ_HEALTHCHECK_TOKEN``: token to send; else the first of ``VIBEMQ_AUTH_TOKENS``
-  (comma-separated, or a JSON list); else no ``authToken`` header.
+  (comma-separated, or a JSON list; of ``token:user``, the token); else no ``authToken``
+  header.
 - ``VIBEMQ_HEALTHCHECK_TIMEOUT``: overall timeout in seconds (default 3).
 - TLS (``--tls``): on by itself when the plain VibeMQ listener is off
   (``VIBEMQ_TLS__PLAIN_VIBEMQ=false``); then the port is ``VIBEMQ_TLS__PORT`` (default 2926).
@@ -64,7 +65,10 @@ def token_from_env(env: Mapping[str, str]) -> str:
         candidates = list(raw.split(","))
     for candidate in candidates:
         if isinstance(candidate, str) and candidate.strip():
-            return candidate.strip()
+            # "token:user" binds a token to a user (auth.authenticator.parse_tokens's rule,
+            # repeated here to keep this probe on the stdlib): the token is what is sent.
+            token, sep, user = candidate.strip().rpartition(":")
+            return token if sep and token and user else candidate.strip()
     return ""
 
 

@@ -21,10 +21,12 @@ from vibemq_server.adapters.amqp.channel import AmqpConsumer, Channel
 from vibemq_server.adapters.amqp.codec import AmqpError, FrameParser, ReplyCode, encode_ack
 from vibemq_server.adapters.amqp.mapping import MessageMapper
 from vibemq_server.adapters.amqp.states import TRANSITIONS, Event, Input, State
+from vibemq_server.auth import Verdict
 from vibemq_server.config import AmqpConfig
 from vibemq_server.core import Queue, QueueManager, QueueOptions
 from vibemq_server.core.durable_replies import DurableReplies
 from vibemq_server.core.exchanges import Exchanges
+from vibemq_server.core.permissions import FULL_ACCESS, Access
 from vibemq_server.server.transport import Link
 
 
@@ -43,7 +45,9 @@ class Server(Protocol):
     #: auto-delete queues: deleted when their last consumer goes
     auto_delete: set[str]
 
-    def authenticate(self, username: str, password: str) -> bool: ...
+    def authenticate(self, username: str, password: str, peer_host: str) -> Verdict: ...
+
+    def access(self, user: str) -> Access: ...
 
     def next_msg_id(self) -> str: ...
 
@@ -94,6 +98,11 @@ class ConnectionBase:
         self.heartbeat = 0
         self.capabilities: dict[str, Any] = {}
         self.username = ""
+        #: who the client logged in as (the authenticator's verdict)
+        self.user: str | None = None
+        self.anonymous = False
+        #: what the user may do (set at login; until then nothing on a channel can run)
+        self.access = Access(FULL_ACCESS, "")
         #: when a login was refused without a close method: the socket closes later
         self.refused_at: float | None = None
         self.opened_at = link.time()
@@ -115,6 +124,10 @@ class ConnectionBase:
         """Move to the state the table gives for ``event`` in the current one."""
         self.state = state = TRANSITIONS[self.state][event]
         self._accepts = TRANSITIONS[state]
+
+    def _fail(self, exc: AmqpError) -> None:
+        """Answer a protocol error (connection.py)."""
+        raise NotImplementedError
 
     # -- channels ----------------------------------------------------------------------------------
 

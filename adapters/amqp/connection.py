@@ -41,6 +41,7 @@ from vibemq_server.adapters.amqp.codec import (
 )
 from vibemq_server.adapters.amqp.declarations import DeclarationMethods
 from vibemq_server.adapters.amqp.handshake import AUTH_FAILURE_DELAY_S, HandshakeMethods
+from vibemq_server.adapters.amqp.permissions import check as check_access
 from vibemq_server.adapters.amqp.states import CHANNEL_TRANSITIONS, ChannelState, Event, State
 from vibemq_server.core import CoreError, QueueExists, QueueNotFound
 from vibemq_server.core.exchanges import (
@@ -218,6 +219,8 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
                 0,
                 *_ids_of(method),
             )
+        if not self.access.everything:
+            check_access(self.access, method, channel.number, channel.last_queue, _ids_of(method))
         if following is not channel_state:
             channel.state = following
             channel.accepts = CHANNEL_TRANSITIONS[following]

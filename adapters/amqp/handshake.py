@@ -24,6 +24,7 @@ from vibemq_server.adapters.amqp.codec import (
     text,
 )
 from vibemq_server.adapters.amqp.states import Event
+from vibemq_server.auth.authenticator import Outcome
 
 #: A refused login without ``authentication_failure_close`` loses its socket after this long,
 #: with no close method (RabbitMQ's ``?SILENT_CLOSE_DELAY``: repeated guesses are slowed down).
@@ -88,7 +89,8 @@ class HandshakeMethods(ConnectionBase):
         elif mechanism == "EXTERNAL" and self.link.peer_identity:
             # The certificate was verified in the handshake: its CN is the user, whatever
             # the response names (as RabbitMQ does with ssl_cert_login_from = common_name).
-            self._logged_in(self.link.peer_identity)
+            identity = self.link.peer_identity
+            self._logged_in(identity, identity, anonymous=False)
             return
         elif mechanism == "AMQPLAIN":
             try:
@@ -105,15 +107,20 @@ class HandshakeMethods(ConnectionBase):
                 "(PLAIN, AMQPLAIN)",
                 0,
             )
-        if not self.server.authenticate(username, password):
+        verdict = self.server.authenticate(username, password, self.link.peer_host)
+        if verdict.user is None:
             self.log.warning("authentication refused", user=username)
-            self._refuse_login(mechanism)
+            self._refuse_login(mechanism, verdict.delay)
             return
-        self._logged_in(username)
+        self._logged_in(username, verdict.user, verdict.outcome is Outcome.ANONYMOUS)
 
-    def _logged_in(self, username: str) -> None:
+    def _logged_in(self, username: str, user: str, anonymous: bool) -> None:
+        """``username`` as the client named itself; ``user`` whose permissions apply."""
         self.username = username
-        self.log = self.log.bind(user=username)
+        self.user = user
+        self.anonymous = anonymous
+        self.access = self.server.access(user)
+        self.log = self.log.bind(user=user)
         cfg = self.server.cfg
         self.send(
             encode_method(
@@ -124,17 +131,26 @@ class HandshakeMethods(ConnectionBase):
             )
         )
 
-    def _refuse_login(self, mechanism: str) -> None:
+    def _refuse_login(self, mechanism: str, delay: float = 0.0) -> None:
         """As RabbitMQ: connection.close 403 to a client that announced
-        ``authentication_failure_close``; any other loses its socket silently, later
+        ``authentication_failure_close`` (held back ``delay`` seconds, reading paused, when
+        its address failed before); any other loses its socket silently, later
         (``check_timers`` closes it ``AUTH_FAILURE_DELAY_S`` after ``refused_at``)."""
         if self.capabilities.get("authentication_failure_close") is True:
-            raise AmqpError(
-                ReplyCode.ACCESS_REFUSED,
+            text = (
                 f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}."
-                " For details see the broker logfile.",
-                0,
+                " For details see the broker logfile."
             )
+            if delay <= 0:
+                raise AmqpError(ReplyCode.ACCESS_REFUSED, text, 0)
+            self.link.pause_reading()
+
+            def refuse() -> None:
+                self.link.resume_reading()  # for the client's close-ok
+                self._fail(AmqpError(ReplyCode.ACCESS_REFUSED, text, 0))
+
+            self.link.call_later(delay, refuse)
+            return
         self._fire(Event.REFUSED)
         self.link.pause_reading()
         self.refused_at = self.link.time()
@@ -142,7 +158,14 @@ class HandshakeMethods(ConnectionBase):
     def on_update_secret(self, method: commands.Connection.UpdateSecret) -> None:
         # The new secret is checked as a login's password would be; a refusal costs the
         # connection (530), as RabbitMQ answers when one of its auth backends refuses.
-        if not self.server.authenticate(self.username, text(method.new_secret)):
+        # An anonymous login (guest) has no secret to check: any is taken, as RabbitMQ's
+        # internal backend takes any.
+        if not self.anonymous and (
+            self.server.authenticate(
+                self.username, text(method.new_secret), self.link.peer_host
+            ).user
+            != self.user
+        ):
             self.log.warning("secret update refused")
             raise AmqpError(
                 ReplyCode.NOT_ALLOWED,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hmac
 import itertools
 import os
 import ssl
@@ -38,6 +37,7 @@ from vibemq_server.adapters.amqp.channel import AmqpConsumer, consumer_count
 from vibemq_server.adapters.amqp.codec import decode_properties, encode_properties, text
 from vibemq_server.adapters.amqp.connection import AmqpConnection
 from vibemq_server.adapters.amqp.mapping import EXCHANGE, ROUTING_KEY, MessageMapper
+from vibemq_server.auth import Verdict
 from vibemq_server.config import DeliveryMode, OverflowStrategy
 from vibemq_server.core import (
     CoreError,
@@ -49,6 +49,7 @@ from vibemq_server.core import (
     StoredMessage,
 )
 from vibemq_server.core.exchanges import Exchanges, canonical_arguments, decode_arguments
+from vibemq_server.core.permissions import Access
 from vibemq_server.core.routing import AddressSink, MessageSource
 from vibemq_server.core.table import DurableTable
 from vibemq_server.server.adapter import AdapterContext
@@ -112,6 +113,7 @@ class AmqpServer:
         config = context.config
         self.config = config
         self.cfg = config.amqp
+        self.auth = context.auth
         self.manager = context.manager
         #: the broker's connection registry (connection limit, heartbeats)
         self.register = context.register
@@ -208,15 +210,16 @@ class AmqpServer:
 
     # -- authentication --------------------------------------------------------------------------
 
-    def authenticate(self, username: str, password: str) -> bool:
-        tokens = self.config.auth_tokens
-        users = self.config.users | self.config.mqtt.users
-        if not tokens and not users:
-            return True  # auth off: any credentials (guest/guest) are fine
-        expected = users.get(username)
-        if expected is not None and hmac.compare_digest(expected.encode(), password.encode()):
-            return True
-        return any(hmac.compare_digest(t.encode(), password.encode()) for t in tokens)
+    def authenticate(self, username: str, password: str, peer_host: str) -> Verdict:
+        """RabbitMQ's rules: ``guest``/``guest`` is the anonymous login (loopback only by
+        default, as RabbitMQ's ``loopback_users``) unless a user named guest exists; any
+        other credentials are checked, and refused (403) when they match nothing."""
+        if username == "guest" and password == "guest" and "guest" not in self.auth.users:
+            return self.auth.authenticate("guest", None, peer_host, "amqp")
+        return self.auth.authenticate(username, password, peer_host, "amqp")
+
+    def access(self, user: str) -> Access:
+        return self.auth.access(user)
 
     # -- queues ----------------------------------------------------------------------------------
 

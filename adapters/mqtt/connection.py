@@ -46,12 +46,17 @@ from vibemq_server.adapters.mqtt.packets import (
 )
 from vibemq_server.adapters.mqtt.session import MqttSession
 from vibemq_server.adapters.mqtt.states import RUNNING, TRANSITIONS, Event, Input, State
+from vibemq_server.adapters.mqtt.topics import topic_to_address
 from vibemq_server.config import MqttConfig
 from vibemq_server.core import QueueManager
 from vibemq_server.core.durable_replies import DurableReplies
+from vibemq_server.core.permissions import FULL_ACCESS, Access, Operation
 from vibemq_server.server.transport import Link
 
 _PINGRESP = encode(Pingresp())
+#: a SUBACK's refusal of one filter
+_REFUSED = 0x80
+WRITE, READ = Operation.WRITE, Operation.READ
 
 
 class Timer(Protocol):
@@ -72,7 +77,13 @@ class Server(Protocol):
     @property
     def sessions(self) -> Mapping[str, MqttSession]: ...
 
-    def authenticate(self, packet: Connect) -> ConnackCode: ...
+    def authenticate(
+        self, packet: Connect, peer_host: str
+    ) -> tuple[ConnackCode, float, Access | None]: ...
+
+    def certificate_login(
+        self, identity: str | None, client_id: str
+    ) -> tuple[ConnackCode, float, Access | None]: ...
 
     def open_session(self, client_id: str, clean: bool) -> tuple[MqttSession, bool]: ...
 
@@ -115,6 +126,8 @@ class MqttConnection:
         self._table = TRANSITIONS[State.AWAIT_CONNECT]
         self.session: MqttSession | None = None
         self.will: Connect | None = None
+        #: what the client's user may do (set by CONNECT)
+        self.access = Access(FULL_ACCESS, "")
         self.keep_alive = 0.0
         self.opened_at = link.time()
         self.last_rx = self.opened_at
@@ -335,8 +348,11 @@ class MqttConnection:
             else:
                 session.detach()
         if publish_will and will is not None and will.will_topic is not None:
-            if self.server.publish_denied(will.will_topic):
-                # deny_publish covers wills too, or a will would be a way around it.
+            if self.server.publish_denied(will.will_topic) or not self.access.allowed(
+                WRITE, topic_to_address(will.will_topic)
+            ):
+                # deny_publish and permissions cover wills too, or a will would be a way
+                # around them.
                 self.log.debug("will denied", topic=will.will_topic)
                 return
             self.log.debug("publishing will", topic=will.will_topic)
@@ -357,18 +373,29 @@ class MqttConnection:
         if server.use_identity_as_username and self.link.over_tls:
             # Mosquitto's use_identity_as_username: the verified certificate is the login;
             # without one the client is not authorized whatever it sends.
-            code = ConnackCode.ACCEPTED if identity else ConnackCode.NOT_AUTHORIZED
             packet = dataclasses.replace(packet, username=identity, password=None)
+            code, delay, access = server.certificate_login(identity, packet.client_id)
         else:
-            code = server.authenticate(packet)
+            code, delay, access = server.authenticate(packet, self.link.peer_host)
         client_id = packet.client_id
         if code is ConnackCode.ACCEPTED and len(client_id) > server.cfg.max_client_id_length:
             code = ConnackCode.IDENTIFIER_REJECTED
         if code is not ConnackCode.ACCEPTED:
             self.log.warning("connect refused", code=code.name, client_id=client_id)
-            self.link.send(encode(Connack(code)))
             self._fire(Event.REFUSED)
-            self.link.close()
+            refusal = encode(Connack(code))
+            if delay <= 0:
+                self.link.send(refusal)
+                self.link.close()
+                return
+            # A failed login's CONNACK is held back (guessing slowed per address).
+            self.link.pause_reading()
+
+            def refuse() -> None:
+                self.link.send(refusal)
+                self.link.close()
+
+            server.call_later(delay, refuse)
             return
         if not client_id:
             client_id = f"auto-{uuid.uuid4().hex}"
@@ -376,7 +403,9 @@ class MqttConnection:
         if old is not None:
             old.take_over()
         session, resumed = server.open_session(client_id, packet.clean_session)
-        self.log = self.log.bind(client_id=client_id)
+        assert access is not None
+        self.access = access
+        self.log = self.log.bind(client_id=client_id, user=access.user)
         self.session = session
         self.will = packet if packet.has_will else None
         self.keep_alive = float(packet.keep_alive)
@@ -398,6 +427,10 @@ class MqttConnection:
             return  # a resent QoS 2 PUBLISH: routed already, exactly once
         if self.server.publish_denied(packet.topic):
             self.log.debug("publish denied", topic=packet.topic)
+            durable = False
+        elif not self.access.allowed(WRITE, topic_to_address(packet.topic)):
+            # 3.1.1 has no negative acknowledgement: acknowledged, dropped, logged.
+            self.log.info("publish refused: no write permission", topic=packet.topic)
             durable = False
         else:
             durable = self.server.route(packet.topic, packet.payload, qos, packet.retain, session)
@@ -454,7 +487,13 @@ class MqttConnection:
         session = self.session
         assert session is not None
         server = self.server
-        codes = tuple(server.subscribe(session, f, q) for f, q in packet.subscriptions)
+        access = self.access
+        codes = tuple(
+            server.subscribe(session, f, q)
+            if access.allowed(READ, topic_to_address(f))
+            else _REFUSED
+            for f, q in packet.subscriptions
+        )
         server.save_session(session)
         self.link.send(encode(Suback(packet.packet_id, codes)))
         for (topic_filter, _), granted in zip(packet.subscriptions, codes, strict=True):

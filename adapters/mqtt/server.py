@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import itertools
 import json
 import os
@@ -39,8 +38,10 @@ from vibemq_server.adapters.mqtt.topics import (
     matches,
     topic_to_address,
 )
+from vibemq_server.auth.authenticator import Outcome
 from vibemq_server.config import DeliveryMode, OverflowStrategy
 from vibemq_server.core import CoreError, QueueOptions, StoredMessage
+from vibemq_server.core.permissions import Access
 from vibemq_server.core.routing import AddressSink, MessageSource
 from vibemq_server.core.table import DurableTable
 from vibemq_server.core.topics import TopicRouter, pattern_overlaps
@@ -50,6 +51,13 @@ from vibemq_server.server.listeners import Listeners
 from vibemq_server.server.transport import StreamTransport
 
 log = structlog.get_logger("vibemq.mqtt")
+
+_CONNACK = {
+    Outcome.ACCEPTED: ConnackCode.ACCEPTED,
+    Outcome.ANONYMOUS: ConnackCode.ACCEPTED,
+    Outcome.CREDENTIALS_REQUIRED: ConnackCode.NOT_AUTHORIZED,
+    Outcome.BAD_CREDENTIALS: ConnackCode.BAD_USERNAME_OR_PASSWORD,
+}
 
 RETAINED_TABLE = "$mqtt.retained"
 SESSIONS_TABLE = "$mqtt.sessions"
@@ -71,6 +79,7 @@ class MqttServer:
         self.unregister = context.unregister
         self.config = config
         self.cfg = config.mqtt
+        self.auth = context.auth
         self.use_identity_as_username = config.tls.use_identity_as_username
         self.manager = context.manager
         self.router: TopicRouter[MqttSession] = TopicRouter()
@@ -169,21 +178,31 @@ class MqttServer:
 
     # -- authentication and sessions -------------------------------------------------------------
 
-    def authenticate(self, packet: Connect) -> ConnackCode:
-        tokens = self.config.auth_tokens
-        users = self.config.users | self.cfg.users
-        if not tokens and not users:
-            return ConnackCode.ACCEPTED
-        if packet.username is None and packet.password is None:
-            return ConnackCode.NOT_AUTHORIZED
-        password = (packet.password or b"").decode("utf-8", "replace")
-        expected = users.get(packet.username or "")
-        if expected is not None and hmac.compare_digest(expected.encode(), password.encode()):
-            return ConnackCode.ACCEPTED
-        # The VibeMQ side's tokens work as passwords, with any user name.
-        if any(hmac.compare_digest(t.encode(), password.encode()) for t in tokens):
-            return ConnackCode.ACCEPTED
-        return ConnackCode.BAD_USERNAME_OR_PASSWORD
+    def authenticate(
+        self, packet: Connect, peer_host: str
+    ) -> tuple[ConnackCode, float, Access | None]:
+        """The CONNACK code for a CONNECT's credentials, how long to hold a refusal, and
+        what the client may do once accepted (``core.permissions``).
+        No password asks for anonymous access (the user name alone is only a label, as in
+        Mosquitto); a password is checked, also where anonymous clients are let in."""
+        password = None if packet.password is None else packet.password.decode("utf-8", "replace")
+        verdict = self.auth.authenticate(packet.username, password, peer_host, "mqtt")
+        code = _CONNACK[verdict.outcome]
+        if code is ConnackCode.NOT_AUTHORIZED and packet.username is not None:
+            # Mosquitto: a user name without its password is a bad user name or password.
+            code = ConnackCode.BAD_USERNAME_OR_PASSWORD
+        if verdict.user is None:
+            return code, verdict.delay, None
+        return code, 0.0, self.auth.access(verdict.user, packet.client_id)
+
+    def certificate_login(
+        self, identity: str | None, client_id: str
+    ) -> tuple[ConnackCode, float, Access | None]:
+        """``use_identity_as_username`` over TLS: the verified certificate's identity is the
+        user (its permissions apply); no certificate, not authorised."""
+        if not identity:
+            return ConnackCode.NOT_AUTHORIZED, 0.0, None
+        return ConnackCode.ACCEPTED, 0.0, self.auth.access(identity, client_id)
 
     def next_msg_id(self) -> str:
         return f"{self._id_prefix}{next(self._ids)}"

@@ -38,7 +38,9 @@ from typing import Any
 import structlog
 import zmq
 
+from vibemq_server.auth import ANONYMOUS
 from vibemq_server.core import CoreError, StoredMessage
+from vibemq_server.core.permissions import Operation
 from vibemq_server.core.routing import AddressSink, MessageSource
 from vibemq_server.protocol import mme
 from vibemq_server.protocol.mme import MmeError
@@ -50,6 +52,7 @@ from vibemq_server.protocol.payload import (
 )
 from vibemq_server.server.adapter import AdapterContext
 
+WRITE = Operation.WRITE
 log = structlog.get_logger("vibemq.zmq")
 
 #: An address is a non-empty UTF-8 string of at most this many octets (MQTT's topic limit).
@@ -98,6 +101,8 @@ class ZmqBridge:
         self.cfg = context.config.zmq
         self.max_message_size = context.config.max_message_size
         self.manager = context.manager
+        #: PULL has no login: its publishes are those of the configured user (write checks)
+        self.access = context.auth.access(self.cfg.user or ANONYMOUS)
         #: deliveries a PULL batch gives other connections are written when the batch is done
         self.batch = context.read_batch
         self.ctx: zmq.Context[zmq.Socket[bytes]] | None = None
@@ -249,6 +254,12 @@ class ZmqBridge:
             self.dropped += 1
             self._warn.warning(
                 "zmq message dropped: the first frame is not an address", frame=frames[0][:64]
+            )
+            return
+        if not self.access.allowed(WRITE, address):
+            self.dropped += 1
+            self._warn.warning(
+                "zmq message dropped: no write permission", address=address, user=self.access.user
             )
             return
         parts = frames[1:]

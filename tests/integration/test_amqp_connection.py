@@ -180,9 +180,15 @@ def test_pika_auth_against_broker_settings(
     wait_until(lambda: amqp.amqp_connections() == 0, "the refused connection to go")
 
 
-def test_auth_off_accepts_any_credentials(amqp: AmqpBroker, clients: PikaClients) -> None:
-    conn = clients.connect(amqp.amqp_port, credentials=pika.PlainCredentials("who", "ever"))
+def test_without_users_guest_gets_in_from_loopback_and_nobody_else(
+    amqp: AmqpBroker, clients: PikaClients
+) -> None:
+    """RabbitMQ's default: guest/guest from loopback; any other credentials match nobody."""
+    conn = clients.connect(amqp.amqp_port, credentials=pika.PlainCredentials("guest", "guest"))
     roundtrip_ok(conn, "anyone-q")
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError) as info:
+        clients.connect(amqp.amqp_port, credentials=pika.PlainCredentials("who", "ever"))
+    assert "403" in str(info.value) and "ACCESS_REFUSED" in str(info.value)
 
 
 async def test_aio_pika_auth(brokers: Callable[..., AmqpBroker]) -> None:

@@ -491,11 +491,18 @@ async def test_aio_pika_unknown_exchange_type(amqp: AmqpBroker) -> None:
 
 
 def test_update_secret(brokers: Callable[..., AmqpBroker], clients: PikaClients) -> None:
-    amqp = brokers(users={"alice": "pw"}, auth_tokens=["token-1"])
+    amqp = brokers(users={"alice": "pw"}, auth_tokens=["token-1:alice", "token-2:bob"])
     conn = clients.connect(amqp.amqp_port, credentials=pika.PlainCredentials("alice", "pw"))
-    conn.update_secret("token-1", "rotated")  # a token is a valid secret for anyone
+    conn.update_secret("token-1", "rotated")  # a token bound to alice is a secret of hers
     conn.update_secret("pw", "back")
     roundtrip_ok(conn, "secret-q")
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
+        conn.update_secret("token-2", "rotated")  # bob's is not
+    assert (info.value.reply_code, info.value.reply_text) == (
+        530,
+        "NOT_ALLOWED - New secret was refused by one of the backends",
+    )
+    conn = clients.connect(amqp.amqp_port, credentials=pika.PlainCredentials("alice", "pw"))
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
         conn.update_secret("wrong", "rotated")
     assert (info.value.reply_code, info.value.reply_text) == (
@@ -516,7 +523,7 @@ def test_update_secret_raw(brokers: Callable[..., AmqpBroker], raw: RawClients) 
 
 
 async def test_aio_pika_update_secret(brokers: Callable[..., AmqpBroker]) -> None:
-    amqp = brokers()  # auth off: any secret is fine (as RabbitMQ's internal backend answers)
+    amqp = brokers()  # anonymous guest: any secret is fine (RabbitMQ's internal backend's)
     conn = await aio_pika.connect(url(amqp), timeout=WAIT)
     try:
         await conn.update_secret("anything", reason="rotate", timeout=WAIT)

@@ -31,6 +31,7 @@ from vibemq_server.adapters.amqp.codec import PROTOCOL_HEADER
 from vibemq_server.adapters.amqp.connection import AmqpConnection
 from vibemq_server.adapters.amqp.server import AmqpServer
 from vibemq_server.adapters.amqp.states import State
+from vibemq_server.auth import Authenticator
 from vibemq_server.config import Config
 from vibemq_server.core import ManualClock, QueueManager
 from vibemq_server.server.adapter import AdapterContext, Link
@@ -48,6 +49,7 @@ class RecordingLink:
 
     def __init__(self) -> None:
         self.conn_id = f"amqp_t{next(_ids)}"
+        self.peer_host = "127.0.0.1"
         self.log = structlog.get_logger("vibemq.amqp").bind(conn_id=self.conn_id)
         self.out = bytearray()
         self.closed = False
@@ -81,6 +83,9 @@ class RecordingLink:
     def resume_reading(self) -> None:
         self.paused = False
 
+    def call_later(self, delay: float, callback: Any) -> None:
+        callback()  # a refusal held back: at once here (this test's clock does not run)
+
     def call_soon(self, callback: Any) -> None:
         callback()
 
@@ -97,7 +102,11 @@ def _server() -> AmqpServer:
         registered.add(link)
         return True
 
-    server = AmqpServer(AdapterContext(config, manager, register, registered.discard, ReadBatch()))
+    server = AmqpServer(
+        AdapterContext(
+            config, manager, register, registered.discard, ReadBatch(), Authenticator(config)
+        )
+    )
     server.restore()
     return server
 

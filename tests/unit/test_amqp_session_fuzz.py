@@ -60,6 +60,7 @@ from pamqp.base import Frame as Method
 
 from vibemq_server.adapters.amqp.server import AmqpServer
 from vibemq_server.app import create_broker
+from vibemq_server.auth import Authenticator
 from vibemq_server.config import Config, DeliveryMode
 from vibemq_server.core import Queue, QueueManager, StoredMessage
 from vibemq_server.core.exchanges import EXCHANGE, QUEUE, Binding
@@ -878,7 +879,9 @@ def recovered_state(config: Config) -> dict[str, Any]:
     manager = QueueManager(config.queue_defaults, name_validator=valid_queue_name)
     Journal(config.data_dir / "journal").recover(manager)
     amqp = AmqpServer(
-        AdapterContext(config, manager, lambda _c: True, lambda _c: None, ReadBatch())
+        AdapterContext(
+            config, manager, lambda _c: True, lambda _c: None, ReadBatch(), Authenticator(config)
+        )
     )
     amqp.restore()
     for queue in manager.queues.values():

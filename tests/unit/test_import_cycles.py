@@ -34,6 +34,10 @@ LAYERS: dict[str, frozenset[str]] = {
     "vibemq_server.protocol": frozenset({"vibemq_server.protocol"}),
     # protocol-free, IO-free: knows no protocol, no server, no journal (a Protocol instead)
     "vibemq_server.core": frozenset({"vibemq_server.core", "vibemq_server.config"}),
+    # who may connect: users file, password hashes, the authenticator (no protocol)
+    "vibemq_server.auth": frozenset(
+        {"vibemq_server.auth", "vibemq_server.core", "vibemq_server.config"}
+    ),
     "vibemq_server.journal": frozenset(
         {"vibemq_server.journal", "vibemq_server.core", "vibemq_server.config"}
     ),
@@ -46,6 +50,7 @@ LAYERS: dict[str, frozenset[str]] = {
             "vibemq_server.journal",
             "vibemq_server.protocol",
             "vibemq_server.config",
+            "vibemq_server.auth",
         }
     ),
     # an adapter: the core, the shared transport and adapter interface; no other adapter
@@ -56,6 +61,7 @@ LAYERS: dict[str, frozenset[str]] = {
             "vibemq_server.server",
             "vibemq_server.protocol",
             "vibemq_server.config",
+            "vibemq_server.auth",
         }
     ),
     # the composition root knows the adapters only by their import strings

@@ -66,6 +66,7 @@ from vibemq_server.adapters.mqtt.packets import (
 )
 from vibemq_server.adapters.mqtt.server import MqttServer
 from vibemq_server.adapters.mqtt.topics import matches
+from vibemq_server.auth import Authenticator
 from vibemq_server.config import Config
 from vibemq_server.core import QueueManager
 from vibemq_server.journal import FsyncPolicy, Journal
@@ -99,6 +100,7 @@ class TestLink:
         self.world = world
         self.loop = world.loop
         self.conn_id = f"mqtt_{port}"
+        self.peer_host = "127.0.0.1"
         self.log = structlog.get_logger("vibemq.mqtt").bind(conn_id=self.conn_id)
         self.session: MqttConnection | None = None
         self.out = bytearray()
@@ -174,6 +176,9 @@ class TestLink:
     def resume_reading(self) -> None:
         if not self.closed:
             self._reading_paused = False
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        self.loop.call_later(delay, callback)
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         self.loop.call_soon(callback)
@@ -352,15 +357,22 @@ def make_config(auth: bool, **mqtt: Any) -> Config:
     settings_ = {**MQTT_SETTINGS, **mqtt}
     if auth:
         settings_["users"] = {"u": "pw"}
+    # Refusals at once: the held-back refusal of a failed login is tested over sockets
+    # (test_auth.py); here every run must end with nothing paused.
     return Config(
-        auth_tokens=["token"] if auth else [], write_buffer_high_bytes=OUT_LIMIT, mqtt=settings_
+        auth_tokens=["token"] if auth else [],
+        write_buffer_high_bytes=OUT_LIMIT,
+        mqtt=settings_,
+        auth_failure_delay_s=0,
     )
 
 
 def make_server(config: Config, manager: QueueManager) -> MqttServer:
     """An MQTT server (its listener never opened) whose connection registry is the world's."""
     server = MqttServer(
-        AdapterContext(config, manager, lambda _c: True, lambda _c: None, ReadBatch())
+        AdapterContext(
+            config, manager, lambda _c: True, lambda _c: None, ReadBatch(), Authenticator(config)
+        )
     )
     server.restore()
     return server

@@ -38,6 +38,7 @@ class Link:
 
     def __init__(self, conn_id: str) -> None:
         self.conn_id = conn_id
+        self.peer_host = "127.0.0.1"
         self.log: structlog.typing.FilteringBoundLogger = structlog.get_logger("fuzz")
         self.out: list[bytes] = []
         self.closed = False
@@ -65,6 +66,9 @@ class Link:
 
     def resume_reading(self) -> None:
         self.reading_paused = False
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        self.soon.append(callback)  # a refusal held back: on the next turn here
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         self.soon.append(callback)

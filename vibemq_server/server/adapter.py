@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from vibemq_server.auth import Authenticator
 from vibemq_server.config import Config
 from vibemq_server.core import QueueManager
 from vibemq_server.server.transport import ReadBatch
@@ -38,6 +39,8 @@ class AdapterContext:
     unregister: Callable[[Link], None]
     #: output given while one connection handles a read is written when the read is done
     read_batch: ReadBatch
+    #: who may connect (every protocol asks it)
+    auth: Authenticator
     #: the TLS listeners' context (server/tls.py); None = no certificate configured
     tls: ssl.SSLContext | None = None
 

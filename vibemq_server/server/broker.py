@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 import structlog
 
+from vibemq_server.auth import Authenticator, check_exposure
 from vibemq_server.config import Config
 from vibemq_server.core import Clock, QueueManager, wall_clock_ms
 from vibemq_server.journal import FsyncPolicy, Journal
@@ -56,10 +57,18 @@ class Broker:
         self.connections: set[Link] = set()
         # Every connection writes what a read produced when that read is done.
         self.read_batch = ReadBatch()
+        #: who may connect, for every protocol (raises UsersFileError on a corrupt users file)
+        self.auth = Authenticator(self.config)
         #: the TLS listeners' one context (None: no certificate); SIGHUP reloads it
         self.tls = server_context(self.config.tls)
         context = AdapterContext(
-            self.config, self.manager, self.register, self.unregister, self.read_batch, self.tls
+            self.config,
+            self.manager,
+            self.register,
+            self.unregister,
+            self.read_batch,
+            self.auth,
+            self.tls,
         )
         #: the protocol adapters, by name, built by the composition root's factories
         self.adapters: dict[str, Adapter] = {
@@ -76,6 +85,9 @@ class Broker:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         cfg = self.config
+        # Secure by default: no anonymous listener on the network unless asked for.
+        check_exposure(cfg, self.auth.credentials_configured)
+        self.auth.warn_plain_text()
         # Recovery comes first: no client may see a queue before its messages are back.
         self.journal.recover(self.manager)
         self.journal.start(self.manager)
@@ -129,7 +141,7 @@ class Broker:
     def _native_connection(self, tls: ssl.SSLContext | None) -> StreamTransport:
         """The transport of one accepted native connection, driving a native ``Session``."""
         conn_id = f"srv_{next(_conn_ids)}"
-        manager, config = self.manager, self.config
+        manager, config, auth = self.manager, self.config, self.auth
         refusal = Message(
             CommandType.ERROR,
             conn_id,
@@ -137,7 +149,7 @@ class Broker:
             error_message=f"at most {config.max_connections} connections",
         )
         return StreamTransport(
-            lambda link: Session(link, manager, config),
+            lambda link: Session(link, manager, config, auth),
             conn_id=conn_id,
             log=conn_log,
             out_limit=config.write_buffer_high_bytes,
@@ -151,6 +163,10 @@ class Broker:
 
     def register(self, conn: Link) -> bool:
         if len(self.connections) >= self.config.max_connections:
+            return False
+        peer = getattr(conn, "peer_host", "")
+        if peer and not self.auth.allow_connection(peer):
+            log.warning("per-address connection rate exceeded", peer=peer)
             return False
         self.connections.add(conn)
         return True
@@ -173,10 +189,17 @@ class Broker:
                 now = loop.time()
                 if now >= next_conn_check:
                     next_conn_check = now + 1.0
+                    self.auth.check_reload()  # the users file changed: no restart needed
                     for conn in list(self.connections):
                         conn.check_timers(now, cfg.keepalive_timeout_s, cfg.frame_timeout_s)
             except Exception:  # a bug here must not stop TTL and timeouts for good
                 log.exception("housekeeping failed")
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the users file now; new TLS handshakes use the certificate files
+        as they are now."""
+        self.auth.reload()
+        self.reload_tls()
 
     async def stop(self, reason: str = "server_shutdown") -> None:
         """Stop accepting, send Disconnect to every client, wait for them to drain, close."""

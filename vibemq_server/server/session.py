@@ -9,7 +9,6 @@ reads no clock but the link's.
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -17,6 +16,8 @@ from enum import Enum
 from typing import Any
 
 from vibemq_server import __version__
+from vibemq_server.auth import Authenticator
+from vibemq_server.auth.authenticator import Outcome, Verdict
 from vibemq_server.config import Config
 from vibemq_server.core import (
     CoreError,
@@ -31,6 +32,7 @@ from vibemq_server.core import (
     Subscription,
 )
 from vibemq_server.core.durable_replies import DurableReplies
+from vibemq_server.core.permissions import FULL_ACCESS, Access, Operation
 from vibemq_server.protocol import (
     CommandType,
     ErrorCode,
@@ -94,10 +96,20 @@ _OPTION_HEADERS = frozenset(
 class Session:
     """One client's protocol session: authentication, subscriptions, publisher flow control."""
 
-    def __init__(self, link: Link, manager: QueueManager, config: Config) -> None:
+    def __init__(
+        self,
+        link: Link,
+        manager: QueueManager,
+        config: Config,
+        auth: Authenticator | None = None,
+    ) -> None:
         self.link = link
         self.manager = manager
         self.config = config
+        self.auth = auth if auth is not None else Authenticator(config)
+        #: who the client logged in as, and what that user may do (set by Connect)
+        self.user: str | None = None
+        self.access = Access(FULL_ACCESS, "")
         self.conn_id = link.conn_id
         self.log = link.log
         self._state = State.AWAITING_CONNECT
@@ -263,23 +275,52 @@ class Session:
     # -- handlers ----------------------------------------------------------------------------
 
     def on_connect(self, msg: Message) -> None:
-        if self.config.auth_enabled:
-            token = msg.headers.get("authToken")
-            if not token:
-                self._refuse_auth(msg, ErrorCode.AUTH_REQUIRED, "authentication token required")
-                return
-            if not any(hmac.compare_digest(token, t) for t in self.config.auth_tokens):
-                self._refuse_auth(msg, ErrorCode.AUTH_FAILED, "Invalid authentication token")
-                return
+        # A token, or a user name and password (headers), or a verified client certificate,
+        # or nothing: anonymous.
+        headers = msg.headers
+        peer = self.link.peer_host
+        identity = self.link.peer_identity
+        if "username" in headers or "password" in headers:
+            verdict = self.auth.authenticate(
+                headers.get("username"), headers.get("password", ""), peer, "vibemq"
+            )
+        elif identity and "authToken" not in headers:
+            # A client certificate verified in the TLS handshake is a login (as AMQP's
+            # EXTERNAL): its CN is the user.
+            verdict = Verdict(Outcome.ACCEPTED, identity)
+        else:
+            verdict = self.auth.authenticate_token(headers.get("authToken"), peer, "vibemq")
+        if verdict.user is None:
+            if verdict.outcome is Outcome.CREDENTIALS_REQUIRED:
+                code, text = ErrorCode.AUTH_REQUIRED, "authentication token required"
+            else:
+                code, text = ErrorCode.AUTH_FAILED, "Invalid authentication token"
+            self._refuse_auth(msg, code, text, verdict.delay)
+            return
+        self.user = verdict.user
+        self.access = self.auth.access(verdict.user, self.conn_id)
         self.state = State.OPEN
+        self.log = self.log.bind(user=verdict.user)
         self.log.info("client connected", client_version=msg.headers.get("clientVersion"))
         headers = {"serverVersion": __version__, "connectionId": self.conn_id}
         self.link.send(encode(Message(CommandType.CONNECT_ACK, msg.id, headers=headers)))
 
-    def _refuse_auth(self, msg: Message, code: ErrorCode, text: str) -> None:
+    def _refuse_auth(self, msg: Message, code: ErrorCode, text: str, delay: float) -> None:
+        """The refusal is held back ``delay`` seconds (reading paused, nothing handled), so
+        that guesses from one address cannot run at line rate."""
         self.log.warning("authentication refused", code=str(code))
-        self.send_error(msg.id, code, text)
-        self.close()
+        self.state = State.CLOSED
+        if delay <= 0:
+            self.send_error(msg.id, code, text)
+            self.link.close()
+            return
+        self.link.pause_reading()
+
+        def refuse() -> None:
+            self.send_error(msg.id, code, text)
+            self.link.close()
+
+        self.link.call_later(delay, refuse)
 
     def on_connect_again(self, msg: Message) -> None:
         raise ProtocolError(ErrorCode.INVALID_MESSAGE, "already connected", message_id=msg.id)
@@ -309,8 +350,17 @@ class Session:
     def _core_error(self, msg: Message, exc: CoreError) -> ProtocolError:
         return ProtocolError(_CORE_ERRORS[type(exc)], str(exc), message_id=msg.id)
 
+    def _permit(self, operation: Operation, msg: Message, name: str) -> None:
+        """NOT_AUTHORIZED unless the user may do ``operation`` on the queue (docs/security.md)."""
+        if not self.access.allowed(operation, name):
+            raise ProtocolError(
+                ErrorCode.NOT_AUTHORIZED,
+                f"{operation.label} access to queue '{name}' refused for user '{self.access.user}'",
+                message_id=msg.id,
+            )
+
     def on_publish(self, msg: Message) -> None:
-        self._queue_name(msg)
+        self._permit(Operation.WRITE, msg, self._queue_name(msg))
         validate_json(msg.payload, msg.id)
         if self._rate and not self._take_token():
             raise ProtocolError(
@@ -395,6 +445,7 @@ class Session:
 
     def on_subscribe(self, msg: Message) -> None:
         queue = self._queue_name(msg)
+        self._permit(Operation.READ, msg, queue)
         prefetch = self.config.default_prefetch
         raw = msg.headers.get("prefetch")
         if raw is not None:
@@ -435,6 +486,7 @@ class Session:
 
     def on_create_queue(self, msg: Message) -> None:
         queue = self._queue_name(msg)
+        self._permit(Operation.CONFIGURE, msg, queue)
         raw: dict[str, Any] = {}
         if msg.payload:
             validate_json(msg.payload, msg.id)
@@ -459,6 +511,7 @@ class Session:
 
     def on_delete_queue(self, msg: Message) -> None:
         queue = self._queue_name(msg)
+        self._permit(Operation.CONFIGURE, msg, queue)
         try:
             durable = self.manager.get(queue).options.durable
             self.manager.delete_queue(queue)
@@ -485,6 +538,7 @@ class Session:
 
     def on_queue_info(self, msg: Message) -> None:
         queue = self._queue_name(msg)
+        self._permit(Operation.READ, msg, queue)
         try:
             info = self.manager.queue_info(queue)
         except CoreError as exc:

@@ -97,6 +97,8 @@ class Link(Protocol):
 
     conn_id: str
     log: structlog.typing.FilteringBoundLogger
+    #: the client's address (for authentication: loopback or not, failed logins per address)
+    peer_host: str
     #: over TLS with a verified client certificate: its CN (or first SAN); else None
     peer_identity: str | None
     #: the connection came in on a TLS listener
@@ -119,6 +121,8 @@ class Link(Protocol):
     def resume_reading(self) -> None: ...
 
     def call_soon(self, callback: Callable[[], None]) -> None: ...
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None: ...
 
     def time(self) -> float: ...
 
@@ -160,6 +164,7 @@ class StreamTransport(asyncio.Protocol):
         self._reading_paused = False
         self._yielding = False  # not read until the loop turns (after a large read)
         self._closing = False
+        self.peer_host = ""
         self.peer_identity: str | None = None
         self._tls = tls
         self.over_tls = tls is not None
@@ -179,6 +184,7 @@ class StreamTransport(asyncio.Protocol):
         closed)."""
         self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
+        self.peer_host = str(peer[0]) if peer else ""
         self.log = self.log.bind(conn_id=self.conn_id, peer=f"{peer[0]}:{peer[1]}" if peer else "")
         self.transport.set_write_buffer_limits(high=self._out_limit)
         if not self._register(self):
@@ -273,6 +279,9 @@ class StreamTransport(asyncio.Protocol):
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         self.loop.call_soon(callback)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        self.loop.call_later(delay, callback)
 
     def send(self, data: bytes) -> None:
         if self._closing:
