@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import socket
 import ssl
 import subprocess
@@ -545,3 +546,129 @@ def test_tls_deployment(image: str, pki: Pki) -> None:
         _script("stop", c.name, timeout=60)
         state = _inspect("container", c.name)["State"]
         assert state.get("ExitCode") == 0, f"{state}\n{_logs(c.name)}"
+
+
+# -- credentials: the image starts only with some (secure by default) ----------------------------
+
+
+def _plain_env(port: int) -> dict[str, str]:
+    # Host network: MQTT and AMQP on any free port, not on the host's 1883 / 5672.
+    return {"VIBEMQ_PORT": str(port), "VIBEMQ_MQTT__PORT": "0", "VIBEMQ_AMQP__PORT": "0"}
+
+
+def _podman_run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """A one-off command in the image (container-run.sh's flags), with ``stdin``."""
+    return subprocess.run(
+        [*PODMAN, "run", "--rm", "-i", "--ulimit", "nofile=1024:1024",
+         "--ulimit", "nproc=1024:1024", "--network", "host", "--pull=never", *args],
+        input=stdin, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_refuses_to_start_without_credentials(image: str) -> None:
+    """No token, no users file, no VIBEMQ_ALLOW_ANONYMOUS: exit 2, saying how to fix it; and
+    the users command it suggests works as written."""
+    env = _plain_env(_free_port())
+    done = _script("run", image, *_env_args(env), timeout=120, check=False)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, f"exit {done.returncode}\n{out[-4000:]}"
+    assert "refusing to start" in out, out[-4000:]
+    for fix in ("VIBEMQ_AUTH_TOKENS", "VIBEMQ_ALLOW_ANONYMOUS=true"):
+        assert fix in out, f"{fix!r} not in the refusal:\n{out[-4000:]}"
+    hint = re.search(r"\(vibemq-server (users [^)]*)\)", out)
+    assert hint, f"no users command in the refusal:\n{out[-4000:]}"
+    command = hint.group(1).replace("NAME", "alice").split()
+    volume = f"vibemq-test-{uuid.uuid4().hex[:10]}"
+    _podman("volume", "create", volume)
+    try:
+        added = _podman_run(
+            "-v", f"{volume}:/data", image, *command, "--password-stdin", stdin="pw\n"
+        )
+        assert added.returncode == 0, added
+        listed = _podman_run("-v", f"{volume}:/data", image, "users", "list")
+        assert listed.returncode == 0 and "alice" in listed.stdout, listed
+    finally:
+        _podman("volume", "rm", "--force", volume, check=False)
+
+
+def test_explicit_anonymous(image: str) -> None:
+    """VIBEMQ_ALLOW_ANONYMOUS=true: anonymous clients from the network, health check without
+    credentials."""
+    port = _free_port()
+    env = {**_plain_env(port), "VIBEMQ_ALLOW_ANONYMOUS": "true"}
+    with _started(image, env, c=Container(_container_name(), port, token=None)) as c:
+        with Client(c.port) as client:
+            assert client.connect(token=None).type == CommandType.CONNECT_ACK
+            client.request(Message(CommandType.PING, client.next_id("ping")), CommandType.PONG)
+        health = _podman("healthcheck", "run", c.name, check=False, timeout=60)
+        assert health.returncode == 0, f"healthcheck failed: {health}\n{_logs(c.name)}"
+
+
+def test_mounted_users_file(image: str, tmp_path: Path) -> None:
+    """A users file made on the host with `vibemq-server users`, its directory mounted
+    read-only: that user logs in, a wrong password and an anonymous login are refused, and the
+    health check logs in as VIBEMQ_HEALTHCHECK_USERNAME."""
+    users = tmp_path / "users"
+    users.mkdir()
+    password = uuid.uuid4().hex
+    made = subprocess.run(
+        [sys.executable, "-m", "vibemq_server", "users", "--users-file", str(users / "users.json"),
+         "add", "alice", "--password-stdin"],
+        input=f"{password}\n", capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert made.returncode == 0, made
+    # The file is 0600 (written by the users command): the image's user must own it.
+    for path in (users, *users.iterdir()):
+        os.chown(path, IMAGE_UID, IMAGE_UID)
+    port = _free_port()
+    env = {
+        **_plain_env(port),
+        "VIBEMQ_USERS_FILE": "/etc/vibemq/users.json",
+        "VIBEMQ_HEALTHCHECK_USERNAME": "alice",
+        "VIBEMQ_HEALTHCHECK_PASSWORD": password,
+    }
+    c = Container(_container_name(), port, token=None, login=("alice", password))
+    with _started(image, env, "-v", f"{users}:/etc/vibemq:ro", c=c):
+        with Client(c.port) as intruder:
+            try:
+                refused = intruder.connect(token=None, login=("alice", "wrong"))
+            except ConnectionError:
+                pass  # closed without an ack: refused too
+            else:
+                assert refused.type == CommandType.ERROR, refused
+                assert refused.error_code == "AUTH_FAILED", refused
+        with Client(c.port) as anonymous:
+            try:
+                refused = anonymous.connect(token=None)
+            except ConnectionError:
+                pass
+            else:
+                assert refused.type == CommandType.ERROR, refused
+        health = _podman("healthcheck", "run", c.name, check=False, timeout=60)
+        assert health.returncode == 0, f"healthcheck failed: {health}\n{_logs(c.name)}"
+
+
+def test_users_made_in_the_volume(image: str) -> None:
+    """docs/docker.md's first users-file recipe: the image's own `users add` writes
+    /data/users.json into a named volume; a broker on that volume lets the user in."""
+    volume = f"vibemq-test-{uuid.uuid4().hex[:10]}"
+    password = uuid.uuid4().hex
+    _podman("volume", "create", volume)
+    try:
+        added = _podman_run(
+            "-v", f"{volume}:/data", image, "users", "add", "alice", "--password-stdin",
+            stdin=f"{password}\n",
+        )  # fmt: skip
+        assert added.returncode == 0, added
+        port = _free_port()
+        env = {
+            **_plain_env(port),
+            "VIBEMQ_HEALTHCHECK_USERNAME": "alice",
+            "VIBEMQ_HEALTHCHECK_PASSWORD": password,
+        }
+        c = Container(_container_name(), port, token=None, login=("alice", password))
+        with _started(image, env, "-v", f"{volume}:/data", c=c):
+            health = _podman("healthcheck", "run", c.name, check=False, timeout=60)
+            assert health.returncode == 0, f"healthcheck failed: {health}\n{_logs(c.name)}"
+    finally:
+        _podman("volume", "rm", "--force", volume, check=False)
