@@ -16,6 +16,8 @@ from vibemq_server.adapters.amqp.arguments import validate_arguments
 from vibemq_server.adapters.amqp.base import ConnectionBase
 from vibemq_server.adapters.amqp.channel import Channel, consumer_count
 from vibemq_server.adapters.amqp.codec import AmqpError, ReplyCode, encode_method, text
+from vibemq_server.adapters.amqp.permissions import require
+from vibemq_server.core.permissions import Operation
 from vibemq_server.core.exchanges import ExchangeNotFound
 
 
@@ -72,6 +74,8 @@ class DeclarationMethods(ConnectionBase):
         name = text(method.queue)
         if not name:
             name = f"amq.gen-{server.next_msg_id()}"
+            # RabbitMQ checks configure on the generated name too (a pattern may cover amq.gen-.*).
+            require(self.access, Operation.CONFIGURE, "queue", name, channel.number, (50, 10))
         elif name.startswith("amq.") and not method.passive:
             raise AmqpError(
                 ReplyCode.ACCESS_REFUSED,

@@ -5,7 +5,7 @@
 | method | needs |
 | --- | --- |
 | exchange.declare (not passive), exchange.delete | configure on the exchange |
-| queue.declare (not passive, named), queue.delete | configure on the queue |
+| queue.declare (not passive), queue.delete | configure on the queue |
 | queue.bind / unbind | write on the queue, read on the exchange |
 | exchange.bind / unbind | write on the destination, read on the source |
 | queue.purge, basic.get, basic.consume | read on the queue |
@@ -73,7 +73,8 @@ NEEDS: dict[type, list[Check]] = {
         (W, "exchange", lambda m: m.destination),
         (R, "exchange", lambda m: m.source),
     ],
-    # A server-named queue (empty name) is not checked: its name is made up by the broker.
+    # A server-named queue (empty name) is checked by the handler once it has its amq.gen-*
+    # name, as RabbitMQ checks it.
     commands.Queue.Declare: [(C, "queue", _unless_passive(lambda m: m.queue or None))],
     commands.Queue.Delete: [(C, "queue", lambda m: m.queue)],
     commands.Queue.Bind: [
@@ -101,11 +102,18 @@ def check(access: Access, method: Any, channel: int, last_queue: str, ids: tuple
             continue
         if kind == "queue" and not name:
             name = last_queue
-        if not access.allowed(operation, name):
-            raise AmqpError(
-                ReplyCode.ACCESS_REFUSED,
-                f"ACCESS_REFUSED - access to {_WORDS[kind].format(name)} in vhost '/' refused "
-                f"for user '{access.user}'",
-                channel,
-                *ids,
-            )
+        require(access, operation, kind, name, channel, ids)
+
+
+def require(
+    access: Access, operation: Operation, kind: str, name: str, channel: int, ids: tuple[int, int]
+) -> None:
+    """Raise the channel's 403 unless ``access`` allows ``operation`` on ``name``."""
+    if not access.allowed(operation, name):
+        raise AmqpError(
+            ReplyCode.ACCESS_REFUSED,
+            f"ACCESS_REFUSED - access to {_WORDS[kind].format(name)} in vhost '/' refused "
+            f"for user '{access.user}'",
+            channel,
+            *ids,
+        )

@@ -184,6 +184,44 @@ async def test_amqp_matrix(matrix_broker: Broker, operation: str, allowed: bool)
     await asyncio.get_running_loop().run_in_executor(None, scenario)
 
 
+async def test_amqp_server_named_queue_needs_configure(broker_factory: Any, tmp_path: Path) -> None:
+    """queue.declare with an empty name: configure is checked on the amq.gen-* name the broker
+    makes, as RabbitMQ does."""
+    path = tmp_path / "users.json"
+    for name in ("gen", "nogen"):
+        add_user(path, name, f"{name}-pw")
+    for name, pattern in (("gen", r"^amq\.gen-"), ("nogen", r"^nogen\.")):
+        done = users(path, "permit", name, f"--configure={pattern}", "--read=.*", "--write=.*")
+        assert done.returncode == 0, done.stderr
+    broker: Broker = await broker_factory(users_file=path)
+    port = broker.amqp_port
+    assert port is not None
+
+    def scenario() -> None:
+        for user, allowed in (("gen", True), ("nogen", False)):
+            conn = pika.BlockingConnection(
+                pika.ConnectionParameters(
+                    "127.0.0.1", port, credentials=pika.PlainCredentials(user, f"{user}-pw")
+                )
+            )
+            try:
+                if allowed:
+                    declared = conn.channel().queue_declare("", exclusive=True)
+                    assert declared.method.queue.startswith("amq.gen-")
+                    continue
+                with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+                    conn.channel().queue_declare("", exclusive=True)
+                assert info.value.reply_code == 403
+                assert info.value.reply_text.startswith(
+                    "ACCESS_REFUSED - access to queue 'amq.gen-"
+                )
+                assert info.value.reply_text.endswith("in vhost '/' refused for user 'nogen'")
+            finally:
+                conn.close()
+
+    await asyncio.get_running_loop().run_in_executor(None, scenario)
+
+
 # -- across protocols --------------------------------------------------------------------
 
 
