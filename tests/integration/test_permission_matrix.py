@@ -74,6 +74,8 @@ NATIVE: dict[str, tuple[str, Callable[[RawClient, str], Any]]] = {
     "queue info": ("read", lambda c, a: c.queue_info(a)),
     "create queue": ("configure", lambda c, a: c.create_queue(a.replace(".x", ".new"))),
     "delete queue": ("configure", lambda c, a: c.delete_queue(a)),
+    # publish and subscribe create a missing queue: configure is checked too (after
+    # write/read, so a user with neither is refused for write/read)
     "publish creating": ("write", lambda c, a: c.publish(a.replace(".x", ".new"), 1)),
     "subscribe creating": ("read", lambda c, a: c.subscribe(a.replace(".x", ".new"))),
 }
@@ -93,6 +95,29 @@ async def test_native_matrix(matrix_broker: Broker, operation: str, allowed: boo
         assert "refused for user 'mia'" in (reply.error_message or "")
     assert (await client.ping()).type is CommandType.PONG  # still open
     await client.close()
+
+
+async def test_permitted_user_without_configure_cannot_auto_create(
+    broker_factory: Any, tmp_path: Path
+) -> None:
+    """write and read alone reach existing queues; creating one by publishing or subscribing
+    takes configure on the missing queue too."""
+    path = tmp_path / "users.json"
+    add_user(path, "noc", "noc-pw")
+    done = users(path, "permit", "noc", "--configure=", "--write=^n\\.", "--read=^n\\.")
+    assert done.returncode == 0, done.stderr
+    broker: Broker = await broker_factory(users_file=path, auth_tokens=["adm:admin"])
+    admin = await RawClient.connected(broker.port, token="adm")
+    assert (await admin.create_queue("n.have")).type is not CommandType.ERROR
+    client = await native_login(broker.port, "noc")
+    assert (await client.publish("n.have", 1)).type is CommandType.PUBLISH_ACK
+    assert (await client.subscribe("n.have")).type is CommandType.SUBSCRIBE_ACK
+    for reply in (await client.publish("n.missing", 1), await client.subscribe("n.missing")):
+        assert reply.error_code == "NOT_AUTHORIZED", reply
+        assert "configure access to queue 'n.missing'" in (reply.error_message or "")
+    assert (await admin.queue_info("n.missing")).error_code == "QUEUE_NOT_FOUND"
+    await client.close()
+    await admin.close()
 
 
 # -- MQTT --------------------------------------------------------------------------------

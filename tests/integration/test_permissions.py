@@ -124,7 +124,7 @@ async def test_native_permissions(broker_factory: Any, tmp_path: Path) -> None:
     user's permissions."""
     path = tmp_path / "users.json"
     add_user(path, "dave", "dave-pw")
-    permit(path, "dave", configure="^%u\\.own$", write="^%u\\.", read="^%u\\.")
+    permit(path, "dave", configure="^%u\\.(own|q)$", write="^%u\\.", read="^%u\\.")
     broker: Broker = await broker_factory(users_file=path, auth_tokens=["dave-tok:dave"])
     for connect in ("token", "password"):
         if connect == "token":
@@ -144,7 +144,7 @@ async def test_native_permissions(broker_factory: Any, tmp_path: Path) -> None:
             await c.subscribe("other.q"),
             await c.queue_info("other.q"),
             await c.create_queue("dave.q2"),
-            await c.delete_queue("dave.q"),
+            await c.delete_queue("dave.q2"),
         ):
             assert reply.type is CommandType.ERROR and reply.error_code == "NOT_AUTHORIZED"
             assert "refused for user 'dave'" in (reply.error_message or "")

@@ -359,8 +359,17 @@ class Session:
                 message_id=msg.id,
             )
 
+    def _permit_auto_create(self, msg: Message, name: str) -> None:
+        """A publish or subscribe that would create its queue creates something: it needs
+        configure on the queue as well (as a CreateQueue would)."""
+        if name not in self.manager.queues and self.manager.auto_create:
+            self._permit(Operation.CONFIGURE, msg, name)
+
     def on_publish(self, msg: Message) -> None:
-        self._permit(Operation.WRITE, msg, self._queue_name(msg))
+        queue = self._queue_name(msg)
+        self._permit(Operation.WRITE, msg, queue)
+        if not self.access.everything:
+            self._permit_auto_create(msg, queue)
         validate_json(msg.payload, msg.id)
         if self._rate and not self._take_token():
             raise ProtocolError(
@@ -446,6 +455,8 @@ class Session:
     def on_subscribe(self, msg: Message) -> None:
         queue = self._queue_name(msg)
         self._permit(Operation.READ, msg, queue)
+        if not self.access.everything:
+            self._permit_auto_create(msg, queue)
         prefetch = self.config.default_prefetch
         raw = msg.headers.get("prefetch")
         if raw is not None:
