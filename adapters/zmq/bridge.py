@@ -13,7 +13,8 @@ and the core's hand-over of publishes into sends:
   ZeroMQ sink of the core's routing (``deliver``): every publish at an address some SUB prefix
   matches, from any protocol, is sent as ``[address, part1, ..., partN]``: the parts of an MME
   body, or the original bytes as the one part. A malformed MME body from another protocol goes
-  out as one part, with a (throttled) log line.
+  out as one part, with a (throttled) log line. SUB peers read as ``zmq.user``: an address
+  that user may not read goes to no peer.
 
 Both sockets are plain (blocking-API) pyzmq sockets driven by the event loop through their
 ``ZMQ_FD``: no task per message, no thread. That descriptor is edge-triggered (it signals
@@ -53,6 +54,7 @@ from vibemq_server.protocol.payload import (
 from vibemq_server.server.adapter import AdapterContext
 
 WRITE = Operation.WRITE
+READ = Operation.READ
 log = structlog.get_logger("vibemq.zmq")
 
 #: An address is a non-empty UTF-8 string of at most this many octets (MQTT's topic limit).
@@ -345,7 +347,10 @@ class ZmqBridge:
 
     def _match(self, address: str) -> bytes | None:
         raw = address.encode()
-        target = raw if any(raw.startswith(p) for p in self._prefixes) else None
+        # SUB peers have no login either: they read as ``zmq.user``, so an address that user
+        # may not read goes to no SUB peer (decided once per address, cached below).
+        matched = any(raw.startswith(p) for p in self._prefixes)
+        target = raw if matched and self.access.allowed(READ, address) else None
         if len(self._targets) >= _CACHE_MAX:
             self._targets.clear()
         self._targets[address] = target

@@ -246,6 +246,32 @@ async def test_zmq_pull_publishes_as_its_configured_user(tmp_path: Path) -> None
     assert [(e["address"], e["user"]) for e in dropped] == [("closed.a", "zed")]
 
 
+async def test_zmq_sub_peers_read_as_the_configured_user(tmp_path: Path) -> None:
+    """SUB peers have no login either: the PUB side sends only addresses ``zmq.user`` may
+    read, whatever their prefix."""
+    path = tmp_path / "users.json"
+    add_user(path, "zed", "zed-pw")
+    permit(path, "zed", write=".*", read="^open\\.|\\.probe$")  # (.probe: the helper's)
+    srv = await start_server(
+        tmp_path, *ZMQ_FLAGS, "--users-file", str(path), env=clean_env(VIBEMQ_ZMQ__USER="zed")
+    )
+    peer = ZmqPeer(srv)
+    try:
+        sub = await peer.sub(b"")
+        push = peer.push()
+        await push.send_multipart([b"closed.a", b"no"])
+        await push.send_multipart([b"open.a", b"yes"])
+        assert await peer.recv(sub) == [b"open.a", b"yes"]  # (in order: closed.a not sent)
+        closed = await peer.sub(b"closed.")
+        await push.send_multipart([b"closed.b", b"no"])
+        await push.send_multipart([b"open.b", b"yes"])
+        assert await peer.recv(sub) == [b"open.b", b"yes"]
+        await peer.nothing(closed)
+    finally:
+        peer.close()
+        assert await srv.stop() == 0
+
+
 async def test_amqp_cannot_reach_addresses_other_protocols_would_refuse(
     broker_factory: Any, tmp_path: Path
 ) -> None:
