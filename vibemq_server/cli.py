@@ -41,13 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", type=Path, help="directory for persistent data (default ./data)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", choices=["json", "console"])
+    # Tokens are secrets: never on the command line (any local user reads argv from ps), so
+    # the flag names a file; the environment (VIBEMQ_AUTH_TOKENS) and the config file work too.
     p.add_argument(
-        "--auth-token",
-        action="append",
-        dest="auth_tokens",
-        metavar="TOKEN",
-        help="accepted client token, TOKEN:USER binds it to a user (a bare one is "
-        "default_token_user's); repeatable",
+        "--auth-tokens-file",
+        type=Path,
+        metavar="PATH",
+        help="file of accepted client tokens, one TOKEN or TOKEN:USER per line (a bare one is "
+        "default_token_user's; # comments)",
     )
     p.add_argument(
         "--users-file",
@@ -126,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 _NOT_CONFIG = {
     "config",
+    "auth_tokens_file",
     "ready_file",
     "mqtt_port",
     "no_mqtt",
@@ -194,8 +196,16 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Confi
     tls.update({field: False for flag, field in _PLAIN_OFF_FLAGS.items() if getattr(args, flag)})
     if tls:
         overrides["tls"] = tls
+    if args.auth_tokens_file is not None:
+        overrides["auth_tokens"] = read_tokens_file(args.auth_tokens_file)
     path = args.config or (Path(environ["VIBEMQ_CONFIG"]) if environ.get("VIBEMQ_CONFIG") else None)
     return load_config(path, environ, overrides)
+
+
+def read_tokens_file(path: Path) -> list[str]:
+    """The tokens of ``--auth-tokens-file``: one per line, blank lines and # comments left out."""
+    lines = (line.strip() for line in path.read_text(encoding="utf-8").splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
 
 
 async def serve(config: Config, ready_file: Path | None = None) -> None:

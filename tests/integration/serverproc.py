@@ -26,6 +26,13 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def tokens_file(folder: Path, *tokens: str) -> str:
+    """A ``--auth-tokens-file`` holding ``tokens`` (secrets never go in argv)."""
+    path = folder / f"tokens-{len(list(folder.glob('tokens-*')))}.txt"
+    path.write_text("# test tokens\n" + "".join(f"{token}\n" for token in tokens))
+    return str(path)
+
+
 def server_args(data_dir: Path, ready: Path, *flags: str) -> list[str]:
     """`python -m vibemq_server` on 127.0.0.1, any free port, JSON logs, a ready file."""
     return [

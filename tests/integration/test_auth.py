@@ -24,7 +24,7 @@ import pytest
 from mqttkit import RawMqtt
 from paho.mqtt.enums import CallbackAPIVersion
 from rawclient import RawClient
-from serverproc import clean_env, launch, server_args
+from serverproc import clean_env, launch, server_args, tokens_file
 from userskit import add_user, users
 from waits import wait_for
 
@@ -174,7 +174,12 @@ async def test_users_file_changes_apply_without_restart(
 async def test_sighup_reloads_the_users_file(tmp_path: Path) -> None:
     path = tmp_path / "users.json"
     proc, ready, _stderr = await launch(
-        tmp_path, tmp_path / "data", "--users-file", str(path), "--auth-token", "tok:ops"
+        tmp_path,
+        tmp_path / "data",
+        "--users-file",
+        str(path),
+        "--auth-tokens-file",
+        tokens_file(tmp_path, "tok:ops"),
     )
     try:
         loop = asyncio.get_running_loop()
@@ -237,7 +242,9 @@ def test_a_network_listener_starts_with_credentials_or_explicit_anonymous(tmp_pa
     assert run_server(tmp_path, "--host", "0.0.0.0", "--allow-anonymous") == (-1, "")
     env = clean_env(VIBEMQ_ALLOW_ANONYMOUS="true")
     assert run_server(tmp_path, "--host", "0.0.0.0", env=env) == (-1, "")
-    assert run_server(tmp_path, "--host", "0.0.0.0", "--auth-token", "t:svc") == (-1, "")
+    assert run_server(
+        tmp_path, "--host", "0.0.0.0", "--auth-tokens-file", tokens_file(tmp_path, "t:svc")
+    ) == (-1, "")
     add_user(tmp_path / "data" / "users.json", "alice", "pw")
     assert run_server(tmp_path, "--host", "0.0.0.0") == (-1, "")
 
@@ -309,8 +316,8 @@ def test_right_credentials_are_accepted_on_every_protocol(tmp_path: Path) -> Non
             tmp_path / "data",
             "--users-file",
             str(tmp_path / "users.json"),
-            "--auth-token",
-            "tok-1:alice",
+            "--auth-tokens-file",
+            tokens_file(tmp_path, "tok-1:alice"),
         )
         try:
             loop = asyncio.get_running_loop()
@@ -393,7 +400,12 @@ async def test_failed_logins_are_logged_without_the_password(tmp_path: Path) -> 
     path = tmp_path / "users.json"
     await asyncio.get_running_loop().run_in_executor(None, add_user, path, "alice", "alice-pw")
     proc, ready, stderr = await launch(
-        tmp_path, tmp_path / "data", "--users-file", str(path), "--auth-token", SECRET + "x:bob"
+        tmp_path,
+        tmp_path / "data",
+        "--users-file",
+        str(path),
+        "--auth-tokens-file",
+        tokens_file(tmp_path, SECRET + "x:bob"),
     )
     try:
         loop = asyncio.get_running_loop()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from rawclient import RawClient, assert_error, assert_ok
-from serverproc import clean_env, launch
+from serverproc import clean_env, launch, tokens_file
 
 from vibemq_server.cli import build_parser, config_from_args
 from vibemq_server.config import Config, DeliveryMode, OverflowStrategy, load_config
@@ -127,8 +127,8 @@ async def test_sigint_also_stops_cleanly(tmp_path: Path, servers: list[ServerPro
     assert rc == 0, stderr
 
 
-async def test_auth_token_flag_turns_auth_on(tmp_path: Path, servers: list[ServerProcess]) -> None:
-    server = await start_server(tmp_path, "--auth-token", "x")
+async def test_auth_tokens_file_turns_auth_on(tmp_path: Path, servers: list[ServerProcess]) -> None:
+    server = await start_server(tmp_path, "--auth-tokens-file", tokens_file(tmp_path, "x"))
     servers.append(server)
     c = await RawClient.open(server.port)
     assert_error(await c.connect(msg_id="c_noauth"), "AUTH_REQUIRED", "c_noauth")
@@ -227,12 +227,13 @@ def test_nested_env_merges_with_file(toml_file: Path) -> None:
     assert load_config(None, env).queue_defaults.max_queue_size == 500
 
 
-def test_auth_tokens_from_env_and_flags() -> None:
+def test_auth_tokens_from_env_and_a_file(tmp_path: Path) -> None:
     assert cfg([], {"VIBEMQ_AUTH_TOKENS": "a,b"}).auth_tokens == ["a", "b"]
     assert cfg([], {"VIBEMQ_AUTH_TOKENS": " a , b ,"}).auth_tokens == ["a", "b"]
     assert cfg([], {"VIBEMQ_AUTH_TOKENS": '["a,1", "b"]'}).auth_tokens == ["a,1", "b"]
-    flagged = cfg(["--auth-token", "x", "--auth-token", "y"], {"VIBEMQ_AUTH_TOKENS": "a,b"})
-    assert flagged.auth_tokens == ["x", "y"]
+    path = tokens_file(tmp_path, "x", "", "  y:bob  ", "# a comment")
+    flagged = cfg(["--auth-tokens-file", path], {"VIBEMQ_AUTH_TOKENS": "a,b"})
+    assert flagged.auth_tokens == ["x", "y:bob"]
     assert flagged.auth_enabled
     assert not cfg([]).auth_enabled
 

@@ -64,7 +64,7 @@ def check_exposure(config: Config, credentials_configured: bool) -> None:
         f"refusing to start: {where} would accept anonymous clients from the network, and "
         "no users or tokens are configured. Fix it with one of: add a user "
         f"(vibemq-server users --users-file {config.users_path} add NAME), give a token "
-        "(--auth-token TOKEN:USER or VIBEMQ_AUTH_TOKENS), allow anonymous clients on purpose "
+        "(--auth-tokens-file or VIBEMQ_AUTH_TOKENS), allow anonymous clients on purpose "
         "(--allow-anonymous, allow_anonymous = true or VIBEMQ_ALLOW_ANONYMOUS=true), or "
         "listen on 127.0.0.1 only."
     )
