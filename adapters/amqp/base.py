@@ -186,6 +186,19 @@ class ConnectionBase:
             )
         return name
 
+    def _existing_queue(self, channel: Channel, name: str, class_id: int, method_id: int) -> Queue:
+        """The queue ``name`` (from ``_queue_name``, so never a ``$`` one), or 404."""
+        queue = self.manager.queues.get(name)
+        if queue is None:
+            raise AmqpError(
+                ReplyCode.NOT_FOUND,
+                f"NOT_FOUND - no queue '{name}' in vhost '/'",
+                channel.number,
+                class_id,
+                method_id,
+            )
+        return queue
+
     def _check_exclusive(
         self,
         channel: Channel,

@@ -49,15 +49,7 @@ class BasicMethods(ConnectionBase):
     def b_consume(self, channel: Channel, method: commands.Basic.Consume) -> None:
         name = self._queue_name(channel, text(method.queue))
         self._check_exclusive(channel, name, 60, 20)
-        queue = self.manager.queues.get(name)
-        if queue is None or name.startswith("$"):
-            raise AmqpError(
-                ReplyCode.NOT_FOUND,
-                f"NOT_FOUND - no queue '{name}' in vhost '/'",
-                channel.number,
-                60,
-                20,
-            )
+        queue = self._existing_queue(channel, name, 60, 20)
         tag = text(method.consumer_tag) or channel.new_consumer_tag()
         if tag in channel.consumers:
             raise AmqpError(
@@ -193,15 +185,7 @@ class BasicMethods(ConnectionBase):
     def b_get(self, channel: Channel, method: commands.Basic.Get) -> None:
         name = self._queue_name(channel, text(method.queue))
         self._check_exclusive(channel, name, 60, 70)
-        queue = self.manager.queues.get(name)
-        if queue is None or name.startswith("$"):
-            raise AmqpError(
-                ReplyCode.NOT_FOUND,
-                f"NOT_FOUND - no queue '{name}' in vhost '/'",
-                channel.number,
-                60,
-                70,
-            )
+        queue = self._existing_queue(channel, name, 60, 70)
         entry = channel.getters.get(name)
         if entry is None or entry[0].queue.deleted:
             getter = _Getter()
