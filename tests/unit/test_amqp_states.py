@@ -3,13 +3,11 @@ layering of its modules (imports one way only, the session free of asyncio)."""
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Mapping
-from graphlib import CycleError, TopologicalSorter
-from pathlib import Path
 from typing import Any
 
 import pytest
+from adapterlayers import io_imports, modules, one_way_graph
 from pamqp import commands
 
 import vibemq_server.adapters.amqp as amqp_package
@@ -81,32 +79,8 @@ def test_every_state_has_a_row_and_ending_always_ends_closed() -> None:
     assert not CHANNEL_TRANSITIONS[ChannelState.CLOSED]
 
 
-def _imports(path: Path) -> set[str]:
-    """The modules of the package that ``path`` imports, TYPE_CHECKING blocks included."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == PACKAGE:
-                found.update(f"{PACKAGE}.{alias.name}" for alias in node.names)
-            elif node.module.startswith(PACKAGE + "."):
-                found.add(node.module)
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith(PACKAGE + "."))
-    return found
-
-
-def _modules() -> dict[str, Path]:
-    root = Path(amqp_package.__file__).parent
-    return {f"{PACKAGE}.{p.stem}": p for p in root.glob("*.py") if p.stem != "__init__"}
-
-
 def test_the_modules_import_each_other_one_way() -> None:
-    modules = _modules()
-    graph = {name: _imports(path) & set(modules) for name, path in modules.items()}
-    try:
-        list(TopologicalSorter(graph).static_order())
-    except CycleError as exc:  # pragma: no cover - the failure message
-        pytest.fail(f"import cycle: {exc.args[1]}")
+    graph = one_way_graph(amqp_package)
     # Nothing of the session knows the server: it uses base.Server.
     session = {"channel", "states", "base", "handshake", "declarations", "basic", "connection"}
     for module in session:
@@ -118,7 +92,4 @@ def test_the_modules_import_each_other_one_way() -> None:
     ["codec", "states", "channel", "base", "handshake", "declarations", "basic", "connection"],
 )
 def test_the_sans_io_layers_import_no_asyncio(module: str) -> None:
-    tree = ast.parse(_modules()[f"{PACKAGE}.{module}"].read_text())
-    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert not {n for n in names if n.split(".")[0] in {"asyncio", "uvloop", "socket"}}
+    assert not io_imports(modules(amqp_package)[f"{PACKAGE}.{module}"])
