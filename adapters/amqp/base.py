@@ -18,10 +18,17 @@ from typing import Any, Protocol
 import structlog
 
 from vibemq_server.adapters.amqp.channel import AmqpConsumer, Channel
-from vibemq_server.adapters.amqp.codec import AmqpError, FrameParser, ReplyCode, encode_ack
+from vibemq_server.adapters.amqp.codec import (
+    AmqpError,
+    Frame,
+    FrameParser,
+    ReplyCode,
+    encode_ack,
+)
 from vibemq_server.adapters.amqp.mapping import MessageMapper
 from vibemq_server.adapters.amqp.states import TRANSITIONS, Event, Input, State
 from vibemq_server.auth import Verdict
+from vibemq_server.auth.authenticator import Offload
 from vibemq_server.config import AmqpConfig
 from vibemq_server.core import Queue, QueueManager, QueueOptions
 from vibemq_server.core.durable_replies import DurableReplies
@@ -45,7 +52,14 @@ class Server(Protocol):
     #: auto-delete queues: deleted when their last consumer goes
     auto_delete: set[str]
 
-    def authenticate(self, username: str, password: str, peer_host: str) -> Verdict: ...
+    def login(
+        self,
+        username: str,
+        password: str,
+        peer_host: str,
+        then: Callable[[Verdict], None],
+        offload: Offload,
+    ) -> bool: ...
 
     def access(self, user: str) -> Access: ...
 
@@ -105,6 +119,10 @@ class ConnectionBase:
         self.access = Access(FULL_ACCESS, "")
         #: when a login was refused without a close method: the socket closes later
         self.refused_at: float | None = None
+        #: a password hash is being verified off the loop (reading paused) ...
+        self.awaiting_login = False
+        #: ... and the frames of the read that came after the login, with its framing error
+        self._held_frames: tuple[list[Frame], int, AmqpError | None] = ([], 0, None)
         self.opened_at = link.time()
         self.last_rx = self.opened_at
         self.last_heartbeat_sent = self.opened_at
@@ -127,6 +145,11 @@ class ConnectionBase:
 
     def _fail(self, exc: AmqpError) -> None:
         """Answer a protocol error (connection.py)."""
+        raise NotImplementedError
+
+    def login_decided(self, decide: Callable[[], None]) -> None:
+        """A login verified off the loop is decided: run ``decide``, then the held frames
+        (connection.py)."""
         raise NotImplementedError
 
     # -- channels ----------------------------------------------------------------------------------

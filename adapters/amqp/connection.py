@@ -32,6 +32,7 @@ from vibemq_server.adapters.amqp.codec import (
     HEARTBEAT,
     AmqpError,
     BodyFrame,
+    Frame,
     HeaderFrame,
     Heartbeat,
     MethodFrame,
@@ -92,7 +93,15 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
         except AmqpError as exc:
             frames = list(exc.frames)
             error = exc
-        for frame in frames:
+        if self.awaiting_login:  # (reading is paused for it; these were on their way)
+            held, start, held_error = self._held_frames
+            self._held_frames = (held + frames, start, held_error or error)
+            return
+        self._handle_frames(frames, 0, error)
+
+    def _handle_frames(self, frames: list[Frame], start: int, error: AmqpError | None) -> None:
+        for index in range(start, len(frames)):
+            frame = frames[index]
             if self.state is _CLOSED:
                 break
             try:
@@ -108,10 +117,28 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
             except Exception:  # a bug must cost this connection only, never the broker
                 self.log.exception("internal error handling a frame")
                 self._fail(AmqpError(ReplyCode.INTERNAL_ERROR, "INTERNAL_ERROR", 0))
+            if self.awaiting_login:
+                # A password hash is verified off the loop: the rest waits for the verdict.
+                self._held_frames = (frames, index + 1, error)
+                return
         if error is not None and self.state is not _CLOSED:
             self.log.warning("malformed frame", code=int(error.code), error=error.text)
             self._fail(error)
         self._after_read()
+
+    def login_decided(self, decide: Callable[[], None]) -> None:
+        """A login whose hash was verified off the loop: ``decide`` (accept or refuse), then the
+        frames that came after it, unless the verdict closed or paused the connection."""
+        self.awaiting_login = False
+        held, self._held_frames = self._held_frames, ([], 0, None)
+        self.link.resume_reading()
+        try:
+            decide()
+        except AmqpError as exc:
+            self._fail(exc)
+        if self.state is _CLOSED or self.link.reading_paused:
+            return  # (a refused login pauses reading until it is answered)
+        self._handle_frames(*held)
 
     def _after_read(self) -> None:
         """The end of a read: confirms, then the queues that acks and consumers freed, then

@@ -9,6 +9,7 @@ fails raises ``AmqpError`` (the connection answers with connection.close).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 from pamqp import commands
@@ -24,7 +25,7 @@ from vibemq_server.adapters.amqp.codec import (
     text,
 )
 from vibemq_server.adapters.amqp.states import Event
-from vibemq_server.auth.authenticator import Outcome
+from vibemq_server.auth.authenticator import Outcome, Verdict
 
 #: A refused login without ``authentication_failure_close`` loses its socket after this long,
 #: with no close method (RabbitMQ's ``?SILENT_CLOSE_DELAY``: repeated guesses are slowed down).
@@ -107,12 +108,34 @@ class HandshakeMethods(ConnectionBase):
                 "(PLAIN, AMQPLAIN)",
                 0,
             )
-        verdict = self.server.authenticate(username, password, self.link.peer_host)
-        if verdict.user is None:
-            self.log.warning("authentication refused", user=username)
-            self._refuse_login(mechanism, verdict.delay)
-            return
-        self._logged_in(username, verdict.user, verdict.outcome is Outcome.ANONYMOUS)
+
+        def decide(verdict: Verdict) -> None:
+            if verdict.user is None:
+                self.log.warning("authentication refused", user=username)
+                self._refuse_login(mechanism, verdict.delay)
+            else:
+                self._logged_in(username, verdict.user, verdict.outcome is Outcome.ANONYMOUS)
+
+        self._login(username, password, decide)
+
+    def _login(self, username: str, password: str, decide: Callable[[Verdict], None]) -> None:
+        """``decide`` on the credentials' verdict: now, or once a password hash verified off
+        the loop is in (the connection's later frames wait for it: ``login_decided``)."""
+        if not self.server.login(
+            username,
+            password,
+            self.link.peer_host,
+            lambda verdict: self._verdict_in(decide, verdict),
+            self.link.offload,
+        ):
+            self.awaiting_login = True
+            self.link.pause_reading()
+
+    def _verdict_in(self, decide: Callable[[Verdict], None], verdict: Verdict) -> None:
+        if self.awaiting_login:
+            self.login_decided(lambda: decide(verdict))
+        else:
+            decide(verdict)
 
     def _logged_in(self, username: str, user: str, anonymous: bool) -> None:
         """``username`` as the client named itself; ``user`` whose permissions apply."""
@@ -160,21 +183,27 @@ class HandshakeMethods(ConnectionBase):
         # connection (530), as RabbitMQ answers when one of its auth backends refuses.
         # An anonymous login (guest) has no secret to check: any is taken, as RabbitMQ's
         # internal backend takes any.
-        if not self.anonymous and (
-            self.server.authenticate(
-                self.username, text(method.new_secret), self.link.peer_host
-            ).user
-            != self.user
-        ):
-            self.log.warning("secret update refused")
-            raise AmqpError(
-                ReplyCode.NOT_ALLOWED,
-                "NOT_ALLOWED - New secret was refused by one of the backends",
-                0,
-                10,
-                70,
-            )
-        self.log.info("secret updated", reason=text(method.reason))
+        reason = text(method.reason)
+        if self.anonymous:
+            self._secret_updated(reason)
+            return
+
+        def decide(verdict: Verdict) -> None:
+            if verdict.user != self.user:
+                self.log.warning("secret update refused")
+                raise AmqpError(
+                    ReplyCode.NOT_ALLOWED,
+                    "NOT_ALLOWED - New secret was refused by one of the backends",
+                    0,
+                    10,
+                    70,
+                )
+            self._secret_updated(reason)
+
+        self._login(self.username, text(method.new_secret), decide)
+
+    def _secret_updated(self, reason: str) -> None:
+        self.log.info("secret updated", reason=reason)
         self.send(encode_method(0, commands.Connection.UpdateSecretOk()))
 
     def on_tune_ok(self, method: commands.Connection.TuneOk) -> None:

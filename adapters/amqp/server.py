@@ -20,7 +20,7 @@ import datetime
 import itertools
 import os
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import structlog
@@ -38,6 +38,7 @@ from vibemq_server.adapters.amqp.codec import decode_properties, encode_properti
 from vibemq_server.adapters.amqp.connection import AmqpConnection
 from vibemq_server.adapters.amqp.mapping import EXCHANGE, ROUTING_KEY, MessageMapper
 from vibemq_server.auth import Verdict
+from vibemq_server.auth.authenticator import Offload
 from vibemq_server.config import DeliveryMode, OverflowStrategy
 from vibemq_server.core import (
     CoreError,
@@ -210,13 +211,22 @@ class AmqpServer:
 
     # -- authentication --------------------------------------------------------------------------
 
-    def authenticate(self, username: str, password: str, peer_host: str) -> Verdict:
+    def login(
+        self,
+        username: str,
+        password: str,
+        peer_host: str,
+        then: Callable[[Verdict], None],
+        offload: Offload,
+    ) -> bool:
         """RabbitMQ's rules: ``guest``/``guest`` is the anonymous login (loopback only by
         default, as RabbitMQ's ``loopback_users``) unless a user named guest exists; any
-        other credentials are checked, and refused (403) when they match nothing."""
+        other credentials are checked, and refused (403) when they match nothing.
+        ``Authenticator.login``'s contract: True when ``then`` was called already."""
+        secret: str | None = password
         if username == "guest" and password == "guest" and "guest" not in self.auth.users:
-            return self.auth.authenticate("guest", None, peer_host, "amqp")
-        return self.auth.authenticate(username, password, peer_host, "amqp")
+            secret = None
+        return self.auth.login(username, secret, peer_host, "amqp", then, offload)
 
     def access(self, user: str) -> Access:
         return self.auth.access(user)

@@ -47,6 +47,7 @@ from vibemq_server.adapters.mqtt.packets import (
 from vibemq_server.adapters.mqtt.session import MqttSession
 from vibemq_server.adapters.mqtt.states import RUNNING, TRANSITIONS, Event, Input, State
 from vibemq_server.adapters.mqtt.topics import topic_to_address
+from vibemq_server.auth.authenticator import Offload
 from vibemq_server.config import MqttConfig
 from vibemq_server.core import QueueManager
 from vibemq_server.core.durable_replies import DurableReplies
@@ -57,6 +58,10 @@ _PINGRESP = encode(Pingresp())
 #: a SUBACK's refusal of one filter
 _REFUSED = 0x80
 WRITE, READ = Operation.WRITE, Operation.READ
+
+
+#: a CONNECT's verdict: the CONNACK code, how long to hold a refusal, what the user may do
+Login = tuple[ConnackCode, float, Access | None]
 
 
 class Timer(Protocol):
@@ -78,12 +83,10 @@ class Server(Protocol):
     def sessions(self) -> Mapping[str, MqttSession]: ...
 
     def authenticate(
-        self, packet: Connect, peer_host: str
-    ) -> tuple[ConnackCode, float, Access | None]: ...
+        self, packet: Connect, peer_host: str, then: Callable[[Login], None], offload: Offload
+    ) -> bool: ...
 
-    def certificate_login(
-        self, identity: str | None, client_id: str
-    ) -> tuple[ConnackCode, float, Access | None]: ...
+    def certificate_login(self, identity: str | None, client_id: str) -> Login: ...
 
     def open_session(self, client_id: str, clean: bool) -> tuple[MqttSession, bool]: ...
 
@@ -141,6 +144,8 @@ class MqttConnection:
         self._hold_gen = 0
         self._hold_timer: Timer | None = None
         self._held_sessions: list[MqttSession] = []
+        # A CONNECT's password hash is being verified off the loop (reading paused).
+        self._authenticating = False
         # Acknowledgements that wait for the journal, keyed by its flush epoch.
         self._durable: DurableReplies[bytes] | None = None
 
@@ -172,6 +177,12 @@ class MqttConnection:
         except MqttProtocolError as exc:
             packets = list(exc.packets)
             error = exc
+        if self._authenticating and self._held is not None:
+            # (reading is paused for the login; these were on their way already)
+            held, rest = self._held
+            self._held = (held + packets, rest)
+            self._held_error = self._held_error or error
+            return
         if self._process(packets, 0):
             self._after_read(bool(packets), error)
         else:
@@ -192,6 +203,9 @@ class MqttConnection:
             if following is not self._state:
                 self._fire(kind)
             _HANDLERS[kind](self, packet)
+            if self._authenticating:
+                self._held = (packets, index + 1)
+                return False
             if server.congested:
                 self._hold(packets, index + 1)
                 return False
@@ -374,9 +388,28 @@ class MqttConnection:
             # Mosquitto's use_identity_as_username: the verified certificate is the login;
             # without one the client is not authorized whatever it sends.
             packet = dataclasses.replace(packet, username=identity, password=None)
-            code, delay, access = server.certificate_login(identity, packet.client_id)
-        else:
-            code, delay, access = server.authenticate(packet, self.link.peer_host)
+            self._connect_verdict(packet, server.certificate_login(identity, packet.client_id))
+        elif not server.authenticate(
+            packet,
+            self.link.peer_host,
+            lambda login: self._connect_verdict(packet, login),
+            self.link.offload,
+        ):
+            # The password's hash is verified off the loop; what follows waits for it.
+            self._authenticating = True
+            self.link.pause_reading()
+
+    def _connect_verdict(self, packet: Connect, login: Login) -> None:
+        resumed, self._authenticating = self._authenticating, False
+        self._accept_or_refuse(packet, login)
+        if resumed and self._state is State.CONNECTED:
+            # the packets that came after the CONNECT (its read's rest, in _held)
+            self.link.resume_reading()
+            self._resume_held()
+
+    def _accept_or_refuse(self, packet: Connect, login: Login) -> None:
+        server = self.server
+        code, delay, access = login
         client_id = packet.client_id
         if code is ConnackCode.ACCEPTED and len(client_id) > server.cfg.max_client_id_length:
             code = ConnackCode.IDENTIFIER_REJECTED

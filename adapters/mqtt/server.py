@@ -29,7 +29,7 @@ from collections.abc import Callable
 import structlog
 
 from vibemq_server.adapters.mqtt.codec import encode_publish
-from vibemq_server.adapters.mqtt.connection import MqttConnection
+from vibemq_server.adapters.mqtt.connection import Login, MqttConnection
 from vibemq_server.adapters.mqtt.packets import ConnackCode, Connect
 from vibemq_server.adapters.mqtt.session import MqttSession, session_queue_name
 from vibemq_server.adapters.mqtt.topics import (
@@ -38,10 +38,9 @@ from vibemq_server.adapters.mqtt.topics import (
     matches,
     topic_to_address,
 )
-from vibemq_server.auth.authenticator import Outcome
+from vibemq_server.auth.authenticator import Offload, Outcome, Verdict
 from vibemq_server.config import DeliveryMode, OverflowStrategy
 from vibemq_server.core import CoreError, QueueOptions, StoredMessage
-from vibemq_server.core.permissions import Access
 from vibemq_server.core.routing import AddressSink, MessageSource
 from vibemq_server.core.table import DurableTable
 from vibemq_server.core.topics import TopicRouter, pattern_overlaps
@@ -179,25 +178,30 @@ class MqttServer:
     # -- authentication and sessions -------------------------------------------------------------
 
     def authenticate(
-        self, packet: Connect, peer_host: str
-    ) -> tuple[ConnackCode, float, Access | None]:
-        """The CONNACK code for a CONNECT's credentials, how long to hold a refusal, and
-        what the client may do once accepted (``core.permissions``).
+        self, packet: Connect, peer_host: str, then: Callable[[Login], None], offload: Offload
+    ) -> bool:
+        """``then`` gets the CONNACK code for a CONNECT's credentials, how long to hold a
+        refusal, and what the client may do once accepted (``core.permissions``): before this
+        returns True, or later (False) when a password hash is verified off the loop.
         No password asks for anonymous access (the user name alone is only a label, as in
         Mosquitto); a password is checked, also where anonymous clients are let in."""
         password = None if packet.password is None else packet.password.decode("utf-8", "replace")
-        verdict = self.auth.authenticate(packet.username, password, peer_host, "mqtt")
-        code = _CONNACK[verdict.outcome]
-        if code is ConnackCode.NOT_AUTHORIZED and packet.username is not None:
-            # Mosquitto: a user name without its password is a bad user name or password.
-            code = ConnackCode.BAD_USERNAME_OR_PASSWORD
-        if verdict.user is None:
-            return code, verdict.delay, None
-        return code, 0.0, self.auth.access(verdict.user, packet.client_id)
 
-    def certificate_login(
-        self, identity: str | None, client_id: str
-    ) -> tuple[ConnackCode, float, Access | None]:
+        def verdict_to_login(verdict: Verdict) -> None:
+            code = _CONNACK[verdict.outcome]
+            if code is ConnackCode.NOT_AUTHORIZED and packet.username is not None:
+                # Mosquitto: a user name without its password is a bad user name or password.
+                code = ConnackCode.BAD_USERNAME_OR_PASSWORD
+            if verdict.user is None:
+                then((code, verdict.delay, None))
+            else:
+                then((code, 0.0, self.auth.access(verdict.user, packet.client_id)))
+
+        return self.auth.login(
+            packet.username, password, peer_host, "mqtt", verdict_to_login, offload
+        )
+
+    def certificate_login(self, identity: str | None, client_id: str) -> Login:
         """``use_identity_as_username`` over TLS: the verified certificate's identity is the
         user (its permissions apply); no certificate, not authorised."""
         if not identity:

@@ -56,6 +56,7 @@ class RecordingLink:
         self.sent_after_close = b""
         self.paused = False
         self.now = 0.0
+        self.offloaded: list[Any] = []
 
     @property
     def writable(self) -> bool:
@@ -88,6 +89,14 @@ class RecordingLink:
 
     def call_soon(self, callback: Any) -> None:
         callback()
+
+    def offload(self, work: Any, then: Any) -> None:
+        # never before the caller returns (the transport's contract): run by run_offloaded
+        self.offloaded.append(lambda: then(work()))
+
+    def run_offloaded(self) -> None:
+        while self.offloaded and not self.closed:
+            self.offloaded.pop(0)()
 
     def time(self) -> float:
         return self.now

@@ -183,6 +183,10 @@ class TestLink:
     def call_soon(self, callback: Callable[[], None]) -> None:
         self.loop.call_soon(callback)
 
+    def offload(self, work: Callable[[], Any], then: Callable[[Any], None]) -> None:
+        # as the transport: the result comes back on a later turn, unless closed meanwhile
+        self.loop.call_soon(lambda: None if self.closed else then(work()))
+
     def time(self) -> float:
         return self.loop.time()
 

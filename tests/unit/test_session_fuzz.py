@@ -9,6 +9,7 @@ import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import structlog
 from hypothesis import HealthCheck, given, settings
@@ -72,6 +73,10 @@ class Link:
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         self.soon.append(callback)
+
+    def offload(self, work: Callable[[], Any], then: Callable[[Any], None]) -> None:
+        # as the transport: the result comes back on a later turn, unless closed meanwhile
+        self.soon.append(lambda: None if self.closed else then(work()))
 
     def time(self) -> float:
         return self.now

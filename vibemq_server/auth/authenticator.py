@@ -11,6 +11,10 @@ Credentials, in the order they are tried for a name and a password:
 No password at all is a request for anonymous access, granted per ``anonymous_allowed``.
 A refused login is logged (peer, user, protocol; never the password) and the caller is told
 how long to hold its refusal back (``guard.LoginGuard``).
+
+A password hash costs some 50 ms of CPU (scrypt): ``login`` has it computed off the event loop
+by the caller's ``offload`` (the transport's worker thread; hashlib releases the GIL), so a
+storm of logins never stalls the messages of the connections already in.
 """
 
 from __future__ import annotations
@@ -59,6 +63,13 @@ class Verdict:
     @property
     def ok(self) -> bool:
         return self.user is not None
+
+
+#: Runs ``work`` somewhere that may block (a worker thread), then ``then(result)`` on the loop.
+Offload = Callable[[Callable[[], bool], Callable[[bool], None]], None]
+
+#: A hash verified off the loop: (the stored hash it was checked against, did it match)
+_Known = tuple[str, bool]
 
 
 def parse_tokens(entries: list[str], default_user: str) -> dict[str, str]:
@@ -139,17 +150,50 @@ class Authenticator:
             return allow
         return not self.credentials_configured and is_loopback_peer(peer_host)
 
+    def login(
+        self,
+        username: str | None,
+        password: str | None,
+        peer_host: str,
+        protocol: str,
+        then: Callable[[Verdict], None],
+        offload: Offload,
+    ) -> bool:
+        """``authenticate``, with the password hash (if one must be computed) verified through
+        ``offload``. ``then(verdict)`` is called before this returns True when no hash was
+        needed (a cached login, a token, anonymous); else later, on the loop, and this returns
+        False: the caller holds the client's further input until then."""
+        encoded = None if password is None else self._hash_to_verify(username or "", password)
+        if encoded is None or password is None:
+            then(self.authenticate(username, password, peer_host, protocol))
+            return True
+        secret = password
+
+        def work() -> bool:
+            return verify_password(secret, encoded)
+
+        def done(ok: bool) -> None:
+            then(self.authenticate(username, secret, peer_host, protocol, (encoded, ok)))
+
+        offload(work, done)
+        return False
+
     def authenticate(
-        self, username: str | None, password: str | None, peer_host: str, protocol: str
+        self,
+        username: str | None,
+        password: str | None,
+        peer_host: str,
+        protocol: str,
+        known: _Known | None = None,
     ) -> Verdict:
         """A login's verdict. ``password`` None asks for anonymous access (``username`` is
         then only a label: the client is the user ``anonymous``, whose permissions a users-file
-        user of that name may set)."""
+        user of that name may set). ``known``: the hash already verified off the loop."""
         if password is None:
             if self.anonymous_allowed(peer_host):
                 return Verdict(Outcome.ANONYMOUS, ANONYMOUS)
             return self._refuse(Outcome.CREDENTIALS_REQUIRED, username, peer_host, protocol)
-        user = self._check_password(username or "", password)
+        user = self._check_password(username or "", password, known)
         if user is None:
             return self._refuse(Outcome.BAD_CREDENTIALS, username, peer_host, protocol)
         return Verdict(Outcome.ACCEPTED, user)
@@ -163,17 +207,28 @@ class Authenticator:
             return self._refuse(Outcome.BAD_CREDENTIALS, None, peer_host, protocol)
         return Verdict(Outcome.ACCEPTED, user)
 
-    def _check_password(self, username: str, password: str) -> str | None:
+    def _hash_to_verify(self, username: str, password: str) -> str | None:
+        """The stored hash this login must compute scrypt against (None: decided without)."""
         stored = self.users.get(username)
         if stored is not None:
-            if self._verify_cached(username, password, stored.password_hash):
+            if self._digest(username, password, stored.password_hash) in self._verified:
+                return None
+            return stored.password_hash
+        if username in self.plain or not self.users:
+            return None
+        return dummy_hash()  # an unknown name costs what a known one does
+
+    def _check_password(self, username: str, password: str, known: _Known | None) -> str | None:
+        stored = self.users.get(username)
+        if stored is not None:
+            if self._verify_cached(username, password, stored.password_hash, known):
                 return username
         else:
             expected = self.plain.get(username)
             if expected is not None:
                 if hmac.compare_digest(expected.encode(), password.encode()):
                     return username
-            elif self.users:
+            elif self.users and known is None:
                 verify_password(password, dummy_hash())  # as slow as a known name's
         return self._check_token(password)
 
@@ -184,15 +239,24 @@ class Authenticator:
                 found = user  # no early exit: every token is compared
         return found
 
-    def _verify_cached(self, username: str, password: str, encoded: str) -> bool:
-        digest = hmac.new(
+    def _digest(self, username: str, password: str, encoded: str) -> bytes:
+        return hmac.new(
             self._cache_key,
             b"\0".join((username.encode(), password.encode(), encoded.encode())),
             hashlib.sha256,
         ).digest()
+
+    def _verify_cached(
+        self, username: str, password: str, encoded: str, known: _Known | None
+    ) -> bool:
+        digest = self._digest(username, password, encoded)
         if digest in self._verified:
             return True
-        if not verify_password(password, encoded):
+        if known is not None and known[0] == encoded:
+            ok = known[1]
+        else:  # not verified yet, or the users file changed while it was
+            ok = verify_password(password, encoded)
+        if not ok:
             return False
         if len(self._verified) >= _CACHE_LIMIT:
             self._verified.clear()

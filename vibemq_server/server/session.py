@@ -135,6 +135,10 @@ class Session:
         self._refilled = link.time()
         self._error_seq = 0
         self._errors_logged = 0
+        # While a Connect's password hash is verified off the loop: the frames of the read
+        # that came after it, handled once the verdict is in (reading paused meanwhile).
+        self._authenticating = False
+        self._after_auth: list[bytes] = []
 
     @property
     def state(self) -> State:
@@ -157,16 +161,23 @@ class Session:
         except ProtocolError as exc:  # the stream is beyond repair; decoder.error says why
             bodies = []
             self.log.debug("framing error", error=str(exc))
+        if self._authenticating:  # (reading is paused; bytes already on their way)
+            self._after_auth.extend(bodies)
+            return
         if bodies:
             self._handle_bodies(bodies)
-            if self._state is State.CLOSED:
-                return
+            if self._halted():
+                return  # (authenticating: the rest, a framing error too, comes after it)
+        self._after_frames(bool(bodies), now)
+
+    def _after_frames(self, progressed: bool, now: float) -> None:
+        decoder = self.decoder
         if decoder.error is not None:
             self.reply_error(decoder.error)
             return
         if decoder.buffered:
             # A stall is no progress at all: a frame completing restarts the clock.
-            if bodies or self._partial_since is None:
+            if progressed or self._partial_since is None:
                 self._partial_since = now
         else:
             self._partial_since = None
@@ -191,9 +202,12 @@ class Session:
         are refilled once, after the whole batch."""
         self._batching = True
         try:
-            for body in bodies:
+            for index, body in enumerate(bodies):
                 self._handle_body(body)
                 if self._state is State.CLOSED:
+                    break
+                if self._authenticating:
+                    self._after_auth = bodies[index + 1 :]
                     break
         finally:
             self._batching = False
@@ -281,15 +295,45 @@ class Session:
         peer = self.link.peer_host
         identity = self.link.peer_identity
         if "username" in headers or "password" in headers:
-            verdict = self.auth.authenticate(
-                headers.get("username"), headers.get("password", ""), peer, "vibemq"
-            )
-        elif identity and "authToken" not in headers:
+            # A password's hash is verified off the loop: what follows waits for it.
+            if not self.auth.login(
+                headers.get("username"),
+                headers.get("password", ""),
+                peer,
+                "vibemq",
+                lambda verdict: self._connect_verdict(msg, verdict),
+                self.link.offload,
+            ):
+                self._authenticating = True
+                self.link.pause_reading()
+            return
+        if identity and "authToken" not in headers:
             # A client certificate verified in the TLS handshake is a login (as AMQP's
             # EXTERNAL): its CN is the user.
             verdict = Verdict(Outcome.ACCEPTED, identity)
         else:
             verdict = self.auth.authenticate_token(headers.get("authToken"), peer, "vibemq")
+        self._connect_verdict(msg, verdict)
+
+    def _connect_verdict(self, msg: Message, verdict: Verdict) -> None:
+        resumed, self._authenticating = self._authenticating, False
+        self._apply_verdict(msg, verdict)
+        if not resumed or self._state is State.CLOSED:
+            return
+        # The password was verified off the loop: the frames that came after the Connect.
+        self.link.resume_reading()
+        held, self._after_auth = self._after_auth, []
+        if held:
+            self._handle_bodies(held)
+            if self._halted():
+                return
+        self._after_frames(bool(held), self.link.time())
+
+    def _halted(self) -> bool:
+        """Closed, or (again) waiting for a login's verdict."""
+        return self._state is State.CLOSED or self._authenticating
+
+    def _apply_verdict(self, msg: Message, verdict: Verdict) -> None:
         if verdict.user is None:
             if verdict.outcome is Outcome.CREDENTIALS_REQUIRED:
                 code, text = ErrorCode.AUTH_REQUIRED, "authentication token required"

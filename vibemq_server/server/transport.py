@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import ssl
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import Protocol, TypeVar, cast
 
 import structlog
 
@@ -32,6 +32,8 @@ from vibemq_server.server.tls import describe, peer_identity
 #: loop turn; a consumer's acks that arrived meanwhile waited behind all of it, seconds on a
 #: busy machine, with its window full and ready messages in the queue (issue 12).
 FAIR_READ_BYTES = 64 * 1024
+
+_T = TypeVar("_T")
 
 #: The first bytes of a TLS ClientHello: a handshake record of TLS 1.x (SSL 3 = 3.0).
 _TLS_RECORD = b"\x16\x03"
@@ -123,6 +125,10 @@ class Link(Protocol):
     def call_soon(self, callback: Callable[[], None]) -> None: ...
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> None: ...
+
+    def offload(self, work: Callable[[], _T], then: Callable[[_T], None]) -> None:
+        """Run ``work`` (CPU-heavy, e.g. a password hash) in a worker thread, then
+        ``then(result)`` on the loop, unless the connection has closed meanwhile."""
 
     def time(self) -> float: ...
 
@@ -282,6 +288,26 @@ class StreamTransport(asyncio.Protocol):
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> None:
         self.loop.call_later(delay, callback)
+
+    def offload(self, work: Callable[[], _T], then: Callable[[_T], None]) -> None:
+        future = self.loop.run_in_executor(None, work)
+
+        def done(finished: asyncio.Future[_T]) -> None:
+            if self._closing or self.session is None:
+                if not finished.cancelled():
+                    finished.exception()  # retrieved: it dies with the connection
+                return
+            batch = self._batch
+            batch.begin()
+            try:
+                then(finished.result())
+            except Exception:  # as in data_received: this connection only
+                self.log.exception("internal error after offloaded work")
+                self.abort()
+            finally:
+                batch.end()
+
+        future.add_done_callback(done)
 
     def send(self, data: bytes) -> None:
         if self._closing:
