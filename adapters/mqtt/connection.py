@@ -440,6 +440,8 @@ class MqttConnection:
         self.access = access
         self.log = self.log.bind(client_id=client_id, user=access.user)
         self.session = session
+        if resumed:
+            self._recheck_filters(session, access)
         self.will = packet if packet.has_will else None
         self.keep_alive = float(packet.keep_alive)
         self._fire(Event.ACCEPTED)
@@ -448,6 +450,19 @@ class MqttConnection:
         session.attach(self.link, self.taken_over)
         session.start_delivery()
         self.log.debug("connected", clean=packet.clean_session, resumed=resumed)
+
+    def _recheck_filters(self, session: MqttSession, access: Access) -> None:
+        """A resumed session's filters were granted to whoever subscribed, maybe before a
+        restart or a change of permissions: those its user may no longer read are dropped
+        (as a SUBACK 0x80 would have refused them)."""
+        if access.everything:
+            return
+        revoked = [f for f in session.filters if not access.allowed(READ, topic_to_address(f))]
+        for topic_filter in revoked:
+            self.server.unsubscribe(session, topic_filter)
+        if revoked:
+            self.server.save_session(session)
+            self.log.warning("subscriptions dropped: no read permission", filters=revoked)
 
     def on_publish(self, packet: Publish) -> None:
         self._published = True

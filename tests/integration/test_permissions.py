@@ -339,3 +339,74 @@ def amqp_address_scenario(port: int | None) -> None:
             ), name
     finally:
         conn.close()
+
+
+# -- permission changes reach open connections and resumed sessions ----------------------------
+
+
+async def test_a_permission_change_applies_to_open_connections(
+    broker_factory: Any, tmp_path: Path
+) -> None:
+    """The users file changes under a connected client: its next publish is judged by the new
+    patterns, and once its user is deleted it may do nothing more."""
+    path = tmp_path / "users.json"
+    add_user(path, "alice", "alice-pw")
+    permit(path, "alice", configure=".*", write=".*", read=".*")
+    broker: Broker = await broker_factory(users_file=path)
+    c = await RawClient.open(broker.port)
+    try:
+        reply = await c.request(
+            Message(
+                CommandType.CONNECT, "c1", headers={"username": "alice", "password": "alice-pw"}
+            )
+        )
+        assert reply.type is CommandType.CONNECT_ACK
+        assert (await c.publish("live.a", b"1")).type is CommandType.PUBLISH_ACK
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, lambda: permit(path, "alice", write=r"^other\."))
+        broker.reload()
+        refused = await c.publish("live.a", b"2")
+        assert refused.error_code == "NOT_AUTHORIZED", refused
+        await loop.run_in_executor(None, lambda: users(path, "delete", "alice"))
+        broker.reload()
+        assert (await c.publish("other.x", b"3")).error_code == "NOT_AUTHORIZED"
+    finally:
+        await c.close()
+
+
+async def test_a_resumed_mqtt_session_loses_filters_its_user_may_no_longer_read(
+    broker_factory: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / "users.json"
+    for name in ("alice", "admin"):
+        add_user(path, name, f"{name}-pw")
+    broker: Broker = await broker_factory(users_file=path)
+    port = broker.mqtt_port
+    assert port is not None
+    loop = asyncio.get_running_loop()
+
+    def subscribe_then_leave() -> None:
+        alice = login(port, "alice", "dev-keep", clean_session=False)
+        assert alice.subscribe("secret/#", 1) == 1
+        assert alice.subscribe("public/#", 1) == 1
+        alice.disconnect()
+
+    await loop.run_in_executor(None, subscribe_then_leave)
+    await loop.run_in_executor(None, lambda: permit(path, "alice", read=r"^public\."))
+    broker.reload()
+
+    def resume_and_listen() -> list[tuple[str, bytes]]:
+        alice = login(port, "alice", "dev-keep", clean_session=False)
+        admin = login(port, "admin")
+        try:
+            admin.send(Publish("secret/x", b"no", qos=1, packet_id=1))
+            admin.expect(Puback)
+            admin.send(Publish("public/x", b"yes", qos=1, packet_id=2))
+            admin.expect(Puback)
+            got = [p for p in alice.barrier(0.5) if isinstance(p, Publish)]
+            return [(p.topic, p.payload) for p in got]
+        finally:
+            alice.disconnect()
+            admin.disconnect()
+
+    assert await loop.run_in_executor(None, resume_and_listen) == [("public/x", b"yes")]

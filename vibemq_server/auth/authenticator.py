@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import os
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -34,7 +35,7 @@ from vibemq_server.auth.guard import LoginGuard
 from vibemq_server.auth.passwords import dummy_hash, verify_password
 from vibemq_server.auth.users import User, UsersFileError, UserStore
 from vibemq_server.config import Config
-from vibemq_server.core.permissions import FULL_ACCESS, Access
+from vibemq_server.core.permissions import FULL_ACCESS, NO_ACCESS, Access
 
 log = structlog.get_logger("vibemq.auth")
 
@@ -105,6 +106,8 @@ class Authenticator:
         # misses, and the table holds nothing a memory dump could replay elsewhere.
         self._cache_key = os.urandom(32)
         self._verified: set[bytes] = set()
+        # Every live connection's Access of a users-file user, so that a reload reaches them.
+        self._granted: weakref.WeakSet[Access] = weakref.WeakSet()
 
     def warn_plain_text(self) -> None:
         if self.plain:
@@ -139,8 +142,21 @@ class Authenticator:
         self._stamp = stamp
         self.users = users
         self._verified.clear()
+        self._regrant()
         log.info("users reloaded", path=str(self.store.path), users=len(users))
         return True
+
+    def _regrant(self) -> None:
+        """Open connections of users-file users get their user's permissions as they are now;
+        a user deleted meanwhile may do nothing more (what runs already, e.g. a consumer,
+        goes on as in RabbitMQ; MQTT subscriptions are checked again when resumed)."""
+        changed: set[str] = set()
+        for access in list(self._granted):
+            stored = self.users.get(access.user)
+            access.update(stored.permissions if stored is not None else NO_ACCESS)
+            changed.add(access.user)
+        if changed:
+            log.info("permissions of open connections updated", users=sorted(changed))
 
     # -- logins -----------------------------------------------------------------------------------
 
@@ -283,7 +299,11 @@ class Authenticator:
         patterns; everyone else (anonymous, plain-config users, users named only by a token)
         everything, as before permissions existed."""
         stored = self.users.get(user)
-        return Access(stored.permissions if stored is not None else FULL_ACCESS, user, client_id)
+        if stored is None:
+            return Access(FULL_ACCESS, user, client_id)
+        access = Access(stored.permissions, user, client_id)
+        self._granted.add(access)
+        return access
 
     def allow_connection(self, peer_host: str) -> bool:
         return self.guard.allow_connection(peer_host)

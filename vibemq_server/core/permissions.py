@@ -6,7 +6,9 @@ a queue or exchange name, an MQTT topic or filter in its dot form (``a/+/c`` is 
 As in RabbitMQ a pattern matches anywhere unless anchored (``re.search``), ``.*`` allows
 everything and the empty pattern nothing. ``%u`` and ``%c`` stand for the user name and the
 client id (Mosquitto's ACL substitution), inserted literally (escaped). Each connection has
-its own ``Access``, which caches every decision per (operation, address).
+its own ``Access``, which caches every decision per (operation, address); when the user's
+permissions change (the users file reloaded) ``update`` gives every live ``Access`` of that
+user the new patterns, so the next operation of an open connection is judged by them.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class Operation(IntEnum):
 
 #: a user everything is allowed to (anonymous clients, plain-config users, tokens' default)
 FULL_ACCESS: Mapping[str, str] = {"configure": ".*", "write": ".*", "read": ".*"}
+#: a user nothing is allowed to (one deleted from the users file while connected)
+NO_ACCESS: Mapping[str, str] = {"configure": "", "write": "", "read": ""}
 _CACHE_LIMIT = 4096
 
 
@@ -43,14 +47,18 @@ def _compile(pattern: str, user: str, client_id: str) -> re.Pattern[str] | None:
 class Access:
     """What one connection's user may do; ``allowed`` is cached per (operation, address)."""
 
-    __slots__ = ("_cache", "_patterns", "client_id", "everything", "user")
+    __slots__ = ("__weakref__", "_cache", "_patterns", "client_id", "everything", "user")
 
     def __init__(self, permissions: Mapping[str, str], user: str, client_id: str = "") -> None:
         self.user = user
         self.client_id = client_id
+        self.update(permissions)
+
+    def update(self, permissions: Mapping[str, str]) -> None:
+        """Judge from now on by ``permissions`` (the cached decisions are forgotten)."""
         self.everything = all(permissions.get(op.label) == ".*" for op in Operation)
         self._patterns = [
-            _compile(permissions.get(op.label, ""), user, client_id) for op in Operation
+            _compile(permissions.get(op.label, ""), self.user, self.client_id) for op in Operation
         ]
         #: per operation: address -> decision
         self._cache: list[dict[str, bool]] = [{} for _ in Operation]
