@@ -10,6 +10,10 @@ Phases (default: throughput and latency):
 * latency -- sequential publish -> Deliver -> Ack round trips, ``--samples`` of them.
 * ``--tls``: throughput and latency over the plain listener, then over the TLS one of the
   same broker (a self-signed certificate made with openssl), side by side.
+* ``--permissions``: the broker gets a users file with two users, ``full`` (``.*``: no check
+  at all) and ``scoped`` (``^bench-`` for configure, write and read: every publish, subscribe
+  and declare judged by a regex, cached per address); throughput is measured as each, in
+  ``--rounds`` alternating rounds, and the median ratio scoped/full is the permission cost.
 * memory (``--memory``) -- 1,000,000 messages into a queue nobody consumes; broker VmRSS.
 * connections (``--connections``) -- 10,000 concurrent connections (Connect/ConnectAck each),
   held open, Ping/Pong on a sample; broker VmRSS.
@@ -19,6 +23,7 @@ host:port`` names a running one (then ``--broker-pid`` enables the RSS readings)
 
     .venv/bin/python -m bench.vibemq_bench --all --json vibemq.json
     .venv/bin/python -m bench.vibemq_bench --tls --json vibemq-tls.json
+    .venv/bin/python -m bench.vibemq_bench --permissions --rounds 5 --no-latency
 """
 
 from __future__ import annotations
@@ -247,12 +252,19 @@ def _throughput_and_latency(
     port: int,
     tls_ca: str | None,
     pids: Any,
+    login: tuple[str, str] | None = None,
 ) -> None:
-    """The throughput and latency phases on one listener (``prefix``: "" or "tls-")."""
+    """The throughput and latency phases on one listener (``prefix``: "" or "tls-"), as an
+    anonymous client or as ``login``."""
 
     def driver() -> VibeDriver:
         return VibeDriver(
-            host, port, f"bench-{uuid.uuid4().hex[:8]}", prefetch=args.prefetch, tls_ca=tls_ca
+            host,
+            port,
+            f"bench-{uuid.uuid4().hex[:8]}",
+            prefetch=args.prefetch,
+            tls_ca=tls_ca,
+            login=login,
         )
 
     label = "over TLS " if tls_ca else ""
@@ -314,6 +326,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--tls", action="store_true", help="throughput and latency over TLS too (vs plain)"
     )
+    p.add_argument(
+        "--permissions",
+        action="store_true",
+        help="throughput as a user with regex permissions vs one with .* (alternating)",
+    )
+    p.add_argument("--rounds", type=int, default=3, help="--permissions: rounds of each")
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
     if args.all:
@@ -337,62 +355,129 @@ def main(argv: list[str] | None = None) -> int:
             if args.tls:
                 cert_dir = Path(tempfile.mkdtemp(prefix="bench-tls-"))
                 tls = make_tls_cert(cert_dir)
+            if args.permissions:
+                extra += ["--users-file", str(_permission_users())]
             broker = VibeMQBroker(command, extra_args=extra, tls=tls)
             broker.start()
             host, port, pid = broker.host, broker.port, broker.main_pid
         print(f"VibeMQ at {host}:{port} (pid {pid or 'unknown'}), RLIMIT_NOFILE {nofile}")
         pids = broker.pids if broker is not None else None
 
-        variants: list[tuple[str, int, str | None]] = [("", port, None)]
-        if args.tls:
-            if broker is None or broker.tls is None:
-                raise BenchError("--tls measures a broker the bench starts (not --target)")
-            variants.append(("tls-", broker.tls_port, str(broker.tls[0])))
-        for prefix, vport, tls_ca in variants:
-            _throughput_and_latency(args, report, prefix, host, vport, tls_ca, pids)
-        if args.connections:
-            con = run_connections(
-                host, port, pid, args.connection_count, args.ping_sample, args.timeout
-            )
-            report["connections"] = asdict(con)
-            print(
-                f"[connections] {con.opened:,}/{con.target:,} held, {con.failed} failed, "
-                f"opened in {con.open_seconds:.1f}s; Ping/Pong {con.pong_ok}/{con.ping_sample} "
-                f"(p50 {con.ping_p50_us:.0f}us); RSS {_mib(con.rss_before_kib)} -> "
-                f"{_mib(con.rss_after_kib)}" + (f"; errors: {con.errors}" if con.errors else ""),
-                flush=True,
-            )
-        if args.memory:
-            mem = run_memory(
-                host,
-                port,
-                pid,
-                args.memory_messages,
-                window=args.window,
-                batch=args.batch,
-                timeout=args.timeout,
-            )
-            report["memory"] = asdict(mem)
-            bpm = f"{mem.bytes_per_message:,.0f}" if mem.bytes_per_message else "n/a"
-            print(
-                f"[memory] {mem.acked:,}/{mem.messages:,} acked at {mem.publish_rate:,.0f} msg/s;"
-                f" RSS {_mib(mem.rss_before_kib)} -> {_mib(mem.rss_after_kib)}"
-                f" ({bpm} bytes/message); QueueInfo {mem.queue_info[:200]}"
-                + (f"; errors: {mem.errors}" if mem.errors else ""),
-                flush=True,
-            )
+        if args.permissions:
+            _permission_rounds(args, report, host, port, pids)
+            return _finish(args, report, broker)
+        _phases(args, report, host, port, pid, pids, broker)
     except (BenchError, OSError) as exc:
         print(f"FAILED: {exc}", file=sys.stderr)
         report["error"] = str(exc)
-    finally:
+    except BaseException:
         if broker is not None:
-            if os.environ.get("BENCH_SHOW_LOG"):
-                print(broker.log_tail(40))
             broker.stop()
+        raise
+    return _finish(args, report, broker)
+
+
+def _phases(
+    args: argparse.Namespace,
+    report: dict[str, Any],
+    host: str,
+    port: int,
+    pid: int | None,
+    pids: Any,
+    broker: VibeMQBroker | None,
+) -> None:
+    variants: list[tuple[str, int, str | None]] = [("", port, None)]
+    if args.tls:
+        if broker is None or broker.tls is None:
+            raise BenchError("--tls measures a broker the bench starts (not --target)")
+        variants.append(("tls-", broker.tls_port, str(broker.tls[0])))
+    for prefix, vport, tls_ca in variants:
+        _throughput_and_latency(args, report, prefix, host, vport, tls_ca, pids)
+    if args.connections:
+        con = run_connections(
+            host, port, pid, args.connection_count, args.ping_sample, args.timeout
+        )
+        report["connections"] = asdict(con)
+        print(
+            f"[connections] {con.opened:,}/{con.target:,} held, {con.failed} failed, "
+            f"opened in {con.open_seconds:.1f}s; Ping/Pong {con.pong_ok}/{con.ping_sample} "
+            f"(p50 {con.ping_p50_us:.0f}us); RSS {_mib(con.rss_before_kib)} -> "
+            f"{_mib(con.rss_after_kib)}" + (f"; errors: {con.errors}" if con.errors else ""),
+            flush=True,
+        )
+    if args.memory:
+        mem = run_memory(
+            host,
+            port,
+            pid,
+            args.memory_messages,
+            window=args.window,
+            batch=args.batch,
+            timeout=args.timeout,
+        )
+        report["memory"] = asdict(mem)
+        bpm = f"{mem.bytes_per_message:,.0f}" if mem.bytes_per_message else "n/a"
+        print(
+            f"[memory] {mem.acked:,}/{mem.messages:,} acked at {mem.publish_rate:,.0f} msg/s;"
+            f" RSS {_mib(mem.rss_before_kib)} -> {_mib(mem.rss_after_kib)}"
+            f" ({bpm} bytes/message); QueueInfo {mem.queue_info[:200]}"
+            + (f"; errors: {mem.errors}" if mem.errors else ""),
+            flush=True,
+        )
+
+
+def _finish(args: argparse.Namespace, report: dict[str, Any], broker: VibeMQBroker | None) -> int:
+    if broker is not None:
+        if os.environ.get("BENCH_SHOW_LOG"):
+            print(broker.log_tail(40))
+        broker.stop()
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 1 if "error" in report else 0
+
+
+#: --permissions: the two users' patterns (the queues are bench-<hex>)
+_PERMISSION_USERS = {
+    "full": {"configure": ".*", "write": ".*", "read": ".*"},
+    "scoped": {"configure": "^bench-", "write": "^bench-", "read": "^bench-"},
+}
+
+
+def _permission_users() -> Path:
+    """A users file with the two users (password: their name)."""
+    from vibemq_server.auth.passwords import hash_password
+    from vibemq_server.auth.users import User, UserStore
+
+    path = Path(tempfile.mkdtemp(prefix="bench-users-")) / "users.json"
+    UserStore(path).save(
+        {
+            name: User(name, hash_password(name), [], dict(patterns))
+            for name, patterns in _PERMISSION_USERS.items()
+        }
+    )
+    return path
+
+
+def _permission_rounds(
+    args: argparse.Namespace, report: dict[str, Any], host: str, port: int, pids: Any
+) -> None:
+    rates: dict[str, list[float]] = {name: [] for name in _PERMISSION_USERS}
+    for round_no in range(args.rounds):
+        order = list(_PERMISSION_USERS)
+        if round_no % 2:
+            order.reverse()  # neither always goes first
+        for name in order:
+            key = f"{name}-{round_no}-"
+            _throughput_and_latency(args, report, key, host, port, None, pids, (name, name))
+            rates[name].append(report[f"{key}throughput"]["deliver_rate"])
+    full, scoped = (sorted(rates[n])[len(rates[n]) // 2] for n in ("full", "scoped"))
+    report["permission_cost"] = {"full": full, "scoped": scoped, "ratio": scoped / full}
+    print(
+        f"[permissions] median delivered msg/s: full {full:,.0f}, scoped {scoped:,.0f}: "
+        f"ratio {scoped / full:.3f} over {args.rounds} rounds each",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -124,9 +124,13 @@ def request(conn: BlockingConn, data: bytes, expect: int) -> Decoded:
     raise BenchError(f"no reply of type {expect}")
 
 
-def handshake(conn: BlockingConn, client: str) -> None:
+def handshake(conn: BlockingConn, client: str, login: tuple[str, str] | None = None) -> None:
+    """Connect (anonymous, or with ``login``: a user name and password)."""
     cid = f"c-{client}-{os.getpid()}"
-    reply = request(conn, frame(CONNECT, cid, headers={"clientVersion": "bench"}), CONNECT_ACK)
+    headers = {"clientVersion": "bench"}
+    if login is not None:
+        headers |= {"username": login[0], "password": login[1]}
+    reply = request(conn, frame(CONNECT, cid, headers=headers), CONNECT_ACK)
     if reply.id != cid:
         raise BenchError(f"ConnectAck id {reply.id!r} != {cid!r}")
 
@@ -220,13 +224,15 @@ class VibeDriver:
     name: str = "vibemq"
     #: over TLS: the CA file that verifies the broker
     tls_ca: str | None = None
+    #: a user name and password to log in with (None: anonymous)
+    login: tuple[str, str] | None = None
 
     def msg_id(self, i: int) -> str:
         return f"{self.id_prefix}{i:08d}"
 
     def connect_publisher(self) -> BlockingConn:
         conn = BlockingConn(self.host, self.port, tls_ca=self.tls_ca)
-        handshake(conn, "pub")
+        handshake(conn, "pub", self.login)
         return conn
 
     def create_queue(self, conn: BlockingConn, options: dict[str, object]) -> None:
@@ -239,7 +245,7 @@ class VibeDriver:
 
     def connect_subscriber(self) -> BlockingConn:
         conn = BlockingConn(self.host, self.port, tls_ca=self.tls_ca)
-        handshake(conn, "sub")
+        handshake(conn, "sub", self.login)
         self.create_queue(conn, {"mode": "RoundRobin", "maxQueueSize": self.max_queue_size})
         sub = frame(
             SUBSCRIBE, f"s-{os.getpid()}", self.queue, headers={"prefetch": str(self.prefetch)}

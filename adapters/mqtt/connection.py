@@ -58,6 +58,8 @@ _PINGRESP = encode(Pingresp())
 #: a SUBACK's refusal of one filter
 _REFUSED = 0x80
 WRITE, READ = Operation.WRITE, Operation.READ
+#: refused publishes of a connection logged at info; the rest at debug
+_LOUD_REFUSALS = 10
 
 
 #: a CONNECT's verdict: the CONNACK code, how long to hold a refusal, what the user may do
@@ -101,6 +103,8 @@ class Server(Protocol):
     def send_retained(self, session: MqttSession, topic_filter: str, granted: int) -> bool: ...
 
     def publish_denied(self, topic: str) -> bool: ...
+
+    def address_of(self, topic: str) -> str: ...
 
     def route(
         self,
@@ -146,6 +150,7 @@ class MqttConnection:
         self._held_sessions: list[MqttSession] = []
         # A CONNECT's password hash is being verified off the loop (reading paused).
         self._authenticating = False
+        self._refusals = 0  # publishes refused for want of write permission
         # Acknowledgements that wait for the journal, keyed by its flush epoch.
         self._durable: DurableReplies[bytes] | None = None
 
@@ -476,9 +481,14 @@ class MqttConnection:
         if self.server.publish_denied(packet.topic):
             self.log.debug("publish denied", topic=packet.topic)
             durable = False
-        elif not self.access.allowed(WRITE, topic_to_address(packet.topic)):
-            # 3.1.1 has no negative acknowledgement: acknowledged, dropped, logged.
-            self.log.info("publish refused: no write permission", topic=packet.topic)
+        elif not (access := self.access).everything and not access.allowed(
+            WRITE, self.server.address_of(packet.topic)
+        ):
+            # 3.1.1 has no negative acknowledgement: acknowledged, dropped, logged (the
+            # first few of a connection at info; a client that loops must not flood the log).
+            self._refusals += 1
+            log = self.log.info if self._refusals <= _LOUD_REFUSALS else self.log.debug
+            log("publish refused: no write permission", topic=packet.topic, count=self._refusals)
             durable = False
         else:
             durable = self.server.route(packet.topic, packet.payload, qos, packet.retain, session)

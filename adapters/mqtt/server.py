@@ -308,6 +308,16 @@ class MqttServer:
 
     # -- routing ---------------------------------------------------------------------------------
 
+    def address_of(self, topic: str) -> str:
+        """A topic's broker address (``topic_to_address``), remembered: publishers repeat
+        their topics, and each publish needs it for permissions and routing."""
+        address = self._addresses.get(topic)
+        if address is None:
+            if len(self._addresses) > 10_000:
+                self._addresses.clear()
+            address = self._addresses[topic] = topic_to_address(topic)
+        return address
+
     def publish_denied(self, topic: str) -> bool:
         deny = self._deny_publish
         return bool(deny) and any(matches(f, topic) for f in deny)
@@ -330,11 +340,7 @@ class MqttServer:
         durable = False
         if retain:
             durable = self._retain(topic, payload, qos)
-        address = self._addresses.get(topic)
-        if address is None:
-            if len(self._addresses) > 10_000:
-                self._addresses.clear()
-            address = self._addresses[topic] = topic_to_address(topic)
+        address = self.address_of(topic)
         # The core hands the publish to the queue of that name and to every protocol's
         # sink, ours included: deliver() (origin is self) and _core_message() find it here.
         # Never re-entered: a delivery only buffers output (a connection lost meanwhile,

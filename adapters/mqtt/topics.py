@@ -121,19 +121,28 @@ def matches(topic_filter: str, topic: str) -> bool:
 _SWAP = str.maketrans({"/": ".", ".": "/"})
 
 
+def _swap(text: str) -> str:
+    """``/`` <-> ``.``. str.translate with a table costs some 1.2 us even for a short ASCII
+    string (a dict lookup per character); a topic without dots, the usual case, needs only
+    one ``replace`` (60 ns), and every publish converts its topic once or twice."""
+    if "." in text:
+        return text.translate(_SWAP)
+    return text.replace("/", ".")
+
+
 def topic_to_address(topic: str) -> str:
     """The broker address of a topic name: ``a/b/c`` -> ``a.b.c``, ``v1.0/x`` -> ``v1/0.x``."""
-    return topic.translate(_SWAP)
+    return _swap(topic)
 
 
 def address_to_topic(address: str) -> str:
     """The MQTT topic name of a broker address (the inverse of :func:`topic_to_address`)."""
-    return address.translate(_SWAP)
+    return address.translate(_SWAP) if "/" in address else address.replace(".", "/")
 
 
 def queue_address(topic: str) -> str | None:
     """The VibeMQ queue a topic's publishes also reach, None when its address cannot name one."""
-    address = topic.translate(_SWAP)
+    address = _swap(topic)
     return address if valid_queue_name(address) else None
 
 
