@@ -463,6 +463,7 @@ def _permission_rounds(
     args: argparse.Namespace, report: dict[str, Any], host: str, port: int, pids: Any
 ) -> None:
     rates: dict[str, list[float]] = {name: [] for name in _PERMISSION_USERS}
+    cpu: dict[str, list[float]] = {name: [] for name in _PERMISSION_USERS}
     for round_no in range(args.rounds):
         order = list(_PERMISSION_USERS)
         if round_no % 2:
@@ -470,12 +471,27 @@ def _permission_rounds(
         for name in order:
             key = f"{name}-{round_no}-"
             _throughput_and_latency(args, report, key, host, port, None, pids, (name, name))
-            rates[name].append(report[f"{key}throughput"]["deliver_rate"])
-    full, scoped = (sorted(rates[n])[len(rates[n]) // 2] for n in ("full", "scoped"))
-    report["permission_cost"] = {"full": full, "scoped": scoped, "ratio": scoped / full}
+            result = report[f"{key}throughput"]
+            rates[name].append(result["deliver_rate"])
+            if result.get("broker_cpu_s") is not None:
+                cpu[name].append(result["broker_cpu_s"] / max(1, result["delivered"]) * 1e6)
+
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2] if values else float("nan")
+
+    full, scoped = median(rates["full"]), median(rates["scoped"])
+    full_cpu, scoped_cpu = median(cpu["full"]), median(cpu["scoped"])
+    report["permission_cost"] = {
+        "full": full,
+        "scoped": scoped,
+        "ratio": scoped / full,
+        "broker_cpu_us_per_message": {"full": full_cpu, "scoped": scoped_cpu},
+    }
     print(
         f"[permissions] median delivered msg/s: full {full:,.0f}, scoped {scoped:,.0f}: "
-        f"ratio {scoped / full:.3f} over {args.rounds} rounds each",
+        f"ratio {scoped / full:.3f}; broker CPU per message: full {full_cpu:.1f} us, "
+        f"scoped {scoped_cpu:.1f} us ({scoped_cpu / full_cpu - 1:+.1%}) over {args.rounds} "
+        "rounds each",
         flush=True,
     )
 
