@@ -68,6 +68,7 @@ LAYERS: dict[str, frozenset[str]] = {
     # adapters only through Protocols of their own
     "vibemq_server.management": frozenset(
         {
+            "vibemq_server",
             "vibemq_server.management",
             "vibemq_server.server",
             "vibemq_server.core",
