@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pika
 import pika.exceptions
 import pytest
 from amqputil import HOST, WAIT, AmqpBroker, PikaClients, pika_params
-from mqttutil import Paho
+from certs import make_pki
+from mqttutil import Clients, MakeBroker, Paho
 from waits import wait_for, wait_until
 
 from vibemq_server.client import Client
@@ -96,6 +98,7 @@ async def test_lists_connections_of_every_protocol_with_their_consumers(
 
     [jobs] = amqp.call(lambda b: list_consumers(b, "jobs"))
     assert (jobs.connection, jobs.protocol, jobs.prefetch, jobs.unacked) == (n.id, "vibemq", 5, 0)
+    assert [c.protocol for c in amqp.call(lambda b: list_connections(b, "mqtt"))] == ["mqtt"]
     # a clean MQTT session is no consumer of the core (its deliveries go straight out); a
     # persistent one consumes its session queue
     assert {c.protocol for c in amqp.call(list_consumers)} == {"amqp", "vibemq"}
@@ -107,7 +110,6 @@ async def test_lists_connections_of_every_protocol_with_their_consumers(
         assert (session.protocol, session.tag) == ("mqtt", durable.client_id)
     finally:
         durable.disconnect()
-    assert [c.protocol for c in amqp.call(lambda b: list_connections(b, "mqtt"))] == ["mqtt"]
     # the model is JSON as it is (what the HTTP API will send)
     assert '"protocol":"amqp"' in a.model_dump_json()
 
@@ -179,3 +181,34 @@ def test_unknown_connection(amqp: AmqpBroker) -> None:
         amqp.call(lambda b: connection_detail(b, "amqp_999999"))
     with pytest.raises(ConnectionNotFound):
         amqp.call(lambda b: close_connection(b, "nope"))
+
+
+def test_tls_connection_shows_its_certificate_identity(
+    tmp_path: Path, make_mqtt_broker: MakeBroker, mqtt_clients: Clients
+) -> None:
+    pki = make_pki(tmp_path)
+    tls = {
+        "cert_file": pki.server.cert,
+        "key_file": pki.server.key,
+        "ca_file": pki.ca,
+        "port": 0,
+        "mqtt_port": 0,
+        "amqp_port": 0,
+        "require_client_cert": True,
+        "use_identity_as_username": True,
+    }
+    broker = make_mqtt_broker(users={"carol": "secret"}, tls=tls)
+    port = broker.call(lambda b: b.ready())["mqtt_tls"]
+    client = mqtt_clients.paho(port)
+    client.client.tls_set(
+        ca_certs=str(pki.ca), certfile=str(pki.alice.cert), keyfile=str(pki.alice.key)
+    )
+    client.connected()
+    [conn] = broker.call(list_connections)
+    assert (conn.protocol, conn.tls, conn.tls_identity, conn.user) == (
+        "mqtt",
+        True,
+        "alice",
+        "alice",
+    )
+    assert conn.bytes_in > 0 and conn.bytes_out > 0

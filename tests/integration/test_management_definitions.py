@@ -182,3 +182,31 @@ async def test_conflicts_are_reported_and_nothing_changes(
     # options the document leaves out are the broker's defaults
     default_size = target.call(lambda b: b.config.queue_defaults.max_queue_size)
     assert fresh.options.max_queue_size == default_size
+
+
+async def test_imported_definitions_survive_a_restart(
+    tmp_path: Path, brokers: Brokers, pikas_of: Callable[[AmqpBroker], PikaClients]
+) -> None:
+    source = brokers(allow_anonymous=True)
+    await _populate(source, pikas_of(source))
+    doc = source.call(export_definitions)
+    # the target broker is stopped by the test (brokers() would stop it a second time)
+    data = tmp_path / "target"
+    target = AmqpBroker(data, allow_anonymous=True, amqp={"port": 0}).start()
+    try:
+        assert target.call(lambda b: import_definitions(b, doc)).conflicts == []
+    finally:
+        target.stop()
+    again = AmqpBroker(data, allow_anonymous=True, amqp={"port": 0}).start()
+    try:
+        after = again.call(export_definitions)
+    finally:
+        again.stop()
+    # what is durable was journaled by the import: back after the restart, as it was
+    durable_queues = [q for q in doc.queues if q.durable]
+    durable_exchanges = [x for x in doc.exchanges if x.durable]
+    kept = {q.name for q in durable_queues} | {x.name for x in durable_exchanges} | {"amq.topic"}
+    assert after.queues == durable_queues
+    assert after.exchanges == durable_exchanges
+    assert after.bindings == [b for b in doc.bindings if b.source in kept and b.destination in kept]
+    assert [q.name for q in after.queues] == ["audit", "orders"]
