@@ -48,6 +48,8 @@ system_need_test() {
     || ! command -v amqp-get >/dev/null || ! command -v amqp-declare-queue >/dev/null; then
     pkgs+=(amqp-tools)
   fi
+  # The systemd unit is checked with systemd-analyze verify/security (Debian's systemd).
+  command -v systemd-analyze >/dev/null || pkgs+=(systemd)
   # The 50/MME codec tests check against czmq's own zmsg_encode/zmsg_decode (libczmq, ctypes).
   dpkg -s libczmq-dev >/dev/null 2>&1 || pkgs+=(libczmq-dev)
   # The Spark step (pyspark from PyPI) needs a Java 17 runtime.

@@ -23,6 +23,7 @@ from vibemq_server.auth.cli import main as users_main
 from vibemq_server.config import Config, load_config
 from vibemq_server.journal import JournalCorrupt
 from vibemq_server.logs import configure_logging
+from vibemq_server.server.sdnotify import Notifier
 
 log = structlog.get_logger("vibemq")
 _GC_GEN0_THRESHOLD = 50_000
@@ -217,10 +218,10 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
     gc.set_threshold(_GC_GEN0_THRESHOLD, 20, 20)
     broker = create_broker(config)
     await broker.start()
+    ready = broker.ready()
     if ready_file is not None:
         tmp = ready_file.with_suffix(".tmp")
         # Bound ports and endpoints (a port 0 resolved), for tests and scripts.
-        ready = broker.ready()
         if "mqtt" not in ready:
             ready["mqtt"] = None
         if "amqp" not in ready:
@@ -229,15 +230,35 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
             ready.setdefault(key, None)
         tmp.write_text(json.dumps(ready))
         tmp.replace(ready_file)
+    # systemd (Type=notify): ready at the moment the ready file is, i.e. journal recovered
+    # and every listener up.
+    notifier = Notifier()
+    status = listening_status(ready)
+    notifier.ready(status)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    # SIGHUP: the users file is re-read, new TLS handshakes use the certificate files as
-    # they are now.
-    loop.add_signal_handler(signal.SIGHUP, broker.reload)
+
+    def reload() -> None:
+        # SIGHUP: the users file is re-read, new TLS handshakes use the certificate files as
+        # they are now.
+        notifier.reloading()
+        try:
+            broker.reload()
+        finally:
+            notifier.ready(status)
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
     await stop.wait()
+    notifier.stopping()
     await broker.stop()
+
+
+def listening_status(ready: dict[str, int | str | None]) -> str:
+    """systemd's STATUS= line: what listens where (``systemctl status`` shows it)."""
+    bound = ", ".join(f"{key} {value}" for key, value in ready.items() if value is not None)
+    return f"listening: {bound}" if bound else "running"
 
 
 def main(argv: list[str] | None = None) -> int:

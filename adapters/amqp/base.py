@@ -111,6 +111,8 @@ class ConnectionBase:
         self.channel_max = cfg.channel_max
         self.heartbeat = 0
         self.capabilities: dict[str, Any] = {}
+        #: connection.start-ok's client properties (product, version, connection_name, ...)
+        self.client_properties: dict[str, Any] = {}
         self.username = ""
         #: who the client logged in as (the authenticator's verdict)
         self.user: str | None = None

@@ -27,7 +27,7 @@ from pamqp import commands
 from pamqp.base import Frame as PamqpFrame
 
 from vibemq_server.adapters.amqp.basic import BasicMethods
-from vibemq_server.adapters.amqp.channel import Channel
+from vibemq_server.adapters.amqp.channel import UNLIMITED, Channel
 from vibemq_server.adapters.amqp.codec import (
     HEARTBEAT,
     AmqpError,
@@ -39,6 +39,7 @@ from vibemq_server.adapters.amqp.codec import (
     ProtocolHeader,
     ReplyCode,
     encode_method,
+    text,
 )
 from vibemq_server.adapters.amqp.declarations import DeclarationMethods
 from vibemq_server.adapters.amqp.handshake import AUTH_FAILURE_DELAY_S, HandshakeMethods
@@ -52,6 +53,7 @@ from vibemq_server.core.exchanges import (
     ExchangeNotFound,
     InvalidExchangeType,
 )
+from vibemq_server.server.transport import ConsumerInfo, Detail, SessionInfo
 
 _CORE_ERRORS: dict[type[Exception], ReplyCode] = {
     QueueNotFound: ReplyCode.NOT_FOUND,
@@ -68,6 +70,10 @@ _CLOSING = State.CLOSING
 _CLOSED = State.CLOSED
 _CHANNEL_CLOSING = ChannelState.CLOSING
 _CHANNEL_AWAIT_CONTENT = ChannelState.AWAIT_CONTENT
+
+
+#: the client properties an operator sees (RabbitMQ's management shows these)
+_SHOWN_PROPERTIES = ("product", "version", "platform", "connection_name", "information")
 
 
 def _error_name(code: int) -> str:
@@ -380,6 +386,42 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
             self._close_connection(ReplyCode.CONNECTION_FORCED, "CONNECTION_FORCED - " + reason)
         else:
             self.link.close()
+
+    def close_by_operator(self, reason: str) -> None:
+        """As RabbitMQ's management: connection.close 320 ``CONNECTION_FORCED - <reason>``."""
+        self.log.info("connection closed by operator", reason=reason)
+        self.shutdown(reason)
+
+    def describe(self) -> SessionInfo:
+        props = {k: text(v) for k, v in self.client_properties.items() if k in _SHOWN_PROPERTIES}
+        named = [props[k] for k in ("product", "connection_name") if props.get(k)]
+        consumers = tuple(
+            ConsumerInfo(
+                consumer.queue,
+                tag,
+                0 if consumer.sub.prefetch >= UNLIMITED else consumer.sub.prefetch,
+                len(consumer.sub.inflight),
+                number,
+            )
+            for number, channel in self.channels.items()
+            for tag, consumer in channel.consumers.items()
+            if consumer.sub is not None
+        )
+        details: dict[str, Detail] = {
+            **props,
+            "heartbeat_s": self.heartbeat,
+            "frame_max": self.frame_max,
+            "channel_max": self.channel_max,
+        }
+        return SessionInfo(
+            "amqp",
+            self.user,
+            " / ".join(named) or None,
+            self.state.value,
+            channels=len(self.channels),
+            consumers=consumers,
+            details=details,
+        )
 
     # -- channel methods ---------------------------------------------------------------------------
 

@@ -73,6 +73,7 @@ class HandshakeMethods(ConnectionBase):
 
     def on_start_ok(self, method: commands.Connection.StartOk) -> None:
         props = method.client_properties or {}
+        self.client_properties = dict(props)
         caps = props.get("capabilities")
         if isinstance(caps, dict):
             self.capabilities = caps

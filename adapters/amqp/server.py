@@ -32,6 +32,7 @@ from vibemq_server.adapters.amqp.arguments import (
     check_flags,
     infer_type,
     typed_arguments,
+    validate_arguments,
 )
 from vibemq_server.adapters.amqp.channel import AmqpConsumer, consumer_count
 from vibemq_server.adapters.amqp.codec import decode_properties, encode_properties, text
@@ -252,6 +253,35 @@ class AmqpServer:
             self.queue_table.put(
                 name, canonical_arguments(stored).encode(), {**types, _COMPARED: "1"}
             )
+
+    # -- definitions (the management API's export and import) -----------------------------------
+
+    def queue_definition(self, name: str) -> dict[str, Any] | None:
+        """How a queue was declared over AMQP: ``arguments`` (x-arguments, as declared),
+        ``auto_delete``, ``exclusive``; None for a queue no AMQP client declared."""
+        typed = self.declared_args.get(name)
+        kept = self.queue_args.get(name)
+        if typed is None and kept is None:
+            return None
+        arguments = {**(kept or {}), **{k: value for k, (_kind, value) in (typed or {}).items()}}
+        return {
+            "arguments": arguments,
+            "auto_delete": name in self.auto_delete,
+            "exclusive": name in self.exclusive,
+        }
+
+    def declare_queue(
+        self, name: str, durable: bool, auto_delete: bool, arguments: Mapping[str, Any]
+    ) -> None:
+        """Create a queue as queue.declare would (definitions import); its arguments are
+        checked as a client's (a CoreError when they are wrong)."""
+        validate_arguments(name, arguments)
+        options = self.queue_options(durable, arguments)
+        self.manager.create_queue(name, options)
+        self.declared(name, durable, arguments)
+        if auto_delete:
+            self.auto_delete.add(name)
+        self.touch(name)
 
     def check_redeclare(
         self, queue: Queue, durable: bool, auto_delete: bool, args: Mapping[str, Any]

@@ -52,7 +52,7 @@ from vibemq_server.config import MqttConfig
 from vibemq_server.core import QueueManager
 from vibemq_server.core.durable_replies import DurableReplies
 from vibemq_server.core.permissions import FULL_ACCESS, Access, Operation
-from vibemq_server.server.transport import Link
+from vibemq_server.server.transport import ConsumerInfo, Link, SessionInfo
 
 _PINGRESP = encode(Pingresp())
 #: a SUBACK's refusal of one filter
@@ -315,6 +315,35 @@ class MqttConnection:
             else:
                 session.detach()
         self.link.close()
+
+    def close_by_operator(self, reason: str) -> None:
+        """MQTT 3.1.1 has no server DISCONNECT: the socket closes. As Mosquitto's
+        administrative kick (its dynamic-security plugin kicks with ``with_will`` false), the
+        will is not published; a persistent session stays for the client's return."""
+        self.log.info("connection closed by operator", reason=reason)
+        self.shutdown(reason)
+
+    def describe(self) -> SessionInfo:
+        session = self.session
+        consumers: tuple[ConsumerInfo, ...] = ()
+        if session is not None and session.sub is not None:
+            sub = session.sub
+            consumers = (
+                ConsumerInfo(sub.queue.name, session.client_id, sub.prefetch, len(sub.inflight)),
+            )
+        details: dict[str, str | int | float | bool | None] = {"keep_alive_s": self.keep_alive}
+        if session is not None:
+            details["clean_session"] = session.clean
+            details["inflight"] = len(session.outbound)
+        return SessionInfo(
+            "mqtt",
+            self.access.user if session is not None else None,
+            session.client_id if session is not None else None,
+            self._state.value,
+            consumers=consumers,
+            subscriptions=dict(session.filters) if session is not None else {},
+            details=details,
+        )
 
     def check_timers(self, now: float, keepalive: float, frame_timeout: float) -> None:
         """Keep-alive (1.5 x the client's), the CONNECT deadline and stalled packets."""

@@ -64,6 +64,18 @@ LAYERS: dict[str, frozenset[str]] = {
             "vibemq_server.auth",
         }
     ),
+    # the management API's functions (no HTTP): over the broker, its core and users; the
+    # adapters only through Protocols of their own
+    "vibemq_server.management": frozenset(
+        {
+            "vibemq_server",
+            "vibemq_server.management",
+            "vibemq_server.server",
+            "vibemq_server.core",
+            "vibemq_server.auth",
+            "vibemq_server.config",
+        }
+    ),
     # the composition root knows the adapters only by their import strings
     "vibemq_server.app": frozenset(
         {"vibemq_server.server", "vibemq_server.core", "vibemq_server.config"}

@@ -650,6 +650,10 @@ class Exchanges:
     def get(self, name: str) -> Exchange | None:
         return self._exchanges.get(name)
 
+    def all(self) -> list[Exchange]:
+        """Every exchange, the predeclared ones first, then in declaration order."""
+        return list(self._exchanges.values())
+
     def declare(
         self,
         name: str,

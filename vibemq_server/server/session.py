@@ -46,7 +46,7 @@ from vibemq_server.protocol import (
 )
 from vibemq_server.protocol.codec import encode_deliver, encode_publish_ack, peek_ack_target
 from vibemq_server.protocol.names import valid_queue_name
-from vibemq_server.server.transport import Link
+from vibemq_server.server.transport import ConsumerInfo, Link, SessionInfo
 
 _LOUD_ERRORS = 10
 _ACK_TYPE = int(CommandType.ACK)
@@ -109,6 +109,8 @@ class Session:
         self.auth = auth if auth is not None else Authenticator(config)
         #: who the client logged in as, and what that user may do (set by Connect)
         self.user: str | None = None
+        #: the clientVersion header of Connect (what the client says it is)
+        self.client_version: str | None = None
         self.access = Access(FULL_ACCESS, "")
         self.conn_id = link.conn_id
         self.log = link.log
@@ -342,6 +344,7 @@ class Session:
             self._refuse_auth(msg, code, text, verdict.delay)
             return
         self.user = verdict.user
+        self.client_version = msg.headers.get("clientVersion")
         self.access = self.auth.access(verdict.user, self.conn_id)
         self.state = State.OPEN
         self.log = self.log.bind(user=verdict.user)
@@ -638,6 +641,26 @@ class Session:
         )
         self.link.send(encode(disconnect))
         self.close()
+
+    def close_by_operator(self, reason: str) -> None:
+        """Disconnect with ``reason: closed_by_operator: <reason>`` (the client library keeps
+        it as ``disconnect_reason``), then close."""
+        self.log.info("connection closed by operator", reason=reason)
+        self.shutdown(f"closed_by_operator: {reason}")
+
+    def describe(self) -> SessionInfo:
+        consumers = tuple(
+            ConsumerInfo(queue, sub.id, sub.prefetch, len(sub.inflight))
+            for queue, sub in self.subs.items()
+        )
+        return SessionInfo(
+            "vibemq",
+            self.user,
+            self.client_version,
+            self._state.value,
+            consumers=consumers,
+            details={"clientVersion": self.client_version},
+        )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = State.CLOSED

@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, cast
 
 import structlog
@@ -75,6 +77,40 @@ class ReadBatch:
                     conn.abort()
 
 
+@dataclass(frozen=True, slots=True)
+class ConsumerInfo:
+    """One consumer of a connection, as an operator sees it."""
+
+    queue: str
+    #: the subscription id (native), consumer tag (AMQP), client id (MQTT)
+    tag: str
+    prefetch: int
+    unacked: int
+    #: the AMQP channel it was started on (None for the other protocols)
+    channel: int | None = None
+
+
+#: a protocol-specific detail of a session (AMQP client properties, MQTT keep-alive, ...)
+Detail = str | int | float | bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """What an operator sees of one connection's protocol session (the management API)."""
+
+    protocol: str
+    #: who the client logged in as (None: not logged in yet)
+    user: str | None
+    #: MQTT client id, native clientVersion, AMQP product and connection_name
+    client_id: str | None
+    state: str
+    channels: int = 0
+    consumers: tuple[ConsumerInfo, ...] = ()
+    #: address subscriptions (MQTT topic filter -> granted QoS)
+    subscriptions: Mapping[str, int] = field(default_factory=dict)
+    details: Mapping[str, Detail] = field(default_factory=dict)
+
+
 class Session(Protocol):
     """What the transport drives: one protocol's sans-IO session of one connection."""
 
@@ -92,6 +128,14 @@ class Session(Protocol):
 
     def shutdown(self, reason: str) -> None:
         """Broker shutdown: say goodbye in the protocol's own words, then close."""
+
+    def describe(self) -> SessionInfo:
+        """Protocol, user, client id, consumers: what the management API shows."""
+        ...
+
+    def close_by_operator(self, reason: str) -> None:
+        """An operator closes the connection: tell the client ``reason`` in the protocol's
+        own words (where it has any), log it, close."""
 
 
 class Link(Protocol):
@@ -171,7 +215,13 @@ class StreamTransport(asyncio.Protocol):
         self._yielding = False  # not read until the loop turns (after a large read)
         self._closing = False
         self.peer_host = ""
+        self.peer_port = 0
         self.peer_identity: str | None = None
+        #: when the socket was accepted (Unix time, seconds)
+        self.connected_at = 0.0
+        #: the protocol's bytes (after TLS decryption, before encryption)
+        self.bytes_received = 0
+        self.bytes_sent = 0
         self._tls = tls
         self.over_tls = tls is not None
         self._handshake_timeout = handshake_timeout
@@ -191,6 +241,8 @@ class StreamTransport(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer_host = str(peer[0]) if peer else ""
+        self.peer_port = int(peer[1]) if peer else 0
+        self.connected_at = time.time()
         self.log = self.log.bind(conn_id=self.conn_id, peer=f"{peer[0]}:{peer[1]}" if peer else "")
         self.transport.set_write_buffer_limits(high=self._out_limit)
         if not self._register(self):
@@ -227,6 +279,7 @@ class StreamTransport(asyncio.Protocol):
                 self.log.warning("TLS handshake on a plain port: closed")
                 self.abort()
                 return
+        self.bytes_received += len(data)
         batch = self._batch
         batch.begin()
         try:
@@ -269,6 +322,19 @@ class StreamTransport(asyncio.Protocol):
             self.session.shutdown(reason)
         else:
             self.close()
+
+    # -- what the management API uses ----------------------------------------------------------
+
+    def describe(self) -> SessionInfo | None:
+        """The session's description; None while there is none (a TLS handshake)."""
+        return self.session.describe() if self.session is not None else None
+
+    def close_by_operator(self, reason: str) -> None:
+        if self.session is not None and not self._closing:
+            self.session.close_by_operator(reason)
+        else:
+            self.log.info("connection closed by operator", reason=reason)
+            self.abort()  # no session yet: nobody to tell
 
     # -- what the session uses (Link) --------------------------------------------------------------
 
@@ -326,6 +392,7 @@ class StreamTransport(asyncio.Protocol):
         self._flush_scheduled = False
         if not self._out or self.transport is None or self._closing:
             return  # (closing: close() flushed already; a lost connection's output is void)
+        self.bytes_sent += self._out_size
         was_full = self._out_size >= self._out_limit
         out, self._out, self._out_size = self._out, [], 0
         data = b"".join(out) if len(out) > 1 else out[0]

@@ -1,0 +1,7 @@
+"""What the management API does, without HTTP: protocol-free, synchronous functions over a
+running ``Broker`` that return pydantic models (JSON as they are).
+
+``connections``: every client connection across protocols, its consumers, closing one with a
+reason the client sees. ``definitions``: queues, exchanges, bindings and users as one JSON
+document, exported and imported (RabbitMQ's definitions).
+"""
