@@ -393,7 +393,7 @@ class QueueManager:
                 msg = pending[0]
                 dest_name = target if target is not None else msg.headers.get("originalQueue")
                 dest = self.queues.get(dest_name) if dest_name else None
-                if dest is None or dest is source or dest.full:
+                if dest is None or dest is source or dest.full or not self._valid_name(dest.name):
                     kept.append(pending.popleft())
                     result.kept += 1
                     continue
