@@ -129,7 +129,7 @@ def test_move_to_a_named_queue_with_a_limit(mgr: QueueManager) -> None:
 
 def test_move_memory_and_journal(mgr: QueueManager) -> None:
     journal = Settles()
-    mgr.persistence = journal  # type: ignore[assignment]
+    mgr.persistence = journal
     make(mgr, "a", enableDeadLetterQueue=True, deadLetterQueueName="dlq")
     dead_letter_all(mgr, "a", "m")
     memory = mgr.memory_bytes

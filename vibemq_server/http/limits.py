@@ -1,5 +1,8 @@
 """Request bodies are bounded (``http.max_body_bytes``): 413 when the declared length is
-over the bound (the body is then never read), or as soon as a chunked body passes it."""
+over the bound (the body is then never handed to the app), or as soon as a chunked body
+passes it. The connection stays open: what the client still sends of that body is read and
+dropped (nothing is kept), so it can read its 413 rather than a reset; a body that never
+ends is cut by the request deadline (protocol.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ class BodyTooLarge(HTTPException):
     through its body parsing, and its exception handler answers it (413)."""
 
     def __init__(self, limit: int) -> None:
-        super().__init__(413, f"request body over {limit} bytes", {"connection": "close"})
+        super().__init__(413, f"request body over {limit} bytes")
 
 
 async def _too_large(send: Send, limit: int) -> None:
@@ -26,7 +29,6 @@ async def _too_large(send: Send, limit: int) -> None:
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
             ],
         }
     )

@@ -54,8 +54,13 @@ class BrokerHttpProtocol(HttpToolsProtocol):
         super().__init__(config, server_state, {}, loop)
         self._request_timeout = request_timeout
         self._request_timer: asyncio.TimerHandle | None = None
-        #: bytes of the current request's line and headers so far; None once they are complete
-        self._head_bytes: int | None = 0
+        #: reading a request's line and headers (before the first request too)
+        self._in_head = True
+        #: their size as parsed so far, and the bytes read while they were incomplete
+        self._head_size = 0
+        self._partial = 0
+        #: refused (431): what the parser still reports of this request is ignored
+        self._refused = False
 
     # -- the request deadline ---------------------------------------------------------------
 
@@ -71,10 +76,10 @@ class BrokerHttpProtocol(HttpToolsProtocol):
     def _timed_out(self) -> None:
         self._request_timer = None
         cycle = self.cycle
-        if cycle is not None and cycle.response_started and not cycle.response_complete:
-            self.transport.close()  # mid-response: no room for a status line
-        else:
+        if cycle is None or not cycle.response_started:
             _close_with(self.transport, b"408 Request Timeout")
+        else:  # answered already (a 413 before the body), or mid-response: just close
+            self.transport.close()
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
@@ -83,14 +88,20 @@ class BrokerHttpProtocol(HttpToolsProtocol):
         self._arm()  # the first request too: a connection that never sends is closed
 
     def data_received(self, data: bytes) -> None:
-        in_head = self._head_bytes is not None
+        if self._refused:
+            return
+        in_head = self._in_head
         super().data_received(data)
-        # Counted only while the head is still incomplete after this read (a read that
-        # completes it may carry a body of any size).
-        if in_head and self._head_bytes is not None:
-            self._head_bytes += len(data)
-            if self._head_bytes > _MAX_HEAD_BYTES:
-                _close_with(self.transport, b"431 Request Header Fields Too Large")
+        # A head still incomplete after this read: bound what it has taken so far (httptools
+        # reports a header only once it is complete, so an endless one is caught here).
+        if in_head and self._in_head:
+            self._partial += len(data)
+            if self._partial > _MAX_HEAD_BYTES:
+                self._refuse()
+
+    def _refuse(self) -> None:
+        self._refused = True
+        _close_with(self.transport, b"431 Request Header Fields Too Large")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -100,17 +111,34 @@ class BrokerHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         _refresh_date(self.server_state)
-        self._head_bytes = 0
+        self._in_head = True
+        self._head_size = self._partial = 0
         self._arm()
         super().on_message_begin()
 
+    def on_url(self, url: bytes) -> None:
+        self._head_size += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_size += len(name) + len(value) + 4
+        super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
-        self._head_bytes = None
+        self._in_head = False
+        if self._head_size > _MAX_HEAD_BYTES:
+            self._refuse()
+            return
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._disarm()
-        super().on_message_complete()
+        if not self._refused:
+            super().on_message_complete()
 
     def __repr__(self) -> str:
         return f"<BrokerHttpProtocol client={self.client!r}>"
