@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from httpkit import client as client_of
 from rawclient import RawClient
 from waits import wait_for
 
@@ -42,19 +43,28 @@ async def test_health_live_and_ready(api: httpx.AsyncClient) -> None:
 
 
 async def test_ready_is_503_while_draining(broker_factory: Any) -> None:
-    """Stop the broker while a client holds on: /health/ready turns 503 before it closes."""
-    broker: Broker = await broker_factory(drain_timeout_s=30.0)
+    """Stop the broker while a client holds on: /health/ready turns 503 before it closes.
+
+    The client holds on by not reading: deliveries back up in the broker's output buffer, so
+    its Disconnect cannot be written and the broker waits (drain_timeout_s) for it."""
+    broker: Broker = await broker_factory(drain_timeout_s=60.0)
+    manager = broker.manager
+    manager.create_queue("flood", manager.options_from({"durable": False}))
+    for i in range(40):
+        manager.publish("flood", f"f{i}", b'"' + b"x" * 900_000 + b'"', {}, route=False)
     client = await RawClient.connected(broker.port)
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{broker.ready()['http']}", timeout=10.0
-    ) as api:
+    await client.subscribe("flood", prefetch=1000)
+    # some messages stay in the queue: the client's connection is backed up
+    await wait_for(lambda: 0 < manager.queues["flood"].message_count < 40, what="backed up")
+    async with client_of(broker) as api:
         assert (await api.get("/health/ready")).status_code == 200
         stopping = asyncio.ensure_future(broker.stop())
         await wait_for(lambda: str(broker.phase) == "draining", what="draining")
         r = await api.get("/health/ready")
         assert r.status_code == 503 and r.json()["phase"] == "draining"
         assert (await api.get("/health/live")).status_code == 200  # the loop still answers
-        await client.close()  # the last client goes: the broker finishes stopping
+        assert broker.connections  # still draining: the client holds on
+        client.writer.close()  # the last client goes: the broker finishes stopping
         await stopping
     assert str(broker.phase) == "stopped"
 
