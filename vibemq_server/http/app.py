@@ -111,6 +111,8 @@ def create_app(ctx: ApiContext) -> ASGIApp:
             swagger_js_url="/api/static/swagger-ui/swagger-ui-bundle.js",
             swagger_css_url="/api/static/swagger-ui/swagger-ui.css",
             swagger_favicon_url="/api/static/swagger-ui/favicon-32x32.png",
+            # no badge fetched from swagger.io: nothing leaves the machine
+            swagger_ui_parameters={"validatorUrl": None},
         )
 
     config = ctx.broker.config.http
