@@ -17,7 +17,7 @@ import pika
 import pika.exceptions
 import pytest
 from certs import make_pki
-from httpkit import HOST, TAGGED_USERS, base_url, write_users
+from httpkit import HOST, TAGGED_USERS, base_url, raw_request, write_users
 from serverproc import launch
 
 from vibemq_server.cli import build_parser, config_from_args
@@ -90,6 +90,9 @@ async def test_a_real_process_drains_with_503_and_logs_changes(tmp_path: Path) -
             assert (await api.post("/api/queues/logged/messages", json={"payload": 1})).is_success
             assert (await api.delete("/api/queues/logged/contents")).status_code == 200
             assert (await api.delete("/api/queues/logged")).status_code == 204
+            # uvicorn's own warnings come out in the broker's format (JSON lines here)
+            garbage = await raw_request(ready["http"], b"NOT HTTP AT ALL\r\n\r\n")
+            assert garbage.startswith(b"HTTP/1.1 400")
             # an AMQP client that will not answer connection.close holds the drain open
             params = pika.ConnectionParameters(
                 HOST, ready["amqp"], credentials=pika.PlainCredentials("admin", admin_pw)
@@ -123,5 +126,6 @@ async def test_a_real_process_drains_with_503_and_logs_changes(tmp_path: Path) -
         ("delete queue", "logged", "admin"),
     ]
     assert all(e["level"] == "info" for e in changes)
+    assert any(e.get("source") == "uvicorn.error" and e["level"] == "warning" for e in lines)
     text = json.dumps(lines)
     assert not any(password in text for password, _ in TAGGED_USERS.values())

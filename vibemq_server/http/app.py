@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import structlog
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
@@ -26,8 +25,6 @@ from vibemq_server.http import health, overview, queues
 from vibemq_server.http.auth import AuthMiddleware
 from vibemq_server.http.context import ApiContext
 from vibemq_server.http.limits import BodyLimitMiddleware
-
-log = structlog.get_logger("vibemq.http")
 
 STATIC = Path(__file__).parent / "static"
 
@@ -60,7 +57,7 @@ async def _invalid(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _crashed(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("HTTP request failed", path=request.url.path, method=request.method)
+    """A bug: 500 with a JSON body (uvicorn logs the exception, listener.py routes it)."""
     return JSONResponse({"detail": "internal error (logged)"}, status_code=500)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
 from collections.abc import Callable
 
@@ -34,6 +35,29 @@ log = structlog.get_logger("vibemq.http")
 
 #: how long stop() lets requests in progress finish
 _STOP_GRACE_S = 2.0
+
+
+class _ToStructlog(logging.Handler):
+    """uvicorn logs through the standard library ("invalid HTTP request", an exception in a
+    route, the concurrency limit): its lines go to the broker's structlog output, so that
+    every line stays in the configured format (JSON lines stay JSON)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        level = record.levelname.lower()
+        method = getattr(log, level, None) if level in _LEVELS else None
+        (method or log.warning)(record.getMessage(), source=record.name, exc_info=record.exc_info)
+
+
+_LEVELS = frozenset({"debug", "info", "warning", "error", "critical"})
+
+
+def _route_uvicorn_logs() -> None:
+    for name in ("uvicorn.error", "uvicorn.asgi"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, _ToStructlog) for h in logger.handlers):
+            logger.addHandler(_ToStructlog())
+        logger.setLevel(logging.WARNING)  # not its start-up chatter
+        logger.propagate = False
 
 
 class HttpListener:
@@ -64,6 +88,7 @@ class HttpListener:
             limit_concurrency=cfg.max_connections,
         )
         self._uvicorn.load()
+        _route_uvicorn_logs()
 
     async def start(self) -> None:
         cfg = self.broker.config.http
