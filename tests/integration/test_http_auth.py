@@ -123,6 +123,9 @@ async def test_health_and_docs_are_open(secured: Broker) -> None:
         assert "/api/queues/{name}" in schema["paths"]
         assert set(schema["components"]["securitySchemes"]) == {"basic", "bearer"}
         assert "maxQueueSize" in str(schema["components"]["schemas"]["QueueOptionsIn"])
+        # the errors documented are the ones answered: 400 (not FastAPI's 422), 401, 403
+        put = schema["paths"]["/api/queues/{name}"]["put"]["responses"]
+        assert {"400", "401", "403"} <= set(put) and "422" not in str(schema["paths"])
 
 
 async def test_health_can_be_closed(broker_factory: Any, tmp_path: Path) -> None:

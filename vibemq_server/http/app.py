@@ -61,6 +61,49 @@ async def _crashed(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": "internal error (logged)"}, status_code=500)
 
 
+_ERROR = {"$ref": "#/components/schemas/Error"}
+_INVALID = {"$ref": "#/components/schemas/InvalidRequest"}
+
+
+def _answer(description: str, body: dict[str, str]) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": body}}}
+
+
+def _errors_as_answered(schema: dict[str, Any]) -> None:
+    """FastAPI documents 422 for validation; this API answers 400 (``_invalid``), and 401/403
+    from the auth middleware: the document says what a client really gets."""
+    schemas = schema["components"].setdefault("schemas", {})
+    schemas.pop("HTTPValidationError", None)
+    schemas.pop("ValidationError", None)
+    schemas["Error"] = {
+        "type": "object",
+        "properties": {"detail": {"type": "string"}},
+        "required": ["detail"],
+    }
+    schemas["InvalidRequest"] = {
+        "type": "object",
+        "properties": {
+            "detail": {"type": "string"},
+            "errors": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"field": {"type": "string"}, "message": {"type": "string"}},
+                },
+            },
+        },
+        "required": ["detail", "errors"],
+    }
+    for path, operations in schema.get("paths", {}).items():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            if responses.pop("422", None) is not None:
+                responses["400"] = _answer("invalid request: every bad field named", _INVALID)
+            if path.startswith("/api/"):
+                responses["401"] = _answer("no or bad credentials (WWW-Authenticate)", _ERROR)
+                responses["403"] = _answer("the user's tags do not allow this", _ERROR)
+
+
 def _openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's document, with the two ways to log in (Swagger UI's Authorize button)."""
     if app.openapi_schema is None:
@@ -73,11 +116,13 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
             routes=app.routes,
             tags=app.openapi_tags,
         )
-        schema.setdefault("components", {})["securitySchemes"] = {
+        components = schema.setdefault("components", {})
+        components["securitySchemes"] = {
             "basic": {"type": "http", "scheme": "basic"},
             "bearer": {"type": "http", "scheme": "bearer"},
         }
         schema["security"] = [{"basic": []}, {"bearer": []}]
+        _errors_as_answered(schema)
         app.openapi_schema = schema
     return app.openapi_schema
 
