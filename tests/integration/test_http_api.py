@@ -40,6 +40,9 @@ async def test_health_live_and_ready(api: httpx.AsyncClient) -> None:
     assert live.status_code == 200 and live.json()["status"] == "ok"
     ready = await api.get("/health/ready")
     assert ready.status_code == 200 and ready.json() == {"status": "ok", "phase": "ready"}
+    for path in ("/health/live", "/health/ready"):
+        head = await api.head(path)
+        assert head.status_code == 200 and head.content == b""
 
 
 async def test_ready_is_503_while_draining(broker_factory: Any) -> None:

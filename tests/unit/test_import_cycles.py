@@ -75,6 +75,10 @@ LAYERS: dict[str, frozenset[str]] = {
             "vibemq_server.auth",
             "vibemq_server.protocol",
             "vibemq_server.config",
+            # protocol-free management functions (connections, definitions) and the
+            # Prometheus collector, which the listener's routers mount
+            "vibemq_server.management",
+            "vibemq_server.metrics",
         }
     ),
     # the composition root knows the adapters and services only by their import strings

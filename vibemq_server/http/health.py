@@ -3,7 +3,7 @@
 Live: the event loop answers. Ready: the broker's phase is ``ready`` (journal recovered, every
 listener up); 503 while starting and again while draining on SIGTERM, so a load balancer stops
 sending clients before the listeners close. Both open without credentials by default
-(``http.open_health``)."""
+(``http.open_health``), and answer HEAD too (probes that do not want a body)."""
 
 from __future__ import annotations
 
@@ -24,13 +24,16 @@ class Health(BaseModel):
     phase: str
 
 
-@router.get("/live", response_model=Health, summary="The broker's loop answers")
+@router.api_route(
+    "/live", methods=["GET", "HEAD"], response_model=Health, summary="The broker's loop answers"
+)
 async def live(ctx: Ctx) -> Health:
     return Health(status="ok", phase=str(ctx.broker.phase))
 
 
-@router.get(
+@router.api_route(
     "/ready",
+    methods=["GET", "HEAD"],
     response_model=Health,
     summary="Journal recovered and every listener up (503 while starting or draining)",
     responses={503: {"model": Health, "description": "starting, draining or stopped"}},
