@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import socket
 import ssl
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,10 @@ import pika
 import pika.exceptions
 import pytest
 from certs import make_pki
-from httpkit import HOST, TAGGED_USERS, base_url, raw_request, write_users
+from httpkit import HOST, TAGGED_USERS, base_url, client, raw_request, write_users
 from serverproc import launch
 
+from vibemq_server.app import create_broker
 from vibemq_server.cli import build_parser, config_from_args
 from vibemq_server.config import Config
 from vibemq_server.server import Broker
@@ -129,3 +131,47 @@ async def test_a_real_process_drains_with_503_and_logs_changes(tmp_path: Path) -
     assert any(e.get("source") == "uvicorn.error" and e["level"] == "warning" for e in lines)
     text = json.dumps(lines)
     assert not any(password in text for password, _ in TAGGED_USERS.values())
+
+
+def settings(tmp_path: Path, **extra: Any) -> Config:
+    return Config(
+        host=HOST,
+        port=0,
+        data_dir=tmp_path / "data",
+        mqtt={"port": 0},
+        amqp={"port": 0},
+        http={"port": 0, "tls_port": 0},
+        **extra,
+    )
+
+
+async def test_ready_is_503_while_starting(tmp_path: Path) -> None:
+    """The listener opens before journal recovery: until the broker is ready it says so."""
+    broker = create_broker(settings(tmp_path))
+    (service,) = broker.services
+    await service.start()  # what Broker.start does first
+    try:
+        async with client(broker) as api:
+            r = await api.get("/health/ready")
+            assert r.status_code == 503 and r.json() == {
+                "status": "unavailable",
+                "phase": "starting",
+            }
+            assert (await api.get("/health/live")).status_code == 200
+    finally:
+        await service.stop()
+
+
+async def test_a_failed_start_closes_the_http_listener(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind((HOST, 0))
+        taken.listen()
+        broker = create_broker(
+            settings(tmp_path).model_copy(update={"port": taken.getsockname()[1]})
+        )
+        with pytest.raises(OSError):
+            await broker.start()
+    port = broker.ready()["http"]
+    assert isinstance(port, int)
+    with pytest.raises(OSError):
+        await asyncio.open_connection(HOST, port)
