@@ -72,8 +72,10 @@ WORKDIR /data
 # Plain: 2925 VibeMQ native protocol, 1883 MQTT, 5672 AMQP 0-9-1. TLS: 2926 VibeMQ, 8883 MQTT,
 # 5671 AMQP; those listen only once a certificate is configured (VIBEMQ_TLS__CERT_FILE), and
 # each plain one can then be turned off (VIBEMQ_TLS__PLAIN_VIBEMQ=false, ...). ZeroMQ has no
-# default endpoint (VIBEMQ_ZMQ__PULL / VIBEMQ_ZMQ__PUB), so it has no EXPOSE.
-EXPOSE 2925 1883 5672 2926 8883 5671
+# default endpoint (VIBEMQ_ZMQ__PULL / VIBEMQ_ZMQ__PUB), so it has no EXPOSE. 2927: the
+# management HTTP listener (health open; the API needs a user or token from outside the
+# container, docs/management.md), 2928 its HTTPS once a certificate is configured.
+EXPOSE 2925 1883 5672 2926 8883 5671 2927 2928
 
 USER ${VIBEMQ_UID}:${VIBEMQ_GID}
 

@@ -184,6 +184,10 @@ class VibeMQBroker(Broker):
             argv += ["--amqp-port", str(self.amqp_port)]
         elif "--no-amqp" in help_text(tuple(command)):
             argv += ["--no-amqp"]  # 5672 may be taken (a system rabbitmq)
+        if "--http-port" in help_text(tuple(command)):
+            # the management listener, on any free port (2927 may be taken by another run);
+            # extra_args may turn it off (--no-http) to compare
+            argv += ["--http-port", "0", "--http-tls-port", "0"]
         if self.tls is not None:
             cert, key = self.tls
             argv += ["--tls-cert", str(cert), "--tls-key", str(key)]

@@ -102,6 +102,8 @@ def start_server(
         "0",
         "--amqp-port",
         "0",
+        "--http-port",
+        "0",
         "--ready-file",
         str(ready),
         "--data-dir",

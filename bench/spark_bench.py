@@ -81,7 +81,15 @@ def writer_bench(rows: int, work: Path) -> dict[str, Any]:
     data = work / "broker"
     ready = work / "ready.json"
     cmd = [sys.executable, "-m", "vibemq_server", "--host", "127.0.0.1", "--port", "0"]
-    cmd += ["--no-mqtt", "--no-amqp", "--data-dir", str(data), "--ready-file", str(ready)]
+    cmd += [
+        "--no-mqtt",
+        "--no-amqp",
+        "--no-http",
+        "--data-dir",
+        str(data),
+        "--ready-file",
+        str(ready),
+    ]
     cmd += ["--log-level", "warning"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("VIBEMQ_")}
     proc = subprocess.Popen(cmd, env=env)

@@ -37,6 +37,7 @@ async def broker_factory(tmp_path: Path) -> AsyncIterator[BrokerFactory]:
             "drain_timeout_s": 2.0,
             "mqtt": {"port": 0},
             "amqp": {"port": 0},
+            "http": {"port": 0, "tls_port": 0},
             "data_dir": tmp_path / f"data{len(started)}",
         }
         settings.update(overrides)

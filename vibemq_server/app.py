@@ -1,4 +1,4 @@
-"""The composition root: the only module that knows which protocol adapters exist.
+"""The composition root: the only module that knows which protocol adapters and services exist.
 
 As uvicorn maps protocol names to import strings, ``ADAPTERS`` maps each adapter to the
 factory that builds it; ``create_broker`` imports the enabled ones (so a broker without the
@@ -15,6 +15,10 @@ from vibemq_server.config import Config
 from vibemq_server.core import Clock, wall_clock_ms
 from vibemq_server.server.adapter import AdapterFactory
 from vibemq_server.server.broker import Broker
+from vibemq_server.server.service import Service
+
+#: How the composition root builds a service the broker hosts (given the broker).
+ServiceFactory = Callable[[Broker], Service]
 
 #: adapter name -> (is it enabled in this config, "module:factory")
 ADAPTERS: dict[str, tuple[Callable[[Config], bool], str]] = {
@@ -24,9 +28,20 @@ ADAPTERS: dict[str, tuple[Callable[[Config], bool], str]] = {
 }
 
 
-def load_factory(target: str) -> AdapterFactory:
+#: service name -> (is it enabled in this config, "module:factory"); the HTTP listener's
+#: libraries (FastAPI, uvicorn) are only imported when it is on
+SERVICES: dict[str, tuple[Callable[[Config], bool], str]] = {
+    "http": (lambda c: c.http.enabled, "vibemq_server.http.listener:HttpListener"),
+}
+
+
+def _load(target: str) -> object:
     module, _, attr = target.partition(":")
-    return cast(AdapterFactory, getattr(importlib.import_module(module), attr))
+    return getattr(importlib.import_module(module), attr)
+
+
+def load_factory(target: str) -> AdapterFactory:
+    return cast(AdapterFactory, _load(target))
 
 
 def enabled_adapters(config: Config) -> dict[str, AdapterFactory]:
@@ -40,4 +55,8 @@ def enabled_adapters(config: Config) -> dict[str, AdapterFactory]:
 def create_broker(config: Config | None = None, clock: Clock = wall_clock_ms) -> Broker:
     """A broker with every adapter its config enables."""
     config = config or Config()
-    return Broker(config, clock, adapters=enabled_adapters(config))
+    broker = Broker(config, clock, adapters=enabled_adapters(config))
+    for enabled, target in SERVICES.values():
+        if enabled(config):
+            broker.services.append(cast(ServiceFactory, _load(target))(broker))
+    return broker

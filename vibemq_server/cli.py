@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-amqp", action="store_true", help="do not open the AMQP listener")
     p.add_argument(
+        "--http-port",
+        type=int,
+        help="management HTTP port (default 2927; 0 = any free port); docs/management.md",
+    )
+    p.add_argument("--no-http", action="store_true", help="do not open the HTTP listener")
+    p.add_argument(
         "--zmq-pull",
         metavar="ENDPOINT",
         help="bind a ZeroMQ PULL socket here, e.g. tcp://127.0.0.1:5557 (default: off)",
@@ -109,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tls.add_argument("--mqtt-tls-port", type=int, help="MQTT over TLS (default 8883)")
     tls.add_argument("--amqp-tls-port", type=int, help="AMQP over TLS, amqps (default 5671)")
+    tls.add_argument("--http-tls-port", type=int, help="HTTPS management (default 2928)")
     tls.add_argument("--no-plain-port", action="store_true", help="no plain VibeMQ listener")
     tls.add_argument("--no-mqtt-plain", action="store_true", help="no plain MQTT listener")
     tls.add_argument("--no-amqp-plain", action="store_true", help="no plain AMQP listener")
@@ -134,6 +141,9 @@ _NOT_CONFIG = {
     "no_mqtt",
     "amqp_port",
     "no_amqp",
+    "http_port",
+    "http_tls_port",
+    "no_http",
     "zmq_pull",
     "zmq_pub",
     *(f"tls_{k}" for k in ("cert", "key", "ca", "require_client_cert", "min_version", "port")),
@@ -182,6 +192,15 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Confi
         amqp["enabled"] = False
     if amqp:
         overrides["amqp"] = amqp
+    http: dict[str, Any] = {}
+    if args.http_port is not None:
+        http["port"] = args.http_port
+    if args.http_tls_port is not None:
+        http["tls_port"] = args.http_tls_port
+    if args.no_http:
+        http["enabled"] = False
+    if http:
+        overrides["http"] = http
     zmq: dict[str, Any] = {}
     if args.zmq_pull is not None:
         zmq["pull"] = args.zmq_pull
@@ -226,7 +245,7 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
             ready["mqtt"] = None
         if "amqp" not in ready:
             ready["amqp"] = None
-        for key in ("vibemq_tls", "mqtt_tls", "amqp_tls"):
+        for key in ("vibemq_tls", "mqtt_tls", "amqp_tls", "http", "http_tls"):
             ready.setdefault(key, None)
         tmp.write_text(json.dumps(ready))
         tmp.replace(ready_file)

@@ -150,6 +150,40 @@ class TlsConfig(BaseModel):
         return self
 
 
+class HttpConfig(BaseModel):
+    """The management HTTP listener: REST API, health, metrics (see docs/management.md).
+
+    On by default, on the broker's host (loopback unless changed). Port 2927 sits next to the
+    native ports (2925 plain, 2926 TLS) and collides with neither Mosquitto (1883, 8883, 9001)
+    nor RabbitMQ (5672, 5671, 15672, 15692, 25672, 4369)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    host: str | None = Field(None, description="None = the broker's host")
+    port: int = Field(2927, ge=0, le=65535, description="plain HTTP; 0 = any free port")
+    plain: bool = Field(True, description="False = HTTPS only (needs tls.cert_file)")
+    tls_port: int | None = Field(
+        2928, ge=0, le=65535, description="HTTPS when tls.cert_file is set; None = no HTTPS"
+    )
+    open_health: bool = Field(True, description="/health/* answer without credentials")
+    open_metrics: bool | None = Field(
+        None,
+        description="/metrics without credentials: None = from loopback peers only, "
+        "true = from anywhere, false = never",
+    )
+    max_body_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="a larger request body is refused with 413"
+    )
+    request_timeout_s: float = Field(
+        10.0, gt=0, description="a request (headers and body) must arrive within this"
+    )
+    keepalive_timeout_s: int = Field(5, ge=1, description="idle keep-alive connections close")
+    max_connections: int = Field(
+        256, ge=1, description="concurrent HTTP connections; beyond, 503 (uvicorn)"
+    )
+
+
 class Config(BaseModel):
     """Every broker setting. Defaults are the embedded default config."""
 
@@ -200,6 +234,7 @@ class Config(BaseModel):
     amqp: AmqpConfig = Field(default_factory=AmqpConfig)
     zmq: ZmqConfig = Field(default_factory=ZmqConfig)
     tls: TlsConfig = Field(default_factory=TlsConfig)
+    http: HttpConfig = Field(default_factory=HttpConfig)
     users: dict[str, str] = Field(
         default_factory=dict, description="username -> password, for MQTT and AMQP clients"
     )
@@ -207,6 +242,12 @@ class Config(BaseModel):
     fsync: Literal["always", "interval", "never"] = "always"
     fsync_interval_ms: int = Field(10, ge=1)
     segment_size_bytes: int = Field(64 * 1024 * 1024, ge=4096)
+
+    @model_validator(mode="after")
+    def _http_consistent(self) -> Config:
+        if self.http.enabled and not self.http.plain and self.tls.cert_file is None:
+            raise ValueError("http.plain = false (HTTPS only) needs tls.cert_file")
+        return self
 
     @property
     def auth_enabled(self) -> bool:

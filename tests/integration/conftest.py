@@ -23,6 +23,8 @@ from pathlib import Path
 
 import aio_pika
 import aio_pika.abc
+import httpkit
+import httpx
 import pika
 import pika.adapters.blocking_connection as blocking
 import pytest
@@ -236,3 +238,14 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
         yield s
     finally:
         s.kill()
+
+
+# -- the HTTP listener (helpers in httpkit.py) --------------------------------------------------
+
+
+@pytest.fixture
+async def api(broker: Broker) -> AsyncIterator[httpx.AsyncClient]:
+    """An httpx client of ``broker``'s HTTP listener (anonymous: a loopback peer of a broker
+    without users, so allowed everything)."""
+    async with httpkit.client(broker) as client:
+        yield client

@@ -56,6 +56,7 @@ class ThreadBroker:
             "drain_timeout_s": 2.0,
             "mqtt": {"port": 0},
             "amqp": {"port": 0},
+            "http": {"port": 0, "tls_port": 0},
             "data_dir": data_dir,
         }
         settings.update(overrides)

@@ -93,9 +93,10 @@ def tls_broker(make_mqtt_broker: MakeBroker, pki: Pki) -> ThreadBroker:
 
 def test_tls_listeners_open_next_to_the_plain_ones(tls_broker: ThreadBroker) -> None:
     ready = ports(tls_broker)
-    for key in ("vibemq", "mqtt", "amqp", "vibemq_tls", "mqtt_tls", "amqp_tls"):
+    keys = ("vibemq", "mqtt", "amqp", "vibemq_tls", "mqtt_tls", "amqp_tls", "http", "http_tls")
+    for key in keys:
         assert isinstance(ready[key], int) and ready[key] > 0, key
-    assert len({ready[k] for k in ready}) == 6
+    assert len({ready[k] for k in keys}) == 8
 
 
 def test_no_certificate_no_tls_listener(mqtt_broker: ThreadBroker) -> None:

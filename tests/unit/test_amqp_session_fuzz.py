@@ -780,6 +780,7 @@ def make_config(data_dir: Path, memory: int) -> Config:
         memory_high_watermark_bytes=memory,
         mqtt={"enabled": False},
         amqp={"port": 0, "heartbeat_s": 0},
+        http={"enabled": False},
     )
 
 

@@ -76,7 +76,24 @@ LAYERS: dict[str, frozenset[str]] = {
             "vibemq_server.config",
         }
     ),
-    # the composition root knows the adapters only by their import strings
+    # the management HTTP listener: a service the broker hosts (server/service.py), beside
+    # the adapters; nothing below imports it, the composition root names it by import string
+    "vibemq_server.http": frozenset(
+        {
+            "vibemq_server",
+            "vibemq_server.http",
+            "vibemq_server.server",
+            "vibemq_server.core",
+            "vibemq_server.auth",
+            "vibemq_server.protocol",
+            "vibemq_server.config",
+            # protocol-free management functions (connections, definitions) and the
+            # Prometheus collector, which the listener's routers mount
+            "vibemq_server.management",
+            "vibemq_server.metrics",
+        }
+    ),
+    # the composition root knows the adapters and services only by their import strings
     "vibemq_server.app": frozenset(
         {"vibemq_server.server", "vibemq_server.core", "vibemq_server.config"}
     ),

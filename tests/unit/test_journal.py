@@ -931,6 +931,7 @@ async def test_broker_recovers_from_its_data_dir(tmp_path: Path) -> None:
         drain_timeout_s=1.0,
         mqtt={"port": 0},
         amqp={"port": 0},
+        http={"port": 0},
     )
     first = create_broker(config)
     await first.start()

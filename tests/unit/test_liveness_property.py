@@ -433,6 +433,7 @@ async def _run(protocol: str, ops: list[tuple[str, int]], data_dir: Path) -> Non
             "max_publisher_pause_s": 0.02,
         },
         amqp={"port": 0, "heartbeat_s": 0},
+        http={"enabled": False},
     )
     broker = create_broker(config)
     await broker.start()

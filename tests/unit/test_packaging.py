@@ -29,3 +29,6 @@ def test_the_wheel_holds_only_the_vibemq_server_package(tmp_path: Path) -> None:
     adapters = {n for n in names if n.startswith("vibemq_server/adapters/")}
     for module in ("mqtt/codec.py", "amqp/codec.py", "zmq/bridge.py"):
         assert f"vibemq_server/adapters/{module}" in adapters
+    # the API docs page works offline: Swagger UI ships in the wheel, with its licence
+    for asset in ("swagger-ui-bundle.js", "swagger-ui.css", "LICENSE", "NOTICE"):
+        assert f"vibemq_server/http/static/swagger-ui/{asset}" in names

@@ -64,6 +64,7 @@ async def _reads(protocol: str, data_dir: Path) -> tuple[list[tuple[int, int]], 
         queue_defaults={"durable": False},
         mqtt={"port": 0},
         amqp={"port": 0, "heartbeat_s": 0},
+        http={"enabled": False},
     )
     broker = create_broker(config)
     await broker.start()

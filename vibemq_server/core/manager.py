@@ -9,7 +9,10 @@ address reaches the queue of that name and every protocol's subscribers through 
 from __future__ import annotations
 
 import datetime as dt
+import itertools
+from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -67,6 +70,26 @@ class DeadLetterReason:
     MESSAGE_EXPIRED = "MessageExpired"
     QUEUE_OVERFLOW = "QueueOverflow"
     REJECTED = "Rejected"
+
+
+#: headers ``dead_letter`` adds; a message moved back out of its dead-letter queue loses them
+DEAD_LETTER_HEADERS = frozenset(
+    {"deadLetterReason", "originalQueue", "deadLetteredAt", "originalDeliveryAttempts"}
+)
+
+
+@dataclass(slots=True)
+class MoveResult:
+    """What ``QueueManager.move_messages`` did."""
+
+    #: messages published into their destination, by destination queue
+    moved: dict[str, int] = field(default_factory=dict)
+    #: messages looked at and left where they were: no destination, destination missing or full
+    kept: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.moved.values())
 
 
 def iso_ms(ms: int) -> str:
@@ -336,6 +359,61 @@ class QueueManager:
                 "dropped": q.stats.dropped,
             },
         }
+
+    # -- management views and moves ------------------------------------------------------------
+
+    def browse(self, name: str, offset: int = 0, limit: int = 100) -> list[StoredMessage]:
+        """Up to ``limit`` ready messages of a queue from ``offset``, in delivery order
+        (highest priority first, oldest first), left where they are: nothing is delivered,
+        counted or journaled. Expired messages the timer has not removed yet are skipped.
+        In-flight (unacknowledged) deliveries are not ready, so not listed."""
+        queue = self.get(name)
+        now = self.clock()
+        live = (m for m in queue.store if not m.expired(now))
+        return list(itertools.islice(live, offset, offset + limit))
+
+    def move_messages(
+        self, name: str, *, target: str | None = None, limit: int | None = None
+    ) -> MoveResult:
+        """Move ready messages out of queue ``name``, oldest first: each to ``target``, or
+        (``target`` None: a dead-letter queue sent back) to the queue its ``originalQueue``
+        header names, without the dead-letter headers. A message is left in place when it has
+        no destination, the destination does not exist, is ``name`` itself, or is full (a move
+        never drops or blocks: nothing is made room for). ``limit``: at most that many moved.
+        Each moved message is settled in ``name`` (``SettleReason.MOVED``) and published into
+        its destination (journaled when that queue is durable)."""
+        source = self.get(name)
+        result = MoveResult()
+        pending = deque(source.store.clear())
+        kept: list[StoredMessage] = []
+        try:
+            while pending:
+                if limit is not None and result.total >= limit:
+                    break
+                msg = pending[0]
+                dest_name = target if target is not None else msg.headers.get("originalQueue")
+                dest = self.queues.get(dest_name) if dest_name else None
+                if dest is None or dest is source or dest.full or not self._valid_name(dest.name):
+                    kept.append(pending.popleft())
+                    result.kept += 1
+                    continue
+                headers = {k: v for k, v in msg.headers.items() if k not in DEAD_LETTER_HEADERS}
+                outcome = self.publish(
+                    dest.name, msg.id, msg.payload, headers, route=False, priority=msg.priority
+                )
+                pending.popleft()
+                if not outcome.accepted:  # not expected (checked full above); keep it safe
+                    kept.append(msg)
+                    result.kept += 1
+                    continue
+                self.memory_bytes -= len(msg.payload)
+                self._settle(source, msg, SettleReason.MOVED, dest.name)
+                result.moved[dest.name] = result.moved.get(dest.name, 0) + 1
+        finally:
+            # What stays goes back in its order (the store was emptied to walk it).
+            source.store.extend([*kept, *pending])
+        self._wake(source)
+        return result
 
     # -- publish / subscribe / ack -------------------------------------------------------------
 

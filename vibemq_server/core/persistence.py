@@ -19,6 +19,7 @@ class SettleReason(IntEnum):
     EXPIRED = 2  # TTL passed, no dead-letter queue
     DEAD_LETTERED = 3  # moved to the dead-letter queue (a publish there follows)
     DELIVERED_NO_ACK = 4  # delivered where no ack is expected (FanOutWithoutAck)
+    MOVED = 5  # moved to another queue by an operator (a publish there follows)
 
 
 class Persistence(Protocol):

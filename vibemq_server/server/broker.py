@@ -18,6 +18,7 @@ from vibemq_server.protocol import CommandType, ErrorCode, Message, encode
 from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.server.adapter import Adapter, AdapterContext, AdapterFactory, Link
 from vibemq_server.server.listeners import Listeners
+from vibemq_server.server.service import Phase, Service
 from vibemq_server.server.session import Session
 from vibemq_server.server.tls import reload as reload_tls
 from vibemq_server.server.tls import server_context
@@ -79,6 +80,12 @@ class Broker:
         #: the native protocol's listeners (plain and TLS)
         self.listeners = Listeners(self.tls)
         self._server: Listeners | None = None
+        #: starting -> ready -> draining -> stopped (health endpoints, sd_notify)
+        self.phase = Phase.STARTING
+        #: when ``start`` began (wall clock, ms): the uptime's origin
+        self.started_at_ms = 0
+        #: hosted next to the listeners (the HTTP listener), by the composition root
+        self.services: list[Service] = []
         self._housekeeping: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
 
@@ -88,6 +95,22 @@ class Broker:
         # Secure by default: no anonymous listener on the network unless asked for.
         check_exposure(cfg, self.auth.credentials_configured)
         self.auth.warn_plain_text()
+        self.started_at_ms = wall_clock_ms()
+        self.phase = Phase.STARTING
+        started: list[Service] = []
+        try:
+            for service in self.services:
+                await service.start()
+                started.append(service)
+            await self._start_listeners(loop)
+        except BaseException:
+            for service in reversed(started):
+                await service.stop()
+            raise
+        self.phase = Phase.READY
+
+    async def _start_listeners(self, loop: asyncio.AbstractEventLoop) -> None:
+        cfg = self.config
         # Recovery comes first: no client may see a queue before its messages are back.
         self.journal.recover(self.manager)
         self.journal.start(self.manager)
@@ -121,6 +144,8 @@ class Broker:
         out: dict[str, int | str | None] = dict(self.listeners.ports)
         for adapter in self.adapters.values():
             out.update(adapter.ready())
+        for service in self.services:
+            out.update(service.ready())
         return out
 
     @property
@@ -206,6 +231,7 @@ class Broker:
         if self._server is None:
             return
         server, self._server = self._server, None
+        self.phase = Phase.DRAINING
         server.close()
         for adapter in self.adapters.values():
             adapter.close()
@@ -224,7 +250,10 @@ class Broker:
                 await self._housekeeping
         with contextlib.suppress(Exception):
             await asyncio.wait_for(server.wait_closed(), 1.0)
+        for service in reversed(self.services):
+            await service.stop()
         await self.journal.close()
+        self.phase = Phase.STOPPED
         self._stopped.set()
         log.info("stopped")
 
