@@ -51,7 +51,7 @@ TS = 1_700_000_123_456
 
 def test_record_type_numbers_are_the_contract() -> None:
     assert [int(t) for t in RecordType] == [1, 2, 3, 4, 5]
-    assert [int(r) for r in SettleReason] == [0, 1, 2, 3, 4]
+    assert [int(r) for r in SettleReason] == [0, 1, 2, 3, 4, 5]
 
 
 def test_segment_header_golden() -> None:
