@@ -94,6 +94,8 @@ class Authenticator:
         # misses, and the table holds nothing a memory dump could replay elsewhere.
         self._cache_key = os.urandom(32)
         self._verified: set[bytes] = set()
+        #: refused logins by (protocol, reason), for the metrics
+        self.failures: dict[tuple[str, str], int] = {}
 
     def warn_plain_text(self) -> None:
         if self.plain:
@@ -203,6 +205,8 @@ class Authenticator:
         self, outcome: Outcome, username: str | None, peer_host: str, protocol: str
     ) -> Verdict:
         delay = self.guard.failed(peer_host)
+        key = (protocol, outcome.value)
+        self.failures[key] = self.failures.get(key, 0) + 1
         log.warning(
             "login refused",
             protocol=protocol,
