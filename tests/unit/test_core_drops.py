@@ -4,7 +4,7 @@ count (structlog capture; the core's clock is a ManualClock, so nothing sleeps).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import pytest
@@ -14,7 +14,7 @@ from vibemq_server.config import QueueDefaults
 from vibemq_server.core import ManualClock, QueueManager, StoredMessage, Subscription
 from vibemq_server.core.drops import DROP_LOG_INTERVAL_MS
 
-Logs = list[dict[str, Any]]
+Logs = list[MutableMapping[str, Any]]
 
 
 class Sink:
@@ -48,7 +48,7 @@ def logs() -> Iterator[Logs]:
         yield entries
 
 
-def drop_lines(logs: Logs) -> list[dict[str, Any]]:
+def drop_lines(logs: Logs) -> Logs:
     return [e for e in logs if e["event"] in ("first message dropped", "messages dropped")]
 
 
