@@ -273,6 +273,7 @@ class MqttServer:
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         self.router.remove_key(session)
+        self.drop_log.forget(session.client_id)
         session.detach()
         if session.queue is not None and not session.queue.deleted:
             with contextlib.suppress(CoreError):

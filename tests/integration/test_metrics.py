@@ -12,11 +12,13 @@ from typing import Any
 
 import pika
 import pytest
+import zmq
+import zmq.asyncio
 from amqputil import AmqpBroker, PikaClients
 from mqttkit import RawMqtt
 from mqttutil import Clients, LogEntries, MakeBroker, Paho
 from prometheus_client.parser import text_string_to_metric_families
-from waits import wait_until
+from waits import wait_for, wait_until
 
 from vibemq_server.client import Client
 from vibemq_server.metrics import render
@@ -317,3 +319,31 @@ def test_mqtt_session_bound_drops_are_counted_and_logged(
     wait_until(lambda: dropped() == 5, "5 drops counted")
     lines = [e for e in broker_log if e["event"] == "first message dropped"]
     assert [(e.get("client_id"), e["reason"]) for e in lines] == [("slow", "SessionBound")]
+
+
+async def test_zmq_bridge_messages_are_counted(broker_factory: Callable[..., Any]) -> None:
+    broker: Broker = await broker_factory(
+        zmq={"pull": "tcp://127.0.0.1:0", "pub": "tcp://127.0.0.1:0"}
+    )
+    endpoint = broker.ready()["zmq_pull"]
+    assert isinstance(endpoint, str)
+    ctx = zmq.asyncio.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    try:
+        push.connect(endpoint)
+        for n in range(3):
+            await push.send_multipart([b"zmq.counted", f"{n}".encode()])
+        await push.send_multipart([b"", b"no address: dropped"])
+
+        def counts() -> tuple[float, float]:
+            s = parse(render(broker)[0].decode())
+            return (
+                value(s, "vibemq_messages_received_total", protocol="zmq"),
+                value(s, "vibemq_messages_dropped_total", protocol="zmq"),
+            )
+
+        await wait_for(lambda: counts() == (4, 1), what="the PULL messages counted")
+    finally:
+        push.close()
+        ctx.term()

@@ -233,8 +233,8 @@ class BrokerCollector(Collector):
             ),
             "messages_dropped": CounterMetricFamily(
                 "vibemq_messages_dropped",
-                "Messages a protocol's own bounds dropped where no queue counts them "
-                "(an MQTT clean session's backlog, its QoS 0 backlog).",
+                "Messages a protocol dropped where no queue counts them (an MQTT clean "
+                "session's backlog or QoS 0 backlog, a ZeroMQ PULL message refused).",
                 labels=label,
             ),
         }
@@ -352,7 +352,8 @@ _registries: weakref.WeakKeyDictionary[Broker, CollectorRegistry] = weakref.Weak
 
 
 def render(broker: Broker) -> tuple[bytes, str]:
-    """The scrape body (Prometheus text format 0.0.4) and its content type."""
+    """The scrape body (Prometheus text format 0.0.4) and its content type. Call it on the
+    broker's event loop (it reads the broker's state without locks)."""
     registry = _registries.get(broker)
     if registry is None:
         registry = _registries[broker] = registry_for(broker)

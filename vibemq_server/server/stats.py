@@ -38,8 +38,8 @@ class ProtocolStats:
         #: messages published by clients, and messages delivered to clients
         self.messages_received = 0
         self.messages_sent = 0
-        #: messages a protocol's own bounds dropped where no core queue counts them (an MQTT
-        #: clean session's in-memory backlog, its QoS 0 backlog)
+        #: messages a protocol dropped where no core queue counts them (an MQTT clean
+        #: session's in-memory backlog or QoS 0 backlog, a ZeroMQ PULL message refused)
         self.messages_dropped = 0
         #: error replies by the protocol's own code name (a native ErrorCode, an MQTT
         #: violation kind, an AMQP reply code name)
