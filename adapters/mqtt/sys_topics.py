@@ -11,6 +11,8 @@ sessions, not through the core: no other protocol has ``$SYS``.
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections.abc import Callable, Mapping, Sized
 from typing import Protocol
 
@@ -21,6 +23,16 @@ from vibemq_server.core.topics import TopicRouter
 from vibemq_server.server.stats import BrokerStats, ProtocolStats
 
 SYS_PREFIX = "$SYS/"
+
+#: The load averages' windows (Mosquitto's $SYS/broker/load/.../1min, 5min, 15min), seconds.
+LOAD_WINDOWS = ((60.0, "1min"), (300.0, "5min"), (900.0, "15min"))
+#: What the load averages follow: the ProtocolStats counter behind each topic.
+LOAD_COUNTERS = (
+    ("messages/received", "messages_received"),
+    ("messages/sent", "messages_sent"),
+    ("bytes/received", "bytes_received"),
+    ("bytes/sent", "bytes_sent"),
+)
 
 
 class Server(Protocol):
@@ -37,7 +49,10 @@ class Server(Protocol):
     def sessions(self) -> Mapping[str, MqttSession]: ...
 
 
-def _values(server: Server, sys_count: int) -> dict[str, str]:
+RETAINED_COUNT = "$SYS/broker/retained messages/count"
+
+
+def _values(server: Server) -> dict[str, str]:
     """Every $SYS topic and its value now (Mosquitto's names and formats)."""
     stats = server.stats
     broker = server.broker_stats
@@ -56,8 +71,40 @@ def _values(server: Server, sys_count: int) -> dict[str, str]:
         "$SYS/broker/bytes/received": str(stats.bytes_received),
         "$SYS/broker/bytes/sent": str(stats.bytes_sent),
         "$SYS/broker/subscriptions/count": str(sum(len(s.filters) for s in sessions)),
-        "$SYS/broker/retained messages/count": str(retained + sys_count),
+        # the retained messages, these $SYS ones included (counted in publish())
+        RETAINED_COUNT: str(retained),
     }
+
+
+class Loads:
+    """Per-minute rates of the MQTT counters, as exponentially-decaying moving averages over
+    1, 5 and 15 minutes (what Mosquitto's ``$SYS/broker/load/...`` topics show)."""
+
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self._now = now
+        self._at: float | None = None
+        self._last: dict[str, int] = {}
+        self.values: dict[str, float] = {
+            f"$SYS/broker/load/{topic}/{label}": 0.0
+            for topic, _ in LOAD_COUNTERS
+            for _, label in LOAD_WINDOWS
+        }
+
+    def update(self, stats: ProtocolStats) -> None:
+        now = self._now()
+        at, self._at = self._at, now
+        for topic, field in LOAD_COUNTERS:
+            count: int = getattr(stats, field)
+            last = self._last.get(topic)
+            self._last[topic] = count
+            if at is None or last is None or now <= at:
+                continue
+            elapsed = now - at
+            per_minute = (count - last) * 60.0 / elapsed
+            for window, label in LOAD_WINDOWS:
+                key = f"$SYS/broker/load/{topic}/{label}"
+                keep = math.exp(-elapsed / window)
+                self.values[key] = self.values[key] * keep + per_minute * (1.0 - keep)
 
 
 class SysTopics:
@@ -65,6 +112,7 @@ class SysTopics:
 
     def __init__(self, server: Server) -> None:
         self.server = server
+        self.loads = Loads()
         #: topic -> its latest value (what a new $SYS subscriber gets, RETAIN set)
         self.retained: dict[str, bytes] = {}
         self._timer: asyncio.TimerHandle | None = None
@@ -94,7 +142,11 @@ class SysTopics:
         """Publish the values that changed since the last time (all of them the first time)."""
         retained = self.retained
         router = self.server.router
-        for topic, text in _values(self.server, len(retained)).items():
+        self.loads.update(self.server.stats)
+        values = _values(self.server)
+        values.update((topic, f"{load:.2f}") for topic, load in self.loads.values.items())
+        values[RETAINED_COUNT] = str(int(values[RETAINED_COUNT]) + len(values))
+        for topic, text in values.items():
             value = text.encode()
             if retained.get(topic) == value:
                 continue

@@ -23,6 +23,11 @@ SYS_TOPICS = {
     "$SYS/broker/bytes/sent",
     "$SYS/broker/subscriptions/count",
     "$SYS/broker/retained messages/count",
+} | {
+    f"$SYS/broker/load/{kind}/{direction}/{window}"
+    for kind in ("messages", "bytes")
+    for direction in ("received", "sent")
+    for window in ("1min", "5min", "15min")
 }
 
 
@@ -55,6 +60,8 @@ def test_sys_values_retained_for_sys_subscribers_never_for_wildcards(
     values = {m.topic: bytes(m.payload) for m in first}
     assert values["$SYS/broker/version"] == f"VibeMQ version {__version__}".encode()
     assert values["$SYS/broker/uptime"].endswith(b" seconds")
+    assert int(values["$SYS/broker/retained messages/count"]) == len(SYS_TOPICS)
+    assert float(values["$SYS/broker/load/messages/received/1min"]) >= 0
 
     # A publish moves the counters; the change reaches the $SYS subscriber (not retained).
     talker = mqtt_clients.paho(port).connected()
