@@ -52,6 +52,8 @@ system_need_test() {
   command -v systemd-analyze >/dev/null || pkgs+=(systemd)
   # The 50/MME codec tests check against czmq's own zmsg_encode/zmsg_decode (libczmq, ctypes).
   dpkg -s libczmq-dev >/dev/null 2>&1 || pkgs+=(libczmq-dev)
+  # The metrics tests check the Prometheus exposition with promtool (Debian's prometheus).
+  command -v promtool >/dev/null || pkgs+=(prometheus)
   # The Spark step (pyspark from PyPI) needs a Java 17 runtime.
   if ! command -v java >/dev/null && [ -z "${JAVA_HOME:-}" ]; then
     pkgs+=(openjdk-17-jre-headless)

@@ -70,6 +70,21 @@ class MqttConfig(BaseModel):
     users: dict[str, str] = Field(default_factory=dict, description="username -> password")
     deny_subscribe: list[str] = Field(default_factory=list, description="topic filters")
     deny_publish: list[str] = Field(default_factory=list, description="topic filters")
+    sys_interval_s: float = Field(
+        10.0, ge=0, description="$SYS/broker/... topics are published this often; 0 = never"
+    )
+
+
+class MetricsConfig(BaseModel):
+    """The Prometheus exposition (see docs/monitoring.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_queue_limit: int = Field(
+        100,
+        ge=-1,
+        description="per-queue series for the N deepest queues only; 0 = none, -1 = all",
+    )
 
 
 class AmqpConfig(BaseModel):
@@ -235,6 +250,7 @@ class Config(BaseModel):
     zmq: ZmqConfig = Field(default_factory=ZmqConfig)
     tls: TlsConfig = Field(default_factory=TlsConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     users: dict[str, str] = Field(
         default_factory=dict, description="username -> password, for MQTT and AMQP clients"
     )

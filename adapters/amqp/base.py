@@ -34,6 +34,7 @@ from vibemq_server.core import Queue, QueueManager, QueueOptions
 from vibemq_server.core.durable_replies import DurableReplies
 from vibemq_server.core.exchanges import Exchanges
 from vibemq_server.core.permissions import FULL_ACCESS, Access
+from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.transport import Link
 
 
@@ -51,6 +52,8 @@ class Server(Protocol):
     exclusive_consumers: dict[str, AmqpConsumer]
     #: auto-delete queues: deleted when their last consumer goes
     auto_delete: set[str]
+    #: the AMQP counters (messages in/out, errors by reply code), shared by every connection
+    stats: ProtocolStats
 
     def login(
         self,

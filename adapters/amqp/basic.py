@@ -121,6 +121,7 @@ class BasicMethods(ConnectionBase):
         channel.pending = None
         channel.fire(Event.CONTENT_DONE)
         self._published = True
+        self.server.stats.messages_received += 1
         body = b"".join(pending.chunks) if len(pending.chunks) != 1 else pending.chunks[0]
         seq = 0
         if channel.confirm:
@@ -207,6 +208,7 @@ class BasicMethods(ConnectionBase):
             channel.unacked[tag] = (sub, msg.id)
         properties, body = self.server.mapper.from_core(msg.payload, msg.headers)
         exchange, routing_key = self.server.mapper.origin(msg.headers, name)
+        self.server.stats.messages_sent += 1
         self.send(
             encode_get_ok(
                 channel.number,

@@ -18,6 +18,7 @@ from vibemq_server.adapters.amqp.codec import AmqpError, ReplyCode, encode_ack, 
 from vibemq_server.adapters.amqp.mapping import MessageMapper
 from vibemq_server.adapters.amqp.states import CHANNEL_TRANSITIONS, ChannelState, Input
 from vibemq_server.core import Queue, QueueManager, StoredMessage, Subscription
+from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.transport import Link
 
 #: prefetch 0 means "no limit"
@@ -32,6 +33,8 @@ class Consumers(Protocol):
     """What a channel uses of the broker's AMQP side."""
 
     mapper: MessageMapper
+    #: the AMQP counters (deliveries count as messages sent)
+    stats: ProtocolStats
 
     def consumer_ended(self, consumer: AmqpConsumer) -> None: ...
 
@@ -172,6 +175,7 @@ class Channel:
         conn = self.conn
         properties, body = conn.server.mapper.from_core(msg.payload, msg.headers)
         exchange, routing_key = conn.server.mapper.origin(msg.headers, sub.queue.name)
+        conn.server.stats.messages_sent += 1
         self.link.send(
             encode_deliver(
                 self.number,

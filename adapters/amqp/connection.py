@@ -294,6 +294,7 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
     # -- errors ------------------------------------------------------------------------------------
 
     def _fail(self, exc: AmqpError) -> None:
+        self.server.stats.error(_error_name(exc.code))
         if exc.fatal or exc.channel == 0:
             self.log.warning("connection error", code=int(exc.code), error=exc.text)
             self._close_connection(exc.code, exc.text, exc.class_id, exc.method_id)

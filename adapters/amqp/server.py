@@ -122,6 +122,8 @@ class AmqpServer:
         self.unregister = context.unregister
         self.exchanges: Exchanges | None = None
         self.mapper = MessageMapper()
+        #: the AMQP counters (bytes, connections, messages, errors by reply code)
+        self.stats = context.stats.protocol("amqp")
         #: exclusive queue name -> the connection that owns it (compared by identity)
         self.exclusive: dict[str, object] = {}
         #: queue name -> its exclusive consumer
@@ -199,6 +201,7 @@ class AmqpServer:
             unregister=self.unregister,
             tls=tls,
             handshake_timeout=self.config.tls.handshake_timeout_s,
+            stats=self.stats,
         )
 
     def close(self) -> None:

@@ -52,6 +52,7 @@ from vibemq_server.config import MqttConfig
 from vibemq_server.core import QueueManager
 from vibemq_server.core.durable_replies import DurableReplies
 from vibemq_server.core.permissions import FULL_ACCESS, Access, Operation
+from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.transport import ConsumerInfo, Link, SessionInfo
 
 _PINGRESP = encode(Pingresp())
@@ -80,6 +81,8 @@ class Server(Protocol):
     congested: list[MqttSession]
     #: over TLS, the client certificate's identity is the username (config ``tls``)
     use_identity_as_username: bool
+    #: the MQTT counters (messages in, protocol errors), shared by every connection
+    stats: ProtocolStats
 
     @property
     def sessions(self) -> Mapping[str, MqttSession]: ...
@@ -127,6 +130,7 @@ class MqttConnection:
         self.link = link
         self.server = server
         self.manager = server.manager
+        self._stats = server.stats
         self.log = link.log
         self.parser = MqttParser(server.cfg.max_packet_size)
         self._state = State.AWAIT_CONNECT
@@ -376,10 +380,12 @@ class MqttConnection:
         self.link.close()
 
     def _violation(self, reason: str) -> None:
+        self.server.stats.error("protocol_violation")
         self.log.warning("protocol violation", reason=reason)
         self._drop("protocol_violation")
 
     def _malformed(self, exc: MqttProtocolError) -> None:
+        self.server.stats.error(exc.code.value)
         self.log.warning("malformed packet", code=exc.code.value, error=exc.message)
         connack = exc.code.connack_code
         if connack is not None and self._state is State.AWAIT_CONNECT:
@@ -500,6 +506,7 @@ class MqttConnection:
 
     def on_publish(self, packet: Publish) -> None:
         self._published = True
+        self._stats.messages_received += 1
         session = self.session
         assert session is not None
         qos = packet.qos

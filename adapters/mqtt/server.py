@@ -32,6 +32,7 @@ from vibemq_server.adapters.mqtt.codec import encode_publish
 from vibemq_server.adapters.mqtt.connection import Login, MqttConnection
 from vibemq_server.adapters.mqtt.packets import ConnackCode, Connect
 from vibemq_server.adapters.mqtt.session import MqttSession, session_queue_name
+from vibemq_server.adapters.mqtt.sys_topics import SYS_PREFIX, SysTopics
 from vibemq_server.adapters.mqtt.topics import (
     address_to_topic,
     filter_to_pattern,
@@ -41,6 +42,7 @@ from vibemq_server.adapters.mqtt.topics import (
 from vibemq_server.auth.authenticator import Offload, Outcome, Verdict
 from vibemq_server.config import DeliveryMode, OverflowStrategy
 from vibemq_server.core import CoreError, QueueOptions, StoredMessage
+from vibemq_server.core.drops import DropLog
 from vibemq_server.core.routing import AddressSink, MessageSource
 from vibemq_server.core.table import DurableTable
 from vibemq_server.core.topics import TopicRouter, pattern_overlaps
@@ -105,6 +107,13 @@ class MqttServer:
         self.batch = context.read_batch
         #: sessions whose QoS 0 backlog grew during the last route(): the publisher pauses
         self.congested: list[MqttSession] = []
+        #: the MQTT counters (bytes, connections, messages, errors) and the broker's
+        self.broker_stats = context.stats
+        self.stats = context.stats.protocol("mqtt")
+        #: drops beyond a clean session's bounds, told in the log by client id (rate-limited)
+        self.drop_log = DropLog(self.manager.clock, "client_id")
+        #: the $SYS/broker/... topics, published every ``sys_interval_s``
+        self.sys = SysTopics(self)
 
     # -- start / stop ----------------------------------------------------------------------------
 
@@ -143,6 +152,7 @@ class MqttServer:
         )
         await self.listeners.open("mqtt_tls", self._accept, host, tls.mqtt_port, tls=True)
         self.port = self.listeners.port("mqtt")
+        self.sys.start(loop, self.cfg.sys_interval_s)
 
     def _accept(self, tls: ssl.SSLContext | None) -> StreamTransport:
         """A new socket: the shared transport, carrying an MQTT connection once the broker's
@@ -159,6 +169,7 @@ class MqttServer:
             refusal=b"",
             tls=tls,
             handshake_timeout=self.config.tls.handshake_timeout_s,
+            stats=self.stats,
         )
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
@@ -167,10 +178,12 @@ class MqttServer:
         return loop.call_later(delay, callback)
 
     def close(self) -> None:
+        self.sys.stop()
         self.listeners.close()
 
     def tick(self) -> None:
-        pass  # MQTT's timers are per connection (keep-alive)
+        # MQTT's timers are per connection (keep-alive); drops are told once a minute.
+        self.drop_log.flush()
 
     def ready(self) -> dict[str, int | str | None]:
         return dict(self.listeners.ports)
@@ -241,6 +254,8 @@ class MqttServer:
             self.next_msg_id,
             cfg.max_inflight,
             cfg.max_queued_messages,
+            self.stats,
+            self.drop_log,
         )
         self.sessions[client_id] = session
         return session
@@ -262,6 +277,7 @@ class MqttServer:
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         self.router.remove_key(session)
+        self.drop_log.forget(session.client_id)
         session.detach()
         if session.queue is not None and not session.queue.deleted:
             with contextlib.suppress(CoreError):
@@ -293,6 +309,8 @@ class MqttServer:
     def send_retained(self, session: MqttSession, topic_filter: str, granted: int) -> bool:
         """The retained messages matching a new subscription, RETAIN set; True when one of
         them went into a durable queue."""
+        if topic_filter[:1] == "$":
+            self.sys.send_retained(session, topic_filter)
         if self.retained is None or not len(self.retained):
             return False
         durable = False
@@ -319,6 +337,8 @@ class MqttServer:
         return address
 
     def publish_denied(self, topic: str) -> bool:
+        if topic[:1] == "$" and topic.startswith(SYS_PREFIX):
+            return True  # only the broker publishes $SYS topics (as Mosquitto)
         deny = self._deny_publish
         return bool(deny) and any(matches(f, topic) for f in deny)
 

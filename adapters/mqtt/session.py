@@ -29,7 +29,9 @@ from typing import Protocol
 
 from vibemq_server.adapters.mqtt.codec import encode_publish
 from vibemq_server.core import PublishOutcome, Queue, QueueManager, StoredMessage, Subscription
+from vibemq_server.core.drops import DropLog
 from vibemq_server.core.topics import TopicRouter
+from vibemq_server.server.stats import ProtocolStats
 
 #: Headers of the messages in a session queue.
 TOPIC = "mqttTopic"
@@ -66,8 +68,14 @@ class MqttSession:
         next_msg_id: Callable[[], str],
         max_inflight: int,
         max_backlog: int,
+        stats: ProtocolStats | None = None,
+        drop_log: DropLog | None = None,
     ) -> None:
+        """``stats``: the MQTT counters (messages sent, drops); ``drop_log``: where drops
+        beyond this session's in-memory bounds are told (rate-limited)."""
         self.client_id = client_id
+        self.stats = stats if stats is not None else ProtocolStats("mqtt")
+        self.drop_log = drop_log
         self.clean = clean
         self.queue = queue
         self.manager = manager
@@ -199,6 +207,7 @@ class MqttSession:
             self.packet_ids[msg.id] = pid
         self.outbound[pid] = msg
         headers = msg.headers
+        self.stats.messages_sent += 1
         link.send(
             encode_publish(
                 self._topic_bytes(headers[TOPIC]),
@@ -296,11 +305,21 @@ class MqttSession:
         if link is None:
             return
         if not self._backlog and link.writable:
+            self.stats.messages_sent += 1
             link.send(packet)
         elif len(self._backlog) < self.max_backlog:
             self._backlog.append(packet)
         else:
             self.dropped_qos0 += 1
+            self._lost()
+
+    def _lost(self) -> None:
+        """A message beyond this session's in-memory bounds was dropped (no core queue
+        counts it): counted for the metrics and told in the log, rate-limited."""
+        self.stats.messages_dropped += 1
+        if self.drop_log is not None:
+            total = self.dropped_qos0 + self.dropped_queued
+            self.drop_log.dropped(self.client_id, "SessionBound", total)
 
     @property
     def congested(self) -> bool:
@@ -363,12 +382,14 @@ class MqttSession:
             pending.append((topic, payload, qos, retain))
         else:
             self.dropped_queued += 1
+            self._lost()
         return False
 
     def _send_direct(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
         assert self.link is not None
         pid = self._allocate()
         self.direct[pid] = qos
+        self.stats.messages_sent += 1
         self.link.send(encode_publish(self._topic_bytes(topic), payload, qos, pid, retain=retain))
 
     def _pump(self) -> None:
@@ -382,6 +403,7 @@ class MqttSession:
             return
         backlog = self._backlog
         while backlog and link.writable:
+            self.stats.messages_sent += 1
             link.send(backlog.popleft())
         if not backlog:
             if self.queue is not None:

@@ -130,9 +130,9 @@ class ZmqBridge:
         self._own_msg: StoredMessage | None = None
         self._own_message: MessageSource = self._core_message
         self._warn = _Throttled()
-        self.received = 0
-        self.sent = 0
-        self.dropped = 0
+        #: messages from PULL, to PUB, and dropped (the metrics' protocol "zmq"; libzmq owns
+        #: the peers' connections and bytes, so those are not counted here)
+        self.stats = context.stats.protocol("zmq")
 
     # -- start / stop ----------------------------------------------------------------------------
 
@@ -250,16 +250,17 @@ class ZmqBridge:
         return address
 
     def _publish(self, frames: list[bytes]) -> None:
-        self.received += 1
+        stats = self.stats
+        stats.messages_received += 1
         address = self._address(frames[0])
         if not address:
-            self.dropped += 1
+            stats.messages_dropped += 1
             self._warn.warning(
                 "zmq message dropped: the first frame is not an address", frame=frames[0][:64]
             )
             return
         if not self.access.allowed(WRITE, address):
-            self.dropped += 1
+            stats.messages_dropped += 1
             self._warn.warning(
                 "zmq message dropped: no write permission", address=address, user=self.access.user
             )
@@ -267,7 +268,7 @@ class ZmqBridge:
         parts = frames[1:]
         body = mme.encode(parts)  # no MmeError: MAXMSGSIZE bounds each part
         if len(body) > self.max_message_size:
-            self.dropped += 1
+            stats.messages_dropped += 1
             self._warn.warning(
                 "zmq message dropped: over max_message_size",
                 address=address,
@@ -280,7 +281,7 @@ class ZmqBridge:
         try:
             self.manager.route(address, self._own_message, self)
         except CoreError as exc:  # a subscriber's queue refusing it (storage failing)
-            self.dropped += 1
+            self.stats.messages_dropped += 1
             self._warn.warning("zmq publish failed", address=address, error=str(exc))
         finally:
             self._own = self._own_msg = None
@@ -322,7 +323,7 @@ class ZmqBridge:
             for i in range(last):
                 _send(pub, frames[i], _MORE)
             _send(pub, frames[last], _NOBLOCK)
-            self.sent += 1
+            self.stats.messages_sent += 1
         except zmq.ZMQError as exc:
             self._warn.warning("zmq send failed", address=address, error=str(exc))
         if not self._subscriptions_check:

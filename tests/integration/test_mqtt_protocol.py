@@ -347,6 +347,7 @@ def test_paho_auth(make_mqtt_broker: MakeBroker, mqtt_clients: Clients, protocol
 
 # ============================================================================================
 # 3. Topic filters, $ topics, overlapping subscriptions, deny rules
+# ($ops stands for any $ topic: $SYS/... is the broker's own, test_mqtt_sys.py)
 
 TOPICS = [
     "w",
@@ -360,9 +361,9 @@ TOPICS = [
     "wx/b",
     "a/x",
     "/x",
-    "$SYS/x",
-    "$SYS/a/b",
-    "$SYS",
+    "$ops/x",
+    "$ops/a/b",
+    "$ops",
     "$app/x",
 ]
 NOT_DOLLAR = {t for t in TOPICS if not t.startswith("$")}
@@ -376,8 +377,8 @@ EXPECTED_MATCHES: dict[str, set[str]] = {
     "#": NOT_DOLLAR,
     "+/x": {"a/x", "/x"},
     "/#": {"/x"},
-    "$SYS/#": {"$SYS/x", "$SYS/a/b", "$SYS"},
-    "$SYS/+": {"$SYS/x"},
+    "$ops/#": {"$ops/x", "$ops/a/b", "$ops"},
+    "$ops/+": {"$ops/x"},
     "$app/x": {"$app/x"},
     "w/b/c": {"w/b/c"},
 }
@@ -439,14 +440,14 @@ def test_retained_messages_follow_the_filter_rules(
     """Retained messages reach a new subscription under the same rules as live ones."""
     port = mqtt_broker.mqtt_port
     pub = mqtt_clients.paho(port).connected()
-    for topic in ("r", "r/a", "r/a/b", "$SYS/r", "rr"):
+    for topic in ("r", "r/a", "r/a/b", "$ops/r", "rr"):
         pub.publish(topic, f"kept {topic}".encode(), 1, retain=True)
     expected = {
         "r/#": {"r", "r/a", "r/a/b"},
         "r/+": {"r/a"},
         "#": {"r", "r/a", "r/a/b", "rr"},
         "+": {"r", "rr"},
-        "$SYS/#": {"$SYS/r"},
+        "$ops/#": {"$ops/r"},
     }
     for topic_filter, topics in expected.items():
         sub = mqtt_clients.paho(port).connected()

@@ -53,6 +53,17 @@ LAYERS: dict[str, frozenset[str]] = {
             "vibemq_server.auth",
         }
     ),
+    # the Prometheus exposition: reads the broker, its core, journal and auth; no adapter
+    "vibemq_server.metrics": frozenset(
+        {
+            "vibemq_server.metrics",
+            "vibemq_server.server",
+            "vibemq_server.core",
+            "vibemq_server.journal",
+            "vibemq_server.config",
+            "vibemq_server.auth",
+        }
+    ),
     # an adapter: the core, the shared transport and adapter interface; no other adapter
     "vibemq_server.adapters": frozenset(
         {

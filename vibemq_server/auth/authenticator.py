@@ -108,6 +108,8 @@ class Authenticator:
         self._verified: set[bytes] = set()
         # Every live connection's Access of a users-file user, so that a reload reaches them.
         self._granted: weakref.WeakSet[Access] = weakref.WeakSet()
+        #: refused logins by (protocol, reason), for the metrics
+        self.failures: dict[tuple[str, str], int] = {}
 
     def warn_plain_text(self) -> None:
         if self.plain:
@@ -305,6 +307,8 @@ class Authenticator:
         self, outcome: Outcome, username: str | None, peer_host: str, protocol: str
     ) -> Verdict:
         delay = self.guard.failed(peer_host)
+        key = (protocol, outcome.value)
+        self.failures[key] = self.failures.get(key, 0) + 1
         log.warning(
             "login refused",
             protocol=protocol,

@@ -20,6 +20,7 @@ import structlog
 
 from vibemq_server.config import DeliveryMode, OverflowStrategy, QueueDefaults
 from vibemq_server.core.clock import Clock, wall_clock_ms
+from vibemq_server.core.drops import DropLog
 from vibemq_server.core.message import Priority, StoredMessage, parse_priority
 from vibemq_server.core.persistence import Persistence, SettleReason
 from vibemq_server.core.queue import (
@@ -27,6 +28,7 @@ from vibemq_server.core.queue import (
     DeliveryDeferred,
     Queue,
     QueueOptions,
+    QueueStats,
     Subscription,
 )
 from vibemq_server.core.routing import AddressRouter, AddressSink, MessageSource, ready
@@ -206,6 +208,10 @@ class QueueManager:
         #: every protocol's subscriptions to addresses (MQTT filters, AMQP amq.topic
         #: bindings, ZeroMQ prefixes): who hears a publish besides the queue of its name
         self.address_router = AddressRouter()
+        #: warning lines about dropped messages, rate-limited per queue (drops.py)
+        self.drop_log = DropLog(clock)
+        #: the stats of deleted queues, added up: totals over all queues stay monotonic
+        self.retired_stats = QueueStats()
 
     # -- options -----------------------------------------------------------------------------
 
@@ -322,6 +328,8 @@ class QueueManager:
         if queue.options.durable and self.persistence is not None:
             self.persistence.queue_deleted(name)
         del self.queues[name]
+        self.drop_log.forget(name)
+        self.retired_stats.add(queue.stats)
         queue.deleted = True
         subs, queue.subscriptions = queue.subscriptions, []
         for sub in subs:
@@ -537,9 +545,16 @@ class QueueManager:
         if queue.dead_letter_hook is not None:
             self.dead_letter(queue, old, DeadLetterReason.QUEUE_OVERFLOW)
         else:
-            queue.stats.dropped += 1
+            self._dropped(queue, DeadLetterReason.QUEUE_OVERFLOW)
             self._settle(queue, old, SettleReason.DROPPED, "QueueOverflow")
         return True
+
+    def _dropped(self, queue: Queue, reason: str) -> None:
+        """Count a message a queue lost (not an operator's purge) and say so in the log,
+        rate-limited: the first drop of a queue at once, then once a minute at most."""
+        stats = queue.stats
+        stats.dropped += 1
+        self.drop_log.dropped(queue.name, reason, stats.dropped)
 
     def _overflow(self, queue: Queue, msg: StoredMessage) -> PublishOutcome | None:
         """Apply the queue's overflow strategy; None means go on and enqueue ``msg``."""
@@ -555,7 +570,7 @@ class QueueManager:
             dlq = self.queues.get(self._dlq_name(queue))
             durable = dlq is not None and self._durable(dlq) is not None
             return PublishOutcome.ACCEPTED_DURABLE if durable else PublishOutcome.ACCEPTED
-        queue.stats.dropped += 1
+        self._dropped(queue, DeadLetterReason.QUEUE_OVERFLOW)
         return PublishOutcome.REJECTED_FULL
 
     def subscribe(
@@ -715,7 +730,11 @@ class QueueManager:
             or dlq_name == queue.name
             or not self._valid_name(dlq_name)
         ):
-            queue.stats.dropped += 1
+            if reason == DeadLetterReason.MAX_RETRIES_EXCEEDED:
+                self._dropped(queue, reason)
+            else:
+                # An expiry or a consumer's reject without a dead-letter queue: meant so.
+                queue.stats.dropped += 1
             log.debug("message dropped", queue=queue.name, message_id=msg.id, reason=reason)
             if stored:
                 expired = reason == DeadLetterReason.MESSAGE_EXPIRED
@@ -743,7 +762,7 @@ class QueueManager:
             old = dlq.store.pop_oldest_lowest()
             if old is not None:
                 self.memory_bytes -= len(old.payload)
-                dlq.stats.dropped += 1
+                self._dropped(dlq, DeadLetterReason.QUEUE_OVERFLOW)
                 self._settle(dlq, old, SettleReason.DROPPED, "QueueOverflow")
         dlq.stats.published += 1
         dlq.store.append(dead)
@@ -786,6 +805,7 @@ class QueueManager:
                     self._time_out(queue, sub, now)
             queue.dispatch()
             self._wake(queue)
+        self.drop_log.flush()
         if self.memory_blocked and self.memory_bytes <= self.memory_low:
             self.memory_blocked = False
             waiters, self._memory_waiters = self._memory_waiters, []

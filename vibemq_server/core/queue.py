@@ -102,6 +102,16 @@ class QueueStats:
     expired: int = 0
     dropped: int = 0
 
+    def add(self, other: QueueStats) -> None:
+        """Add another queue's counts to these (a deleted queue's, into the totals)."""
+        self.published += other.published
+        self.delivered += other.delivered
+        self.acked += other.acked
+        self.redelivered += other.redelivered
+        self.dead_lettered += other.dead_lettered
+        self.expired += other.expired
+        self.dropped += other.dropped
+
 
 class _Store:
     """Ready messages: one FIFO, or one FIFO per priority level (highest served first)."""

@@ -21,7 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
 from vibemq_server import __version__
-from vibemq_server.http import health, overview, queues
+from vibemq_server.http import connections, definitions, health, metrics, overview, queues
 from vibemq_server.http.auth import AuthMiddleware
 from vibemq_server.http.context import ApiContext
 from vibemq_server.http.limits import BodyLimitMiddleware
@@ -29,7 +29,14 @@ from vibemq_server.http.limits import BodyLimitMiddleware
 STATIC = Path(__file__).parent / "static"
 
 #: every area's router, in the order the OpenAPI document lists them
-ROUTERS: list[APIRouter] = [health.router, overview.router, queues.router]
+ROUTERS: list[APIRouter] = [
+    health.router,
+    overview.router,
+    queues.router,
+    connections.router,
+    definitions.router,
+    metrics.router,
+]
 
 _DESCRIPTION = """Manage and observe a VibeMQ broker (docs/management.md).
 

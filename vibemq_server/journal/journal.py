@@ -13,6 +13,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -36,6 +37,7 @@ from vibemq_server.journal.records import (
     encode_settle,
 )
 from vibemq_server.journal.recovery import recover, segment_path
+from vibemq_server.journal.stats import BATCH_BUCKETS, FSYNC_BUCKETS_S, FixedHistogram
 
 if TYPE_CHECKING:
     from vibemq_server.core.manager import QueueManager
@@ -104,11 +106,18 @@ class Journal:
         self.epoch = 0
         self._queue_names: dict[str, bytes] = {}  # name -> its str16 encoding
         self.recovered_messages = 0
+        #: for the metrics: bytes written, fsync latency, acknowledgements per group commit,
+        #: how long recovery took
+        self.bytes_written = 0
+        self.fsync_seconds = FixedHistogram(FSYNC_BUCKETS_S)
+        self.commit_batch = FixedHistogram(BATCH_BUCKETS)
+        self.recovery_seconds = 0.0
 
     # -- recovery ----------------------------------------------------------------------------
 
     def recover(self, manager: QueueManager) -> None:
         """Rebuild queues and messages from the segments; cut a torn tail; refuse damage."""
+        started = time.monotonic()
         self.directory.mkdir(parents=True, exist_ok=True)
         found = recover(self.directory, manager)
         manager.next_seq = max(manager.next_seq, found.max_seq + 1)
@@ -117,6 +126,7 @@ class Journal:
                 number, path, found.live.get(number, 0), found.published.get(number, 0)
             )
         self.recovered_messages = found.messages
+        self.recovery_seconds = time.monotonic() - started
         log.info(
             "journal recovered",
             segments=len(self.segments),
@@ -273,6 +283,7 @@ class Journal:
                 n = os.write(self._fd, view)
                 view = view[n:]
                 self._size += n
+                self.bytes_written += n
         except OSError:
             # Half a batch on disk would put a torn record before later good ones: cut it.
             self._size = start
@@ -286,10 +297,10 @@ class Journal:
         self._syncing = True
         batch, self._sync_waiters = self._sync_waiters, []
         self._dirty = False
-        future = self._loop.run_in_executor(self._executor, os.fsync, self._fd)
+        future = self._loop.run_in_executor(self._executor, _timed_fsync, self._fd)
         future.add_done_callback(lambda f: self._synced(f, batch))
 
-    def _synced(self, future: asyncio.Future[None], batch: list[Waiter]) -> None:
+    def _synced(self, future: asyncio.Future[float], batch: list[Waiter]) -> None:
         self._syncing = False
         exc = future.exception()
         if exc is not None:
@@ -298,6 +309,9 @@ class Journal:
             for waiter in batch:
                 waiter(self._failed)
             return
+        self.fsync_seconds.observe(future.result())
+        if batch:
+            self.commit_batch.observe(len(batch))
         for waiter in batch:
             waiter(None)
         if self._sync_waiters:
@@ -475,3 +489,10 @@ class Journal:
             os.close(self._fd)
             self._fd = -1
         self._executor.shutdown(wait=True)
+
+
+def _timed_fsync(fd: int) -> float:
+    """fsync (in the worker thread) and how long it took, seconds."""
+    started = time.perf_counter()
+    os.fsync(fd)
+    return time.perf_counter() - started

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from vibemq_server.auth import Authenticator
 from vibemq_server.config import Config
 from vibemq_server.core import QueueManager
+from vibemq_server.server.stats import BrokerStats
 from vibemq_server.server.transport import ReadBatch
 
 
@@ -43,6 +44,8 @@ class AdapterContext:
     auth: Authenticator
     #: the TLS listeners' context (server/tls.py); None = no certificate configured
     tls: ssl.SSLContext | None = None
+    #: the broker's traffic counters: an adapter counts into ``stats.protocol(its name)``
+    stats: BrokerStats = field(default_factory=BrokerStats)
 
 
 class Adapter(Protocol):

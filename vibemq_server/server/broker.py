@@ -20,6 +20,7 @@ from vibemq_server.server.adapter import Adapter, AdapterContext, AdapterFactory
 from vibemq_server.server.listeners import Listeners
 from vibemq_server.server.service import Phase, Service
 from vibemq_server.server.session import Session
+from vibemq_server.server.stats import BrokerStats
 from vibemq_server.server.tls import reload as reload_tls
 from vibemq_server.server.tls import server_context
 from vibemq_server.server.transport import ReadBatch, StreamTransport
@@ -62,6 +63,9 @@ class Broker:
         self.auth = Authenticator(self.config)
         #: the TLS listeners' one context (None: no certificate); SIGHUP reloads it
         self.tls = server_context(self.config.tls)
+        #: traffic counters by protocol, and the start time (read by the metrics)
+        self.stats = BrokerStats()
+        self.native_stats = self.stats.protocol("vibemq")
         context = AdapterContext(
             self.config,
             self.manager,
@@ -70,6 +74,7 @@ class Broker:
             self.read_batch,
             self.auth,
             self.tls,
+            self.stats,
         )
         #: the protocol adapters, by name, built by the composition root's factories
         self.adapters: dict[str, Adapter] = {
@@ -166,7 +171,7 @@ class Broker:
     def _native_connection(self, tls: ssl.SSLContext | None) -> StreamTransport:
         """The transport of one accepted native connection, driving a native ``Session``."""
         conn_id = f"srv_{next(_conn_ids)}"
-        manager, config, auth = self.manager, self.config, self.auth
+        manager, config, auth, stats = self.manager, self.config, self.auth, self.native_stats
         refusal = Message(
             CommandType.ERROR,
             conn_id,
@@ -174,7 +179,7 @@ class Broker:
             error_message=f"at most {config.max_connections} connections",
         )
         return StreamTransport(
-            lambda link: Session(link, manager, config, auth),
+            lambda link: Session(link, manager, config, auth, stats),
             conn_id=conn_id,
             log=conn_log,
             out_limit=config.write_buffer_high_bytes,
@@ -184,6 +189,7 @@ class Broker:
             refusal=encode(refusal),
             tls=tls,
             handshake_timeout=config.tls.handshake_timeout_s,
+            stats=stats,
         )
 
     def register(self, conn: Link) -> bool:

@@ -46,6 +46,7 @@ from vibemq_server.protocol import (
 )
 from vibemq_server.protocol.codec import encode_deliver, encode_publish_ack, peek_ack_target
 from vibemq_server.protocol.names import valid_queue_name
+from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.transport import ConsumerInfo, Link, SessionInfo
 
 _LOUD_ERRORS = 10
@@ -102,8 +103,11 @@ class Session:
         manager: QueueManager,
         config: Config,
         auth: Authenticator | None = None,
+        stats: ProtocolStats | None = None,
     ) -> None:
         self.link = link
+        #: the native protocol's counters (messages in/out, errors), shared by its sessions
+        self.stats = stats if stats is not None else ProtocolStats("vibemq")
         self.manager = manager
         self.config = config
         self.auth = auth if auth is not None else Authenticator(config)
@@ -267,6 +271,7 @@ class Session:
             self.close()
 
     def send_error(self, msg_id: str, code: ErrorCode, text: str) -> None:
+        self.stats.error(str(code))
         if not msg_id:
             # An Error always carries an id; when no request can be named, make one up.
             self._error_seq += 1
@@ -413,6 +418,7 @@ class Session:
             self._permit(Operation.CONFIGURE, msg, name)
 
     def on_publish(self, msg: Message) -> None:
+        self.stats.messages_received += 1
         queue = self._queue_name(msg)
         self._permit(Operation.WRITE, msg, queue)
         if not self.access.everything:
@@ -615,6 +621,7 @@ class Session:
         return self.state is State.OPEN and self.link.writable
 
     def deliver(self, sub: Subscription, msg: StoredMessage) -> None:
+        self.stats.messages_sent += 1
         self.link.send(encode_deliver(msg.id, msg.queue, msg.payload, msg.headers, msg.attempts))
 
     def subscription_cancelled(self, sub: Subscription, reason: str) -> None:

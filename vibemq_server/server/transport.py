@@ -26,6 +26,7 @@ from typing import Protocol, TypeVar, cast
 
 import structlog
 
+from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.tls import describe, peer_identity
 
 #: After a read of at least this much, more input is probably waiting: the connection is not
@@ -195,8 +196,13 @@ class StreamTransport(asyncio.Protocol):
         refusal: bytes = b"",
         tls: ssl.SSLContext | None = None,
         handshake_timeout: float = 10.0,
+        stats: ProtocolStats | None = None,
     ) -> None:
+        """``stats``: the listener's protocol counters, shared by its transports (bytes in
+        and out, connections); None: counted nowhere shared."""
         self.loop = asyncio.get_running_loop()
+        self.stats = stats if stats is not None else ProtocolStats("")
+        self._counted = False  # counted as an open connection in stats
         self._make_session = make_session
         self.conn_id = conn_id
         self.log = log
@@ -253,6 +259,10 @@ class StreamTransport(asyncio.Protocol):
             self.transport.close()
             return
         self.log.debug("connection opened")
+        stats = self.stats
+        stats.connections += 1
+        stats.connections_total += 1
+        self._counted = True
         if self._tls is not None:
             # The session starts once the handshake is done (and the peer known).
             self._bio_in, self._bio_out = ssl.MemoryBIO(), ssl.MemoryBIO()
@@ -280,6 +290,7 @@ class StreamTransport(asyncio.Protocol):
                 self.abort()
                 return
         self.bytes_received += len(data)
+        self.stats.bytes_received += len(data)
         batch = self._batch
         batch.begin()
         try:
@@ -300,6 +311,9 @@ class StreamTransport(asyncio.Protocol):
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
         self._unregister(self)
+        if self._counted:
+            self._counted = False
+            self.stats.connections -= 1
         if self.session is not None:
             self.session.connection_lost(exc)
         self.log.debug("connection closed", error=str(exc) if exc else None)
@@ -396,6 +410,7 @@ class StreamTransport(asyncio.Protocol):
         was_full = self._out_size >= self._out_limit
         out, self._out, self._out_size = self._out, [], 0
         data = b"".join(out) if len(out) > 1 else out[0]
+        self.stats.bytes_sent += len(data)
         if self._ssl is not None:
             self._encrypt(data)
         else:
