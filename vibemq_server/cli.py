@@ -133,89 +133,50 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-_NOT_CONFIG = {
-    "config",
-    "auth_tokens_file",
-    "ready_file",
-    "mqtt_port",
-    "no_mqtt",
-    "amqp_port",
-    "no_amqp",
-    "http_port",
-    "http_tls_port",
-    "no_http",
-    "zmq_pull",
-    "zmq_pub",
-    *(f"tls_{k}" for k in ("cert", "key", "ca", "require_client_cert", "min_version", "port")),
-    "mqtt_tls_port",
-    "amqp_tls_port",
-    "no_plain_port",
-    "no_mqtt_plain",
-    "no_amqp_plain",
-    "use_identity_as_username",
+#: flag -> (config section, field): a flag given sets that field of that section
+_SECTION_FLAGS: dict[str, tuple[str, str]] = {
+    "mqtt_port": ("mqtt", "port"),
+    "amqp_port": ("amqp", "port"),
+    "http_port": ("http", "port"),
+    "http_tls_port": ("http", "tls_port"),
+    "zmq_pull": ("zmq", "pull"),
+    "zmq_pub": ("zmq", "pub"),
+    "tls_cert": ("tls", "cert_file"),
+    "tls_key": ("tls", "key_file"),
+    "tls_ca": ("tls", "ca_file"),
+    "tls_require_client_cert": ("tls", "require_client_cert"),
+    "tls_min_version": ("tls", "min_version"),
+    "tls_port": ("tls", "port"),
+    "mqtt_tls_port": ("tls", "mqtt_port"),
+    "amqp_tls_port": ("tls", "amqp_port"),
+    "use_identity_as_username": ("tls", "use_identity_as_username"),
 }
-
-#: TLS flag -> field of [tls]
-_TLS_FLAGS = {
-    "tls_cert": "cert_file",
-    "tls_key": "key_file",
-    "tls_ca": "ca_file",
-    "tls_require_client_cert": "require_client_cert",
-    "tls_min_version": "min_version",
-    "tls_port": "port",
-    "mqtt_tls_port": "mqtt_port",
-    "amqp_tls_port": "amqp_port",
-    "use_identity_as_username": "use_identity_as_username",
+#: switch -> (config section, field) that it turns off
+_OFF_FLAGS: dict[str, tuple[str, str]] = {
+    "no_mqtt": ("mqtt", "enabled"),
+    "no_amqp": ("amqp", "enabled"),
+    "no_http": ("http", "enabled"),
+    "no_plain_port": ("tls", "plain_vibemq"),
+    "no_mqtt_plain": ("tls", "plain_mqtt"),
+    "no_amqp_plain": ("tls", "plain_amqp"),
 }
-_PLAIN_OFF_FLAGS = {
-    "no_plain_port": "plain_vibemq",
-    "no_mqtt_plain": "plain_mqtt",
-    "no_amqp_plain": "plain_amqp",
-}
+#: what is not a top-level setting of the same name
+_NOT_CONFIG = {"config", "auth_tokens_file", "ready_file", *_SECTION_FLAGS, *_OFF_FLAGS}
 
 
 def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Config:
     overrides: dict[str, Any] = {
         k: v for k, v in vars(args).items() if v is not None and k not in _NOT_CONFIG
     }
-    mqtt: dict[str, Any] = {}
-    if args.mqtt_port is not None:
-        mqtt["port"] = args.mqtt_port
-    if args.no_mqtt:
-        mqtt["enabled"] = False
-    if mqtt:
-        overrides["mqtt"] = mqtt
-    amqp: dict[str, Any] = {}
-    if args.amqp_port is not None:
-        amqp["port"] = args.amqp_port
-    if args.no_amqp:
-        amqp["enabled"] = False
-    if amqp:
-        overrides["amqp"] = amqp
-    http: dict[str, Any] = {}
-    if args.http_port is not None:
-        http["port"] = args.http_port
-    if args.http_tls_port is not None:
-        http["tls_port"] = args.http_tls_port
-    if args.no_http:
-        http["enabled"] = False
-    if http:
-        overrides["http"] = http
-    zmq: dict[str, Any] = {}
-    if args.zmq_pull is not None:
-        zmq["pull"] = args.zmq_pull
-    if args.zmq_pub is not None:
-        zmq["pub"] = args.zmq_pub
-    if zmq:
-        overrides["zmq"] = zmq
-    tls: dict[str, Any] = {
-        field: getattr(args, flag)
-        for flag, field in _TLS_FLAGS.items()
-        if getattr(args, flag) is not None
-    }
-    tls.update({field: False for flag, field in _PLAIN_OFF_FLAGS.items() if getattr(args, flag)})
-    if tls:
-        overrides["tls"] = tls
+    sections: dict[str, dict[str, Any]] = {}
+    for flag, (section, field) in _SECTION_FLAGS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            sections.setdefault(section, {})[field] = value
+    for flag, (section, field) in _OFF_FLAGS.items():
+        if getattr(args, flag):
+            sections.setdefault(section, {})[field] = False
+    overrides.update(sections)
     if args.auth_tokens_file is not None:
         overrides["auth_tokens"] = read_tokens_file(args.auth_tokens_file)
     path = args.config or (Path(environ["VIBEMQ_CONFIG"]) if environ.get("VIBEMQ_CONFIG") else None)

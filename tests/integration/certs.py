@@ -7,6 +7,7 @@ import datetime
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -122,3 +123,16 @@ def make_pki(directory: Path) -> Pki:
         foreign_ca=other.write(directory / "foreign-ca.pem"),
         server2=ca.issue(directory, "server2", "localhost", host, server=True),
     )
+
+
+def tls_settings(pki: Pki, **extra: Any) -> dict[str, Any]:
+    """A ``[tls]`` section with the test server certificate, every TLS port 0."""
+    return {
+        "cert_file": pki.server.cert,
+        "key_file": pki.server.key,
+        "ca_file": pki.ca,
+        "port": 0,
+        "mqtt_port": 0,
+        "amqp_port": 0,
+        **extra,
+    }

@@ -137,30 +137,31 @@ async def test_mqtt_packets_behind_a_wrong_password_are_never_run(
         await watcher.close()
 
 
-def _amqp_pipelined_login(port: int, password: str) -> list[Any]:
-    """Protocol header, then start-ok + tune-ok + open in one write; what comes back."""
+def _send_pipelined_login(raw: RawAmqp, password: str, **client_properties: Any) -> None:
+    """After connection.start: start-ok (alice, PLAIN), tune-ok and open in one write."""
+    raw.send(
+        b"".join(
+            pamqp_frame.marshal(method, 0)
+            for method in (
+                commands.Connection.StartOk(
+                    client_properties={"product": "raw-test", **client_properties},
+                    mechanism="PLAIN",
+                    response="\x00alice\x00" + password,
+                    locale="en_US",
+                ),
+                commands.Connection.TuneOk(channel_max=16, frame_max=131072, heartbeat=0),
+                commands.Connection.Open(virtual_host="/"),
+            )
+        )
+    )
+
+
+def _amqp_refused_login(port: int) -> list[Any]:
+    """A pipelined login with a wrong password; what comes back before the close."""
     raw = RawAmqp(port)
     try:
         raw.start()
-        response = "\x00alice\x00" + password
-        raw.send(
-            b"".join(
-                pamqp_frame.marshal(method, 0)
-                for method in (
-                    commands.Connection.StartOk(
-                        client_properties={
-                            "product": "raw-test",
-                            "capabilities": {"authentication_failure_close": True},
-                        },
-                        mechanism="PLAIN",
-                        response=response,
-                        locale="en_US",
-                    ),
-                    commands.Connection.TuneOk(channel_max=16, frame_max=131072, heartbeat=0),
-                    commands.Connection.Open(virtual_host="/"),
-                )
-            )
-        )
+        _send_pipelined_login(raw, "wrong", capabilities={"authentication_failure_close": True})
         return [frame for _channel, frame in raw.wait_closed(timeout=5.0)]
     finally:
         raw.close()
@@ -175,21 +176,7 @@ async def test_amqp_methods_behind_a_password_start_ok_wait_for_it(
     raw = RawAmqp(broker.amqp_port)
     try:
         await loop.run_in_executor(None, raw.start)
-        raw.send(
-            b"".join(
-                pamqp_frame.marshal(method, 0)
-                for method in (
-                    commands.Connection.StartOk(
-                        client_properties={"product": "raw-test"},
-                        mechanism="PLAIN",
-                        response="\x00alice\x00alice-pw",
-                        locale="en_US",
-                    ),
-                    commands.Connection.TuneOk(channel_max=16, frame_max=131072, heartbeat=0),
-                    commands.Connection.Open(virtual_host="/"),
-                )
-            )
-        )
+        _send_pipelined_login(raw, "alice-pw")
         await loop.run_in_executor(None, raw.expect, commands.Connection.Tune, 0)
         await loop.run_in_executor(None, raw.expect, commands.Connection.OpenOk, 0)
     finally:
@@ -202,7 +189,7 @@ async def test_amqp_methods_behind_a_wrong_password_are_never_run(
     broker = await users_broker(broker_factory, tmp_path)
     assert broker.amqp_port is not None
     loop = asyncio.get_running_loop()
-    frames = await loop.run_in_executor(None, _amqp_pipelined_login, broker.amqp_port, "no")
+    frames = await loop.run_in_executor(None, _amqp_refused_login, broker.amqp_port)
     kinds = [type(f) for f in frames]
     assert commands.Connection.Close in kinds
     assert commands.Connection.Tune not in kinds and commands.Connection.OpenOk not in kinds

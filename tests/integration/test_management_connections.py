@@ -18,7 +18,7 @@ import pika
 import pika.exceptions
 import pytest
 from amqputil import HOST, WAIT, AmqpBroker, PikaClients, pika_params
-from certs import make_pki
+from certs import make_pki, tls_settings
 from mqttutil import Clients, MakeBroker, Paho
 from waits import wait_for, wait_until
 
@@ -187,16 +187,7 @@ def test_tls_connection_shows_its_certificate_identity(
     tmp_path: Path, make_mqtt_broker: MakeBroker, mqtt_clients: Clients
 ) -> None:
     pki = make_pki(tmp_path)
-    tls = {
-        "cert_file": pki.server.cert,
-        "key_file": pki.server.key,
-        "ca_file": pki.ca,
-        "port": 0,
-        "mqtt_port": 0,
-        "amqp_port": 0,
-        "require_client_cert": True,
-        "use_identity_as_username": True,
-    }
+    tls = tls_settings(pki, require_client_cert=True, use_identity_as_username=True)
     broker = make_mqtt_broker(users={"carol": "secret"}, tls=tls)
     port = broker.call(lambda b: b.ready())["mqtt_tls"]
     client = mqtt_clients.paho(port)

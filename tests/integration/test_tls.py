@@ -23,7 +23,7 @@ import aio_pika
 import aiomqtt
 import pika
 import pytest
-from certs import Issued, Pki, make_pki
+from certs import Issued, Pki, make_pki, tls_settings
 from mqttkit import HOST, unique_id
 from mqttutil import Clients, LogEntries, MakeBroker, Paho, ThreadBroker
 from serverproc import clean_env, launch
@@ -40,19 +40,6 @@ WAIT = 10.0
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("pki"))
-
-
-def tls_settings(pki: Pki, **extra: Any) -> dict[str, Any]:
-    """A ``[tls]`` section with the test server certificate, every TLS port 0."""
-    return {
-        "cert_file": pki.server.cert,
-        "key_file": pki.server.key,
-        "ca_file": pki.ca,
-        "port": 0,
-        "mqtt_port": 0,
-        "amqp_port": 0,
-        **extra,
-    }
 
 
 def ports(broker: ThreadBroker) -> dict[str, Any]:

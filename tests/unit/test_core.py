@@ -37,16 +37,6 @@ class Recorder:
         return [g[0] for g in self.got]
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def mgr(clock: ManualClock) -> QueueManager:
-    return QueueManager(QueueDefaults(), clock)
-
-
 def make(mgr: QueueManager, name: str = "q", **options: object) -> None:
     mgr.create_queue(name, mgr.options_from(options))
 

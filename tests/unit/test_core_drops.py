@@ -33,16 +33,6 @@ class Sink:
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def mgr(clock: ManualClock) -> QueueManager:
-    return QueueManager(QueueDefaults(), clock)
-
-
-@pytest.fixture
 def logs() -> Iterator[Logs]:
     with capture_logs() as entries:
         yield entries

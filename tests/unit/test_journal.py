@@ -146,11 +146,6 @@ class Env:
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
 async def env(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Env]:
     e = Env(tmp_path / "journal", clock)
     yield e
