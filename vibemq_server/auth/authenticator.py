@@ -225,22 +225,6 @@ class Authenticator:
             return self._refuse(Outcome.BAD_CREDENTIALS, None, peer_host, protocol)
         return Verdict(Outcome.ACCEPTED, user)
 
-    def check_password(self, username: str, password: str) -> str | None:
-        """The user a name and password log in as, or None; counts and logs nothing (see
-        ``password_verdict``). Safe on a worker thread, where the HTTP listener runs it
-        (scrypt takes ~50 ms): it only reads the user tables, which a reload replaces whole,
-        and the verification cache's set operations are atomic."""
-        return self._check_password(username, password, None)
-
-    def password_verdict(
-        self, user: str | None, username: str | None, peer_host: str, protocol: str
-    ) -> Verdict:
-        """The verdict of a ``check_password`` result, on the loop: a refusal is counted,
-        logged and given its delay, as ``authenticate`` does."""
-        if user is None:
-            return self._refuse(Outcome.BAD_CREDENTIALS, username, peer_host, protocol)
-        return Verdict(Outcome.ACCEPTED, user)
-
     def tags(self, user: str) -> list[str] | None:
         """A users-file user's tags; None for anyone else (anonymous, plain-config users,
         users named only by a token)."""

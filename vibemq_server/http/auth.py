@@ -25,13 +25,14 @@ import asyncio
 import base64
 import binascii
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from vibemq_server.auth import ANONYMOUS, Authenticator, is_loopback_peer
+from vibemq_server.auth import ANONYMOUS, Authenticator, Verdict, is_loopback_peer
 from vibemq_server.config import HttpConfig
 
 log = structlog.get_logger("vibemq.http")
@@ -147,9 +148,7 @@ class AuthMiddleware:
             username: str | None = None
         elif scheme == "basic" and (pair := _basic(value)) is not None:
             username, password = pair
-            loop = asyncio.get_running_loop()
-            user = await loop.run_in_executor(None, auth.check_password, username, password)
-            verdict = auth.password_verdict(user, username, peer, "http")
+            verdict = await _login(auth, username, password, peer)
         else:
             return None, "unsupported Authorization header (use Basic or Bearer)"
         if verdict.user is None:
@@ -157,6 +156,26 @@ class AuthMiddleware:
                 await asyncio.sleep(verdict.delay)  # held back, as for the protocols
             return None, "bad credentials"
         return principal_for(auth, verdict.user), ""
+
+
+async def _login(auth: Authenticator, username: str, password: str, peer: str) -> Verdict:
+    """The protocols' login (``Authenticator.login``): a cached or token login decided at
+    once, a password hash verified in a worker thread (scrypt, ~50 ms, off the loop)."""
+    loop = asyncio.get_running_loop()
+    verdict: asyncio.Future[Verdict] = loop.create_future()
+
+    def offload(work: Callable[[], bool], then: Callable[[bool], None]) -> None:
+        def done(future: asyncio.Future[bool]) -> None:
+            error = future.exception()
+            if error is not None:
+                verdict.set_exception(error)
+            else:
+                then(future.result())
+
+        loop.run_in_executor(None, work).add_done_callback(done)
+
+    auth.login(username, password, peer, "http", verdict.set_result, offload)
+    return await verdict
 
 
 def _basic(value: str) -> tuple[str, str] | None:
