@@ -166,4 +166,4 @@ def create_app(ctx: ApiContext) -> ASGIApp:
 
     config = ctx.broker.config.http
     guarded = AuthMiddleware(app, ctx.broker.auth, config)
-    return BodyLimitMiddleware(guarded, config.max_body_bytes)
+    return health.StartingGate(BodyLimitMiddleware(guarded, config.max_body_bytes), ctx.broker)

@@ -7,13 +7,15 @@ sending clients before the listeners close. Both open without credentials by def
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vibemq_server.http.context import ApiContext, api_context
-from vibemq_server.server import Phase
+from vibemq_server.server import Broker, Phase
 
 router = APIRouter(prefix="/health", tags=["health"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
@@ -46,3 +48,35 @@ async def ready(ctx: Ctx, response: Response) -> Health:
 # HEAD, for probes that want no body (out of the OpenAPI document: the same operations)
 router.add_api_route("/live", live, methods=["HEAD"], include_in_schema=False)
 router.add_api_route("/ready", ready, methods=["HEAD"], include_in_schema=False)
+
+
+class StartingGate:
+    """Until the broker is ready (the journal recovers in a worker thread, so the loop
+    answers meanwhile), every path but ``/health/*`` gets 503: nothing reads queues that are
+    still being rebuilt."""
+
+    def __init__(self, app: ASGIApp, broker: Broker) -> None:
+        self.app = app
+        self.broker = broker
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and self.broker.phase is Phase.STARTING
+            and not scope["path"].startswith("/health")
+        ):
+            body = json.dumps({"detail": "starting: the journal is being recovered"}).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"retry-after", b"1"),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)

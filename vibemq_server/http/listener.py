@@ -29,7 +29,7 @@ from vibemq_server.http.app import create_app
 from vibemq_server.http.context import ApiContext
 from vibemq_server.http.protocol import protocol_factory
 from vibemq_server.http.rates import RateSampler
-from vibemq_server.server import Broker
+from vibemq_server.server import Broker, Phase
 
 log = structlog.get_logger("vibemq.http")
 
@@ -67,7 +67,9 @@ class HttpListener:
         self.broker = broker
         cfg = broker.config.http
         self.host = cfg.host or broker.config.host
-        self.rates = RateSampler(broker.manager)
+        self.rates = RateSampler(
+            broker.manager, active=lambda: broker.phase in (Phase.READY, Phase.DRAINING)
+        )
         self.context = ApiContext(broker, self.rates)
         self.app = create_app(self.context)
         self.ports: dict[str, int | None] = {"http": None, "http_tls": None}

@@ -9,6 +9,7 @@ import asyncio
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from vibemq_server.core import QueueManager
@@ -54,9 +55,17 @@ def totals(manager: QueueManager) -> tuple[int, ...]:
 
 
 class RateSampler:
-    def __init__(self, manager: QueueManager, interval_s: float = INTERVAL_S) -> None:
+    def __init__(
+        self,
+        manager: QueueManager,
+        interval_s: float = INTERVAL_S,
+        active: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.manager = manager
         self.interval = interval_s
+        #: False while the broker starts: the journal is rebuilding the queues in a worker
+        #: thread (nothing may walk them), and their counters are not yet the broker's
+        self.active = active
         self.samples: deque[Sample] = deque(maxlen=KEEP)
         self._timer: asyncio.TimerHandle | None = None
 
@@ -77,6 +86,8 @@ class RateSampler:
         self._schedule()
 
     def sample(self) -> None:
+        if not self.active():
+            return
         self.samples.append(Sample(time.time(), time.monotonic(), totals(self.manager)))
 
     def series(self) -> list[dict[str, float]]:

@@ -116,8 +116,11 @@ class Broker:
 
     async def _start_listeners(self, loop: asyncio.AbstractEventLoop) -> None:
         cfg = self.config
-        # Recovery comes first: no client may see a queue before its messages are back.
-        self.journal.recover(self.manager)
+        # Recovery comes first: no client may see a queue before its messages are back. It
+        # runs in a worker thread so that the loop answers health probes meanwhile (503 while
+        # starting); nothing else touches the manager until it is done (no listener is open,
+        # the HTTP listener answers 503 to all but /health: http/health.py).
+        await asyncio.to_thread(self.journal.recover, self.manager)
         self.journal.start(self.manager)
         self.manager.persistence = self.journal
         for adapter in self.adapters.values():
