@@ -21,10 +21,28 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
 from vibemq_server import __version__
-from vibemq_server.http import connections, definitions, health, metrics, overview, queues
+from vibemq_server.http import (
+    connections,
+    definitions,
+    exchanges,
+    health,
+    metrics,
+    mqtt,
+    overview,
+    queues,
+    users,
+)
 from vibemq_server.http.auth import AuthMiddleware
 from vibemq_server.http.context import ApiContext
 from vibemq_server.http.limits import BodyLimitMiddleware
+from vibemq_server.management.errors import (
+    Conflict,
+    Forbidden,
+    Invalid,
+    ManagementError,
+    NotFound,
+    Unavailable,
+)
 
 STATIC = Path(__file__).parent / "static"
 
@@ -35,6 +53,9 @@ ROUTERS: list[APIRouter] = [
     queues.router,
     connections.router,
     definitions.router,
+    exchanges.router,
+    mqtt.router,
+    users.router,
     metrics.router,
 ]
 
@@ -61,6 +82,28 @@ async def _invalid(request: Request, exc: Exception) -> JSONResponse:
     ]
     detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors) or "invalid request"
     return JSONResponse({"detail": detail, "errors": errors}, status_code=400)
+
+
+#: a management refusal's kind -> the status it is answered with
+REFUSALS: dict[type[ManagementError], int] = {
+    NotFound: 404,
+    Invalid: 400,
+    Conflict: 409,
+    Forbidden: 403,
+    Unavailable: 503,
+}
+
+
+async def _refused(request: Request, exc: Exception) -> JSONResponse:
+    """A management function said no (vibemq_server.management.errors): its status, and the
+    bad field named as a validation error names it."""
+    assert isinstance(exc, ManagementError)
+    status = next((code for kind, code in REFUSALS.items() if isinstance(exc, kind)), 400)
+    if exc.field is None:
+        return JSONResponse({"detail": exc.message}, status_code=status)
+    detail = f"{exc.field}: {exc.message}"
+    errors = [{"field": exc.field, "message": exc.message}]
+    return JSONResponse({"detail": detail, "errors": errors}, status_code=status)
 
 
 async def _crashed(request: Request, exc: Exception) -> JSONResponse:
@@ -146,6 +189,7 @@ def create_app(ctx: ApiContext) -> ASGIApp:
     )
     app.state.ctx = ctx
     app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(ManagementError, _refused)
     app.add_exception_handler(Exception, _crashed)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     for router in ROUTERS:
