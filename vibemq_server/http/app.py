@@ -1,11 +1,13 @@
 """The ASGI app of the HTTP listener: FastAPI, one router per area, offline API docs.
 
 Mount points: each management area is one ``APIRouter`` in a module of its own, listed in
-``ROUTERS`` (health, overview and queues here; /metrics, connections and definitions are
-added the same way). Every route is ``async def`` (FastAPI runs plain functions on worker
-threads, and the broker may only be touched from its loop) and takes its broker through
-``Depends(api_context)``. Around the routes, outermost first: the body bound (limits.py),
-then authentication and tags (auth.py) -- both before a body is read.
+``ROUTERS`` (health, overview, queues, connections, definitions, exchanges, MQTT, users,
+/metrics). A router is thin: the work is in ``vibemq_server.management``, whose refusals
+(``management.errors``) are answered here by kind (``REFUSALS``). Every route is
+``async def`` (FastAPI runs plain functions on worker threads, and the broker may only be
+touched from its loop) and takes its broker through ``Depends(api_context)``. Around the
+routes, outermost first: the body bound (limits.py), then authentication and tags (auth.py)
+-- both before a body is read.
 """
 
 from __future__ import annotations

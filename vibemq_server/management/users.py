@@ -122,15 +122,13 @@ async def put_user(broker: Broker, name: str, spec: UserIn) -> tuple[UserOut, bo
     if spec.password is not None:
         loop = asyncio.get_running_loop()
         password_hash = await loop.run_in_executor(None, hash_password, spec.password)
-    elif name not in broker.auth.users and name not in _store(broker).load():
-        raise Invalid("a new user needs a password", "password")
     created: list[bool] = []
 
     def edit(users: dict[str, User]) -> None:
         user = users.get(name)
         if user is None:
-            if password_hash is None:  # removed and re-created meanwhile: nothing to hash
-                raise _NeedsPassword
+            if password_hash is None:
+                raise _NeedsPassword  # nothing written
             users[name] = User(name, password_hash, list(spec.tags or []))
             created.append(True)
             return
@@ -147,7 +145,7 @@ async def put_user(broker: Broker, name: str, spec: UserIn) -> tuple[UserOut, bo
 
 
 class _NeedsPassword(Exception):
-    """A user to update is gone, and nothing to create it with: the file is left alone."""
+    """No such user to update, and no password to create it with: the file is left alone."""
 
 
 class _Missing(Exception):
