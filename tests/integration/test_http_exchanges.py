@@ -186,3 +186,24 @@ async def test_amqp_off_means_no_exchanges(broker_factory: Any) -> None:
     async with client_of(broker) as api:
         off = await api.get("/api/exchanges")
         assert off.status_code == 404 and "AMQP" in off.json()["detail"]
+
+
+async def test_the_new_areas_are_described_and_bad_bodies_refused(api: httpx.AsyncClient) -> None:
+    paths = (await api.get("/api/openapi.json")).json()["paths"]
+    for path in (
+        "/api/exchanges",
+        "/api/exchanges/{name}",
+        "/api/bindings",
+        "/api/mqtt/sessions/{client_id}",
+        "/api/mqtt/retained/{topic}",
+        "/api/users/{name}",
+        "/api/users/{name}/permissions",
+    ):
+        assert path in paths, path
+    assert "400" in paths["/api/users/{name}"]["put"]["responses"]
+    malformed = await api.put(
+        "/api/exchanges/x", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert malformed.status_code == 400
+    not_an_object = await api.post("/api/bindings", json=["source", "destination"])
+    assert not_an_object.status_code == 400

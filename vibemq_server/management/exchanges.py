@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+from collections import Counter
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -175,9 +176,19 @@ def _refused(exc: CoreError, field: str | None = None) -> ManagementError:
     return Invalid(message, field)
 
 
-def _exchange_out(table: Exchanges, exchange: Exchange) -> ExchangeOut:
+def _binding_counts(table: Exchanges) -> tuple[Counter[str], Counter[str]]:
+    """Per exchange: bindings it is the source of, exchange bindings into it (one pass)."""
+    out: Counter[str] = Counter()
+    into: Counter[str] = Counter()
+    for binding in table.bindings():
+        out[binding.source] += 1
+        if binding.dest_kind == EXCHANGE:
+            into[binding.destination] += 1
+    return out, into
+
+
+def _exchange_out(exchange: Exchange, counts: tuple[Counter[str], Counter[str]]) -> ExchangeOut:
     name = exchange.name
-    bindings = table.bindings()
     return ExchangeOut(
         name=name,
         type=exchange.type,
@@ -186,15 +197,16 @@ def _exchange_out(table: Exchanges, exchange: Exchange) -> ExchangeOut:
         internal=exchange.internal,
         arguments=plain_arguments(exchange.arguments),
         predeclared=_predeclared(name),
-        bindings_out=sum(1 for b in bindings if b.source == name),
-        bindings_in=sum(1 for b in bindings if b.dest_kind == EXCHANGE and b.destination == name),
+        bindings_out=counts[0][name],
+        bindings_in=counts[1][name],
     )
 
 
 def list_exchanges(broker: Broker) -> list[ExchangeOut]:
     """Every exchange, the predeclared ones first, then in declaration order."""
     table = exchange_table(broker)
-    return [_exchange_out(table, x) for x in table.all()]
+    counts = _binding_counts(table)
+    return [_exchange_out(x, counts) for x in table.all()]
 
 
 def get_exchange(broker: Broker, name: str) -> ExchangeOut:
@@ -202,7 +214,7 @@ def get_exchange(broker: Broker, name: str) -> ExchangeOut:
     exchange = table.get(_name(name))
     if exchange is None:
         raise NotFound(f"exchange {name!r} not found")
-    return _exchange_out(table, exchange)
+    return _exchange_out(exchange, _binding_counts(table))
 
 
 def declare_exchange(broker: Broker, name: str, spec: ExchangeIn) -> tuple[ExchangeOut, bool]:
@@ -222,7 +234,7 @@ def declare_exchange(broker: Broker, name: str, spec: ExchangeIn) -> tuple[Excha
         )
     except CoreError as exc:
         raise _refused(exc, "arguments") from None
-    return _exchange_out(table, exchange), not existed
+    return _exchange_out(exchange, _binding_counts(table)), not existed
 
 
 def delete_exchange(broker: Broker, name: str, *, if_unused: bool = False) -> None:
