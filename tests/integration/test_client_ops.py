@@ -42,24 +42,31 @@ class Result:
         return json.loads(self.out)
 
 
-async def vibemq(url: str, *args: str, user: str | None = "admin", **env: str) -> Result:
-    """Run ``vibemq ARGS`` against the API at ``url`` as ``user`` (TAGGED_USERS)."""
+async def vibemq(
+    url: str, *args: str, user: str | None = "admin", typed: str | None = None, **env: str
+) -> Result:
+    """Run ``vibemq ARGS`` against the API at ``url`` as ``user`` (TAGGED_USERS), its
+    password in VIBEMQ_PASSWORD -- or, with ``typed``, answered to the prompt (the CLI runs
+    without a controlling terminal, so getpass reads it from stdin)."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("VIBEMQ_")}
     environ["VIBEMQ_HTTP_URL"] = url
     if user is not None:
         environ["VIBEMQ_USER"] = user
-        environ["VIBEMQ_PASSWORD"] = TAGGED_USERS[user][0]
+        if typed is None:
+            environ["VIBEMQ_PASSWORD"] = TAGGED_USERS[user][0]
     environ.update(env)
     proc = await asyncio.create_subprocess_exec(
         *CLI,
         *args,
         env=environ,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.PIPE if typed is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,  # no controlling terminal: a prompt never waits on ours
     )
+    stdin = typed.encode() + b"\n" if typed is not None else None
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), 30)
+        out, err = await asyncio.wait_for(proc.communicate(stdin), 30)
     except TimeoutError:
         proc.kill()
         await proc.wait()
@@ -243,6 +250,15 @@ async def test_https_with_cafile(broker_factory: Any, tmp_path: Path) -> None:
     assert verified.json()["phase"] == "ready"
     untrusted = await vibemq(url, "stats", user=None)
     assert untrusted.code == 1 and "CERTIFICATE_VERIFY_FAILED" in untrusted.err
+
+
+async def test_the_password_is_prompted_for_when_not_in_the_environment(secured: Broker) -> None:
+    url = base_url(secured)
+    prompted = await vibemq(url, "stats", "--json", typed=TAGGED_USERS["admin"][0])
+    assert prompted.code == 0, prompted.err
+    assert "Password for admin" in prompted.err
+    wrong = await vibemq(url, "stats", typed="typo")
+    assert wrong.code == 1 and "401" in wrong.err
 
 
 async def test_the_api_client_sends_no_password_on_argv() -> None:
