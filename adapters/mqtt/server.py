@@ -37,6 +37,7 @@ from vibemq_server.adapters.mqtt.topics import (
     address_to_topic,
     filter_to_pattern,
     matches,
+    topic_filter_error,
     topic_to_address,
 )
 from vibemq_server.auth.authenticator import Offload, Outcome, Verdict
@@ -284,6 +285,43 @@ class MqttServer:
                 self.manager.delete_queue(session.queue.name)
         if not session.clean and self.session_table is not None:
             self.session_table.delete(session.client_id)
+
+    def end_session_by_operator(self, client_id: str, reason: str) -> bool:
+        """The management API ends a session: its connection (if any) is closed as by
+        ``close_by_operator`` (no will), then the session is forgotten with its queued
+        messages and durable record. False when there is no such session."""
+        session = self.sessions.get(client_id)
+        if session is None:
+            return False
+        log.info("session ended by operator", client_id=client_id, reason=reason)
+        session.close_by_operator(reason)  # a clean session ends with its connection
+        if self.sessions.get(client_id) is session:
+            self.end_session(session)
+        return True
+
+    def retained_messages(self, topic_filter: str | None = None) -> list[tuple[str, StoredMessage]]:
+        """The retained messages (of topics matching ``topic_filter``), by topic; ValueError
+        naming why for a filter that is not one."""
+        if topic_filter is not None:
+            error = topic_filter_error(topic_filter)
+            if error is not None:
+                raise ValueError(error)
+        table = self.retained
+        if table is None:
+            return []
+        found = [
+            (topic, msg)
+            for topic, msg in table.items()
+            if topic_filter is None or matches(topic_filter, topic)
+        ]
+        found.sort(key=lambda item: item[0])
+        return found
+
+    def clear_retained(self, topic: str) -> bool:
+        """Forget a topic's retained message, as an empty retained PUBLISH does; False when
+        there was none."""
+        table = self.retained
+        return table is not None and table.delete(topic)
 
     def save_session(self, session: MqttSession) -> None:
         if session.clean or self.session_table is None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from vibemq_server.adapters.mqtt.codec import encode_publish
 from vibemq_server.core import PublishOutcome, Queue, QueueManager, StoredMessage, Subscription
@@ -49,6 +49,13 @@ class Link(Protocol):
     def writable(self) -> bool: ...
 
     def send(self, data: bytes) -> None: ...
+
+
+@runtime_checkable
+class OperatorClose(Protocol):
+    """A connection an operator can close (``StreamTransport``, through the management API)."""
+
+    def close_by_operator(self, reason: str) -> None: ...
 
 
 def session_queue_name(client_id: str) -> str:
@@ -117,6 +124,33 @@ class MqttSession:
         self._pending: deque[tuple[str, bytes, int, bool]] = deque()
         self.dropped_qos0 = 0
         self.dropped_queued = 0
+        #: who the last connection holding the session logged in as (in memory only: None
+        #: for a persistent session restored at start until its client is back)
+        self.user: str | None = None
+
+    # -- what the management API shows ----------------------------------------------------------
+
+    @property
+    def queued(self) -> int:
+        """QoS 1/2 messages waiting for the client (not yet sent)."""
+        return self.queue.message_count if self.queue is not None else len(self._pending)
+
+    @property
+    def inflight(self) -> int:
+        """QoS 1/2 messages sent and not acknowledged yet."""
+        return len(self.outbound) + len(self.direct)
+
+    @property
+    def connection_id(self) -> str | None:
+        """The id of the connection holding the session (``/api/connections``), if any."""
+        conn_id = getattr(self.link, "conn_id", None)
+        return conn_id if isinstance(conn_id, str) else None
+
+    def close_by_operator(self, reason: str) -> None:
+        """Close the connection holding the session (no will), if one does."""
+        link = self.link
+        if isinstance(link, OperatorClose):
+            link.close_by_operator(reason)
 
     # -- connection lifecycle ------------------------------------------------------------------
 

@@ -1,4 +1,6 @@
-"""The ``vibemq`` command-line client: publish, subscribe and manage queues from a shell.
+"""The ``vibemq`` command-line client: publish, subscribe and manage queues from a shell
+(the native protocol), and the operator's daily commands over the management HTTP API
+(``ops.py``: connections, close, purge, browse, dlq-requeue, export, import, stats).
 
 Connection settings come from ``--host``/``--port``/``--token``, falling back to the
 ``VIBEMQ_HOST``/``VIBEMQ_PORT``/``VIBEMQ_TOKEN`` environment variables. Output meant for
@@ -17,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from vibemq_server.client import ops
 from vibemq_server.client.connection import DEFAULT_PORT, Client, tls_context
 from vibemq_server.client.errors import VibeMQError
 
@@ -57,7 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Command-line client for a VibeMQ broker.",
-        epilog="Environment: VIBEMQ_HOST, VIBEMQ_PORT, VIBEMQ_TOKEN supply defaults.",
+        epilog="Environment: VIBEMQ_HOST, VIBEMQ_PORT, VIBEMQ_TOKEN supply defaults; the "
+        "operator commands (connections, close, purge, browse, dlq-requeue, export, import, "
+        "stats) use the management HTTP API: VIBEMQ_HTTP_URL, VIBEMQ_USER with "
+        "VIBEMQ_PASSWORD, or VIBEMQ_TOKEN as a bearer token.",
     )
     parser.add_argument(
         "--host",
@@ -73,8 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--token",
         default=env.get("VIBEMQ_TOKEN") or None,
-        help="authentication token (default: $VIBEMQ_TOKEN)",
+        help="authentication token, also the HTTP API's bearer token (default: $VIBEMQ_TOKEN)",
     )
+    ops.add_http_options(parser)
     parser.add_argument(
         "--tls", action="store_true", help="connect over TLS (implied by --cafile/--cert)"
     )
@@ -129,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("queue", metavar="QUEUE")
 
     sub.add_parser("ping", help="measure the round-trip time to the broker")
+    ops.add_commands(sub)
     return parser
 
 
@@ -241,6 +249,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             int(os.environ["VIBEMQ_PORT"])
         except ValueError:
             parser.error(f"VIBEMQ_PORT is not a number: {os.environ['VIBEMQ_PORT']!r}")
+    if args.command in ops.COMMANDS:  # over the management HTTP API, not the protocol
+        try:
+            return ops.run(args, PROG)
+        except KeyboardInterrupt:
+            return 130
     try:
         return asyncio.run(_run(args))
     except VibeMQError as exc:

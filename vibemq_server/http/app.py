@@ -1,11 +1,13 @@
 """The ASGI app of the HTTP listener: FastAPI, one router per area, offline API docs.
 
 Mount points: each management area is one ``APIRouter`` in a module of its own, listed in
-``ROUTERS`` (health, overview and queues here; /metrics, connections and definitions are
-added the same way). Every route is ``async def`` (FastAPI runs plain functions on worker
-threads, and the broker may only be touched from its loop) and takes its broker through
-``Depends(api_context)``. Around the routes, outermost first: the body bound (limits.py),
-then authentication and tags (auth.py) -- both before a body is read.
+``ROUTERS`` (health, overview, queues, connections, definitions, exchanges, MQTT, users,
+/metrics). A router is thin: the work is in ``vibemq_server.management``, whose refusals
+(``management.errors``) are answered here by kind (``REFUSALS``). Every route is
+``async def`` (FastAPI runs plain functions on worker threads, and the broker may only be
+touched from its loop) and takes its broker through ``Depends(api_context)``. Around the
+routes, outermost first: the body bound (limits.py), then authentication and tags (auth.py)
+-- both before a body is read.
 """
 
 from __future__ import annotations
@@ -21,10 +23,28 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
 from vibemq_server import __version__
-from vibemq_server.http import connections, definitions, health, metrics, overview, queues
+from vibemq_server.http import (
+    connections,
+    definitions,
+    exchanges,
+    health,
+    metrics,
+    mqtt,
+    overview,
+    queues,
+    users,
+)
 from vibemq_server.http.auth import AuthMiddleware
 from vibemq_server.http.context import ApiContext
 from vibemq_server.http.limits import BodyLimitMiddleware
+from vibemq_server.management.errors import (
+    Conflict,
+    Forbidden,
+    Invalid,
+    ManagementError,
+    NotFound,
+    Unavailable,
+)
 
 STATIC = Path(__file__).parent / "static"
 
@@ -35,6 +55,9 @@ ROUTERS: list[APIRouter] = [
     queues.router,
     connections.router,
     definitions.router,
+    exchanges.router,
+    mqtt.router,
+    users.router,
     metrics.router,
 ]
 
@@ -61,6 +84,28 @@ async def _invalid(request: Request, exc: Exception) -> JSONResponse:
     ]
     detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors) or "invalid request"
     return JSONResponse({"detail": detail, "errors": errors}, status_code=400)
+
+
+#: a management refusal's kind -> the status it is answered with
+REFUSALS: dict[type[ManagementError], int] = {
+    NotFound: 404,
+    Invalid: 400,
+    Conflict: 409,
+    Forbidden: 403,
+    Unavailable: 503,
+}
+
+
+async def _refused(request: Request, exc: Exception) -> JSONResponse:
+    """A management function said no (vibemq_server.management.errors): its status, and the
+    bad field named as a validation error names it."""
+    assert isinstance(exc, ManagementError)
+    status = next((code for kind, code in REFUSALS.items() if isinstance(exc, kind)), 400)
+    if exc.field is None:
+        return JSONResponse({"detail": exc.message}, status_code=status)
+    detail = f"{exc.field}: {exc.message}"
+    errors = [{"field": exc.field, "message": exc.message}]
+    return JSONResponse({"detail": detail, "errors": errors}, status_code=status)
 
 
 async def _crashed(request: Request, exc: Exception) -> JSONResponse:
@@ -146,6 +191,7 @@ def create_app(ctx: ApiContext) -> ASGIApp:
     )
     app.state.ctx = ctx
     app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(ManagementError, _refused)
     app.add_exception_handler(Exception, _crashed)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     for router in ROUTERS:
