@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from vibemq_server.adapters.mqtt.codec import MqttParser, MqttProtocolError, encode
@@ -736,6 +736,10 @@ def check_nothing_stuck(world: World) -> None:
     """After ``quiesce``: no message waits for a connected client that acknowledges all."""
     for client in world.live():
         session = client.conn.session if client.conn is not None else None
+        if client.conn is not None and client.conn.parser.buffered:
+            # The client left half a packet (random bytes): its acknowledgements are read
+            # as the rest of that packet, which the packet timeout ends, not a delivery.
+            continue
         if session is not None and session.link is client.link:
             queued = session.queue.store.count if session.queue is not None else 0
             assert not (session._backlog or session._pending or queued), (
@@ -758,6 +762,39 @@ async def quiesce(world: World) -> None:
 # -- 1 and 2: anything goes, the output stays protocol -----------------------------------------
 
 
+@example(
+    # half a PUBLISH left in its parser swallowed a client's acknowledgements (found by
+    # Hypothesis: the check must not call that a stuck delivery)
+    journal=False,
+    auth=True,
+    max_connections=3,
+    memory=10**9,
+    first=tuple(
+        [
+            Connect(
+                client_id=f"c{n}",
+                clean_session=False,
+                protocol_name="MQIsdp",
+                protocol_level=3,
+                username="u" if n != 1 else None,
+                password=b"pw" if n != 1 else None,
+            ),
+            Subscribe(1, (("a/#", 0),)),
+        ]
+        for n in range(3)
+    ),
+    ops=[
+        (
+            "send",
+            2,
+            [Subscribe(1, (("$mqtt/#", 1),)), Publish("$mqtt/s", b"", 1, packet_id=1)],
+            [b"\x82\x0c\x00\x01\x00\x07$mqtt/#\x012\x0b\x00\x07$mqtt/s\x00\x010\xb5"],
+        ),
+        ("send", 0, [Publish("$mqtt/s", b"", 1, packet_id=1)], [b"2\x0b\x00\x07$mqtt/s\x00\x01"]),
+        ("send", 0, [Publish("$mqtt/s", b"", 1, packet_id=2)], [b"2\x0b\x00\x07$mqtt/s\x00\x02"]),
+    ]
+    + [("tick",)] * 8,
+)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     journal=st.booleans(),
