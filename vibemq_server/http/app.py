@@ -1,11 +1,11 @@
 """The ASGI app of the HTTP listener: FastAPI, one router per area, offline API docs.
 
 Mount points: each management area is one ``APIRouter`` in a module of its own, listed in
-``ROUTERS`` (health, overview and queues here; /metrics, connections and definitions are
-added the same way). Every route is ``async def`` (FastAPI runs plain functions on worker
-threads, and the broker may only be touched from its loop) and takes its broker through
-``Depends(api_context)``. Around the routes, outermost first: the body bound (limits.py),
-then authentication and tags (auth.py) -- both before a body is read.
+``ROUTERS`` (the web dashboard's page too; its files are a StaticFiles mount). Every route is
+``async def`` (FastAPI runs plain functions on worker threads, and the broker may only be
+touched from its loop) and takes its broker through ``Depends(api_context)``. Around the
+routes, outermost first: the body bound (limits.py), then authentication and tags (auth.py)
+-- both before a body is read.
 """
 
 from __future__ import annotations
@@ -21,7 +21,15 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
 from vibemq_server import __version__
-from vibemq_server.http import connections, definitions, health, metrics, overview, queues
+from vibemq_server.http import (
+    connections,
+    dashboard,
+    definitions,
+    health,
+    metrics,
+    overview,
+    queues,
+)
 from vibemq_server.http.auth import AuthMiddleware
 from vibemq_server.http.context import ApiContext
 from vibemq_server.http.limits import BodyLimitMiddleware
@@ -36,6 +44,7 @@ ROUTERS: list[APIRouter] = [
     connections.router,
     definitions.router,
     metrics.router,
+    dashboard.router,
 ]
 
 _DESCRIPTION = """Manage and observe a VibeMQ broker (docs/management.md).
@@ -151,6 +160,7 @@ def create_app(ctx: ApiContext) -> ASGIApp:
     for router in ROUTERS:
         app.include_router(router)
     app.mount("/api/static", StaticFiles(directory=STATIC), name="static")
+    app.mount(dashboard.MOUNT, dashboard.files(), name="dashboard")
 
     @app.get("/api/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:
