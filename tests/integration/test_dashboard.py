@@ -10,6 +10,7 @@ Waits are Playwright's bounded ones (browserkit.WAIT_MS), never a measured time.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -300,6 +301,97 @@ def test_a_monitoring_user_is_told_it_may_not_purge(
     page.click("#purge")
     expect(page.locator("#banner.error")).to_contain_text("403")
     assert all("401" in line or "403" in line for line in desktop.console), desktop.console
+    assert not desktop.errors, desktop.errors
+
+
+# -- polling: bounded, paused while hidden, backing off --------------------------------------
+
+#: counts the page's fetches and how many were in flight at once (installed before its script)
+FETCH_COUNTER = """
+window.__fetches = [];
+window.__inflight = 0;
+window.__maxInflight = 0;
+const realFetch = window.fetch.bind(window);
+window.fetch = (url, init) => {
+  window.__fetches.push(String(url));
+  window.__inflight++;
+  window.__maxInflight = Math.max(window.__maxInflight, window.__inflight);
+  return realFetch(url, init).finally(() => { window.__inflight--; });
+};
+"""
+
+
+def test_polling_is_one_at_a_time_paused_when_hidden_and_backs_off(
+    make_mqtt_broker: MakeBroker, desktop: Watched
+) -> None:
+    """With the page's clock faked (Playwright's clock), timers fire only when the test
+    advances time: what the poller asks, and when, is exact."""
+    broker = make_mqtt_broker()
+    page = desktop.page
+    page.add_init_script(FETCH_COUNTER)
+    start = dt.datetime(2027, 1, 1, tzinfo=dt.UTC)
+    page.clock.install(time=start)
+    # from here on, the page's time moves only when the test says
+    page.clock.pause_at(start + dt.timedelta(seconds=1))
+    page.goto(base(broker) + "/")
+    expect(page.locator("#stat-ready .stat-value")).to_have_text("0")
+
+    def overview_calls() -> int:
+        calls = page.evaluate("window.__fetches.filter(u => u.includes('/api/overview')).length")
+        assert isinstance(calls, int)
+        return calls
+
+    def settled() -> None:
+        page.wait_for_function("() => window.__inflight === 0", polling=50)
+
+    settled()
+    assert overview_calls() == 1
+    # the next refresh 3 s after the last one was answered, not before
+    page.clock.run_for(2900)
+    assert overview_calls() == 1
+    page.clock.run_for(200)
+    assert overview_calls() == 2
+    settled()
+
+    # hidden: nothing at all, however long; shown again: at once
+    page.evaluate(
+        "Object.defineProperty(document, 'hidden', {value: true, configurable: true});"
+        "document.dispatchEvent(new Event('visibilitychange'))"
+    )
+    expect(page.locator("#live.idle")).to_be_visible()
+    page.clock.run_for(600_000)
+    assert overview_calls() == 2
+    page.evaluate(
+        "Object.defineProperty(document, 'hidden', {value: false, configurable: true});"
+        "document.dispatchEvent(new Event('visibilitychange'))"
+    )
+    assert overview_calls() == 3
+    settled()
+
+    # failing: shown, and asked again after 6 s, then 12 s (doubling), not every 3 s
+    page.route("**/api/overview", lambda route: route.abort())
+    page.clock.run_for(3000)
+    assert overview_calls() == 4
+    settled()
+    expect(page.locator("#banner.error")).to_contain_text("did not answer")
+    expect(page.locator("#live.error")).to_be_visible()
+    page.clock.run_for(5900)
+    assert overview_calls() == 4
+    page.clock.run_for(200)
+    assert overview_calls() == 5
+    settled()
+    page.clock.run_for(11_800)
+    assert overview_calls() == 5
+    page.unroute("**/api/overview")
+    page.clock.run_for(300)
+    assert overview_calls() == 6
+    # answered again: the error goes, the dot is green
+    expect(page.locator("#live.ok")).to_be_visible()
+    expect(page.locator("#banner")).to_be_hidden()
+    assert page.evaluate("window.__maxInflight") == 1
+    # the only complaints: the two refused requests
+    assert len(desktop.console) == 2, desktop.console
+    assert all("ERR_FAILED" in line for line in desktop.console), desktop.console
     assert not desktop.errors, desktop.errors
 
 
