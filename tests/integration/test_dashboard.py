@@ -162,6 +162,31 @@ def test_payloads_and_headers_are_shown_never_run(
     desktop.assert_clean()
 
 
+def test_mistakes_are_told_plainly(make_mqtt_broker: MakeBroker, desktop: Watched) -> None:
+    broker = make_mqtt_broker()
+    page = desktop.page
+    page.goto(base(broker) + "/#/publish")
+    # not JSON: said before anything is sent
+    page.fill("#publish-queue", "orders")
+    page.fill("#publish-payload", "{not json")
+    page.click("#publish-submit")
+    expect(page.locator("#banner.error")).to_contain_text("Payload: not JSON")
+    page.fill("#publish-payload", "{}")
+    page.fill("#publish-headers", '{"n": 1}')
+    page.click("#publish-submit")
+    expect(page.locator("#banner.error")).to_contain_text('the value of "n" must be a string')
+    assert not desktop.console  # no request went out
+    # a queue that does not exist: the API's answer, in words
+    page.fill("#publish-headers", "")
+    page.click("#publish-submit")
+    expect(page.locator("#banner.error")).to_contain_text("404: queue 'orders' not found")
+    # a queue's page for a queue that is not there
+    page.goto(base(broker) + "/#/queues/orders")
+    expect(page.locator("#queue-missing")).to_be_visible()
+    assert all("404" in line for line in desktop.console), desktop.console
+    assert not desktop.errors, desktop.errors
+
+
 def test_dead_letters_are_sent_back(make_mqtt_broker: MakeBroker, desktop: Watched) -> None:
     broker = make_mqtt_broker()
     with api(broker) as outsider:

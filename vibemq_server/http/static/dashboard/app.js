@@ -420,14 +420,15 @@
     );
   }
 
-  function table(columns, rows, empty = "Nothing here.") {
+  /* A table of rows; `cls` "stack" shows each row as a block of labelled lines on a phone. */
+  function table(columns, rows, empty = "Nothing here.", cls = null) {
     if (!rows.length) return h("p", { class: "muted empty" }, empty);
     return h(
       "div",
       { class: "table-wrap" },
       h(
         "table",
-        {},
+        { class: cls },
         h("thead", {}, h("tr", {}, columns.map((c) => h("th", { class: c.cls }, c.title)))),
         h(
           "tbody",
@@ -967,10 +968,21 @@
         : h("details", { class: "card", id: "publish-here" }, h("summary", {}, "Publish a test message"), publishForm(name, afterChange)),
     ]);
     showSendBack();
-    loadMessages().catch(failed);
+    loadMessages().catch((err) => (err.status === 404 ? null : failed(err)));
+
+    function gone() {
+      fill(main, h("p", { class: "crumbs" }, link("Queues", "#/queues"), " / "), h("h1", {}, name), h("p", { class: "muted", id: "queue-missing" }, "There is no queue of this name (any more)."));
+      if (alive()) poller.task = null; // nothing left to refresh
+    }
 
     return async () => {
-      const x = await get(`/api/queues/${q(name)}`);
+      let x;
+      try {
+        x = await get(`/api/queues/${q(name)}`);
+      } catch (err) {
+        if (err.status === 404 && alive()) return gone();
+        throw err;
+      }
       if (!alive()) return;
       fill(facts, 
         card("Ready", fmtNum(x.messageCount), `of at most ${fmtNum(x.maxSize)}`, "queue-ready"),
@@ -1052,6 +1064,7 @@
           ],
           data.items,
           "No dead-letter queues.",
+          "stack",
         ),
       );
       fill(pager, 
@@ -1119,6 +1132,7 @@
           ],
           list,
           "No client is connected.",
+          "stack",
         ),
       );
       for (const id of closing) {
