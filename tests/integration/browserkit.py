@@ -23,7 +23,8 @@ ARTIFACTS = Path(
 ) / ("dashboard")
 #: Debian's chromium (scripts/_system.sh installs it when it is missing)
 CHROMIUM = os.environ.get("VIBEMQ_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-#: what a root user on a headless machine needs, and nothing that calls home
+#: what a root user on a headless machine needs, and nothing that calls home (Playwright adds
+#: --headless and a fresh --user-data-dir of its own for every launch)
 FLAGS = [
     "--no-sandbox",
     "--disable-gpu",

@@ -35,6 +35,9 @@ async def test_the_page_is_open_its_data_is_not(
         assert (await anyone.get("/api/overview")).status_code == 401
         assert (await anyone.get("/dashboard/missing.js")).status_code == 404
         assert (await anyone.get("/dashboard/")).status_code == 404  # no directory listing
+        # served in one place only, always with the page's headers
+        assert (await anyone.get("/api/static/dashboard/index.html")).status_code == 404
+        assert (await anyone.get("/api/static/swagger-ui/swagger-ui.css")).status_code == 200
     async with client(broker, "admin") as admin:
         assert (await admin.get("/api/overview")).status_code == 200
         # the page is no API operation

@@ -159,7 +159,8 @@ def create_app(ctx: ApiContext) -> ASGIApp:
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     for router in ROUTERS:
         app.include_router(router)
-    app.mount("/api/static", StaticFiles(directory=STATIC), name="static")
+    # Swagger UI's folder only: the dashboard's files are served with their own headers
+    app.mount("/api/static/swagger-ui", StaticFiles(directory=STATIC / "swagger-ui"), name="static")
     app.mount(dashboard.MOUNT, dashboard.files(), name="dashboard")
 
     @app.get("/api/docs", include_in_schema=False)
