@@ -1165,10 +1165,20 @@
         throw err;
       }
       if (!alive()) return;
-      const users = Array.isArray(data) ? data : (data && (data.items || data.users)) || [];
+      let users = Array.isArray(data) ? data : (data && (data.items || data.users)) || null;
+      if (!users && data && typeof data === "object") {
+        users = Object.entries(data).map(([name, u]) => ({ name, ...u })); // keyed by name
+      }
+      users = users || [];
       const keys = [];
       for (const u of users) for (const k of Object.keys(u)) if (!keys.includes(k)) keys.push(k);
-      const show = (v) => (Array.isArray(v) ? v.join(", ") : v && typeof v === "object" ? JSON.stringify(v) : v ?? "–");
+      // tags as a list, permissions as "configure: .* · write: .* · read: .*"
+      const show = (v) =>
+        Array.isArray(v)
+          ? v.join(", ") || "–"
+          : v && typeof v === "object"
+            ? Object.entries(v).map(([k, x]) => `${k}: ${typeof x === "object" ? JSON.stringify(x) : x}`).join(" · ")
+            : v ?? "–";
       fill(body, table(keys.map((k) => ({ title: k, cell: (u) => show(u[k]) })), users, "No users."));
     };
   }
