@@ -27,7 +27,9 @@
     for (const [key, value] of Object.entries(attrs || {})) {
       if (value === null || value === undefined || value === false) continue;
       if (key === "class") el.className = value;
-      else if (key.startsWith("on") && typeof value === "function") {
+      else if (key.startsWith("on")) {
+        // a handler is one of this script's functions, never a string (an inline handler)
+        if (typeof value !== "function") throw new TypeError(`${key}: not a function`);
         el.addEventListener(key.slice(2), value);
       } else if (key === "value") el.value = value;
       else el.setAttribute(key, value === true ? "" : String(value));
@@ -1179,7 +1181,8 @@
           : v && typeof v === "object"
             ? Object.entries(v).map(([k, x]) => `${k}: ${typeof x === "object" ? JSON.stringify(x) : x}`).join(" · ")
             : v ?? "–";
-      fill(body, table(keys.map((k) => ({ title: k, cell: (u) => show(u[k]) })), users, "No users."));
+      const title = (k) => k.charAt(0).toUpperCase() + k.slice(1);
+      fill(body, table(keys.map((k) => ({ title: title(k), cell: (u) => show(u[k]) })), users, "No users.", "stack"));
     };
   }
 
