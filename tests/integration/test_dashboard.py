@@ -20,7 +20,8 @@ import pytest
 from browserkit import DESKTOP, PHONE, WAIT_MS, Watched, chromium, watched_page
 from httpkit import TAGGED_USERS, write_users
 from mqttutil import Clients, MakeBroker, ThreadBroker
-from playwright.sync_api import Browser, expect
+from playwright.sync_api import Browser, Route, expect
+from waits import wait_until
 
 from vibemq_server.server import Broker
 
@@ -425,6 +426,23 @@ def test_polling_is_one_at_a_time_paused_when_hidden_and_backs_off(
     # answered again: the error goes, the dot is green
     expect(page.locator("#live.ok")).to_be_visible()
     expect(page.locator("#banner")).to_be_hidden()
+    settled()
+
+    # a slow answer (1 s of the page's time): the next refresh waits 20 times as long
+    held: list[Route] = []
+    page.route("**/api/overview", lambda route: held.append(route))
+    page.clock.run_for(3000)
+    assert overview_calls() == 7
+    wait_until(lambda: page.evaluate("1") == 1 and bool(held), "the request held")
+    page.clock.run_for(1000)
+    held[0].continue_()
+    settled()
+    page.unroute("**/api/overview")
+    page.clock.run_for(19_000)
+    assert overview_calls() == 7
+    page.clock.run_for(1_100)
+    assert overview_calls() == 8
+
     assert page.evaluate("window.__maxInflight") == 1
     # the only complaints: the two refused requests
     assert len(desktop.console) == 2, desktop.console

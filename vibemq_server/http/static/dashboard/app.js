@@ -5,13 +5,17 @@
  * markup is shown, never run. The page's Content-Security-Policy forbids inline scripts too.
  *
  * Load on the broker: one poller for the whole page. It runs the current view's refresh,
- * waits for it to finish, then waits POLL_MS before the next one: never more than one
- * request in flight from polling. It stops while the tab is hidden, and backs off
- * (doubling, up to BACKOFF_MAX_MS) while requests fail.
+ * waits for it to finish, then waits POLL_MS (or LOAD_FACTOR times as long as the refresh
+ * took, when that is longer: a big broker is asked less often) before the next one: never
+ * more than one request in flight from polling. It stops while the tab is hidden, and backs
+ * off (doubling, up to BACKOFF_MAX_MS) while requests fail.
  */
 "use strict";
 (() => {
   const POLL_MS = 3000;
+  // wait at least this many times a refresh's duration: its share of the broker's time
+  // stays under 1/LOAD_FACTOR per open tab, however many queues there are
+  const LOAD_FACTOR = 20;
   const BACKOFF_MAX_MS = 60000;
   const REQUEST_TIMEOUT_MS = 10000;
   const AUTH_KEY = "vibemq.dashboard.auth";
@@ -225,6 +229,7 @@
     running: false,
     again: false,
     failures: 0,
+    cost: 0, // ms the last successful refresh took
     paused: false,
     set(task) {
       this.task = task;
@@ -249,8 +254,10 @@
       const task = this.task;
       this.running = true;
       this.again = false;
+      const started = performance.now();
       try {
         await task();
+        this.cost = performance.now() - started;
         this.failures = 0;
         setLive("ok");
         if ($("banner").dataset.source === "poll") hush(); // the broker answers again
@@ -269,7 +276,7 @@
       if (!this.task || this.paused || document.hidden) return;
       const delay = this.failures
         ? Math.min(BACKOFF_MAX_MS, POLL_MS * 2 ** this.failures)
-        : POLL_MS;
+        : Math.min(BACKOFF_MAX_MS, Math.max(POLL_MS, LOAD_FACTOR * this.cost));
       this.timer = setTimeout(() => {
         this.timer = null;
         this.run();
