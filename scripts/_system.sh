@@ -54,6 +54,8 @@ system_need_test() {
   dpkg -s libczmq-dev >/dev/null 2>&1 || pkgs+=(libczmq-dev)
   # The metrics tests check the Prometheus exposition with promtool (Debian's prometheus).
   command -v promtool >/dev/null || pkgs+=(prometheus)
+  # The dashboard's tests drive Debian's chromium with Playwright (no browser download).
+  command -v chromium >/dev/null || pkgs+=(chromium)
   # The Spark step (pyspark from PyPI) needs a Java 17 runtime.
   if ! command -v java >/dev/null && [ -z "${JAVA_HOME:-}" ]; then
     pkgs+=(openjdk-17-jre-headless)

@@ -2,12 +2,13 @@
 
 Mount points: each management area is one ``APIRouter`` in a module of its own, listed in
 ``ROUTERS`` (health, overview, queues, connections, definitions, exchanges, MQTT, users,
-/metrics). A router is thin: the work is in ``vibemq_server.management``, whose refusals
-(``management.errors``) are answered here by kind (``REFUSALS``). Every route is
+/metrics, and the web dashboard's page, whose files are a StaticFiles mount). A router is
+thin: the work is in ``vibemq_server.management``, whose refusals (``management.errors``)
+are answered here by kind (``REFUSALS``). Every route is
 ``async def`` (FastAPI runs plain functions on worker threads, and the broker may only be
 touched from its loop) and takes its broker through ``Depends(api_context)``. Around the
-routes, outermost first: the body bound (limits.py), then authentication and tags (auth.py)
--- both before a body is read.
+routes, outermost first: the starting gate (503 until the broker is ready: health.py), the
+body bound (limits.py), then authentication and tags (auth.py) -- all before a body is read.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from starlette.types import ASGIApp
 from vibemq_server import __version__
 from vibemq_server.http import (
     connections,
+    dashboard,
     definitions,
     exchanges,
     health,
@@ -59,6 +61,7 @@ ROUTERS: list[APIRouter] = [
     mqtt.router,
     users.router,
     metrics.router,
+    dashboard.router,
 ]
 
 _DESCRIPTION = """Manage and observe a VibeMQ broker (docs/management.md).
@@ -196,7 +199,9 @@ def create_app(ctx: ApiContext) -> ASGIApp:
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     for router in ROUTERS:
         app.include_router(router)
-    app.mount("/api/static", StaticFiles(directory=STATIC), name="static")
+    # Swagger UI's folder only: the dashboard's files are served with their own headers
+    app.mount("/api/static/swagger-ui", StaticFiles(directory=STATIC / "swagger-ui"), name="static")
+    app.mount(dashboard.MOUNT, dashboard.files(), name="dashboard")
 
     @app.get("/api/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:

@@ -15,8 +15,9 @@ everything, as they may on the protocols. Anonymous access is only ever granted 
 peers here, whatever ``allow_anonymous`` says: the API is never open to the network.
 
 Open without credentials: ``/health/*`` (``http.open_health``), ``/metrics``
-(``http.open_metrics``: by default to loopback peers only) and the API's documentation
-(``/api/docs``, ``/api/openapi.json``, ``/api/static/``: they hold no broker data).
+(``http.open_metrics``: by default to loopback peers only), the API's documentation
+(``/api/docs``, ``/api/openapi.json``, ``/api/static/``) and the dashboard's page and files
+(``/``, ``/dashboard/``): they hold no broker data.
 """
 
 from __future__ import annotations
@@ -41,8 +42,10 @@ log = structlog.get_logger("vibemq.http")
 WRITE_TAGS = frozenset({"administrator", "management"})
 READ_TAGS = WRITE_TAGS | {"monitoring"}
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-#: paths open to everyone: the API's description, no broker data in it
-DOC_PATHS = ("/api/docs", "/api/openapi.json", "/api/static/")
+#: paths open to everyone: the API's description and the dashboard's page and files (no
+#: broker data in them: the dashboard's script calls the API, with credentials)
+DOC_PATHS = ("/api/docs", "/api/openapi.json", "/api/static/", "/dashboard/")
+PAGE_PATHS = frozenset({"/"})
 CHALLENGES = [
     (b"www-authenticate", b'Basic realm="VibeMQ", charset="UTF-8"'),
     (b"www-authenticate", b'Bearer realm="VibeMQ"'),
@@ -111,7 +114,7 @@ class AuthMiddleware:
         if path == "/metrics":
             open_metrics = self.config.open_metrics
             return is_loopback_peer(peer) if open_metrics is None else open_metrics
-        return path.startswith(DOC_PATHS)
+        return path in PAGE_PATHS or path.startswith(DOC_PATHS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
