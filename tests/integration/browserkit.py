@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from playwright.sync_api import Browser, ConsoleMessage, Error, Page, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Error, Page, expect, sync_playwright
 
 #: where the screenshots of a run are kept (test artifacts)
 ARTIFACTS = Path(
@@ -36,6 +36,8 @@ FLAGS = [
 ]
 #: a bounded wait for anything the page shows (ms, Playwright's unit)
 WAIT_MS = 10_000
+# expect(...) waits as long (its own default is 5 s: short on a busy CI machine)
+expect.set_options(timeout=WAIT_MS)
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 

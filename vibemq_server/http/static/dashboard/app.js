@@ -253,13 +253,14 @@
       }
       const task = this.task;
       this.running = true;
+      document.body.dataset.polling = "1"; // (tests wait for "0": a refresh is one or more calls)
       this.again = false;
       const started = performance.now();
       try {
         await task();
         this.cost = performance.now() - started;
         this.failures = 0;
-        setLive("ok");
+        setLive(document.hidden ? "idle" : "ok"); // hidden while it was answered: paused now
         if ($("banner").dataset.source === "poll") hush(); // the broker answers again
       } catch (err) {
         this.failures++;
@@ -268,6 +269,7 @@
         else failed(err, "poll");
       } finally {
         this.running = false;
+        document.body.dataset.polling = "0";
       }
       if (this.again || task !== this.task) this.now();
       else this.schedule();
