@@ -10,11 +10,13 @@ Three broker setups, each a fresh ``vibemq-server`` process with MQTT on, measur
 
 In each, the native protocol's 1 -> 1 throughput with acks (``bench.vibemq_bench``) and MQTT
 QoS 1 1 -> 1 (``bench.mqtt_bench``) run against the same broker. Reported: medians per setup
-and the ratios idle/off and scraped/off (the goal: within 5 %), the scrapes made and the
-slowest one. Then, unless ``--scrape-queues 0``, one broker with that many queues (10,000 by
-default, created over the native protocol) is scraped over real HTTP: ``/metrics``,
-``/api/overview`` and ``/api/queues`` (a page of 100), each ``--scrape-runs`` times, median
-and slowest (the goal: under a second).
+and the ratios idle/off and scraped/off (the goal: within 5 %), the broker's CPU per message
+over each whole run (steadier than rates on a shared machine; the scraped runs include the
+scrapes' own cost), the scrapes made and the slowest one. Then, unless
+``--scrape-queues 0``, one broker with that many queues (10,000 by default, created over the
+native protocol) is scraped over real HTTP: ``/metrics``, ``/api/overview`` and
+``/api/queues`` (a page of 100), each ``--scrape-runs`` times, median and slowest (the goal:
+under a second).
 
     .venv/bin/python -m bench.http_overhead --rounds 5
     .venv/bin/python -m bench.http_overhead --rounds 3 --messages 100000 --json http.json
@@ -38,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.brokers import VibeMQBroker
+from bench.common import cpu_seconds
 from bench.vibemq_driver import CREATE_QUEUE, frame, handshake, read_message
 
 SETUPS = ("off", "idle", "scraped")
@@ -110,6 +113,8 @@ def measure(setup: str, args: argparse.Namespace) -> dict[str, Any]:
             ready = json.loads((broker.tmp / "ready.json").read_text())
             scraper = Scraper(f"http://127.0.0.1:{ready['http']}")
             scraper.start()
+        pids = broker.pids()
+        cpu0 = cpu_seconds(pids)
         native = _run_json(
             [
                 "bench.vibemq_bench",
@@ -125,6 +130,7 @@ def measure(setup: str, args: argparse.Namespace) -> dict[str, Any]:
             ],
             args.timeout,
         )
+        cpu1 = cpu_seconds(pids)
         mqtt = _run_json(
             [
                 "bench.mqtt_bench",
@@ -141,14 +147,20 @@ def measure(setup: str, args: argparse.Namespace) -> dict[str, Any]:
             ],
             args.timeout,
         )
+        cpu2 = cpu_seconds(pids)
     finally:
         if scraper is not None:
             scraper.stop_event.set()
             scraper.join(15)
         broker.stop()
+    # the broker's CPU over each whole run (warm-up and all, the scrapes included) per
+    # message: steadier than the rates on a shared machine
+    native_messages = args.messages + 5000
     return {
         "native": _find(native, "deliver_rate"),
         "mqtt": _find(_find(mqtt, "qos1-1to1"), "deliveries_per_s"),
+        "native_cpu_us": (cpu1 - cpu0) / native_messages * 1e6,
+        "mqtt_cpu_us": (cpu2 - cpu1) / (args.messages + 20_000) * 1e6,
         "scrapes": scraper.count if scraper else 0,
         "scrape_failures": scraper.failures if scraper else 0,
         "slowest_scrape_s": scraper.slowest_s if scraper else 0.0,
@@ -235,12 +247,17 @@ def main(argv: list[str] | None = None) -> int:
 
     summary: dict[str, Any] = {"rounds": args.rounds, "messages": args.messages}
     print()
-    print(f"{'':<24}{'off':>12}{'idle':>12}{'scraped':>12}{'idle/off':>10}{'scraped/off':>12}")
-    for key, label in (("native", "native 1->1 acks msg/s"), ("mqtt", "MQTT QoS 1 1->1 msg/s")):
+    print(f"{'':<26}{'off':>10}{'idle':>12}{'scraped':>12}{'idle/off':>10}{'scraped/off':>12}")
+    for key, label in (
+        ("native", "native 1->1 acks msg/s"),
+        ("mqtt", "MQTT QoS 1 1->1 msg/s"),
+        ("native_cpu_us", "native broker CPU us/msg"),
+        ("mqtt_cpu_us", "MQTT broker CPU us/msg"),
+    ):
         off, idle, scraped = (median(s, key) for s in SETUPS)
         summary[key] = {"off": off, "idle": idle, "scraped": scraped}
         print(
-            f"{label:<24}{off:>12,.0f}{idle:>12,.0f}{scraped:>12,.0f}"
+            f"{label:<26}{off:>10,.1f}{idle:>12,.1f}{scraped:>12,.1f}"
             f"{idle / off:>10.3f}{scraped / off:>12.3f}"
         )
     if args.scrape_queues:
