@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from certs import make_pki
+from certs import make_pki, tls_settings
 from httpkit import TAGGED_USERS, base_url, write_users
 from httpkit import client as client_of
 from rawclient import RawClient
@@ -235,13 +235,7 @@ async def test_refusals_are_one_line_and_exit_1(secured: Broker, tmp_path: Path)
 async def test_https_with_cafile(broker_factory: Any, tmp_path: Path) -> None:
     pki = make_pki(tmp_path)
     broker: Broker = await broker_factory(
-        tls={
-            "cert_file": pki.server.cert,
-            "key_file": pki.server.key,
-            "port": 0,
-            "mqtt_port": 0,
-            "amqp_port": 0,
-        },
+        tls=tls_settings(pki),
         http={"port": 0, "tls_port": 0, "plain": False},
     )
     url = base_url(broker, "http_tls")

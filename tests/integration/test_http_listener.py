@@ -17,7 +17,7 @@ import httpx
 import pika
 import pika.exceptions
 import pytest
-from certs import make_pki
+from certs import make_pki, tls_settings
 from httpkit import HOST, TAGGED_USERS, base_url, client, raw_request, write_users
 from serverproc import launch
 
@@ -52,13 +52,7 @@ def test_settings_from_flags_environment_and_defaults() -> None:
 async def test_https_with_the_brokers_certificate(broker_factory: Any, tmp_path: Path) -> None:
     pki = make_pki(tmp_path)
     broker: Broker = await broker_factory(
-        tls={
-            "cert_file": pki.server.cert,
-            "key_file": pki.server.key,
-            "port": 0,
-            "mqtt_port": 0,
-            "amqp_port": 0,
-        },
+        tls=tls_settings(pki),
         http={"port": 0, "tls_port": 0, "plain": False},
     )
     assert broker.ready()["http"] is None and isinstance(broker.ready()["http_tls"], int)

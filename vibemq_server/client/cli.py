@@ -30,16 +30,6 @@ PRIORITIES = ("Low", "Normal", "High", "Critical")
 _PUBLISH_WINDOW = 256  # publishes in flight at once with --count
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _header(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -106,14 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="message header (repeatable)",
     )
     p.add_argument("--priority", choices=PRIORITIES, help="message priority")
-    p.add_argument("--count", "-n", type=_positive_int, default=1, help="publish N copies")
+    p.add_argument("--count", "-n", type=ops.positive_int, default=1, help="publish N copies")
     p.add_argument("--quiet", "-q", action="store_true", help="do not print message ids")
 
     s = sub.add_parser("subscribe", help="print messages as JSON lines as they arrive")
     s.add_argument("queue", metavar="QUEUE")
-    s.add_argument("--count", "-n", type=_positive_int, help="stop after N messages")
+    s.add_argument("--count", "-n", type=ops.positive_int, help="stop after N messages")
     s.add_argument("--no-ack", action="store_true", help="do not acknowledge messages")
-    s.add_argument("--prefetch", type=_positive_int, help="max unacknowledged deliveries")
+    s.add_argument("--prefetch", type=ops.positive_int, help="max unacknowledged deliveries")
 
     lq = sub.add_parser("list-queues", help="list queue names, one per line")
     lq.add_argument("--json", action="store_true", help="print a JSON array instead")
@@ -124,13 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("create-queue", help="create a queue")
     c.add_argument("queue", metavar="QUEUE")
     c.add_argument("--mode", choices=DELIVERY_MODES, default="RoundRobin", help="delivery mode")
-    c.add_argument("--max-size", type=_positive_int, help="maximum number of messages")
-    c.add_argument("--ttl-ms", type=_positive_int, help="message time-to-live in milliseconds")
+    c.add_argument("--max-size", type=ops.positive_int, help="maximum number of messages")
+    c.add_argument("--ttl-ms", type=ops.positive_int, help="message time-to-live in milliseconds")
     c.add_argument("--dlq", action="store_true", help="enable the dead-letter queue")
     c.add_argument("--dlq-name", help="dead-letter queue name")
     c.add_argument("--overflow", choices=OVERFLOW_STRATEGIES, help="what to do when full")
-    c.add_argument("--max-retries", type=_positive_int, help="delivery attempts before DLQ")
-    c.add_argument("--ack-timeout-ms", type=_positive_int, help="redeliver after this long")
+    c.add_argument("--max-retries", type=ops.positive_int, help="delivery attempts before DLQ")
+    c.add_argument("--ack-timeout-ms", type=ops.positive_int, help="redeliver after this long")
 
     d = sub.add_parser("delete-queue", help="delete a queue")
     d.add_argument("queue", metavar="QUEUE")

@@ -44,7 +44,8 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1 (for the commands here and in cli.py)."""
     try:
         value = int(text)
     except ValueError:
@@ -71,7 +72,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("queue", metavar="QUEUE")
     p = command("browse", "show a queue's ready messages without consuming them (HTTP API)")
     p.add_argument("queue", metavar="QUEUE")
-    p.add_argument("--count", "-n", type=_positive, default=10, help="at most N (default 10)")
+    p.add_argument("--count", "-n", type=positive_int, default=10, help="at most N (default 10)")
     p.add_argument("--offset", type=int, default=0, help="skip the first N")
     p = command(
         "dlq-requeue",
@@ -79,7 +80,7 @@ def add_commands(sub: Any) -> None:
     )
     p.add_argument("queue", metavar="QUEUE", help="the dead-letter queue, e.g. orders.dlq")
     p.add_argument("--target", help="move them all to this queue instead")
-    p.add_argument("--limit", type=_positive, help="at most N messages")
+    p.add_argument("--limit", type=positive_int, help="at most N messages")
     p = sub.add_parser("export", help="export definitions as JSON (HTTP API)")
     p.add_argument("file", metavar="FILE", nargs="?", help="write here (mode 0600); default stdout")
     p = command("import", "import definitions from a JSON file, '-' for stdin (HTTP API)")
