@@ -393,14 +393,7 @@
       armed = null;
       button.textContent = label;
       button.classList.remove("armed");
-      button.disabled = true;
-      try {
-        await action();
-      } catch (err) {
-        failed(err);
-      } finally {
-        button.disabled = false;
-      }
+      await runOnce(button, action);
     });
     return button;
   }
@@ -408,17 +401,20 @@
   /* A button whose action runs once at a time. */
   function actionButton(label, action, cls = "") {
     const button = h("button", { type: "button", class: cls }, label);
-    button.addEventListener("click", async () => {
-      button.disabled = true;
-      try {
-        await action();
-      } catch (err) {
-        failed(err);
-      } finally {
-        button.disabled = false;
-      }
-    });
+    button.addEventListener("click", () => runOnce(button, action));
     return button;
+  }
+
+  /* Run a button's action with the button disabled meanwhile; a failure is shown. */
+  async function runOnce(button, action) {
+    button.disabled = true;
+    try {
+      await action();
+    } catch (err) {
+      failed(err);
+    } finally {
+      button.disabled = false;
+    }
   }
 
   function card(title, value, note, id) {
