@@ -100,6 +100,14 @@ class Scenario:
     confirms: bool  # publisher confirms; also a durable queue and persistent messages
     title: str
     latency: bool = False
+    #: the queue durable and messages persistent; None: as ``confirms``
+    durable: bool | None = None
+    #: the consumer polls with Basic.Get instead of Basic.Consume
+    get: bool = False
+
+    @property
+    def is_durable(self) -> bool:
+        return self.confirms if self.durable is None else self.durable
 
 
 SCENARIOS = (
@@ -107,7 +115,12 @@ SCENARIOS = (
     Scenario("confirmed", True, "durable+confirms"),
     Scenario("latency", False, "latency transient", latency=True),
     Scenario("latency-confirm", True, "latency durable+conf", latency=True),
+    # not in the default list (bench.paths_bench runs them): confirms on a transient queue,
+    # and a consumer polling with Basic.Get
+    Scenario("transient-confirm", True, "transient+confirms", durable=False),
+    Scenario("get", False, "basic.get polling", get=True),
 )
+DEFAULT_SCENARIOS = ("transient", "confirmed", "latency", "latency-confirm")
 THROUGHPUT = tuple(s for s in SCENARIOS if not s.latency)
 LATENCY = tuple(s for s in SCENARIOS if s.latency)
 
@@ -147,11 +160,18 @@ class Layout:
     """The queue of one phase and how its messages are published."""
 
     queue: bytes
-    confirms: bool  # implies a durable queue and persistent messages
+    confirms: bool  # publisher confirms
     payload_size: int = PAYLOAD_SIZE
+    #: a durable queue and persistent messages; None: as ``confirms``
+    durable_queue: bool | None = None
+    get: bool = False  # the consumer polls with Basic.Get
+
+    @property
+    def durable(self) -> bool:
+        return self.confirms if self.durable_queue is None else self.durable_queue
 
     def publish(self, body: bytes) -> bytes:
-        return encode_publish(self.queue, body, persistent=self.confirms)
+        return encode_publish(self.queue, body, persistent=self.durable)
 
 
 def _leading(column: bytes, value: bytes) -> int:
@@ -472,7 +492,7 @@ def publisher_main(opts: Options, layout: Layout, total: int, pipe: Connection) 
     try:
         unit = layout.publish(b"x" * layout.payload_size)
         conn = opts.open()
-        queue_declare(conn, layout.queue, durable=layout.confirms)
+        queue_declare(conn, layout.queue, durable=layout.durable)
         if layout.confirms:
             confirm_select(conn)
         pipe.send(("ready", None))
@@ -502,7 +522,9 @@ def publisher_main(opts: Options, layout: Layout, total: int, pipe: Connection) 
     pipe.send(("done", asdict(st)))
 
 
-def _consume(conn: BlockingConn, expected: int, opts: Options, pipe: Connection) -> SubStats:
+def _consume(
+    conn: BlockingConn, expected: int, opts: Options, pipe: Connection, _queue: bytes = b""
+) -> SubStats:
     st = SubStats()
     scanner = DeliveryScanner()
     sock = conn.sock
@@ -573,17 +595,107 @@ def _consume(conn: BlockingConn, expected: int, opts: Options, pipe: Connection)
     return st
 
 
+BASIC_GET_OK = (60, 71)
+BASIC_GET_EMPTY = (60, 72)
+
+
+def _poll_get(
+    conn: BlockingConn, expected: int, opts: Options, pipe: Connection, queue: bytes
+) -> SubStats:
+    """Basic.Get polling: ``--prefetch`` Basic.Get requests pipelined (a new one for every
+    answer), manual acks, one ``multiple`` Basic.Ack once ``--ack-every`` messages are
+    unacknowledged. Get-Empty answers are counted (polling an empty queue costs the broker
+    too). Per-frame parsing: the generator may be the limit here, its CPU is reported."""
+    st = SubStats()
+    sock = conn.sock
+    sock.settimeout(0.25)
+    get = frame(
+        FRAME_METHOD, 1, MID.pack(60, 70) + b"\x00\x00" + bytes((len(queue),)) + queue + b"\x00"
+    )
+    depth = max(1, min(opts.prefetch, 1000))
+    sock.sendall(get * depth)
+    buf = bytearray(conn.buf)
+    conn.buf.clear()
+    acked_count = last_tag = acked_tag = 0
+    empties = 0
+    start = time.monotonic()
+    last_progress = start
+    pub_done: float | None = None
+    deadline = start + opts.timeout_s
+    try:
+        while st.delivered < expected:
+            try:
+                data = sock.recv(RECV_SIZE)
+                if not data:
+                    raise BenchError(f"the broker closed the consumer ({st.delivered} delivered)")
+                buf += data
+                st.reads += 1
+            except TimeoutError:
+                pass
+            now = time.monotonic()
+            if pipe.poll():
+                if pipe.recv()[0] == "abort":
+                    raise BenchError("stopped: the publisher failed")
+                pub_done = now
+            pos, end, answers, before = 0, len(buf), 0, st.delivered
+            while end - pos >= 8:
+                kind, _ch, size = HDR.unpack_from(buf, pos)
+                if end - pos < size + 8:
+                    break
+                _check_frame_end(buf, pos, size)
+                if kind == FRAME_METHOD:
+                    mid = MID.unpack_from(buf, pos + 7)
+                    if mid == BASIC_GET_OK:
+                        (last_tag,) = U64.unpack_from(buf, pos + 11)
+                        answers += 1
+                    elif mid == BASIC_GET_EMPTY:
+                        answers += 1
+                        empties += 1
+                    else:
+                        _raise_if_close(bytes(buf), pos, size)
+                elif kind == FRAME_BODY:
+                    st.delivered += 1  # one body frame per 64-byte message
+                pos += size + 8
+            del buf[:pos]
+            if st.delivered > before:
+                st.t_last_ns = time.monotonic_ns()
+                st.t_first_ns = st.t_first_ns or st.t_last_ns
+                last_progress = now
+            out = []
+            if st.delivered - acked_count >= opts.ack_every and last_tag > acked_tag:
+                out.append(encode_ack(last_tag, multiple=True))
+                acked_count, acked_tag = st.delivered, last_tag
+                st.acks += 1
+            if answers and st.delivered < expected:
+                out.append(get * answers)
+            if out:
+                sock.sendall(b"".join(out))
+            if pub_done is not None and now - max(last_progress, pub_done) > opts.drain_s:
+                break
+            if now - last_progress > opts.stall_s:
+                raise BenchError(f"no message for {opts.stall_s:.0f}s ({st.delivered}/{expected})")
+            _deadline_check(deadline, opts)
+        if last_tag > acked_tag:
+            sock.sendall(encode_ack(last_tag, multiple=True))
+    except (BenchError, OSError) as exc:
+        st.error = f"basic.get consumer: {exc}"
+    st.slow = empties  # reported as the "slow path" count: the Get-Empty answers
+    return st
+
+
 def consumer_main(opts: Options, layout: Layout, expected: int, pipe: Connection) -> None:
     conn: BlockingConn | None = None
     try:
         conn = opts.open()
-        queue_declare(conn, layout.queue, durable=layout.confirms)
-        basic_qos(conn, opts.prefetch)
-        basic_consume(conn, layout.queue, CONSUMER_TAG)
+        queue_declare(conn, layout.queue, durable=layout.durable)
+        if not layout.get:
+            basic_qos(conn, opts.prefetch)
+            basic_consume(conn, layout.queue, CONSUMER_TAG)
         pipe.send(("ready", None))
         _wait_go(pipe)
         cpu0 = time.process_time()
-        st = _consume(conn, expected, opts, pipe)
+        poll = _poll_get if layout.get else _consume
+        st = poll(conn, expected, opts, pipe, layout.queue)
         st.cpu_s = time.process_time() - cpu0
     except TimeoutError:
         st = SubStats(error=f"consumer: no answer to the handshake within {opts.stall_s:.0f}s")
@@ -630,7 +742,8 @@ def run_scenario(
     scen: Scenario, opts: Options, messages: int, broker_pids: list[int] | None = None
 ) -> ScenarioResult:
     ctx = mp.get_context("spawn")
-    layout = Layout(f"ab-{scen.name}-{uuid.uuid4().hex[:10]}".encode(), scen.confirms)
+    queue = f"ab-{scen.name}-{uuid.uuid4().hex[:10]}".encode()
+    layout = Layout(queue, scen.confirms, durable_queue=scen.is_durable, get=scen.get)
     res = ScenarioResult(scen.name, messages)
     sub_pipe, sub_child = ctx.Pipe()
     pub_pipe, pub_child = ctx.Pipe()
@@ -1086,7 +1199,11 @@ def _parser() -> argparse.ArgumentParser:
     add("--only", choices=BROKERS, help="measure one broker only")
     add("--messages", type=int, default=200_000, help="published per throughput phase")
     add("--runs", type=int, default=3, help="median of this many runs")
-    add("--scenarios", default=",".join(s.name for s in SCENARIOS), help="comma list (all)")
+    add(
+        "--scenarios",
+        default=",".join(DEFAULT_SCENARIOS),
+        help="comma list (default: %(default)s; also transient-confirm, get)",
+    )
     add("--prefetch", type=int, default=1000, help="consumer Basic.Qos prefetch-count")
     add("--window", type=int, default=1000, help="publishes awaiting a confirm (confirmed)")
     add("--batch", type=int, default=500, help="publishes per write")

@@ -226,6 +226,10 @@ class VibeDriver:
     tls_ca: str | None = None
     #: a user name and password to log in with (None: anonymous)
     login: tuple[str, str] | None = None
+    #: the queue's delivery mode (CreateQueue ``mode``)
+    mode: str = "RoundRobin"
+    #: CreateQueue ``durable``: None leaves it to the broker's queue_defaults (durable today)
+    durable: bool | None = None
 
     def msg_id(self, i: int) -> str:
         return f"{self.id_prefix}{i:08d}"
@@ -246,7 +250,10 @@ class VibeDriver:
     def connect_subscriber(self) -> BlockingConn:
         conn = BlockingConn(self.host, self.port, tls_ca=self.tls_ca)
         handshake(conn, "sub", self.login)
-        self.create_queue(conn, {"mode": "RoundRobin", "maxQueueSize": self.max_queue_size})
+        options: dict[str, object] = {"mode": self.mode, "maxQueueSize": self.max_queue_size}
+        if self.durable is not None:
+            options["durable"] = self.durable
+        self.create_queue(conn, options)
         sub = frame(
             SUBSCRIBE, f"s-{os.getpid()}", self.queue, headers={"prefetch": str(self.prefetch)}
         )
