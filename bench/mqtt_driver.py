@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
+import uuid
 from dataclasses import dataclass
 
 from bench.common import BenchError, BlockingConn, make_payload
@@ -117,13 +118,18 @@ class MqttDriver:
     topic: str
     payload_size: int = 64
     name: str = "mosquitto"
+    #: False: a persistent session (on VibeMQ a durable queue behind it), a fresh client id
+    clean: bool = True
 
     def _connect(self, role: str) -> BlockingConn:
         conn = BlockingConn(self.host, self.port)
-        client_id = f"bench-{role}-{os.getpid()}".encode()
-        # protocol name, level 4, clean session, keep-alive 600 s
-        vh = _s(b"MQTT") + bytes((4, 0x02)) + U16.pack(600)
-        conn.send(packet(0x10, vh + _s(client_id)))
+        client_id = f"bench-{role}-{os.getpid()}"
+        if not self.clean:  # never resume an earlier run's session
+            client_id += f"-{uuid.uuid4().hex[:8]}"
+        # protocol name, level 4, clean session flag, keep-alive 600 s
+        flags = 0x02 if self.clean else 0x00
+        vh = _s(b"MQTT") + bytes((4, flags)) + U16.pack(600) + _s(client_id.encode())
+        conn.send(packet(0x10, vh))
         first, rest = read_packet(conn)
         if first != CONNACK or len(rest) < 2 or rest[1] != 0:
             raise BenchError(f"MQTT CONNACK refused: {first:#x} {rest.hex()}")

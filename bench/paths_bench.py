@@ -9,8 +9,10 @@ cases rotating from round to round so that none always goes first:
   QoS 1, the same broker), ``mosquitto`` (QoS 1); then the round-trip latency of each
   (``common.run_latency``: publish one, wait for its delivery, ack, wait for the publisher ack).
 * ``durable`` -- ``native-durable`` (a queue created with ``durable: true`` on the same broker,
-  which runs ``--fsync always``) and ``rabbitmq-durable`` (durable classic queue, persistent
-  messages, publisher confirms: ``journal_bench.DurableAmqpDriver``), with their latency.
+  which runs ``--fsync always``), ``mqtt-durable`` (our MQTT QoS 1 with persistent sessions,
+  clean session off: a durable queue behind the subscriber) and ``rabbitmq-durable`` (durable
+  classic queue, persistent messages, publisher confirms: ``journal_bench.DurableAmqpDriver``),
+  with their latency.
 * ``fanout`` -- ``native-fanout`` (a ``FanOutWithoutAck`` queue, 10 subscribers in one process
   that never ack; the publisher still counts PublishAcks) against ``mqtt-fanout`` (our MQTT
   QoS 0 1 -> 10, ``mqtt_bench``'s qos0-1to10 generator). deliveries/s = the sum over the
@@ -400,6 +402,10 @@ def build_cases(s: Setup) -> list[Case]:
     if "durable" in a.groups:
         durable = native(True, "native-durable")
         cases.append(_throughput_case("native-durable", "durable", durable, vibe, a))
+        mqtt_durable = lambda: MqttDriver(  # noqa: E731
+            h, vibe.mqtt_port, f"bd/{_tag()}", name="vibemq-mqtt-durable", clean=False
+        )
+        cases.append(_throughput_case("mqtt-durable", "durable", mqtt_durable, vibe, a))
         if s.rabbit is not None:
             rb = s.rabbit
             rab = lambda: DurableAmqpDriver(h, rb.port, f"rd-{_tag()}", prefetch=a.prefetch)  # noqa: E731
@@ -452,7 +458,7 @@ def run_rounds(cases: list[Case], a: argparse.Namespace) -> dict[str, list[dict[
             lat = r.get("latency") or {}
             cpu = r.get("cpu_us_per_msg")
             print(
-                f"round {rnd + 1} {c.name:<32} {r.get('rate', 0):>10,.0f} msg/s"
+                f"round {rnd + 1} {c.name:<40} {r.get('rate', 0):>10,.0f} msg/s"
                 + (f"  broker {cpu:.1f} us/msg" if cpu is not None else "")
                 + (f"  p50 {lat['p50_us']:.0f} p99 {lat['p99_us']:.0f} us" if lat else "")
                 + (f"  ERRORS: {'; '.join(r['errors'] + lat.get('errors', []))}")
@@ -484,6 +490,7 @@ RATIOS = (  # label, numerator case, denominator case
     ("native / Mosquitto QoS 1", "native", "mosquitto"),
     ("native durable / native transient", "native-durable", "native"),
     ("native durable / RabbitMQ durable+confirms", "native-durable", "rabbitmq-durable"),
+    ("native durable / our MQTT QoS 1 durable", "native-durable", "mqtt-durable"),
     ("native fan-out / our MQTT QoS 0 fan-out", "native-fanout", "mqtt-fanout"),
     *(
         (
@@ -504,7 +511,7 @@ def _fmt(v: float | None, spec: str = ",.0f") -> str:
 
 def print_table(summary: dict[str, dict[str, Any]]) -> None:
     head = (
-        f"{'case':<34} {'msg/s':>10} {'broker us/msg':>14} {'loss %':>7} {'p50 us':>7} "
+        f"{'case':<40} {'msg/s':>10} {'broker us/msg':>14} {'loss %':>7} {'p50 us':>7} "
         f"{'p99 us':>7} {'ok':>5}"
     )
     print()
@@ -512,7 +519,7 @@ def print_table(summary: dict[str, dict[str, Any]]) -> None:
     print("-" * len(head))
     for name, m in summary.items():
         print(
-            f"{name:<34} {_fmt(m['rate']):>10} {_fmt(m['cpu_us_per_msg'], '.1f'):>14} "
+            f"{name:<40} {_fmt(m['rate']):>10} {_fmt(m['cpu_us_per_msg'], '.1f'):>14} "
             f"{_fmt(m['loss_pct'], '.2f'):>7} {_fmt(m['p50_us']):>7} {_fmt(m['p99_us']):>7} "
             f"{m['ok_runs']:>2}/{m['runs']:<2}"
         )
