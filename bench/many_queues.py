@@ -1,0 +1,286 @@
+"""Issue 15: many queues, one publisher and one subscriber each -- the curve.
+
+For every queue count in ``--counts`` (1, 10, 100, 1,000, 10,000), a fresh ``vibemq-server``
+(transient queues: ``durable: false`` in CreateQueue) and ``min(--processes, count)`` client
+processes (20 by default); queue ``i`` belongs to process ``i % processes``. For each of its
+queues a process opens a subscriber connection (CreateQueue RoundRobin, Subscribe with
+``--prefetch``, an Ack for every delivery) and a publisher connection (pipelined, at most
+``--window`` unacknowledged publishes per connection), so a count of N queues is 2N
+connections; every connection of a process runs on one uvloop loop (``common``'s hot loops),
+so a process serves its queues round-robin as their sockets become ready. ``--messages`` in
+total, spread evenly over the queues.
+
+Reported per count: the aggregate deliveries/s (every delivery / (last delivery anywhere -
+first publish write anywhere)), the broker's CPU per message (µs, over the timed interval), its
+RSS, and the rate relative to the 1-queue figure, medians of ``--rounds`` rounds in which the
+counts alternate (the order rotates each round). ``--png`` plots the curve when matplotlib is
+installed (it is not a dependency).
+
+    .venv/bin/python -m bench.many_queues --rounds 5 --json many-queues.json
+    .venv/bin/python -m bench.many_queues --counts 1,100,1000 --messages 50000 --rounds 1
+
+Nothing here asserts on timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.brokers import VibeMQBroker
+from bench.common import (
+    BenchError,
+    consume_counting,
+    cpu_seconds,
+    encode_batches,
+    install_sigterm_exit,
+    publish_pipelined,
+    raise_nofile_limit,
+    run_loop,
+)
+from bench.vibemq_driver import VibeDriver
+
+COUNTS = (1, 10, 100, 1000, 10_000)
+
+
+async def _drive(
+    drivers: list[VibeDriver], subs: list[Any], pubs: list[Any], per_queue: int, a: Any
+) -> dict[str, Any]:
+    window, batch, timeout = a
+    encoded = [encode_batches(d, per_queue, batch) for d in drivers]
+    sub_tasks = [
+        asyncio.create_task(consume_counting(c, per_queue, d.delivery_scanner(), timeout))
+        for d, c in zip(drivers, subs, strict=True)
+    ]
+    await asyncio.sleep(0)  # the subscribers adopt their sockets first
+    cpu0 = time.process_time()
+    pub_stats = await asyncio.gather(
+        *(
+            publish_pipelined(c, b, s, min(window, per_queue), d.ack_counter(), timeout)
+            for d, c, (b, s) in zip(drivers, pubs, encoded, strict=True)
+        )
+    )
+    sub_stats = await asyncio.gather(*sub_tasks)
+    return {
+        "t_start_ns": min(p.t_start_ns for p in pub_stats),
+        "t_end_ns": max(s.t_end_ns for s in sub_stats),
+        "delivered": sum(s.delivered for s in sub_stats),
+        "cpu_s": time.process_time() - cpu0,
+        "errors": sorted({e for st in (*pub_stats, *sub_stats) if (e := st.error)})[:3],
+    }
+
+
+def worker_main(
+    host: str, port: int, queues: list[str], per_queue: int, opts: Any, pipe: Connection
+) -> None:
+    try:
+        prefetch, timeout = opts[0], opts[-1]
+        drivers = [VibeDriver(host, port, q, prefetch=prefetch, durable=False) for q in queues]
+        subs = [d.connect_subscriber() for d in drivers]
+        pubs = [d.connect_publisher() for d in drivers]
+        pipe.send(("ready", None))
+        if not pipe.poll(timeout) or pipe.recv()[0] != "go":
+            raise BenchError("no 'go'")
+        pipe.send(("done", run_loop(_drive(drivers, subs, pubs, per_queue, opts[1:]))))
+    except Exception as exc:
+        pipe.send(("error", f"worker: {exc!r}"))
+
+
+def _recv(pipe: Connection, what: str, timeout: float) -> Any:
+    if not pipe.poll(timeout):
+        raise BenchError(f"no '{what}' from a worker within {timeout:.0f}s")
+    kind, value = pipe.recv()
+    if kind != what:
+        raise BenchError(str(value))
+    return value
+
+
+def measure(count: int, a: argparse.Namespace) -> dict[str, Any]:
+    """One fresh broker, ``count`` queues, the timed phase; a result dict."""
+    extra = ["--max-connections", str(2 * count + 100), *a.server_arg]
+    broker = VibeMQBroker(extra_args=extra, env={"VIBEMQ_QUEUE_DEFAULTS__DURABLE": "false"})
+    nproc = min(a.processes, count)
+    per_queue = max(1, a.messages // count)
+    out: dict[str, Any] = {"queues": count, "processes": nproc, "messages": per_queue * count}
+    ctx = mp.get_context("spawn")
+    procs: list[Any] = []
+    pipes: list[Connection] = []
+    try:
+        broker.start()
+        tag = os.urandom(3).hex()
+        for k in range(nproc):
+            queues = [f"mq-{tag}-{i}" for i in range(k, count, nproc)]
+            rx, tx = ctx.Pipe()
+            opts = (a.prefetch, a.window, a.batch, a.timeout)
+            proc = ctx.Process(
+                target=worker_main, args=(broker.host, broker.port, queues, per_queue, opts, tx)
+            )
+            proc.start()
+            procs.append(proc)
+            pipes.append(rx)
+        t_setup = time.monotonic()
+        for rx in pipes:
+            _recv(rx, "ready", a.timeout)
+        out["setup_s"] = round(time.monotonic() - t_setup, 2)
+        cpu0 = cpu_seconds(broker.pids())
+        for rx in pipes:
+            rx.send(("go", None))
+        results = [_recv(rx, "done", a.timeout + 60) for rx in pipes]
+        cpu = cpu_seconds(broker.pids()) - cpu0
+        out["broker_rss_kib"] = broker.rss_kib()
+    except BenchError as exc:
+        out["errors"] = [str(exc)]
+        return out
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        broker.stop()
+    delivered = sum(r["delivered"] for r in results)
+    elapsed = (max(r["t_end_ns"] for r in results) - min(r["t_start_ns"] for r in results)) / 1e9
+    out.update(
+        delivered=delivered,
+        rate=delivered / elapsed if elapsed > 0 else 0.0,
+        broker_cpu_s=cpu,
+        cpu_us_per_msg=cpu / delivered * 1e6 if delivered else None,
+        generator_cpu_s=round(sum(r["cpu_s"] for r in results), 2),
+        errors=[e for r in results for e in r["errors"]],
+    )
+    if delivered < out["messages"] and not out["errors"]:
+        out["errors"].append(f"{out['messages'] - delivered} messages not delivered")
+    return out
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def summarize(runs: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    rows = []
+    for count, rs in runs.items():
+        ok = [r for r in rs if not r.get("errors")]
+        rows.append(
+            {
+                "queues": count,
+                "rate": _median([r["rate"] for r in ok]),
+                "cpu_us_per_msg": _median([r["cpu_us_per_msg"] for r in ok]),
+                "rss_mib": _median([(r.get("broker_rss_kib") or 0) / 1024 for r in ok]),
+                "setup_s": _median([r["setup_s"] for r in ok]),
+                "ok_runs": len(ok),
+                "runs": len(rs),
+            }
+        )
+    return rows
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    base = rows[0]["rate"] if rows and rows[0]["queues"] == 1 else None
+    head = (
+        f"{'queues':>7} {'msg/s':>10} {'vs 1 queue':>10} {'broker us/msg':>14} "
+        f"{'broker RSS MiB':>15} {'setup s':>8} {'ok':>5}"
+    )
+    print()
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        rel = f"{r['rate'] / base:.2f}x" if base and r["rate"] else "-"
+        print(
+            f"{r['queues']:>7,} {_fmt(r['rate'], ',.0f'):>10} {rel:>10} "
+            f"{_fmt(r['cpu_us_per_msg'], '.1f'):>14} {_fmt(r['rss_mib'], '.0f'):>15} "
+            f"{_fmt(r['setup_s'], '.1f'):>8} {r['ok_runs']:>2}/{r['runs']:<2}"
+        )
+    print()
+    print("medians of the successful rounds; broker us/msg over the timed interval")
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("--png: matplotlib is not installed; no plot", flush=True)
+        return
+    xs = [r["queues"] for r in rows if r["rate"]]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(xs, [r["rate"] for r in rows if r["rate"]], "o-", label="msg/s")
+    ax.set_xscale("log")
+    ax.set_xlabel("queues (one publisher and one subscriber each)")
+    ax.set_ylabel("aggregate deliveries/s")
+    ax2 = ax.twinx()
+    ax2.plot(xs, [r["cpu_us_per_msg"] for r in rows if r["rate"]], "s--", color="tab:red")
+    ax2.set_ylabel("broker CPU µs per message", color="tab:red")
+    fig.tight_layout()
+    fig.savefig(path)
+    print(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add = p.add_argument
+    add("--counts", default=",".join(map(str, COUNTS)), help="queue counts (comma list)")
+    add("--processes", type=int, default=20, help="client processes (at most one per queue)")
+    add("--messages", type=int, default=200_000, help="in total per measurement")
+    add("--rounds", type=int, default=5)
+    add("--window", type=int, default=1000, help="unacked publishes per publisher connection")
+    add("--batch", type=int, default=100, help="publishes per write")
+    add("--prefetch", type=int, default=1000)
+    add("--timeout", type=float, default=300.0, help="per measurement, s")
+    add("--server-arg", action="append", default=[], help="extra vibemq-server argument")
+    add("--json", type=Path)
+    add("--png", type=Path, help="plot the curve here (only if matplotlib is installed)")
+    a = p.parse_args(argv)
+    counts = [int(c) for c in a.counts.split(",") if c.strip()]
+    if not counts or min(counts) < 1 or min(a.processes, a.messages, a.rounds) < 1:
+        p.error("counts, --processes, --messages, --rounds must be positive")
+    install_sigterm_exit()
+    limit = raise_nofile_limit()
+    if limit < 2 * max(counts) + 200:
+        print(f"warning: RLIMIT_NOFILE {limit} < the connections needed", flush=True)
+    runs: dict[int, list[dict[str, Any]]] = {c: [] for c in counts}
+    for rnd in range(a.rounds):
+        shift = rnd % len(counts)
+        for count in counts[shift:] + counts[:shift]:
+            r = measure(count, a)
+            runs[count].append(r)
+            cpu = r.get("cpu_us_per_msg")
+            print(
+                f"round {rnd + 1} {count:>6,} queues: {r.get('rate', 0):>10,.0f} msg/s"
+                + (f"  broker {cpu:.1f} us/msg" if cpu is not None else "")
+                + f"  setup {r.get('setup_s', 0):.1f}s"
+                + (f"  ERRORS: {'; '.join(r['errors'])}" if r.get("errors") else ""),
+                flush=True,
+            )
+    rows = summarize(runs)
+    print_table(rows)
+    if a.png:
+        plot(rows, a.png)
+    if a.json:
+        doc = {"settings": {k: str(v) for k, v in vars(a).items()}, "median": rows, "runs": runs}
+        a.json.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"wrote {a.json}")
+    return 1 if any(r["ok_runs"] < r["runs"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
