@@ -250,6 +250,11 @@ class VibeDriver:
     def connect_subscriber(self) -> BlockingConn:
         conn = BlockingConn(self.host, self.port, tls_ca=self.tls_ca)
         handshake(conn, "sub", self.login)
+        self.subscribe(conn)
+        return conn
+
+    def subscribe(self, conn: BlockingConn) -> None:
+        """Create the queue (if it does not exist) and subscribe to it on ``conn``."""
         options: dict[str, object] = {"mode": self.mode, "maxQueueSize": self.max_queue_size}
         if self.durable is not None:
             options["durable"] = self.durable
@@ -258,7 +263,6 @@ class VibeDriver:
             SUBSCRIBE, f"s-{os.getpid()}", self.queue, headers={"prefetch": str(self.prefetch)}
         )
         request(conn, sub, SUBSCRIBE_ACK)
-        return conn
 
     def publish_batch(self, start: int, count: int) -> bytes:
         q = _s(self.queue.encode())
