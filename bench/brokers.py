@@ -90,6 +90,15 @@ class Broker:
         known = [v for v in values if v is not None]
         return sum(known) if known else None
 
+    def pin(self, cpus: set[int]) -> None:
+        """Restrict every thread of the broker's processes to ``cpus`` (threads it starts later
+        inherit it from their creator)."""
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    with contextlib.suppress(OSError):
+                        os.sched_setaffinity(int(tid), cpus)
+
     def stop(self, grace: float = 15.0) -> None:
         proc = self.proc
         if proc is not None and proc.poll() is None:

@@ -362,6 +362,8 @@ def start_brokers(a: argparse.Namespace) -> Setup:
         env=env,
     )
     vibe.start()
+    if a.pin_broker is not None:
+        vibe.pin({a.pin_broker})
     s = Setup(a, vibe)
     print(f"[vibemq] native {vibe.port}, MQTT {vibe.mqtt_port}, AMQP {vibe.amqp_port or '-'}")
     wanted: list[tuple[str, Callable[[], Broker]]] = []
@@ -373,6 +375,8 @@ def start_brokers(a: argparse.Namespace) -> Setup:
         broker = make()
         try:
             broker.start()
+            if a.pin_broker is not None and isinstance(broker, MosquittoBroker):
+                broker.pin({a.pin_broker})  # single-threaded like ours; RabbitMQ keeps all
             setattr(s, attr, broker)
             print(f"[{broker.name}] on {broker.port}", flush=True)
         except NotInstalled as exc:
@@ -554,6 +558,12 @@ def main(argv: list[str] | None = None) -> int:
     add("--drain", type=float, default=2.0, help="fan-out / AMQP: wait after the last, s")
     add("--timeout", type=float, default=120.0, help="per run, s")
     add("--server-arg", action="append", default=[], help="extra vibemq-server argument")
+    add(
+        "--pin-broker",
+        type=int,
+        metavar="CPU",
+        help="pin our broker and Mosquitto to this CPU (RabbitMQ keeps every core)",
+    )
     add("--json", type=Path)
     a = p.parse_args(argv)
     a.groups = [g.strip() for g in a.groups.split(",") if g.strip()]
