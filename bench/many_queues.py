@@ -164,6 +164,7 @@ def measure(count: int, a: argparse.Namespace) -> dict[str, Any]:
     )
     out: dict[str, Any] = {"queues": count, "processes": nproc, "messages": per_queue * count}
     out["connections"] = 2 * nproc if shared else 2 * count
+    out["mode"] = "per-process" if shared else "per-queue"
     ctx = mp.get_context("spawn")
     procs: list[Any] = []
     pipes: list[Connection] = []
@@ -231,6 +232,7 @@ def summarize(runs: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
             {
                 "queues": count,
                 "connections": rs[0]["connections"] if rs else None,
+                "mode": rs[0]["mode"] if rs else None,
                 "rate": _median([r["rate"] for r in ok]),
                 "cpu_us_per_msg": _median([r["cpu_us_per_msg"] for r in ok]),
                 "rss_mib": _median([(r.get("broker_rss_kib") or 0) / 1024 for r in ok]),
@@ -264,6 +266,10 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         )
     print()
     print("medians of the successful rounds; broker us/msg over the timed interval")
+    modes = {r["mode"] for r in rows if r["queues"] > 1}  # at 1 queue the two are the same
+    if len(modes) > 1:
+        print("note: per-queue and per-process connections mixed (RLIMIT_NOFILE); for one")
+        print("curve of a kind run with --connections per-process")
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
