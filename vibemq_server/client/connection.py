@@ -7,6 +7,11 @@ Design, in short:
   requests and any number of requests can be in flight at once.
 * A single background task owns the socket's read side. It decodes frames with the sans-IO codec,
   resolves futures, feeds subscriptions, answers server Pings and notices connection loss.
+* Frames are queued and written once per event-loop turn (one ``write`` for all the publishes
+  and acks issued in that turn), with ``drain`` awaited only when the transport's buffer is
+  over its limit. Publishes are encoded straight to bytes; a PublishAck is matched by the id
+  sliced out of the frame, without decoding it. Publish deadlines sit in one FIFO checked by
+  one timer instead of a timeout object per call.
 * On loss, pending requests fail with :class:`ConnectionLost` (never resent: a publish may have
   been stored already, and resending would duplicate it). With ``reconnect=True`` the same task
   then reconnects with exponential backoff, repeats the Connect handshake and re-subscribes every
@@ -25,15 +30,17 @@ import logging
 import random
 import secrets
 import ssl
+import struct
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
 from vibemq_server.client.errors import (
     ConnectionFailed,
     ConnectionLost,
+    PublishBatchError,
     RequestTimeout,
     VibeMQError,
 )
@@ -58,6 +65,18 @@ CLIENT_VERSION = "0.1.0"
 _READ_CHUNK = 256 * 1024
 # Auth refusals will not fix themselves by retrying; anything else (limits, restarts) might.
 _PERMANENT_CODES = frozenset({"AUTH_FAILED", "AUTH_REQUIRED", "NOT_AUTHORIZED"})
+# Above this many bytes in the transport's send buffer, senders wait for it to drain.
+_WRITE_HIGH_WATER = 1024 * 1024
+_PUBLISH_ACK = int(CommandType.PUBLISH_ACK)
+_ERROR = int(CommandType.ERROR)
+_DELIVER = int(CommandType.DELIVER)
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+# Publish body: version 1, type 20 | id | queue | payload | headers.
+_PUBLISH_HEAD = b"\x01\x14"
+# Ack body: version 1, type 30 | id | queue | no payload | one header ``messageId``.
+_ACK_HEAD = b"\x01\x1e"
+_ACK_MID = b"\x00\x00\x00\x00\x00\x01\x00\x09messageId"
 
 
 def encode_payload(payload: Any) -> bytes:
@@ -70,7 +89,7 @@ def encode_payload(payload: Any) -> bytes:
 class _Link:
     """One live TCP connection (the client replaces it on reconnect)."""
 
-    __slots__ = ("backlog", "decoder", "generation", "reader", "writer")
+    __slots__ = ("backlog", "decoder", "generation", "loop", "out", "reader", "transport", "writer")
 
     def __init__(
         self,
@@ -86,15 +105,94 @@ class _Link:
         # Frames already split off the stream but not yet dispatched (the handshake may read
         # past the ConnectAck).
         self.backlog: deque[bytes] = deque()
+        self.transport = writer.transport
+        self.loop = asyncio.get_running_loop()
+        # Frames queued this loop turn; one write flushes them all (see ``write``).
+        self.out: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        """Queue one encoded frame. Synchronous on purpose: frames go out in call order,
+        whole, and all frames queued in one loop turn leave in a single write."""
+        if self.transport.is_closing():
+            raise ConnectionLost("connection is closed")
+        out = self.out
+        if not out:
+            self.loop.call_soon(self.flush)
+        out.append(data)
 
     def send(self, msg: Message) -> None:
-        """Queue one frame. Synchronous on purpose: frames go out in call order, whole."""
-        if self.writer.is_closing():
-            raise ConnectionLost("connection is closed")
-        self.writer.write(encode(msg))
+        self.write(encode(msg))
+
+    def flush(self) -> None:
+        out = self.out
+        if out:
+            self.out = []
+            if not self.transport.is_closing():
+                self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+
+    @property
+    def congested(self) -> bool:
+        """True when the kernel is not keeping up: senders should ``drain``."""
+        return self.transport.get_write_buffer_size() > _WRITE_HIGH_WATER
+
+    async def drain(self) -> None:
+        self.flush()
+        await self.writer.drain()
 
     def abort(self) -> None:
+        self.out = []
         self.writer.close()
+
+
+def _str16(value: str) -> bytes:
+    """A u16-length-prefixed UTF-8 string (empty = null), as the codec writes it."""
+    raw = value.encode()
+    return _U16.pack(len(raw)) + raw
+
+
+def _headers_bytes(headers: Mapping[str, str]) -> bytes:
+    """The header block of a body: u16 count, then (key, value) string pairs."""
+    parts = [_U16.pack(len(headers))]
+    for key, value in headers.items():
+        parts.append(_str16(key))
+        parts.append(_str16(value))
+    return b"".join(parts)
+
+
+_NO_HEADERS = b"\x00\x00"
+
+
+def _ack_frame(message_id: str, queue: str) -> bytes:
+    """An Ack frame whose own id is the acked message's id and whose ``messageId`` header
+    names it too (the broker reads the header first, the id second: docs/protocol.md)."""
+    i = _str16(message_id)
+    body = b"".join((_ACK_HEAD, i, _str16(queue), _ACK_MID, i))
+    return _U32.pack(len(body)) + body
+
+
+class _Batch:
+    """The PublishAcks one ``publish_many`` call waits for: one future for all of them."""
+
+    __slots__ = ("errors", "future", "remaining")
+
+    def __init__(self, count: int, future: asyncio.Future[None]) -> None:
+        self.remaining = count
+        self.errors: dict[str, VibeMQError] = {}
+        self.future = future
+
+    def settle(self, msg_id: str, error: VibeMQError | None) -> None:
+        if error is not None:
+            self.errors[msg_id] = error
+        self.remaining -= 1
+        if self.remaining <= 0 and not self.future.done():
+            self.future.set_result(None)
+
+    def fail(self, error: VibeMQError) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+_Waiter = asyncio.Future[None] | _Batch
 
 
 class Client:
@@ -162,6 +260,13 @@ class Client:
         self._link: _Link | None = None
         self._generation = 0
         self._pending: dict[str, asyncio.Future[Message]] = {}
+        # Publishes awaiting their PublishAck (or Error), by message id; a publish_many
+        # batch appears once per message.
+        self._publishes: dict[str, _Waiter] = {}
+        # (deadline, id, future) of single publishes in send order: with one timeout for all
+        # they expire in that order, so one timer at the head serves them all.
+        self._deadlines: deque[tuple[float, str, asyncio.Future[None]]] = deque()
+        self._deadline_timer: asyncio.TimerHandle | None = None
         self._subs: dict[str, Subscription] = {}
         # Set while a handshaken link is usable; also set once the client is finished so that
         # waiters wake up and see ``_final_error``.
@@ -239,7 +344,7 @@ class Client:
             with contextlib.suppress(Exception):
                 link.send(Message(CommandType.DISCONNECT, self._next_id("disc")))
                 async with asyncio.timeout(1.0):
-                    await link.writer.drain()
+                    await link.drain()
             link.abort()
         if self._runner is not None:
             self._runner.cancel()
@@ -295,15 +400,169 @@ class Client:
         ``priority`` is one of ``Low``, ``Normal``, ``High``, ``Critical`` (sent as the
         ``priority`` header). Safe to call concurrently: each call awaits its own ack.
         """
-        hdrs = dict(headers) if headers else {}
-        if priority is not None:
-            hdrs["priority"] = priority
-        msg_id = message_id or self._next_id("msg")
-        msg = Message(
-            CommandType.PUBLISH, msg_id, queue=queue, payload=encode_payload(payload), headers=hdrs
+        msg_id = message_id or f"msg_{self._id_prefix}-{next(self._counter)}"
+        data = self._publish_frame(
+            msg_id, _str16(queue), encode_payload(payload), _publish_headers(headers, priority)
         )
-        reply = await self._request(msg, timeout)
-        return reply.headers.get("messageId") or reply.id
+        if msg_id in self._publishes or msg_id in self._pending:
+            raise ValueError(f"a request with id {msg_id!r} is already in flight")
+        # The PublishAck's messageId is the Publish's id (docs/protocol.md).
+        link = self._link if timeout is None and self.connected else None
+        limit = self.request_timeout if timeout is None else timeout
+        if link is None or limit is None:
+            await self._publish_slow(msg_id, data, limit)
+            return msg_id
+        # Fast path: no timeout object per call; the deadline FIFO expires it.
+        fut = self._send_publish(link, msg_id, data)
+        loop = link.loop
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][2].done():
+            deadlines.popleft()
+        deadline = loop.time() + limit
+        deadlines.append((deadline, msg_id, fut))
+        if self._deadline_timer is None:
+            self._deadline_timer = loop.call_at(deadline, self._expire_publishes)
+        try:
+            if link.congested:
+                await link.drain()
+            await fut
+        except OSError as exc:
+            raise ConnectionLost(f"connection lost: {exc}") from exc
+        finally:
+            if self._publishes.get(msg_id) is fut:
+                del self._publishes[msg_id]
+        return msg_id
+
+    async def publish_many(
+        self,
+        queue: str,
+        payloads: Iterable[Any],
+        *,
+        headers: Mapping[str, str] | None = None,
+        priority: str | None = None,
+        timeout: float | None = None,
+    ) -> list[str]:
+        """Publish every payload to ``queue`` in one write and wait for all their PublishAcks.
+        Returns the message ids, in order.
+
+        ``headers`` and ``priority`` apply to every message; ``timeout`` bounds the whole
+        batch. The broker handles the messages in order, each on its own: when some are
+        refused (``QUEUE_FULL``, ``NOT_AUTHORIZED``, ...) the others are still stored, and
+        once every reply is in :class:`PublishBatchError` is raised -- its ``code`` is the
+        first refusal's, ``results`` holds each message's id or error. A lost connection
+        raises :class:`ConnectionLost` (messages acked before it are stored; the rest may or
+        may not be, as for :meth:`publish`).
+        """
+        prefix = self._id_prefix
+        counter = self._counter
+        q = _str16(queue)
+        hdrs = _publish_headers(headers, priority)
+        build = self._publish_frame
+        ids: list[str] = []
+        frames: list[bytes] = []
+        for payload in payloads:
+            msg_id = f"msg_{prefix}-{next(counter)}"
+            ids.append(msg_id)
+            frames.append(build(msg_id, q, encode_payload(payload), hdrs))
+        if not ids:
+            return []
+        limit = self.request_timeout if timeout is None else timeout
+        batch: _Batch | None = None
+        publishes = self._publishes
+        try:
+            async with asyncio.timeout(limit):
+                link = self._link if self.connected else None
+                if link is None:
+                    link = await self._wait_ready()
+                batch = _Batch(len(ids), link.loop.create_future())
+                for msg_id in ids:
+                    publishes[msg_id] = batch
+                try:
+                    link.write(b"".join(frames))
+                    del frames
+                    if link.congested:
+                        await link.drain()
+                    await batch.future
+                finally:
+                    if batch.remaining > 0:
+                        for msg_id in ids:
+                            if publishes.get(msg_id) is batch:
+                                del publishes[msg_id]
+        except TimeoutError:
+            raise RequestTimeout(
+                f"no reply to {batch.remaining if batch else len(ids)} of {len(ids)} "
+                f"publishes within {limit} s"
+            ) from None
+        except OSError as exc:
+            raise ConnectionLost(f"connection lost: {exc}") from exc
+        if batch.errors:
+            errors = batch.errors
+            raise PublishBatchError([errors.get(msg_id, msg_id) for msg_id in ids])
+        return ids
+
+    @staticmethod
+    def _publish_frame(msg_id: str, queue: bytes, payload: bytes, headers: bytes) -> bytes:
+        """A whole Publish frame, built directly (``queue`` and ``headers`` pre-encoded)."""
+        i = msg_id.encode()
+        body = b"".join(
+            (
+                _PUBLISH_HEAD,
+                _U16.pack(len(i)),
+                i,
+                queue,
+                _U32.pack(len(payload)),
+                payload,
+                headers,
+            )
+        )
+        return _U32.pack(len(body)) + body
+
+    def _send_publish(self, link: _Link, msg_id: str, data: bytes) -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = link.loop.create_future()
+        link.write(data)  # raises ConnectionLost before anything is registered
+        self._publishes[msg_id] = fut
+        return fut
+
+    async def _publish_slow(self, msg_id: str, data: bytes, limit: float | None) -> None:
+        """A publish that waits for the connection first or has its own timeout."""
+        fut: asyncio.Future[None] | None = None
+        try:
+            async with asyncio.timeout(limit):
+                link = self._link if self.connected else None
+                if link is None:
+                    link = await self._wait_ready()
+                fut = self._send_publish(link, msg_id, data)
+                if link.congested:
+                    await link.drain()
+                await fut
+        except TimeoutError:
+            raise RequestTimeout(f"no reply to PUBLISH {msg_id!r} within {limit} s") from None
+        except OSError as exc:
+            raise ConnectionLost(f"connection lost: {exc}") from exc
+        finally:
+            if fut is not None and self._publishes.get(msg_id) is fut:
+                del self._publishes[msg_id]
+
+    def _expire_publishes(self) -> None:
+        """The deadline timer: fail the publishes whose time is up, re-arm for the next."""
+        self._deadline_timer = None
+        deadlines = self._deadlines
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while deadlines:
+            deadline, msg_id, fut = deadlines[0]
+            if fut.done():
+                deadlines.popleft()
+                continue
+            if deadline > now:
+                self._deadline_timer = loop.call_at(deadline, self._expire_publishes)
+                return
+            deadlines.popleft()
+            if self._publishes.get(msg_id) is fut:
+                del self._publishes[msg_id]
+            fut.set_exception(
+                RequestTimeout(f"no reply to PUBLISH {msg_id!r} within {self.request_timeout} s")
+            )
 
     async def publish_multipart(
         self,
@@ -466,7 +725,8 @@ class Client:
                 self._pending[msg.id] = fut
                 try:
                     link.send(msg)
-                    await link.writer.drain()
+                    if link.congested:
+                        await link.drain()
                     reply = await fut
                 finally:
                     if self._pending.get(msg.id) is fut:
@@ -488,22 +748,27 @@ class Client:
         )
 
     async def _ack(self, message: ReceivedMessage) -> None:
+        await self._ack_many((message,))
+
+    async def _ack_many(self, messages: Sequence[ReceivedMessage]) -> None:
+        """Queue one Ack frame per message; they leave with everything else written in this
+        loop turn (the protocol has no multiple-ack form, so batching is one write)."""
         link = self._link
-        if link is None or not self.connected or link.generation != message._generation:
-            # The delivering connection is gone; the server requeued the message on loss.
-            log.debug("not acking %s: its connection was lost", message.id)
+        if link is None or not self.connected:
+            log.debug("not acking %d message(s): the connection was lost", len(messages))
             return
-        ack = Message(
-            CommandType.ACK,
-            self._next_id("ack"),
-            queue=message.queue,
-            headers={"messageId": message.id},
-        )
+        generation = link.generation
         try:
-            link.send(ack)
-            await link.writer.drain()
+            for message in messages:
+                if message._generation != generation:
+                    # The delivering connection is gone; the server requeued it on loss.
+                    log.debug("not acking %s: its connection was lost", message.id)
+                    continue
+                link.write(_ack_frame(message.id, message.queue))
+            if link.congested:
+                await link.drain()
         except (OSError, ConnectionLost):
-            log.debug("ack of %s not sent: connection lost", message.id)
+            log.debug("acks not sent: connection lost")
 
     async def _unsubscribe(self, sub: Subscription) -> None:
         if self.closed:
@@ -563,7 +828,7 @@ class Client:
             headers["authToken"] = self._token
         req = Message(CommandType.CONNECT, self._next_id("conn"), headers=headers)
         link.send(req)
-        await link.writer.drain()
+        await link.drain()
         while True:
             while not link.backlog:
                 data = await link.reader.read(_READ_CHUNK)
@@ -674,6 +939,18 @@ class Client:
             return exc
 
     def _dispatch(self, link: _Link, body: bytes) -> None:
+        kind = body[1] if len(body) > 3 else -1
+        if kind in (_PUBLISH_ACK, _ERROR):
+            # A publish's reply: matched by the id sliced out, no full decode for an ack.
+            n = (body[2] << 8) | body[3]
+            try:
+                msg_id = body[4 : 4 + n].decode()
+            except UnicodeDecodeError:
+                msg_id = ""
+            waiter = self._publishes.pop(msg_id, None)
+            if waiter is not None:
+                self._settle_publish(waiter, msg_id, body, kind)
+                return
         try:
             msg = decode_body(
                 body,
@@ -685,6 +962,23 @@ class Client:
             self._handle(link, msg)
         except Exception:
             log.exception("error handling %s %r", msg.type.name, msg.id)
+
+    @staticmethod
+    def _settle_publish(waiter: _Waiter, msg_id: str, body: bytes, kind: int) -> None:
+        error: VibeMQError | None = None
+        if kind == _ERROR:
+            try:
+                reply = decode_body(body)
+                error = VibeMQError(reply.error_code or "SERVER_ERROR", reply.error_message)
+            except ProtocolError as exc:
+                error = VibeMQError("INVALID_MESSAGE", f"malformed Error reply: {exc}")
+        if isinstance(waiter, _Batch):
+            waiter.settle(msg_id, error)
+        elif not waiter.done():
+            if error is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(error)
 
     def _handle(self, link: _Link, msg: Message) -> None:
         kind = msg.type
@@ -748,6 +1042,12 @@ class Client:
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(ConnectionLost(text))
+        publishes, self._publishes = self._publishes, {}
+        for waiter in publishes.values():
+            if isinstance(waiter, _Batch):
+                waiter.fail(ConnectionLost(text))
+            elif not waiter.done():
+                waiter.set_exception(ConnectionLost(text))
 
     async def _reconnect(self) -> _Link:
         """Reconnect with exponential backoff (plus jitter, so clients of a restarted broker
@@ -784,6 +1084,14 @@ class Client:
         subs, self._subs = self._subs, {}
         for sub in subs.values():
             sub._end(reason, None if reason == "closed" else error)
+
+
+def _publish_headers(headers: Mapping[str, str] | None, priority: str | None) -> bytes:
+    if priority is not None:
+        headers = {**(headers or {}), "priority": priority}
+    if not headers:
+        return _NO_HEADERS
+    return _headers_bytes({k: v for k, v in headers.items() if k and v})
 
 
 def tls_context(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Protocol, Self
 
@@ -26,6 +26,8 @@ class _Owner(Protocol):
     """What a subscription needs from its client (kept abstract to avoid an import cycle)."""
 
     async def _ack(self, message: ReceivedMessage) -> None: ...
+
+    async def _ack_many(self, messages: Sequence[ReceivedMessage]) -> None: ...
 
     async def _unsubscribe(self, subscription: Subscription) -> None: ...
 
@@ -101,7 +103,9 @@ class ReceivedMessage:
 
     async def ack(self) -> None:
         """Acknowledge the message. Idempotent; a no-op if the delivering connection was lost
-        in the meantime (the server has already requeued the message then)."""
+        in the meantime (the server has already requeued the message then). The Ack frame is
+        queued, not written at once: every ack (and publish) of one event-loop turn leaves in
+        a single write."""
         if self._acked:
             return
         self._acked = True
@@ -184,6 +188,15 @@ class Subscription:
                 return self._buffer.popleft()
             self._wakeup.clear()
             await self._wakeup.wait()
+
+    async def ack_many(self, messages: Iterable[ReceivedMessage]) -> None:
+        """Acknowledge several messages at once (one write for all their Ack frames; the
+        protocol has no multiple-ack form). Messages already acked are skipped."""
+        todo = [m for m in messages if not m._acked]
+        for message in todo:
+            message._acked = True
+        if todo:
+            await self._owner._ack_many(todo)
 
     async def get(self, timeout: float | None = None) -> ReceivedMessage:
         """The next message; raises ``TimeoutError`` after ``timeout`` seconds and
