@@ -162,12 +162,53 @@ def _headers_bytes(headers: Mapping[str, str]) -> bytes:
 _NO_HEADERS = b"\x00\x00"
 
 
-def _ack_frame(message_id: str, queue: str) -> bytes:
+def _ack_frame(message: ReceivedMessage) -> bytes:
     """An Ack frame whose own id is the acked message's id and whose ``messageId`` header
     names it too (the broker reads the header first, the id second: docs/protocol.md)."""
-    i = _str16(message_id)
-    body = b"".join((_ACK_HEAD, i, _str16(queue), _ACK_MID, i))
+    ref = message._wire
+    if ref:  # the Deliver's own id and queue fields
+        i = ref[: 2 + ((ref[0] << 8) | ref[1])]
+        body = b"".join((_ACK_HEAD, ref, _ACK_MID, i))
+    else:
+        i = _str16(message.id)
+        body = b"".join((_ACK_HEAD, i, _str16(message.queue), _ACK_MID, i))
     return _U32.pack(len(body)) + body
+
+
+def _deliver(owner: Any, generation: int, body: bytes) -> ReceivedMessage | None:
+    """A well-formed Deliver body straight into a ReceivedMessage (no Message in between);
+    None lets the codec's careful decoder handle (and name) anything unusual."""
+    try:
+        n = (body[2] << 8) | body[3]
+        pos = 4 + n
+        msg_id = body[4:pos].decode()
+        n = (body[pos] << 8) | body[pos + 1]
+        pos += 2
+        queue = body[pos : pos + n].decode()
+        pos += n
+        ref_end = pos
+        (plen,) = _U32.unpack_from(body, pos)
+        pos += 4
+        payload = body[pos : pos + plen]
+        pos += plen
+        count = (body[pos] << 8) | body[pos + 1]
+        pos += 2
+        headers: dict[str, str] = {}
+        for _ in range(count):
+            n = (body[pos] << 8) | body[pos + 1]
+            key = body[pos + 2 : pos + 2 + n].decode()
+            pos += 2 + n
+            n = (body[pos] << 8) | body[pos + 1]
+            value = body[pos + 2 : pos + 2 + n].decode()
+            pos += 2 + n
+            if key and value:
+                headers[key] = value
+    except (IndexError, UnicodeDecodeError, struct.error):
+        return None
+    if pos != len(body) or not msg_id or not queue:
+        return None
+    # body[2:ref_end] is the id and queue exactly as an Ack carries them: kept for ack().
+    return ReceivedMessage(owner, generation, msg_id, queue, payload, headers, body[2:ref_end])
 
 
 class _Batch:
@@ -748,7 +789,17 @@ class Client:
         )
 
     async def _ack(self, message: ReceivedMessage) -> None:
-        await self._ack_many((message,))
+        link = self._link
+        if link is None or link.generation != message._generation or not self.connected:
+            # The delivering connection is gone; the server requeued the message on loss.
+            log.debug("not acking %s: its connection was lost", message.id)
+            return
+        try:
+            link.write(_ack_frame(message))
+            if link.congested:
+                await link.drain()
+        except (OSError, ConnectionLost):
+            log.debug("ack of %s not sent: connection lost", message.id)
 
     async def _ack_many(self, messages: Sequence[ReceivedMessage]) -> None:
         """Queue one Ack frame per message; they leave with everything else written in this
@@ -764,7 +815,7 @@ class Client:
                     # The delivering connection is gone; the server requeued it on loss.
                     log.debug("not acking %s: its connection was lost", message.id)
                     continue
-                link.write(_ack_frame(message.id, message.queue))
+                link.write(_ack_frame(message))
             if link.congested:
                 await link.drain()
         except (OSError, ConnectionLost):
@@ -940,6 +991,15 @@ class Client:
 
     def _dispatch(self, link: _Link, body: bytes) -> None:
         kind = body[1] if len(body) > 3 else -1
+        if kind == _DELIVER:
+            received = _deliver(self, link.generation, body)
+            if received is not None:
+                sub = self._subs.get(received.queue)
+                if sub is not None:
+                    sub._push(received)
+                else:
+                    log.debug("delivery %r for unsubscribed queue %r", received.id, received.queue)
+                return
         if kind in (_PUBLISH_ACK, _ERROR):
             # A publish's reply: matched by the id sliced out, no full decode for an ack.
             n = (body[2] << 8) | body[3]

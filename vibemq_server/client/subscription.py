@@ -49,7 +49,17 @@ class ReceivedMessage:
     redelivered by the server after its ack timeout (``delivery_attempts`` then grows).
     """
 
-    __slots__ = ("_acked", "_generation", "_owner", "_payload", "headers", "id", "queue", "raw")
+    __slots__ = (
+        "_acked",
+        "_generation",
+        "_owner",
+        "_payload",
+        "_wire",
+        "headers",
+        "id",
+        "queue",
+        "raw",
+    )
 
     def __init__(
         self,
@@ -59,8 +69,11 @@ class ReceivedMessage:
         queue: str,
         raw: bytes,
         headers: Mapping[str, str],
+        wire: bytes = b"",
     ) -> None:
         self._owner = owner
+        # The id and queue fields of the Deliver as sent, so an Ack needs no encoding.
+        self._wire = wire
         self._generation = generation  # which connection delivered it: acks must go back there
         self._acked = False
         self._payload: Any = _UNPARSED
