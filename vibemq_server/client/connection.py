@@ -796,14 +796,21 @@ class Client:
             return
         try:
             link.write(_ack_frame(message))
+            # Written now unless more deliveries already wait in the subscription: their
+            # acks follow before the consumer waits again, and then all leave in one write
+            # (as a raw client acks one read's worth at once). A consumer that acks and then
+            # blocks the loop must not leave its acks unsent meanwhile.
+            sub = self._subs.get(message.queue)
+            if sub is None or not sub._buffer:
+                link.flush()
             if link.congested:
                 await link.drain()
         except (OSError, ConnectionLost):
             log.debug("ack of %s not sent: connection lost", message.id)
 
     async def _ack_many(self, messages: Sequence[ReceivedMessage]) -> None:
-        """Queue one Ack frame per message; they leave with everything else written in this
-        loop turn (the protocol has no multiple-ack form, so batching is one write)."""
+        """One Ack frame per message, all in one write (the protocol has no multiple-ack
+        form), handed to the transport before this returns."""
         link = self._link
         if link is None or not self.connected:
             log.debug("not acking %d message(s): the connection was lost", len(messages))
@@ -816,6 +823,7 @@ class Client:
                     log.debug("not acking %s: its connection was lost", message.id)
                     continue
                 link.write(_ack_frame(message))
+            link.flush()
             if link.congested:
                 await link.drain()
         except (OSError, ConnectionLost):

@@ -116,9 +116,9 @@ class ReceivedMessage:
 
     async def ack(self) -> None:
         """Acknowledge the message. Idempotent; a no-op if the delivering connection was lost
-        in the meantime (the server has already requeued the message then). The Ack frame is
-        queued, not written at once: every ack (and publish) of one event-loop turn leaves in
-        a single write."""
+        in the meantime (the server has already requeued the message then). While more
+        deliveries already wait in the subscription, the Ack frame is held until the buffer
+        is empty or the loop turns, so the acks of one read leave in a single write."""
         if self._acked:
             return
         self._acked = True
