@@ -308,6 +308,10 @@ class Client:
         # they expire in that order, so one timer at the head serves them all.
         self._deadlines: deque[tuple[float, str, asyncio.Future[None]]] = deque()
         self._deadline_timer: asyncio.TimerHandle | None = None
+        # The link while it is usable (what ``connected`` computes, kept for the hot path).
+        self._live: _Link | None = None
+        # Encoded queue names (u16 length + UTF-8), so a publish does not re-encode its queue.
+        self._queue_bytes: dict[str, bytes] = {}
         self._subs: dict[str, Subscription] = {}
         # Set while a handshaken link is usable; also set once the client is finished so that
         # waiters wake up and see ``_final_error``.
@@ -381,6 +385,7 @@ class Client:
         self._closing = True
         link = self._link
         self._ready.clear()
+        self._live = None
         if link is not None:
             with contextlib.suppress(Exception):
                 link.send(Message(CommandType.DISCONNECT, self._next_id("disc")))
@@ -441,14 +446,23 @@ class Client:
         ``priority`` is one of ``Low``, ``Normal``, ``High``, ``Critical`` (sent as the
         ``priority`` header). Safe to call concurrently: each call awaits its own ack.
         """
-        msg_id = message_id or f"msg_{self._id_prefix}-{next(self._counter)}"
+        if message_id:
+            msg_id = message_id
+            if msg_id in self._publishes or msg_id in self._pending:
+                raise ValueError(f"a request with id {msg_id!r} is already in flight")
+        else:  # unique by construction
+            msg_id = f"msg_{self._id_prefix}-{next(self._counter)}"
+        q = self._queue_bytes.get(queue)
+        if q is None:
+            if len(self._queue_bytes) >= 1024:
+                self._queue_bytes.clear()
+            q = self._queue_bytes[queue] = _str16(queue)
+        hdrs = _NO_HEADERS if headers is None and priority is None else None
         data = self._publish_frame(
-            msg_id, _str16(queue), encode_payload(payload), _publish_headers(headers, priority)
+            msg_id, q, encode_payload(payload), hdrs or _publish_headers(headers, priority)
         )
-        if msg_id in self._publishes or msg_id in self._pending:
-            raise ValueError(f"a request with id {msg_id!r} is already in flight")
         # The PublishAck's messageId is the Publish's id (docs/protocol.md).
-        link = self._link if timeout is None and self.connected else None
+        link = self._live if timeout is None else None
         limit = self.request_timeout if timeout is None else timeout
         if link is None or limit is None:
             await self._publish_slow(msg_id, data, limit)
@@ -913,6 +927,7 @@ class Client:
             if sub._confirmed and sub.active:
                 self._resubscribe(link, sub)
         self._ready.set()
+        self._live = link
 
     def _resubscribe(self, link: _Link, sub: Subscription) -> None:
         # Done with a callback rather than an awaited request: this runs inside the reader
@@ -1098,6 +1113,7 @@ class Client:
     def _lost(self, link: _Link, cause: BaseException | None) -> None:
         """Tear down after a loss: no more sends on ``link``; fail what awaited a reply."""
         self._ready.clear()
+        self._live = None
         link.abort()
         if self._closing:
             return
@@ -1147,6 +1163,7 @@ class Client:
         """The client is done for good: fail waiters, end subscriptions."""
         if self._final_error is None:
             self._final_error = error
+        self._live = None
         self._ready.set()  # wakes _wait_ready callers, which then raise the final error
         self._fail_pending(error.message or str(error))
         subs, self._subs = self._subs, {}
