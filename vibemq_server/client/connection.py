@@ -1164,6 +1164,10 @@ class Client:
         if self._final_error is None:
             self._final_error = error
         self._live = None
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        self._deadlines.clear()
         self._ready.set()  # wakes _wait_ready callers, which then raise the final error
         self._fail_pending(error.message or str(error))
         subs, self._subs = self._subs, {}
