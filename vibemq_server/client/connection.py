@@ -65,6 +65,9 @@ CLIENT_VERSION = "0.1.0"
 _READ_CHUNK = 256 * 1024
 # Auth refusals will not fix themselves by retrying; anything else (limits, restarts) might.
 _PERMANENT_CODES = frozenset({"AUTH_FAILED", "AUTH_REQUIRED", "NOT_AUTHORIZED"})
+# Acks held back (while more deliveries wait) are written at least this often, so the broker
+# refills the prefetch window while the consumer works instead of after the whole buffer.
+_ACK_FLUSH = 50
 # Above this many bytes in the transport's send buffer, senders wait for it to drain.
 _WRITE_HIGH_WATER = 1024 * 1024
 _PUBLISH_ACK = int(CommandType.PUBLISH_ACK)
@@ -815,7 +818,7 @@ class Client:
             # (as a raw client acks one read's worth at once). A consumer that acks and then
             # blocks the loop must not leave its acks unsent meanwhile.
             sub = self._subs.get(message.queue)
-            if sub is None or not sub._buffer:
+            if sub is None or not sub._buffer or len(link.out) >= _ACK_FLUSH:
                 link.flush()
             if link.congested:
                 await link.drain()
