@@ -179,3 +179,11 @@ async def test_publish_times_out_when_held(broker_factory: BrokerFactory) -> Non
             return_exceptions=True,
         )
         assert all(isinstance(r, RequestTimeout) for r in results), results
+
+
+async def test_publishes_without_a_request_timeout(broker: Any) -> None:
+    async with await Client.connect("127.0.0.1", broker.port, request_timeout=None) as client:
+        ids = await asyncio.gather(*(client.publish("untimed", i) for i in range(100)))
+        assert len(set(ids)) == 100
+        assert len(await client.publish_many("untimed", range(100))) == 100
+        assert broker.manager.queues["untimed"].message_count == 200

@@ -467,19 +467,20 @@ class Client:
         # The PublishAck's messageId is the Publish's id (docs/protocol.md).
         link = self._live if timeout is None else None
         limit = self.request_timeout if timeout is None else timeout
-        if link is None or limit is None:
+        if link is None:
             await self._publish_slow(msg_id, data, limit)
             return msg_id
         # Fast path: no timeout object per call; the deadline FIFO expires it.
         fut = self._send_publish(link, msg_id, data)
-        loop = link.loop
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][2].done():
-            deadlines.popleft()
-        deadline = loop.time() + limit
-        deadlines.append((deadline, msg_id, fut))
-        if self._deadline_timer is None:
-            self._deadline_timer = loop.call_at(deadline, self._expire_publishes)
+        if limit is not None:
+            loop = link.loop
+            deadlines = self._deadlines
+            while deadlines and deadlines[0][2].done():
+                deadlines.popleft()
+            deadline = loop.time() + limit
+            deadlines.append((deadline, msg_id, fut))
+            if self._deadline_timer is None:
+                self._deadline_timer = loop.call_at(deadline, self._expire_publishes)
         try:
             if link.congested:
                 await link.drain()
