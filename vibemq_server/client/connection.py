@@ -48,12 +48,11 @@ from vibemq_server.client.subscription import ReceivedMessage, Subscription
 from vibemq_server.protocol.codec import (
     DEFAULT_MAX_MESSAGE_SIZE,
     CommandType,
-    FrameDecoder,
     Message,
     decode_body,
     encode,
 )
-from vibemq_server.protocol.errors import ProtocolError
+from vibemq_server.protocol.errors import ErrorCode, ProtocolError
 from vibemq_server.protocol.payload import MULTIPART_HEADERS, multipart_to_core
 
 __all__ = ["DEFAULT_PORT", "Client"]
@@ -92,19 +91,31 @@ def encode_payload(payload: Any) -> bytes:
 class _Link:
     """One live TCP connection (the client replaces it on reconnect)."""
 
-    __slots__ = ("backlog", "decoder", "generation", "loop", "out", "reader", "transport", "writer")
+    __slots__ = (
+        "backlog",
+        "generation",
+        "inbuf",
+        "loop",
+        "max_size",
+        "out",
+        "reader",
+        "transport",
+        "writer",
+    )
 
     def __init__(
         self,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        decoder: FrameDecoder,
+        max_size: int,
         generation: int,
     ) -> None:
         self.reader = reader
         self.writer = writer
-        self.decoder = decoder
+        self.max_size = max_size
         self.generation = generation
+        # Bytes of a frame not yet complete (the stream is split by ``split`` or the pump).
+        self.inbuf = b""
         # Frames already split off the stream but not yet dispatched (the handshake may read
         # past the ConnectAck).
         self.backlog: deque[bytes] = deque()
@@ -112,6 +123,28 @@ class _Link:
         self.loop = asyncio.get_running_loop()
         # Frames queued this loop turn; one write flushes them all (see ``write``).
         self.out: list[bytes] = []
+
+    def split(self, data: bytes) -> list[bytes]:
+        """The bodies of the frames completed by ``data``; the rest waits in ``inbuf``."""
+        buf = self.inbuf + data if self.inbuf else data
+        bodies: list[bytes] = []
+        pos = 0
+        end = len(buf)
+        while end - pos >= 4:
+            (n,) = _U32.unpack_from(buf, pos)
+            self.check_length(n)
+            if end - pos - 4 < n:
+                break
+            bodies.append(buf[pos + 4 : pos + 4 + n])
+            pos += 4 + n
+        self.inbuf = buf[pos:]
+        return bodies
+
+    def check_length(self, n: int) -> None:
+        # A bad length cannot be resynchronised: the connection is done.
+        if n == 0 or n > self.max_size:
+            what = "zero frame length" if n == 0 else f"frame of {n} bytes over {self.max_size}"
+            raise ProtocolError(ErrorCode.INVALID_MESSAGE, what, fatal=True)
 
     def write(self, data: bytes) -> None:
         """Queue one encoded frame. Synchronous on purpose: frames go out in call order,
@@ -884,7 +917,7 @@ class Client:
             raise ConnectionFailed(
                 f"cannot connect to {self.host}:{self.port}: {exc or 'timed out'}"
             ) from exc
-        link = _Link(reader, writer, FrameDecoder(self._max_message_size), self._generation + 1)
+        link = _Link(reader, writer, self._max_message_size, self._generation + 1)
         try:
             async with asyncio.timeout(self.connect_timeout):
                 await self._handshake(link)
@@ -911,7 +944,7 @@ class Client:
                 data = await link.reader.read(_READ_CHUNK)
                 if not data:
                     raise ConnectionFailed("server closed the connection during the handshake")
-                link.backlog.extend(link.decoder.feed(data))
+                link.backlog.extend(link.split(data))
             msg = decode_body(link.backlog.popleft())
             if msg.type == CommandType.CONNECT_ACK:
                 self.server_version = msg.headers.get("serverVersion")
@@ -1012,9 +1045,43 @@ class Client:
                 if not data:
                     return None
                 ping_outstanding = False
-                link.backlog.extend(link.decoder.feed(data))
+                self._scan(link, data)
         except (OSError, ProtocolError, ConnectionLost) as exc:
             return exc
+
+    def _scan(self, link: _Link, data: bytes) -> None:
+        """Handle every frame ``data`` completes. PublishAcks are settled straight from the
+        buffer (no body copy, no decode): they are half of a publisher's traffic."""
+        buf = link.inbuf + data if link.inbuf else data
+        pos = 0
+        end = len(buf)
+        unpack = _U32.unpack_from
+        publishes = self._publishes
+        try:
+            while end - pos >= 4:
+                (n,) = unpack(buf, pos)
+                stop = pos + 4 + n
+                if stop > end or n < 4 or n > link.max_size:
+                    if stop > end and 0 < n <= link.max_size:
+                        break
+                    link.check_length(n)  # raises for 0 and oversize
+                elif buf[pos + 5] == _PUBLISH_ACK:
+                    idn = (buf[pos + 6] << 8) | buf[pos + 7]
+                    try:
+                        waiter = publishes.pop(buf[pos + 8 : pos + 8 + idn].decode(), None)
+                    except UnicodeDecodeError:
+                        waiter = None
+                    if waiter is not None:
+                        if isinstance(waiter, _Batch):
+                            waiter.settle("", None)
+                        elif not waiter.done():
+                            waiter.set_result(None)
+                        pos = stop
+                        continue
+                self._dispatch(link, buf[pos + 4 : stop])
+                pos = stop
+        finally:
+            link.inbuf = buf[pos:]
 
     def _dispatch(self, link: _Link, body: bytes) -> None:
         kind = body[1] if len(body) > 3 else -1
