@@ -74,8 +74,8 @@ _ERROR = int(CommandType.ERROR)
 _DELIVER = int(CommandType.DELIVER)
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
-# Publish body: version 1, type 20 | id | queue | payload | headers.
-_PUBLISH_HEAD = b"\x01\x14"
+# Publish frame: body length | version 1, type 20 | id length (then id, queue, payload, headers).
+_PUBLISH_PREFIX = struct.Struct(">IBBH")
 # Ack body: version 1, type 30 | id | queue | no payload | one header ``messageId``.
 _ACK_HEAD = b"\x01\x1e"
 _ACK_MID = b"\x00\x00\x00\x00\x00\x01\x00\x09messageId"
@@ -83,6 +83,8 @@ _ACK_MID = b"\x00\x00\x00\x00\x00\x01\x00\x09messageId"
 
 def encode_payload(payload: Any) -> bytes:
     """JSON-encode a payload compactly. ``bytes`` are taken as already-encoded UTF-8 JSON."""
+    if type(payload) is bytes:  # the common pre-encoded case, without the isinstance chain
+        return payload
     if isinstance(payload, bytes | bytearray | memoryview):
         return bytes(payload)
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
@@ -596,10 +598,10 @@ class Client:
     def _publish_frame(msg_id: str, queue: bytes, payload: bytes, headers: bytes) -> bytes:
         """A whole Publish frame, built directly (``queue`` and ``headers`` pre-encoded)."""
         i = msg_id.encode()
-        body = b"".join(
+        size = 8 + len(i) + len(queue) + len(payload) + len(headers)
+        return b"".join(
             (
-                _PUBLISH_HEAD,
-                _U16.pack(len(i)),
+                _PUBLISH_PREFIX.pack(size, 1, 20, len(i)),
                 i,
                 queue,
                 _U32.pack(len(payload)),
@@ -607,7 +609,6 @@ class Client:
                 headers,
             )
         )
-        return _U32.pack(len(body)) + body
 
     def _send_publish(self, link: _Link, msg_id: str, data: bytes) -> asyncio.Future[None]:
         fut: asyncio.Future[None] = link.loop.create_future()
