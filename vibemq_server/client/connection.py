@@ -95,6 +95,7 @@ class _Link:
 
     __slots__ = (
         "backlog",
+        "congested",
         "generation",
         "inbuf",
         "loop",
@@ -125,6 +126,8 @@ class _Link:
         self.loop = asyncio.get_running_loop()
         # Frames queued this loop turn; one write flushes them all (see ``write``).
         self.out: list[bytes] = []
+        #: True when the kernel is not keeping up: senders should ``drain``.
+        self.congested = False
 
     def split(self, data: bytes) -> list[bytes]:
         """The bodies of the frames completed by ``data``; the rest waits in ``inbuf``."""
@@ -165,17 +168,16 @@ class _Link:
         out = self.out
         if out:
             self.out = []
-            if not self.transport.is_closing():
-                self.transport.write(b"".join(out) if len(out) > 1 else out[0])
-
-    @property
-    def congested(self) -> bool:
-        """True when the kernel is not keeping up: senders should ``drain``."""
-        return self.transport.get_write_buffer_size() > _WRITE_HIGH_WATER
+            transport = self.transport
+            if not transport.is_closing():
+                transport.write(b"".join(out) if len(out) > 1 else out[0])
+                # Checked once per write rather than per frame: senders drain while it holds.
+                self.congested = transport.get_write_buffer_size() > _WRITE_HIGH_WATER
 
     async def drain(self) -> None:
         self.flush()
         await self.writer.drain()
+        self.congested = False
 
     def abort(self) -> None:
         self.out = []
@@ -505,10 +507,17 @@ class Client:
         if link is None:
             await self._publish_slow(msg_id, data, limit)
             return msg_id
-        # Fast path: no timeout object per call; the deadline FIFO expires it.
-        fut = self._send_publish(link, msg_id, data)
+        # Fast path: no timeout object per call (the deadline FIFO expires it), the frame
+        # queued inline. A transport closed meanwhile drops it in flush(); the reader then
+        # notices the loss and fails this future with ConnectionLost.
+        loop = link.loop
+        fut: asyncio.Future[None] = loop.create_future()
+        out = link.out
+        if not out:
+            loop.call_soon(link.flush)
+        out.append(data)
+        self._publishes[msg_id] = fut
         if limit is not None:
-            loop = link.loop
             deadlines = self._deadlines
             while deadlines and deadlines[0][2].done():
                 deadlines.popleft()
