@@ -18,6 +18,7 @@ from vibemq_server.client.connection import DEFAULT_PORT, Client, tls_context
 from vibemq_server.client.errors import (
     ConnectionFailed,
     ConnectionLost,
+    PublishBatchError,
     RequestTimeout,
     VibeMQError,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "ConnectionFailed",
     "ConnectionLost",
     "MmeError",
+    "PublishBatchError",
     "ReceivedMessage",
     "RequestTimeout",
     "Subscription",

@@ -7,6 +7,11 @@ Design, in short:
   requests and any number of requests can be in flight at once.
 * A single background task owns the socket's read side. It decodes frames with the sans-IO codec,
   resolves futures, feeds subscriptions, answers server Pings and notices connection loss.
+* Frames are queued and written once per event-loop turn (one ``write`` for all the publishes
+  and acks issued in that turn), with ``drain`` awaited only when the transport's buffer is
+  over its limit. Publishes are encoded straight to bytes; a PublishAck is matched by the id
+  sliced out of the frame, without decoding it. Publish deadlines sit in one FIFO checked by
+  one timer instead of a timeout object per call.
 * On loss, pending requests fail with :class:`ConnectionLost` (never resent: a publish may have
   been stored already, and resending would duplicate it). With ``reconnect=True`` the same task
   then reconnects with exponential backoff, repeats the Connect handshake and re-subscribes every
@@ -25,15 +30,17 @@ import logging
 import random
 import secrets
 import ssl
+import struct
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
 from vibemq_server.client.errors import (
     ConnectionFailed,
     ConnectionLost,
+    PublishBatchError,
     RequestTimeout,
     VibeMQError,
 )
@@ -41,12 +48,11 @@ from vibemq_server.client.subscription import ReceivedMessage, Subscription
 from vibemq_server.protocol.codec import (
     DEFAULT_MAX_MESSAGE_SIZE,
     CommandType,
-    FrameDecoder,
     Message,
     decode_body,
     encode,
 )
-from vibemq_server.protocol.errors import ProtocolError
+from vibemq_server.protocol.errors import ErrorCode, ProtocolError
 from vibemq_server.protocol.payload import MULTIPART_HEADERS, multipart_to_core
 
 __all__ = ["DEFAULT_PORT", "Client"]
@@ -58,10 +64,27 @@ CLIENT_VERSION = "0.1.0"
 _READ_CHUNK = 256 * 1024
 # Auth refusals will not fix themselves by retrying; anything else (limits, restarts) might.
 _PERMANENT_CODES = frozenset({"AUTH_FAILED", "AUTH_REQUIRED", "NOT_AUTHORIZED"})
+# Acks held back (while more deliveries wait) are written at least this often, so the broker
+# refills the prefetch window while the consumer works instead of after the whole buffer.
+_ACK_FLUSH = 50
+# Above this many bytes in the transport's send buffer, senders wait for it to drain.
+_WRITE_HIGH_WATER = 1024 * 1024
+_PUBLISH_ACK = int(CommandType.PUBLISH_ACK)
+_ERROR = int(CommandType.ERROR)
+_DELIVER = int(CommandType.DELIVER)
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+# Publish frame: body length | version 1, type 20 | id length (then id, queue, payload, headers).
+_PUBLISH_PREFIX = struct.Struct(">IBBH")
+# Ack body: version 1, type 30 | id | queue | no payload | one header ``messageId``.
+_ACK_HEAD = b"\x01\x1e"
+_ACK_MID = b"\x00\x00\x00\x00\x00\x01\x00\x09messageId"
 
 
 def encode_payload(payload: Any) -> bytes:
     """JSON-encode a payload compactly. ``bytes`` are taken as already-encoded UTF-8 JSON."""
+    if type(payload) is bytes:  # the common pre-encoded case, without the isinstance chain
+        return payload
     if isinstance(payload, bytes | bytearray | memoryview):
         return bytes(payload)
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
@@ -70,31 +93,187 @@ def encode_payload(payload: Any) -> bytes:
 class _Link:
     """One live TCP connection (the client replaces it on reconnect)."""
 
-    __slots__ = ("backlog", "decoder", "generation", "reader", "writer")
+    __slots__ = (
+        "backlog",
+        "congested",
+        "generation",
+        "inbuf",
+        "loop",
+        "max_size",
+        "out",
+        "reader",
+        "transport",
+        "writer",
+    )
 
     def __init__(
         self,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        decoder: FrameDecoder,
+        max_size: int,
         generation: int,
     ) -> None:
         self.reader = reader
         self.writer = writer
-        self.decoder = decoder
+        self.max_size = max_size
         self.generation = generation
+        # Bytes of a frame not yet complete (the stream is split by ``split`` or the pump).
+        self.inbuf = b""
         # Frames already split off the stream but not yet dispatched (the handshake may read
         # past the ConnectAck).
         self.backlog: deque[bytes] = deque()
+        self.transport = writer.transport
+        self.loop = asyncio.get_running_loop()
+        # Frames queued this loop turn; one write flushes them all (see ``write``).
+        self.out: list[bytes] = []
+        #: True when the kernel is not keeping up: senders should ``drain``.
+        self.congested = False
+
+    def split(self, data: bytes) -> list[bytes]:
+        """The bodies of the frames completed by ``data``; the rest waits in ``inbuf``."""
+        buf = self.inbuf + data if self.inbuf else data
+        bodies: list[bytes] = []
+        pos = 0
+        end = len(buf)
+        while end - pos >= 4:
+            (n,) = _U32.unpack_from(buf, pos)
+            self.check_length(n)
+            if end - pos - 4 < n:
+                break
+            bodies.append(buf[pos + 4 : pos + 4 + n])
+            pos += 4 + n
+        self.inbuf = buf[pos:]
+        return bodies
+
+    def check_length(self, n: int) -> None:
+        # A bad length cannot be resynchronised: the connection is done.
+        if n == 0 or n > self.max_size:
+            what = "zero frame length" if n == 0 else f"frame of {n} bytes over {self.max_size}"
+            raise ProtocolError(ErrorCode.INVALID_MESSAGE, what, fatal=True)
+
+    def write(self, data: bytes) -> None:
+        """Queue one encoded frame. Synchronous on purpose: frames go out in call order,
+        whole, and all frames queued in one loop turn leave in a single write."""
+        if self.transport.is_closing():
+            raise ConnectionLost("connection is closed")
+        out = self.out
+        if not out:
+            self.loop.call_soon(self.flush)
+        out.append(data)
 
     def send(self, msg: Message) -> None:
-        """Queue one frame. Synchronous on purpose: frames go out in call order, whole."""
-        if self.writer.is_closing():
-            raise ConnectionLost("connection is closed")
-        self.writer.write(encode(msg))
+        self.write(encode(msg))
+
+    def flush(self) -> None:
+        out = self.out
+        if out:
+            self.out = []
+            transport = self.transport
+            if not transport.is_closing():
+                transport.write(b"".join(out) if len(out) > 1 else out[0])
+                # Checked once per write rather than per frame: senders drain while it holds.
+                self.congested = transport.get_write_buffer_size() > _WRITE_HIGH_WATER
+
+    async def drain(self) -> None:
+        self.flush()
+        await self.writer.drain()
+        self.congested = False
 
     def abort(self) -> None:
+        self.out = []
         self.writer.close()
+
+
+def _str16(value: str) -> bytes:
+    """A u16-length-prefixed UTF-8 string (empty = null), as the codec writes it."""
+    raw = value.encode()
+    return _U16.pack(len(raw)) + raw
+
+
+def _headers_bytes(headers: Mapping[str, str]) -> bytes:
+    """The header block of a body: u16 count, then (key, value) string pairs."""
+    parts = [_U16.pack(len(headers))]
+    for key, value in headers.items():
+        parts.append(_str16(key))
+        parts.append(_str16(value))
+    return b"".join(parts)
+
+
+_NO_HEADERS = b"\x00\x00"
+
+
+def _ack_frame(message: ReceivedMessage) -> bytes:
+    """An Ack frame whose own id is the acked message's id and whose ``messageId`` header
+    names it too (the broker reads the header first, the id second: docs/protocol.md)."""
+    ref = message._wire
+    if ref:  # the Deliver's own id and queue fields
+        i = ref[: 2 + ((ref[0] << 8) | ref[1])]
+        body = b"".join((_ACK_HEAD, ref, _ACK_MID, i))
+    else:
+        i = _str16(message.id)
+        body = b"".join((_ACK_HEAD, i, _str16(message.queue), _ACK_MID, i))
+    return _U32.pack(len(body)) + body
+
+
+def _deliver(owner: Any, generation: int, body: bytes) -> ReceivedMessage | None:
+    """A well-formed Deliver body straight into a ReceivedMessage (no Message in between);
+    None lets the codec's careful decoder handle (and name) anything unusual."""
+    try:
+        n = (body[2] << 8) | body[3]
+        pos = 4 + n
+        msg_id = body[4:pos].decode()
+        n = (body[pos] << 8) | body[pos + 1]
+        pos += 2
+        queue = body[pos : pos + n].decode()
+        pos += n
+        ref_end = pos
+        (plen,) = _U32.unpack_from(body, pos)
+        pos += 4
+        payload = body[pos : pos + plen]
+        pos += plen
+        count = (body[pos] << 8) | body[pos + 1]
+        pos += 2
+        headers: dict[str, str] = {}
+        for _ in range(count):
+            n = (body[pos] << 8) | body[pos + 1]
+            key = body[pos + 2 : pos + 2 + n].decode()
+            pos += 2 + n
+            n = (body[pos] << 8) | body[pos + 1]
+            value = body[pos + 2 : pos + 2 + n].decode()
+            pos += 2 + n
+            if key and value:
+                headers[key] = value
+    except (IndexError, UnicodeDecodeError, struct.error):
+        return None
+    if pos != len(body) or not msg_id or not queue:
+        return None
+    # body[2:ref_end] is the id and queue exactly as an Ack carries them: kept for ack().
+    return ReceivedMessage(owner, generation, msg_id, queue, payload, headers, body[2:ref_end])
+
+
+class _Batch:
+    """The PublishAcks one ``publish_many`` call waits for: one future for all of them."""
+
+    __slots__ = ("errors", "future", "remaining")
+
+    def __init__(self, count: int, future: asyncio.Future[None]) -> None:
+        self.remaining = count
+        self.errors: dict[str, VibeMQError] = {}
+        self.future = future
+
+    def settle(self, msg_id: str, error: VibeMQError | None) -> None:
+        if error is not None:
+            self.errors[msg_id] = error
+        self.remaining -= 1
+        if self.remaining <= 0 and not self.future.done():
+            self.future.set_result(None)
+
+    def fail(self, error: VibeMQError) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+_Waiter = asyncio.Future[None] | _Batch
 
 
 class Client:
@@ -162,6 +341,17 @@ class Client:
         self._link: _Link | None = None
         self._generation = 0
         self._pending: dict[str, asyncio.Future[Message]] = {}
+        # Publishes awaiting their PublishAck (or Error), by message id; a publish_many
+        # batch appears once per message.
+        self._publishes: dict[str, _Waiter] = {}
+        # (deadline, id, future) of single publishes in send order: with one timeout for all
+        # they expire in that order, so one timer at the head serves them all.
+        self._deadlines: deque[tuple[float, str, asyncio.Future[None]]] = deque()
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        # The link while it is usable (what ``connected`` computes, kept for the hot path).
+        self._live: _Link | None = None
+        # Encoded queue names (u16 length + UTF-8), so a publish does not re-encode its queue.
+        self._queue_bytes: dict[str, bytes] = {}
         self._subs: dict[str, Subscription] = {}
         # Set while a handshaken link is usable; also set once the client is finished so that
         # waiters wake up and see ``_final_error``.
@@ -235,11 +425,12 @@ class Client:
         self._closing = True
         link = self._link
         self._ready.clear()
+        self._live = None
         if link is not None:
             with contextlib.suppress(Exception):
                 link.send(Message(CommandType.DISCONNECT, self._next_id("disc")))
                 async with asyncio.timeout(1.0):
-                    await link.writer.drain()
+                    await link.drain()
             link.abort()
         if self._runner is not None:
             self._runner.cancel()
@@ -295,15 +486,185 @@ class Client:
         ``priority`` is one of ``Low``, ``Normal``, ``High``, ``Critical`` (sent as the
         ``priority`` header). Safe to call concurrently: each call awaits its own ack.
         """
-        hdrs = dict(headers) if headers else {}
-        if priority is not None:
-            hdrs["priority"] = priority
-        msg_id = message_id or self._next_id("msg")
-        msg = Message(
-            CommandType.PUBLISH, msg_id, queue=queue, payload=encode_payload(payload), headers=hdrs
+        if message_id:
+            msg_id = message_id
+            if msg_id in self._publishes or msg_id in self._pending:
+                raise ValueError(f"a request with id {msg_id!r} is already in flight")
+        else:  # unique by construction
+            msg_id = f"msg_{self._id_prefix}-{next(self._counter)}"
+        q = self._queue_bytes.get(queue)
+        if q is None:
+            if len(self._queue_bytes) >= 1024:
+                self._queue_bytes.clear()
+            q = self._queue_bytes[queue] = _str16(queue)
+        hdrs = _NO_HEADERS if headers is None and priority is None else None
+        data = self._publish_frame(
+            msg_id, q, encode_payload(payload), hdrs or _publish_headers(headers, priority)
         )
-        reply = await self._request(msg, timeout)
-        return reply.headers.get("messageId") or reply.id
+        # The PublishAck's messageId is the Publish's id (docs/protocol.md).
+        link = self._live if timeout is None else None
+        limit = self.request_timeout if timeout is None else timeout
+        if link is None:
+            await self._publish_slow(msg_id, data, limit)
+            return msg_id
+        # Fast path: no timeout object per call (the deadline FIFO expires it), the frame
+        # queued inline. A transport closed meanwhile drops it in flush(); the reader then
+        # notices the loss and fails this future with ConnectionLost.
+        loop = link.loop
+        fut: asyncio.Future[None] = loop.create_future()
+        out = link.out
+        if not out:
+            loop.call_soon(link.flush)
+        out.append(data)
+        self._publishes[msg_id] = fut
+        if limit is not None:
+            deadlines = self._deadlines
+            while deadlines and deadlines[0][2].done():
+                deadlines.popleft()
+            deadline = loop.time() + limit
+            deadlines.append((deadline, msg_id, fut))
+            if self._deadline_timer is None:
+                self._deadline_timer = loop.call_at(deadline, self._expire_publishes)
+        try:
+            if link.congested:
+                await link.drain()
+            await fut
+        except OSError as exc:
+            raise ConnectionLost(f"connection lost: {exc}") from exc
+        finally:
+            if self._publishes.get(msg_id) is fut:
+                del self._publishes[msg_id]
+        return msg_id
+
+    async def publish_many(
+        self,
+        queue: str,
+        payloads: Iterable[Any],
+        *,
+        headers: Mapping[str, str] | None = None,
+        priority: str | None = None,
+        timeout: float | None = None,
+    ) -> list[str]:
+        """Publish every payload to ``queue`` in one write and wait for all their PublishAcks.
+        Returns the message ids, in order.
+
+        ``headers`` and ``priority`` apply to every message; ``timeout`` bounds the whole
+        batch. The broker handles the messages in order, each on its own: when some are
+        refused (``QUEUE_FULL``, ``NOT_AUTHORIZED``, ...) the others are still stored, and
+        once every reply is in :class:`PublishBatchError` is raised -- its ``code`` is the
+        first refusal's, ``results`` holds each message's id or error. A lost connection
+        raises :class:`ConnectionLost` (messages acked before it are stored; the rest may or
+        may not be, as for :meth:`publish`).
+        """
+        prefix = self._id_prefix
+        counter = self._counter
+        q = _str16(queue)
+        hdrs = _publish_headers(headers, priority)
+        build = self._publish_frame
+        ids: list[str] = []
+        frames: list[bytes] = []
+        for payload in payloads:
+            msg_id = f"msg_{prefix}-{next(counter)}"
+            ids.append(msg_id)
+            frames.append(build(msg_id, q, encode_payload(payload), hdrs))
+        if not ids:
+            return []
+        limit = self.request_timeout if timeout is None else timeout
+        batch: _Batch | None = None
+        publishes = self._publishes
+        try:
+            async with asyncio.timeout(limit):
+                link = self._link if self.connected else None
+                if link is None:
+                    link = await self._wait_ready()
+                batch = _Batch(len(ids), link.loop.create_future())
+                for msg_id in ids:
+                    publishes[msg_id] = batch
+                try:
+                    link.write(b"".join(frames))
+                    del frames
+                    if link.congested:
+                        await link.drain()
+                    await batch.future
+                finally:
+                    if batch.remaining > 0:
+                        for msg_id in ids:
+                            if publishes.get(msg_id) is batch:
+                                del publishes[msg_id]
+        except TimeoutError:
+            raise RequestTimeout(
+                f"no reply to {batch.remaining if batch else len(ids)} of {len(ids)} "
+                f"publishes within {limit} s"
+            ) from None
+        except OSError as exc:
+            raise ConnectionLost(f"connection lost: {exc}") from exc
+        if batch.errors:
+            errors = batch.errors
+            raise PublishBatchError([errors.get(msg_id, msg_id) for msg_id in ids])
+        return ids
+
+    @staticmethod
+    def _publish_frame(msg_id: str, queue: bytes, payload: bytes, headers: bytes) -> bytes:
+        """A whole Publish frame, built directly (``queue`` and ``headers`` pre-encoded)."""
+        i = msg_id.encode()
+        size = 8 + len(i) + len(queue) + len(payload) + len(headers)
+        return b"".join(
+            (
+                _PUBLISH_PREFIX.pack(size, 1, 20, len(i)),
+                i,
+                queue,
+                _U32.pack(len(payload)),
+                payload,
+                headers,
+            )
+        )
+
+    def _send_publish(self, link: _Link, msg_id: str, data: bytes) -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = link.loop.create_future()
+        link.write(data)  # raises ConnectionLost before anything is registered
+        self._publishes[msg_id] = fut
+        return fut
+
+    async def _publish_slow(self, msg_id: str, data: bytes, limit: float | None) -> None:
+        """A publish that waits for the connection first or has its own timeout."""
+        fut: asyncio.Future[None] | None = None
+        try:
+            async with asyncio.timeout(limit):
+                link = self._link if self.connected else None
+                if link is None:
+                    link = await self._wait_ready()
+                fut = self._send_publish(link, msg_id, data)
+                if link.congested:
+                    await link.drain()
+                await fut
+        except TimeoutError:
+            raise RequestTimeout(f"no reply to PUBLISH {msg_id!r} within {limit} s") from None
+        except OSError as exc:
+            raise ConnectionLost(f"connection lost: {exc}") from exc
+        finally:
+            if fut is not None and self._publishes.get(msg_id) is fut:
+                del self._publishes[msg_id]
+
+    def _expire_publishes(self) -> None:
+        """The deadline timer: fail the publishes whose time is up, re-arm for the next."""
+        self._deadline_timer = None
+        deadlines = self._deadlines
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while deadlines:
+            deadline, msg_id, fut = deadlines[0]
+            if fut.done():
+                deadlines.popleft()
+                continue
+            if deadline > now:
+                self._deadline_timer = loop.call_at(deadline, self._expire_publishes)
+                return
+            deadlines.popleft()
+            if self._publishes.get(msg_id) is fut:
+                del self._publishes[msg_id]
+            fut.set_exception(
+                RequestTimeout(f"no reply to PUBLISH {msg_id!r} within {self.request_timeout} s")
+            )
 
     async def publish_multipart(
         self,
@@ -466,7 +827,8 @@ class Client:
                 self._pending[msg.id] = fut
                 try:
                     link.send(msg)
-                    await link.writer.drain()
+                    if link.congested:
+                        await link.drain()
                     reply = await fut
                 finally:
                     if self._pending.get(msg.id) is fut:
@@ -489,21 +851,44 @@ class Client:
 
     async def _ack(self, message: ReceivedMessage) -> None:
         link = self._link
-        if link is None or not self.connected or link.generation != message._generation:
+        if link is None or link.generation != message._generation or not self.connected:
             # The delivering connection is gone; the server requeued the message on loss.
             log.debug("not acking %s: its connection was lost", message.id)
             return
-        ack = Message(
-            CommandType.ACK,
-            self._next_id("ack"),
-            queue=message.queue,
-            headers={"messageId": message.id},
-        )
         try:
-            link.send(ack)
-            await link.writer.drain()
+            link.write(_ack_frame(message))
+            # Written now unless more deliveries already wait in the subscription: their
+            # acks follow before the consumer waits again, and then all leave in one write
+            # (as a raw client acks one read's worth at once). A consumer that acks and then
+            # blocks the loop must not leave its acks unsent meanwhile.
+            sub = self._subs.get(message.queue)
+            if sub is None or not sub._buffer or len(link.out) >= _ACK_FLUSH:
+                link.flush()
+            if link.congested:
+                await link.drain()
         except (OSError, ConnectionLost):
             log.debug("ack of %s not sent: connection lost", message.id)
+
+    async def _ack_many(self, messages: Sequence[ReceivedMessage]) -> None:
+        """One Ack frame per message, all in one write (the protocol has no multiple-ack
+        form), handed to the transport before this returns."""
+        link = self._link
+        if link is None or not self.connected:
+            log.debug("not acking %d message(s): the connection was lost", len(messages))
+            return
+        generation = link.generation
+        try:
+            for message in messages:
+                if message._generation != generation:
+                    # The delivering connection is gone; the server requeued it on loss.
+                    log.debug("not acking %s: its connection was lost", message.id)
+                    continue
+                link.write(_ack_frame(message))
+            link.flush()
+            if link.congested:
+                await link.drain()
+        except (OSError, ConnectionLost):
+            log.debug("acks not sent: connection lost")
 
     async def _unsubscribe(self, sub: Subscription) -> None:
         if self.closed:
@@ -542,7 +927,7 @@ class Client:
             raise ConnectionFailed(
                 f"cannot connect to {self.host}:{self.port}: {exc or 'timed out'}"
             ) from exc
-        link = _Link(reader, writer, FrameDecoder(self._max_message_size), self._generation + 1)
+        link = _Link(reader, writer, self._max_message_size, self._generation + 1)
         try:
             async with asyncio.timeout(self.connect_timeout):
                 await self._handshake(link)
@@ -563,13 +948,13 @@ class Client:
             headers["authToken"] = self._token
         req = Message(CommandType.CONNECT, self._next_id("conn"), headers=headers)
         link.send(req)
-        await link.writer.drain()
+        await link.drain()
         while True:
             while not link.backlog:
                 data = await link.reader.read(_READ_CHUNK)
                 if not data:
                     raise ConnectionFailed("server closed the connection during the handshake")
-                link.backlog.extend(link.decoder.feed(data))
+                link.backlog.extend(link.split(data))
             msg = decode_body(link.backlog.popleft())
             if msg.type == CommandType.CONNECT_ACK:
                 self.server_version = msg.headers.get("serverVersion")
@@ -589,6 +974,7 @@ class Client:
             if sub._confirmed and sub.active:
                 self._resubscribe(link, sub)
         self._ready.set()
+        self._live = link
 
     def _resubscribe(self, link: _Link, sub: Subscription) -> None:
         # Done with a callback rather than an awaited request: this runs inside the reader
@@ -669,11 +1055,66 @@ class Client:
                 if not data:
                     return None
                 ping_outstanding = False
-                link.backlog.extend(link.decoder.feed(data))
+                self._scan(link, data)
         except (OSError, ProtocolError, ConnectionLost) as exc:
             return exc
 
+    def _scan(self, link: _Link, data: bytes) -> None:
+        """Handle every frame ``data`` completes. PublishAcks are settled straight from the
+        buffer (no body copy, no decode): they are half of a publisher's traffic."""
+        buf = link.inbuf + data if link.inbuf else data
+        pos = 0
+        end = len(buf)
+        unpack = _U32.unpack_from
+        publishes = self._publishes
+        try:
+            while end - pos >= 4:
+                (n,) = unpack(buf, pos)
+                stop = pos + 4 + n
+                if stop > end or n < 4 or n > link.max_size:
+                    if stop > end and 0 < n <= link.max_size:
+                        break
+                    link.check_length(n)  # raises for 0 and oversize
+                elif buf[pos + 5] == _PUBLISH_ACK:
+                    idn = (buf[pos + 6] << 8) | buf[pos + 7]
+                    try:
+                        waiter = publishes.pop(buf[pos + 8 : pos + 8 + idn].decode(), None)
+                    except UnicodeDecodeError:
+                        waiter = None
+                    if waiter is not None:
+                        if isinstance(waiter, _Batch):
+                            waiter.settle("", None)
+                        elif not waiter.done():
+                            waiter.set_result(None)
+                        pos = stop
+                        continue
+                self._dispatch(link, buf[pos + 4 : stop])
+                pos = stop
+        finally:
+            link.inbuf = buf[pos:]
+
     def _dispatch(self, link: _Link, body: bytes) -> None:
+        kind = body[1] if len(body) > 3 else -1
+        if kind == _DELIVER:
+            received = _deliver(self, link.generation, body)
+            if received is not None:
+                sub = self._subs.get(received.queue)
+                if sub is not None:
+                    sub._push(received)
+                else:
+                    log.debug("delivery %r for unsubscribed queue %r", received.id, received.queue)
+                return
+        if kind in (_PUBLISH_ACK, _ERROR):
+            # A publish's reply: matched by the id sliced out, no full decode for an ack.
+            n = (body[2] << 8) | body[3]
+            try:
+                msg_id = body[4 : 4 + n].decode()
+            except UnicodeDecodeError:
+                msg_id = ""
+            waiter = self._publishes.pop(msg_id, None)
+            if waiter is not None:
+                self._settle_publish(waiter, msg_id, body, kind)
+                return
         try:
             msg = decode_body(
                 body,
@@ -685,6 +1126,23 @@ class Client:
             self._handle(link, msg)
         except Exception:
             log.exception("error handling %s %r", msg.type.name, msg.id)
+
+    @staticmethod
+    def _settle_publish(waiter: _Waiter, msg_id: str, body: bytes, kind: int) -> None:
+        error: VibeMQError | None = None
+        if kind == _ERROR:
+            try:
+                reply = decode_body(body)
+                error = VibeMQError(reply.error_code or "SERVER_ERROR", reply.error_message)
+            except ProtocolError as exc:
+                error = VibeMQError("INVALID_MESSAGE", f"malformed Error reply: {exc}")
+        if isinstance(waiter, _Batch):
+            waiter.settle(msg_id, error)
+        elif not waiter.done():
+            if error is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(error)
 
     def _handle(self, link: _Link, msg: Message) -> None:
         kind = msg.type
@@ -736,6 +1194,7 @@ class Client:
     def _lost(self, link: _Link, cause: BaseException | None) -> None:
         """Tear down after a loss: no more sends on ``link``; fail what awaited a reply."""
         self._ready.clear()
+        self._live = None
         link.abort()
         if self._closing:
             return
@@ -748,6 +1207,12 @@ class Client:
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(ConnectionLost(text))
+        publishes, self._publishes = self._publishes, {}
+        for waiter in publishes.values():
+            if isinstance(waiter, _Batch):
+                waiter.fail(ConnectionLost(text))
+            elif not waiter.done():
+                waiter.set_exception(ConnectionLost(text))
 
     async def _reconnect(self) -> _Link:
         """Reconnect with exponential backoff (plus jitter, so clients of a restarted broker
@@ -779,11 +1244,24 @@ class Client:
         """The client is done for good: fail waiters, end subscriptions."""
         if self._final_error is None:
             self._final_error = error
+        self._live = None
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        self._deadlines.clear()
         self._ready.set()  # wakes _wait_ready callers, which then raise the final error
         self._fail_pending(error.message or str(error))
         subs, self._subs = self._subs, {}
         for sub in subs.values():
             sub._end(reason, None if reason == "closed" else error)
+
+
+def _publish_headers(headers: Mapping[str, str] | None, priority: str | None) -> bytes:
+    if priority is not None:
+        headers = {**(headers or {}), "priority": priority}
+    if not headers:
+        return _NO_HEADERS
+    return _headers_bytes({k: v for k, v in headers.items() if k and v})
 
 
 def tls_context(

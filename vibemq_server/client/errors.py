@@ -41,3 +41,24 @@ class RequestTimeout(VibeMQError):
 
     def __init__(self, message: str) -> None:
         super().__init__("TIMEOUT", message)
+
+
+class PublishBatchError(VibeMQError):
+    """Some messages of a ``publish_many`` batch were refused (the others were stored).
+
+    ``code`` and ``message`` are those of the first refusal in batch order; ``results`` has
+    one entry per message, in order: its id when the broker stored it, else its error.
+    """
+
+    def __init__(self, results: list[str | VibeMQError]) -> None:
+        errors = [r for r in results if isinstance(r, VibeMQError)]
+        first = errors[0] if errors else VibeMQError("SERVER_ERROR")
+        super().__init__(
+            first.code, f"{len(errors)} of {len(results)} publishes refused; first: {first}"
+        )
+        self.results = results
+
+    @property
+    def errors(self) -> dict[int, VibeMQError]:
+        """The refused messages: their index in the batch -> the error."""
+        return {i: r for i, r in enumerate(self.results) if isinstance(r, VibeMQError)}

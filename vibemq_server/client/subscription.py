@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Protocol, Self
 
@@ -26,6 +26,8 @@ class _Owner(Protocol):
     """What a subscription needs from its client (kept abstract to avoid an import cycle)."""
 
     async def _ack(self, message: ReceivedMessage) -> None: ...
+
+    async def _ack_many(self, messages: Sequence[ReceivedMessage]) -> None: ...
 
     async def _unsubscribe(self, subscription: Subscription) -> None: ...
 
@@ -47,7 +49,17 @@ class ReceivedMessage:
     redelivered by the server after its ack timeout (``delivery_attempts`` then grows).
     """
 
-    __slots__ = ("_acked", "_generation", "_owner", "_payload", "headers", "id", "queue", "raw")
+    __slots__ = (
+        "_acked",
+        "_generation",
+        "_owner",
+        "_payload",
+        "_wire",
+        "headers",
+        "id",
+        "queue",
+        "raw",
+    )
 
     def __init__(
         self,
@@ -57,8 +69,11 @@ class ReceivedMessage:
         queue: str,
         raw: bytes,
         headers: Mapping[str, str],
+        wire: bytes = b"",
     ) -> None:
         self._owner = owner
+        # The id and queue fields of the Deliver as sent, so an Ack needs no encoding.
+        self._wire = wire
         self._generation = generation  # which connection delivered it: acks must go back there
         self._acked = False
         self._payload: Any = _UNPARSED
@@ -101,7 +116,9 @@ class ReceivedMessage:
 
     async def ack(self) -> None:
         """Acknowledge the message. Idempotent; a no-op if the delivering connection was lost
-        in the meantime (the server has already requeued the message then)."""
+        in the meantime (the server has already requeued the message then). While more
+        deliveries already wait in the subscription, the Ack frame is held until the buffer
+        is empty or the loop turns, so the acks of one read leave in a single write."""
         if self._acked:
             return
         self._acked = True
@@ -184,6 +201,15 @@ class Subscription:
                 return self._buffer.popleft()
             self._wakeup.clear()
             await self._wakeup.wait()
+
+    async def ack_many(self, messages: Iterable[ReceivedMessage]) -> None:
+        """Acknowledge several messages at once (one write for all their Ack frames; the
+        protocol has no multiple-ack form). Messages already acked are skipped."""
+        todo = [m for m in messages if not m._acked]
+        for message in todo:
+            message._acked = True
+        if todo:
+            await self._owner._ack_many(todo)
 
     async def get(self, timeout: float | None = None) -> ReceivedMessage:
         """The next message; raises ``TimeoutError`` after ``timeout`` seconds and
