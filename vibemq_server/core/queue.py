@@ -43,8 +43,9 @@ class QueueHost(Protocol):
     #: bytes held by ready messages broker-wide; a fan-out adds its copies' share
     memory_bytes: int
 
-    def send(self, sub: Subscription, msg: StoredMessage) -> None:
-        """Deliver one message to one subscription (accounting, journal, the consumer)."""
+    def send(self, sub: Subscription, msg: StoredMessage, now: int = 0) -> None:
+        """Deliver one message to one subscription (accounting, journal, the consumer).
+        ``now``: the clock's reading when the caller has just taken it (0: read it)."""
         ...
 
     def expire(self, queue: Queue, msg: StoredMessage) -> None:
@@ -221,9 +222,14 @@ class Queue:
     dead_letter_hook: Callable[[Queue, StoredMessage, str], object] | None = None
     _rr: int = 0
     _dispatching: bool = False
+    #: the options' ``needs_ack`` and "is a fan-out mode", kept at hand for every delivery
+    needs_ack: bool = field(init=False)
+    fan_out: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.store = _Store(self.options.delivery_mode is DeliveryMode.PRIORITY_BASED)
+        self.needs_ack = self.options.needs_ack
+        self.fan_out = self.options.delivery_mode in _FAN_OUT
 
     @property
     def message_count(self) -> int:
@@ -252,20 +258,21 @@ class Queue:
     def deliver_now(self, msg: StoredMessage) -> bool:
         """Hand a new message straight to a subscriber when nothing waits ahead of it (what
         enqueue + dispatch would do, without the round trip through the store)."""
-        if (
-            self.store.count
-            or self._dispatching
-            or not self.subscriptions
-            or self.options.delivery_mode is DeliveryMode.FAN_OUT_WITH_ACK
-            or self.options.delivery_mode is DeliveryMode.FAN_OUT_WITHOUT_ACK
-        ):
+        if self.store.count or self._dispatching or self.fan_out:
             return False
-        sub = self._next_with_capacity()
-        if sub is None:
-            return False
+        subs = self.subscriptions
+        if len(subs) == 1:  # (the usual case, without the round-robin bookkeeping)
+            sub = subs[0]
+            if len(sub.inflight) >= sub.prefetch or not sub.consumer.writable:
+                return False
+        else:
+            found = self._next_with_capacity()
+            if found is None:
+                return False
+            sub = found
         self._dispatching = True
         try:
-            self.manager.send(sub, msg)
+            self.manager.send(sub, msg, msg.published_at)
         except DeliveryDeferred:
             pass  # send() put it back in the store
         finally:
@@ -278,7 +285,7 @@ class Queue:
             return
         self._dispatching = True
         try:
-            if self.options.delivery_mode in _FAN_OUT:
+            if self.fan_out:
                 self._dispatch_fan_out()
             else:
                 self._dispatch_one_each()
@@ -292,9 +299,16 @@ class Queue:
         store = self.store
         manager = self.manager
         while store.count:
-            sub = self._next_with_capacity()
-            if sub is None:
-                return
+            subs = self.subscriptions
+            if len(subs) == 1:  # (the usual case, without the round-robin bookkeeping)
+                sub = subs[0]
+                if len(sub.inflight) >= sub.prefetch or not sub.consumer.writable:
+                    return
+            else:
+                found = self._next_with_capacity()
+                if found is None:
+                    return
+                sub = found
             msg = store.popleft()
             if msg is None:
                 return

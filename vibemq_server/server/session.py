@@ -50,7 +50,7 @@ from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.transport import ConsumerInfo, Link, SessionInfo
 
 _LOUD_ERRORS = 10
-_ACK_TYPE = int(CommandType.ACK)
+_ACK_TYPE = bytes([CommandType.ACK])
 
 
 class State(Enum):
@@ -204,20 +204,47 @@ class Session:
             self.shutdown("keepalive_timeout")
 
     def _handle_bodies(self, bodies: list[bytes]) -> None:
-        """Run the frames of one read. Acks only free capacity here; the queues they freed
-        are refilled once, after the whole batch."""
+        """Run the frames of one read. Acks are gathered and settled together (before the
+        next frame of another kind, so the order of effects stays the frames' order) and
+        only free capacity here; the queues they freed are refilled once, after the batch."""
         self._batching = True
+        acks: list[str] = []
+        limits = self.limits
         try:
             for index, body in enumerate(bodies):
+                if body[1:2] == _ACK_TYPE and self._state is State.OPEN:
+                    target = peek_ack_target(body, limits)
+                    if target is not None:
+                        acks.append(target)
+                        continue
+                if acks:
+                    self._settle_acks(acks)
+                    acks = []
                 self._handle_body(body)
                 if self._state is State.CLOSED:
                     break
                 if self._authenticating:
                     self._after_auth = bodies[index + 1 :]
                     break
+            if acks:
+                self._settle_acks(acks)
         finally:
             self._batching = False
             self._refill()
+
+    def _settle_acks(self, msg_ids: list[str]) -> None:
+        """Settle the deliveries named by a run of Acks: each at the subscription holding
+        it (the first, in subscription order), without refilling yet."""
+        ack_many = self.manager.ack_many
+        for sub in self.subs.values():
+            left = ack_many(sub, msg_ids)
+            if len(left) != len(msg_ids):
+                self._acked[sub.queue.name] = sub.queue
+            if not left:
+                return
+            msg_ids = left
+        for msg_id in msg_ids:
+            self.log.debug("ack for unknown delivery", message_id=msg_id)
 
     def _refill(self) -> None:
         if self._acked:
@@ -228,11 +255,6 @@ class Session:
 
     def _handle_body(self, body: bytes) -> None:
         """Decode and run one frame body; protocol errors become Error replies."""
-        if len(body) > 1 and body[1] == _ACK_TYPE and self._state is State.OPEN:
-            target = peek_ack_target(body, self.limits)
-            if target is not None:
-                self._ack(target)
-                return
         try:
             msg = decode_body(body, self.limits)
             handler = self._handlers[msg.type]
@@ -420,8 +442,8 @@ class Session:
     def on_publish(self, msg: Message) -> None:
         self.stats.messages_received += 1
         queue = self._queue_name(msg)
-        self._permit(Operation.WRITE, msg, queue)
-        if not self.access.everything:
+        if not self.access.everything:  # (everything: every operation is allowed anywhere)
+            self._permit(Operation.WRITE, msg, queue)
             self._permit_auto_create(msg, queue)
         validate_json(msg.payload, msg.id)
         if self._rate and not self._take_token():
@@ -618,7 +640,7 @@ class Session:
 
     @property
     def writable(self) -> bool:
-        return self.state is State.OPEN and self.link.writable
+        return self._state is State.OPEN and self.link.writable
 
     def deliver(self, sub: Subscription, msg: StoredMessage) -> None:
         self.stats.messages_sent += 1
