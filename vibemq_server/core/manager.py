@@ -67,6 +67,13 @@ class PublishOutcome(Enum):
         return self is PublishOutcome.ACCEPTED or self is PublishOutcome.ACCEPTED_DURABLE
 
 
+# Hot paths use these: an Enum member looked up on its class costs ~10x a global.
+_ACCEPTED = PublishOutcome.ACCEPTED
+_ACCEPTED_DURABLE = PublishOutcome.ACCEPTED_DURABLE
+_NORMAL = Priority.NORMAL
+_ACKED = SettleReason.ACKED
+
+
 class DeadLetterReason:
     MAX_RETRIES_EXCEEDED = "MaxRetriesExceeded"
     MESSAGE_EXPIRED = "MessageExpired"
@@ -456,7 +463,7 @@ class QueueManager:
             ttl = min(ttl, ttl_ms) if ttl else ttl_ms
             queue.message_ttls = True
         if priority is None:
-            priority = parse_priority(headers.get("priority")) if headers else Priority.NORMAL
+            priority = parse_priority(headers.get("priority")) if headers else _NORMAL
         msg = StoredMessage(
             msg_id, queue_name, payload, headers, now, now + ttl if ttl else 0, priority
         )
@@ -481,7 +488,7 @@ class QueueManager:
             durable = True
         if self.memory_bytes > self.memory_high:
             self.memory_blocked = True
-        return PublishOutcome.ACCEPTED_DURABLE if durable else PublishOutcome.ACCEPTED
+        return _ACCEPTED_DURABLE if durable else _ACCEPTED
 
     # -- cross-protocol routing (routing.py) ------------------------------------------------------
 
@@ -643,7 +650,7 @@ class QueueManager:
             settled += 1
             # (_settle does nothing for a message neither journaled nor one of fan-out copies)
             if tracked or msg.group is not None:
-                self._settle(queue, msg, SettleReason.ACKED)
+                self._settle(queue, msg, _ACKED)
         queue.stats.acked += settled
         return missing
 

@@ -264,13 +264,13 @@ _TYPES: dict[int, CommandType] = {int(t): t for t in CommandType}
 def _fast_decode(body: bytes, limits: Limits) -> Message | None:
     """Decode a well-formed body in few Python steps; None lets the careful decoder find
     and name the defect. Slices never raise, so every length is checked by the final
-    position landing exactly on the end of the body."""
-    u16 = _U16.unpack_from
+    position landing exactly on the end of the body. (u16 lengths are read by byte index:
+    cheaper than struct calls; an index past the end raises IndexError.)"""
     try:
         version, type_byte, n = _HEAD.unpack_from(body, 0)
         pos = 4 + n
         msg_id = body[4:pos].decode()
-        (n,) = u16(body, pos)
+        n = body[pos] << 8 | body[pos + 1]
         pos += 2
         queue = body[pos : pos + n].decode() if n else ""
         pos += n
@@ -278,30 +278,31 @@ def _fast_decode(body: bytes, limits: Limits) -> Message | None:
         pos += 4
         payload = body[pos : pos + plen] if plen else b""
         pos += plen
-        (count,) = u16(body, pos)
+        count = body[pos] << 8 | body[pos + 1]
         pos += 2
         headers: dict[str, str] = {}
-        max_value = limits.max_header_value
-        for _ in range(count) if count else ():
-            (n,) = u16(body, pos)
-            key = body[pos + 2 : pos + 2 + n].decode()
-            pos += 2 + n
-            (n,) = u16(body, pos)
-            value = body[pos + 2 : pos + 2 + n].decode()
-            pos += 2 + n
-            if n > max_value and len(value) > max_value:
-                return None
-            if key and value:
-                headers[key] = value
+        if count:
+            max_value = limits.max_header_value
+            for _ in range(count):
+                n = body[pos] << 8 | body[pos + 1]
+                key = body[pos + 2 : pos + 2 + n].decode()
+                pos += 2 + n
+                n = body[pos] << 8 | body[pos + 1]
+                value = body[pos + 2 : pos + 2 + n].decode()
+                pos += 2 + n
+                if n > max_value and len(value) > max_value:
+                    return None
+                if key and value:
+                    headers[key] = value
         error_code = error_message = ""
         if pos < len(body):
-            (n,) = u16(body, pos)
+            n = body[pos] << 8 | body[pos + 1]
             error_code = body[pos + 2 : pos + 2 + n].decode()
             pos += 2 + n
-            (n,) = u16(body, pos)
+            n = body[pos] << 8 | body[pos + 1]
             error_message = body[pos + 2 : pos + 2 + n].decode()
             pos += 2 + n
-    except (StructError, UnicodeDecodeError):
+    except (IndexError, StructError, UnicodeDecodeError):
         return None
     kind = _TYPES.get(type_byte)
     if (
