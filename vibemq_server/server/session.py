@@ -15,6 +15,9 @@ from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any
 
+from orjson import JSONDecodeError
+from orjson import loads as _json_loads
+
 from vibemq_server import __version__
 from vibemq_server.auth import Authenticator
 from vibemq_server.auth.authenticator import Outcome, Verdict
@@ -448,11 +451,19 @@ class Session:
 
     def on_publish(self, msg: Message) -> None:
         self.stats.messages_received += 1
-        queue = self._queue_name(msg)
+        queue = msg.queue
+        if queue not in self.manager.queues or queue[:1] == "$":
+            self._queue_name(msg)  # (raises unless the name is valid)
         if not self.access.everything:  # (everything: every operation is allowed anywhere)
             self._permit(Operation.WRITE, msg, queue)
             self._permit_auto_create(msg, queue)
-        validate_json(msg.payload, msg.id)
+        payload = msg.payload
+        if payload:
+            # validate_json, its usual outcome inlined: orjson accepts the payload.
+            try:
+                _json_loads(payload)
+            except JSONDecodeError:
+                validate_json(payload, msg.id)  # the careful parser decides
         if self._rate and not self._take_token():
             raise ProtocolError(
                 ErrorCode.RATE_LIMITED,
