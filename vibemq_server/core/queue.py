@@ -281,8 +281,16 @@ class Queue:
 
     def dispatch(self) -> None:
         """Hand ready messages to subscriptions that can take them, until one side runs out."""
-        if self._dispatching or not self.subscriptions or not self.store.count:
+        subs = self.subscriptions
+        if self._dispatching or not subs or not self.store.count:
             return
+        if len(subs) == 1 and not self.fan_out:
+            # A publish into a backed-up queue lands here every time: when its one subscriber
+            # has no room, say so without setting up the dispatch loop.
+            sub = subs[0]
+            if len(sub.inflight) >= sub.prefetch or not sub.consumer.writable:
+                self.manager.after_dequeue(self)
+                return
         self._dispatching = True
         try:
             if self.fan_out:
