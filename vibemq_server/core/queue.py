@@ -306,6 +306,10 @@ class Queue:
     def _dispatch_one_each(self) -> None:
         store = self.store
         manager = self.manager
+        # One clock reading per run (TTL checks and ack deadlines): a run is bounded by the
+        # subscribers' prefetch and takes a few ms at most, finer than the timer that
+        # checks expiries and ack timeouts (tick).
+        now = manager.clock()
         while store.count:
             subs = self.subscriptions
             if len(subs) == 1:  # (the usual case, without the round-robin bookkeeping)
@@ -320,11 +324,11 @@ class Queue:
             msg = store.popleft()
             if msg is None:
                 return
-            if msg.expires_at and msg.expired(manager.clock()):
+            if msg.expires_at and msg.expired(now):
                 manager.expire(self, msg)
                 self._rr = (self._rr - 1) % len(self.subscriptions)  # nobody got this turn
                 continue
-            manager.send(sub, msg)
+            manager.send(sub, msg, now)
 
     def _dispatch_fan_out(self) -> None:
         # A fan-out message leaves the queue only when every subscriber can take it, so the
