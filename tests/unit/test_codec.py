@@ -22,7 +22,7 @@ from vibemq_server.protocol import (
     encode_body,
     validate_json,
 )
-from vibemq_server.protocol.codec import encode_deliver
+from vibemq_server.protocol.codec import encode_deliver, encode_publish_ack
 
 
 def s16(text: str) -> bytes:
@@ -263,8 +263,6 @@ def test_truncated_bodies_raise_protocol_error(msg: Message, data: st.DataObject
 
 
 def test_publish_ack_fast_path_equals_generic_encoder() -> None:
-    from vibemq_server.protocol.codec import encode_publish_ack
-
     generic = encode(
         Message(CommandType.PUBLISH_ACK, "m1", "q", headers={"messageId": "m1", "queueName": "q"})
     )
@@ -313,3 +311,45 @@ def test_ack_peek_agrees_with_the_decoder(body: bytes, data: st.DataObject) -> N
         assert peeked is None
     elif peeked is not None:
         assert peeked == (msg.headers.get("messageId") or msg.id)
+
+
+@pytest.mark.parametrize("attempts", [1, 63, 64, 1000])
+def test_deliver_golden_bytes(attempts: int) -> None:
+    a = str(attempts).encode()
+    body = (
+        b"\x01\x1a\x00\x02m1\x00\x01q\x00\x00\x00\x02{}\x00\x01"
+        + b"\x00\x10deliveryAttempts"
+        + len(a).to_bytes(2, "big")
+        + a
+    )
+    assert encode_deliver("m1", "q", b"{}", {}, attempts) == len(body).to_bytes(4, "big") + body
+    with_header = (
+        b"\x01\x1a\x00\x02m1\x00\x01q\x00\x00\x00\x00\x00\x02\x00\x01k\x00\x01v"
+        + b"\x00\x10deliveryAttempts"
+        + len(a).to_bytes(2, "big")
+        + a
+    )
+    framed = len(with_header).to_bytes(4, "big") + with_header
+    assert encode_deliver("m1", "q", b"", {"k": "v", "deliveryAttempts": "9"}, attempts) == framed
+
+
+@given(st.lists(messages, min_size=1, max_size=5), st.data())
+def test_frame_decoder_any_split(msgs: list[Message], data: st.DataObject) -> None:
+    """However a stream is cut into reads, the same bodies come out in order."""
+    stream = b"".join(encode(m) for m in msgs)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=6)))
+    decoder = FrameDecoder()
+    bodies: list[bytes] = []
+    last = 0
+    for cut in [*cuts, len(stream)]:
+        bodies += decoder.feed(stream[last:cut])
+        last = cut
+    assert bodies == [encode_body(m) for m in msgs]
+    assert decoder.buffered == 0
+
+
+@given(st.text(max_size=20), st.text(max_size=20))
+def test_publish_ack_fast_path_for_any_id_and_queue(msg_id: str, queue: str) -> None:
+    headers = {"messageId": msg_id, "queueName": queue}
+    generic = encode(Message(CommandType.PUBLISH_ACK, msg_id, queue, b"", headers))
+    assert encode_publish_ack(msg_id, queue) == generic

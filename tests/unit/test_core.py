@@ -303,3 +303,17 @@ def test_queue_info_live_figures(mgr: QueueManager) -> None:
     assert info["maxSize"] == 42
     assert info["createdAt"].endswith("Z")
     assert info["unackedCount"] == 1
+
+
+def test_ack_many_settles_in_order_and_returns_unknown_ids(mgr: QueueManager) -> None:
+    make(mgr, mode="FanOutWithAck")
+    a, b = Recorder(), Recorder()
+    sa = mgr.subscribe("q", "a", a, 10)
+    sb = mgr.subscribe("q", "b", b, 10)
+    publish(mgr, "q", "m1", "m2", "m3")
+    assert mgr.ack_many(sa, ["m1", "x", "m3", "m1"]) == ["x", "m1"]
+    assert list(sa.inflight) == ["m2"] and list(sa.deadlines) == ["m2"]
+    assert mgr.queues["q"].stats.acked == 2
+    assert a.ids == ["m1", "m2", "m3"]  # no refill: the caller dispatches
+    assert mgr.ack_many(sb, ["m1", "m2", "m3"]) == []
+    assert mgr.queues["q"].unacked_count == 1

@@ -43,8 +43,9 @@ class QueueHost(Protocol):
     #: bytes held by ready messages broker-wide; a fan-out adds its copies' share
     memory_bytes: int
 
-    def send(self, sub: Subscription, msg: StoredMessage) -> None:
-        """Deliver one message to one subscription (accounting, journal, the consumer)."""
+    def send(self, sub: Subscription, msg: StoredMessage, now: int = 0) -> None:
+        """Deliver one message to one subscription (accounting, journal, the consumer).
+        ``now``: the clock's reading when the caller has just taken it (0: read it)."""
         ...
 
     def expire(self, queue: Queue, msg: StoredMessage) -> None:
@@ -221,9 +222,14 @@ class Queue:
     dead_letter_hook: Callable[[Queue, StoredMessage, str], object] | None = None
     _rr: int = 0
     _dispatching: bool = False
+    #: the options' ``needs_ack`` and "is a fan-out mode", kept at hand for every delivery
+    needs_ack: bool = field(init=False)
+    fan_out: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.store = _Store(self.options.delivery_mode is DeliveryMode.PRIORITY_BASED)
+        self.needs_ack = self.options.needs_ack
+        self.fan_out = self.options.delivery_mode in _FAN_OUT
 
     @property
     def message_count(self) -> int:
@@ -252,20 +258,21 @@ class Queue:
     def deliver_now(self, msg: StoredMessage) -> bool:
         """Hand a new message straight to a subscriber when nothing waits ahead of it (what
         enqueue + dispatch would do, without the round trip through the store)."""
-        if (
-            self.store.count
-            or self._dispatching
-            or not self.subscriptions
-            or self.options.delivery_mode is DeliveryMode.FAN_OUT_WITH_ACK
-            or self.options.delivery_mode is DeliveryMode.FAN_OUT_WITHOUT_ACK
-        ):
+        if self.store.count or self._dispatching or self.fan_out:
             return False
-        sub = self._next_with_capacity()
-        if sub is None:
-            return False
+        subs = self.subscriptions
+        if len(subs) == 1:  # (the usual case, without the round-robin bookkeeping)
+            sub = subs[0]
+            if len(sub.inflight) >= sub.prefetch or not sub.consumer.writable:
+                return False
+        else:
+            found = self._next_with_capacity()
+            if found is None:
+                return False
+            sub = found
         self._dispatching = True
         try:
-            self.manager.send(sub, msg)
+            self.manager.send(sub, msg, msg.published_at)
         except DeliveryDeferred:
             pass  # send() put it back in the store
         finally:
@@ -274,11 +281,19 @@ class Queue:
 
     def dispatch(self) -> None:
         """Hand ready messages to subscriptions that can take them, until one side runs out."""
-        if self._dispatching or not self.subscriptions or not self.store.count:
+        subs = self.subscriptions
+        if self._dispatching or not subs or not self.store.count:
             return
+        if len(subs) == 1 and not self.fan_out:
+            # A publish into a backed-up queue lands here every time: when its one subscriber
+            # has no room, say so without setting up the dispatch loop.
+            sub = subs[0]
+            if len(sub.inflight) >= sub.prefetch or not sub.consumer.writable:
+                self.manager.after_dequeue(self)
+                return
         self._dispatching = True
         try:
-            if self.options.delivery_mode in _FAN_OUT:
+            if self.fan_out:
                 self._dispatch_fan_out()
             else:
                 self._dispatch_one_each()
@@ -291,18 +306,29 @@ class Queue:
     def _dispatch_one_each(self) -> None:
         store = self.store
         manager = self.manager
+        # One clock reading per run (TTL checks and ack deadlines): a run is bounded by the
+        # subscribers' prefetch and takes a few ms at most, finer than the timer that
+        # checks expiries and ack timeouts (tick).
+        now = manager.clock()
         while store.count:
-            sub = self._next_with_capacity()
-            if sub is None:
-                return
+            subs = self.subscriptions
+            if len(subs) == 1:  # (the usual case, without the round-robin bookkeeping)
+                sub = subs[0]
+                if len(sub.inflight) >= sub.prefetch or not sub.consumer.writable:
+                    return
+            else:
+                found = self._next_with_capacity()
+                if found is None:
+                    return
+                sub = found
             msg = store.popleft()
             if msg is None:
                 return
-            if msg.expires_at and msg.expired(manager.clock()):
+            if msg.expires_at and msg.expired(now):
                 manager.expire(self, msg)
                 self._rr = (self._rr - 1) % len(self.subscriptions)  # nobody got this turn
                 continue
-            manager.send(sub, msg)
+            manager.send(sub, msg, now)
 
     def _dispatch_fan_out(self) -> None:
         # A fan-out message leaves the queue only when every subscriber can take it, so the

@@ -15,6 +15,9 @@ from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any
 
+from orjson import JSONDecodeError
+from orjson import loads as _json_loads
+
 from vibemq_server import __version__
 from vibemq_server.auth import Authenticator
 from vibemq_server.auth.authenticator import Outcome, Verdict
@@ -50,13 +53,20 @@ from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.transport import ConsumerInfo, Link, SessionInfo
 
 _LOUD_ERRORS = 10
-_ACK_TYPE = int(CommandType.ACK)
+_ACK_TYPE = bytes([CommandType.ACK])
 
 
 class State(Enum):
     AWAITING_CONNECT = "awaiting_connect"
     OPEN = "open"
     CLOSED = "closed"
+
+
+# Hot paths compare against these: an Enum member looked up on its class costs ~10x a global.
+_OPEN = State.OPEN
+_CLOSED = State.CLOSED
+_ACCEPTED = PublishOutcome.ACCEPTED
+_ACCEPTED_DURABLE = PublishOutcome.ACCEPTED_DURABLE
 
 
 # Which core error becomes which wire error code.
@@ -190,7 +200,7 @@ class Session:
 
     def check_timers(self, now: float, keepalive: float, frame_timeout: float) -> None:
         """Close a client that went silent, or that stalled halfway through a frame."""
-        if self._state is State.CLOSED:
+        if self._state is _CLOSED:
             return
         if self.link.reading_paused:
             self._last_rx = now  # we stopped reading, so its silence is ours
@@ -204,20 +214,47 @@ class Session:
             self.shutdown("keepalive_timeout")
 
     def _handle_bodies(self, bodies: list[bytes]) -> None:
-        """Run the frames of one read. Acks only free capacity here; the queues they freed
-        are refilled once, after the whole batch."""
+        """Run the frames of one read. Acks are gathered and settled together (before the
+        next frame of another kind, so the order of effects stays the frames' order) and
+        only free capacity here; the queues they freed are refilled once, after the batch."""
         self._batching = True
+        acks: list[str] = []
+        limits = self.limits
         try:
             for index, body in enumerate(bodies):
+                if body[1:2] == _ACK_TYPE and self._state is _OPEN:
+                    target = peek_ack_target(body, limits)
+                    if target is not None:
+                        acks.append(target)
+                        continue
+                if acks:
+                    self._settle_acks(acks)
+                    acks = []
                 self._handle_body(body)
-                if self._state is State.CLOSED:
+                if self._state is _CLOSED:
                     break
                 if self._authenticating:
                     self._after_auth = bodies[index + 1 :]
                     break
+            if acks:
+                self._settle_acks(acks)
         finally:
             self._batching = False
             self._refill()
+
+    def _settle_acks(self, msg_ids: list[str]) -> None:
+        """Settle the deliveries named by a run of Acks: each at the subscription holding
+        it (the first, in subscription order), without refilling yet."""
+        ack_many = self.manager.ack_many
+        for sub in self.subs.values():
+            left = ack_many(sub, msg_ids)
+            if len(left) != len(msg_ids):
+                self._acked[sub.queue.name] = sub.queue
+            if not left:
+                return
+            msg_ids = left
+        for msg_id in msg_ids:
+            self.log.debug("ack for unknown delivery", message_id=msg_id)
 
     def _refill(self) -> None:
         if self._acked:
@@ -228,11 +265,6 @@ class Session:
 
     def _handle_body(self, body: bytes) -> None:
         """Decode and run one frame body; protocol errors become Error replies."""
-        if len(body) > 1 and body[1] == _ACK_TYPE and self._state is State.OPEN:
-            target = peek_ack_target(body, self.limits)
-            if target is not None:
-                self._ack(target)
-                return
         try:
             msg = decode_body(body, self.limits)
             handler = self._handlers[msg.type]
@@ -325,7 +357,7 @@ class Session:
     def _connect_verdict(self, msg: Message, verdict: Verdict) -> None:
         resumed, self._authenticating = self._authenticating, False
         self._apply_verdict(msg, verdict)
-        if not resumed or self._state is State.CLOSED:
+        if not resumed or self._state is _CLOSED:
             return
         # The password was verified off the loop: the frames that came after the Connect.
         self.link.resume_reading()
@@ -338,7 +370,7 @@ class Session:
 
     def _halted(self) -> bool:
         """Closed, or (again) waiting for a login's verdict."""
-        return self._state is State.CLOSED or self._authenticating
+        return self._state is _CLOSED or self._authenticating
 
     def _apply_verdict(self, msg: Message, verdict: Verdict) -> None:
         if verdict.user is None:
@@ -419,11 +451,19 @@ class Session:
 
     def on_publish(self, msg: Message) -> None:
         self.stats.messages_received += 1
-        queue = self._queue_name(msg)
-        self._permit(Operation.WRITE, msg, queue)
-        if not self.access.everything:
+        queue = msg.queue
+        if queue not in self.manager.queues or queue[:1] == "$":
+            self._queue_name(msg)  # (raises unless the name is valid)
+        if not self.access.everything:  # (everything: every operation is allowed anywhere)
+            self._permit(Operation.WRITE, msg, queue)
             self._permit_auto_create(msg, queue)
-        validate_json(msg.payload, msg.id)
+        payload = msg.payload
+        if payload:
+            # validate_json, its usual outcome inlined: orjson accepts the payload.
+            try:
+                _json_loads(payload)
+            except JSONDecodeError:
+                validate_json(payload, msg.id)  # the careful parser decides
         if self._rate and not self._take_token():
             raise ProtocolError(
                 ErrorCode.RATE_LIMITED,
@@ -447,10 +487,10 @@ class Session:
         except CoreError as exc:
             self.reply_error(self._core_error(msg, exc))
             return True
-        if outcome is PublishOutcome.ACCEPTED:
+        if outcome is _ACCEPTED:
             self.link.send(encode_publish_ack(msg.id, msg.queue))
             return True
-        if outcome is PublishOutcome.ACCEPTED_DURABLE:
+        if outcome is _ACCEPTED_DURABLE:
             self._await_durable(msg)
             return True
         if outcome is PublishOutcome.REJECTED_FULL:
@@ -618,7 +658,7 @@ class Session:
 
     @property
     def writable(self) -> bool:
-        return self.state is State.OPEN and self.link.writable
+        return self._state is _OPEN and self.link.writable
 
     def deliver(self, sub: Subscription, msg: StoredMessage) -> None:
         self.stats.messages_sent += 1
