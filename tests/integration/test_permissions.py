@@ -12,6 +12,7 @@ from typing import Any
 
 import pika
 import pytest
+from amqputil import pika_params
 from mqttkit import RawMqtt
 from rawclient import RawClient
 from serverproc import clean_env
@@ -28,6 +29,13 @@ def permit(path: Path, name: str, **patterns: str) -> None:
     flags = [f"--{kind}={pattern}" for kind, pattern in patterns.items()]
     done = users(path, "permit", name, *flags)
     assert done.returncode == 0, done.stderr
+
+
+def amqp_login(port: int, user: str) -> pika.BlockingConnection:
+    """pika as ``user`` (password ``<user>-pw``, as add_user gave it), timeouts bounded."""
+    return pika.BlockingConnection(
+        pika_params(port, credentials=pika.PlainCredentials(user, f"{user}-pw"))
+    )
 
 
 def login(port: int, user: str, client_id: str | None = None, **fields: Any) -> RawMqtt:
@@ -167,11 +175,7 @@ async def test_amqp_permissions(broker_factory: Any, tmp_path: Path) -> None:
 
 def amqp_scenario(port: int | None) -> None:
     assert port is not None
-    conn = pika.BlockingConnection(
-        pika.ConnectionParameters(
-            "127.0.0.1", port, credentials=pika.PlainCredentials("erin", "erin-pw")
-        )
-    )
+    conn = amqp_login(port, "erin")
     try:
         ch = conn.channel()
         ch.queue_declare("erin.q")
@@ -293,11 +297,7 @@ async def test_amqp_cannot_reach_addresses_other_protocols_would_refuse(
 
 def amqp_address_scenario(port: int | None) -> None:
     assert port is not None
-    conn = pika.BlockingConnection(
-        pika.ConnectionParameters(
-            "127.0.0.1", port, credentials=pika.PlainCredentials("fay", "fay-pw")
-        )
-    )
+    conn = amqp_login(port, "fay")
     try:
         ch = conn.channel()
         ch.confirm_delivery()
