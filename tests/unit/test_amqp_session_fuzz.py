@@ -51,6 +51,7 @@ from typing import Any
 import structlog
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from listenerspy import start_broker as start_with_factories
 from pamqp import body as pamqp_body
 from pamqp import commands
 from pamqp import frame as pamqp_frame
@@ -59,7 +60,6 @@ from pamqp import heartbeat as pamqp_heartbeat
 from pamqp.base import Frame as Method
 
 from vibemq_server.adapters.amqp.server import AmqpServer
-from vibemq_server.app import create_broker
 from vibemq_server.auth import Authenticator
 from vibemq_server.config import Config, DeliveryMode
 from vibemq_server.core import Queue, QueueManager, StoredMessage
@@ -785,26 +785,9 @@ def make_config(data_dir: Path, memory: int) -> Config:
 
 
 async def start_broker(config: Config) -> tuple[Broker, Callable[[], asyncio.Protocol]]:
-    """A started broker and the protocol factory its AMQP listener gave create_server (the
-    one whose bound port the broker reports for AMQP)."""
-    loop = asyncio.get_running_loop()
-    listeners: list[tuple[Callable[[], asyncio.Protocol], asyncio.Server]] = []
-    real_create_server = loop.create_server
-
-    async def spy(factory: Callable[[], asyncio.Protocol], *args: Any, **kw: Any) -> Any:
-        server = await real_create_server(factory, *args, **kw)
-        listeners.append((factory, server))
-        return server
-
-    loop.create_server = spy  # type: ignore[method-assign, assignment]
-    try:
-        broker = create_broker(config)
-        await broker.start()
-    finally:
-        loop.create_server = real_create_server  # type: ignore[method-assign]
-    port = broker.amqp_port
-    factory = next(f for f, s in listeners if s.sockets[0].getsockname()[1] == port)
-    return broker, factory
+    """A started broker and the protocol factory its AMQP listener gave create_server."""
+    broker, factories = await start_with_factories(config)
+    return broker, factories["amqp"]
 
 
 async def settle(clients: list[Client], rounds: int = 4) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from listenerspy import start_broker
 
 from bench.amqp_driver import U16 as AMQP_U16
 from bench.amqp_driver import U32 as AMQP_U32
@@ -41,7 +42,6 @@ from bench.amqp_driver import (
 )
 from bench.mqtt_driver import MqttDeliveryScanner, MqttDriver, packet
 from bench.vibemq_driver import CONNECT, SUBSCRIBE, VibeDeliveryScanner, VibeDriver, frame
-from vibemq_server.app import create_broker
 from vibemq_server.config import Config
 
 WINDOW = 50
@@ -407,16 +407,6 @@ OPS = st.lists(
 
 
 async def _run(protocol: str, ops: list[tuple[str, int]], data_dir: Path) -> None:
-    loop = asyncio.get_running_loop()
-    factories: dict[str, Callable[[], asyncio.Protocol]] = {}
-    real_create_server = loop.create_server
-    names = iter(["vibemq", "mqtt", "amqp"])  # the order Broker.start opens them in
-
-    async def spy(factory: Callable[[], asyncio.Protocol], *args: Any, **kw: Any) -> Any:
-        factories[next(names)] = factory
-        return await real_create_server(factory, *args, **kw)
-
-    loop.create_server = spy  # type: ignore[method-assign,assignment]
     config = Config(
         host="127.0.0.1",
         port=0,
@@ -435,9 +425,7 @@ async def _run(protocol: str, ops: list[tuple[str, int]], data_dir: Path) -> Non
         amqp={"port": 0, "heartbeat_s": 0},
         http={"enabled": False},
     )
-    broker = create_broker(config)
-    await broker.start()
-    loop.create_server = real_create_server  # type: ignore[method-assign]
+    broker, factories = await start_broker(config)
     try:
         scenario = Scenario(broker, factories, CLIENTS[protocol]())
         await scenario.start()

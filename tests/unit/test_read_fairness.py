@@ -20,15 +20,13 @@ import itertools
 import socket
 import tempfile
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import uvloop
+from listenerspy import start_broker
 from test_liveness_property import CLIENTS
 
-from vibemq_server.app import create_broker
 from vibemq_server.config import Config
 from vibemq_server.server.transport import FAIR_READ_BYTES
 
@@ -47,15 +45,6 @@ def _drain(sock: socket.socket) -> None:
 async def _reads(protocol: str, data_dir: Path) -> tuple[list[tuple[int, int]], int]:
     """(loop turn, size) of each read of the flooding connection, and the flood's size."""
     loop = asyncio.get_running_loop()
-    factories: dict[str, Callable[[], asyncio.Protocol]] = {}
-    real_create_server = loop.create_server
-    names = iter(["vibemq", "mqtt", "amqp"])  # the order Broker.start opens them in
-
-    async def spy(factory: Callable[[], asyncio.Protocol], *args: Any, **kw: Any) -> Any:
-        factories[next(names)] = factory
-        return await real_create_server(factory, *args, **kw)
-
-    loop.create_server = spy  # type: ignore[method-assign,assignment]
     config = Config(
         host="127.0.0.1",
         port=0,
@@ -66,9 +55,7 @@ async def _reads(protocol: str, data_dir: Path) -> tuple[list[tuple[int, int]], 
         amqp={"port": 0, "heartbeat_s": 0},
         http={"enabled": False},
     )
-    broker = create_broker(config)
-    await broker.start()
-    loop.create_server = real_create_server  # type: ignore[method-assign]
+    broker, factories = await start_broker(config)
     client = CLIENTS[protocol]()
     flood = client.handshake_publisher() + client.publish(0, FLOOD)
     listener = socket.create_server(("127.0.0.1", 0))
