@@ -45,6 +45,7 @@ if __package__ in (None, ""):
 from bench.brokers import VibeMQBroker
 from bench.common import (
     BenchError,
+    _expect,
     consume_counting,
     cpu_seconds,
     encode_batches,
@@ -143,15 +144,6 @@ def worker_main(
         pipe.send(("error", f"worker: {exc!r}"))
 
 
-def _recv(pipe: Connection, what: str, timeout: float) -> Any:
-    if not pipe.poll(timeout):
-        raise BenchError(f"no '{what}' from a worker within {timeout:.0f}s")
-    kind, value = pipe.recv()
-    if kind != what:
-        raise BenchError(str(value))
-    return value
-
-
 def measure(count: int, a: argparse.Namespace) -> dict[str, Any]:
     """One fresh broker, ``count`` queues, the timed phase; a result dict."""
     extra = ["--max-connections", str(2 * count + 100), *a.server_arg]
@@ -184,12 +176,12 @@ def measure(count: int, a: argparse.Namespace) -> dict[str, Any]:
             pipes.append(rx)
         t_setup = time.monotonic()
         for rx in pipes:
-            _recv(rx, "ready", a.timeout)
+            _expect(rx, "ready", a.timeout)
         out["setup_s"] = round(time.monotonic() - t_setup, 2)
         cpu0 = cpu_seconds(broker.pids())
         for rx in pipes:
             rx.send(("go", None))
-        results = [_recv(rx, "done", a.timeout + 60) for rx in pipes]
+        results = [_expect(rx, "done", a.timeout + 60) for rx in pipes]
         cpu = cpu_seconds(broker.pids()) - cpu0
         out["broker_rss_kib"] = broker.rss_kib()
     except BenchError as exc:

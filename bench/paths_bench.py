@@ -64,6 +64,7 @@ from bench.common import (
     Driver,
     PubStats,
     _adopt,
+    _expect,
     _SubProtocol,
     cpu_seconds,
     encode_batches,
@@ -225,15 +226,6 @@ def _fanout_pub_main(driver: VibeDriver, total: int, a: Any, pipe: Connection) -
         pipe.send(("error", f"fan-out publisher: {exc!r}"))
 
 
-def _recv(pipe: Connection, what: str, timeout: float) -> Any:
-    if not pipe.poll(timeout):
-        raise BenchError(f"no '{what}' from a worker within {timeout:.0f}s")
-    kind, value = pipe.recv()
-    if kind != what:
-        raise BenchError(str(value))
-    return value
-
-
 def run_native_fanout(
     driver: VibeDriver, total: int, a: argparse.Namespace, broker: Broker
 ) -> dict[str, Any]:
@@ -249,13 +241,13 @@ def run_native_fanout(
     out: dict[str, Any] = {"errors": []}
     try:
         sub.start()
-        _recv(sub_rx, "ready", 60)
+        _expect(sub_rx, "ready", 60)
         cpu0 = cpu_seconds(broker.pids())
         pub.start()
-        _recv(pub_rx, "ready", 60)
-        pub_st = PubStats(**_recv(pub_rx, "done", a.timeout + 30))
+        _expect(pub_rx, "ready", 60)
+        pub_st = PubStats(**_expect(pub_rx, "done", a.timeout + 30))
         sub_rx.send(("pub_done", None))
-        sub_st = _recv(sub_rx, "done", a.timeout + a.drain + 30)
+        sub_st = _expect(sub_rx, "done", a.timeout + a.drain + 30)
         broker_cpu = cpu_seconds(broker.pids()) - cpu0
     except BenchError as exc:
         out["errors"].append(str(exc))
