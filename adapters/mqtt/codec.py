@@ -60,6 +60,7 @@ from vibemq_server.adapters.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
+from vibemq_server.adapters.mqtt.packets5 import ReasonCode
 from vibemq_server.adapters.mqtt.topics import topic_filter_error, topic_name_error
 
 MAX_REMAINING_LENGTH = 268_435_455
@@ -110,6 +111,14 @@ class MqttErrorCode(Enum):
     UNSUPPORTED_PROTOCOL_LEVEL = "unsupported_protocol_level"
     INVALID_CONNECT_FLAGS = "invalid_connect_flags"
     IDENTIFIER_REJECTED = "identifier_rejected"
+    # MQTT 5.0 only
+    UNKNOWN_PROPERTY = "unknown_property"
+    DUPLICATE_PROPERTY = "duplicate_property"
+    INVALID_PROPERTY = "invalid_property"
+    PROTOCOL_ERROR = "protocol_error"
+    TOPIC_ALIAS_INVALID = "topic_alias_invalid"
+    RECEIVE_MAXIMUM_EXCEEDED = "receive_maximum_exceeded"
+    PAYLOAD_FORMAT_INVALID = "payload_format_invalid"
 
     @property
     def connack_code(self) -> ConnackCode | None:
@@ -120,10 +129,33 @@ class MqttErrorCode(Enum):
         """
         return _CONNACK_FOR_ERROR.get(self)
 
+    @property
+    def reason_code(self) -> int:
+        """The MQTT 5.0 reason code a CONNACK or DISCONNECT names this error by."""
+        return _REASON_FOR_ERROR.get(self, ReasonCode.MALFORMED_PACKET)
+
 
 _CONNACK_FOR_ERROR: dict[MqttErrorCode, ConnackCode] = {
     MqttErrorCode.UNSUPPORTED_PROTOCOL_LEVEL: ConnackCode.UNACCEPTABLE_PROTOCOL_VERSION,
     MqttErrorCode.IDENTIFIER_REJECTED: ConnackCode.IDENTIFIER_REJECTED,
+}
+
+
+_REASON_FOR_ERROR: dict[MqttErrorCode, int] = {
+    MqttErrorCode.PACKET_TOO_LARGE: ReasonCode.PACKET_TOO_LARGE,
+    MqttErrorCode.INVALID_PACKET_ID: ReasonCode.PROTOCOL_ERROR,
+    MqttErrorCode.NO_TOPIC_FILTERS: ReasonCode.PROTOCOL_ERROR,
+    MqttErrorCode.INVALID_TOPIC_NAME: ReasonCode.TOPIC_NAME_INVALID,
+    MqttErrorCode.INVALID_TOPIC_FILTER: ReasonCode.TOPIC_FILTER_INVALID,
+    MqttErrorCode.UNSUPPORTED_PROTOCOL_NAME: ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
+    MqttErrorCode.UNSUPPORTED_PROTOCOL_LEVEL: ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
+    MqttErrorCode.IDENTIFIER_REJECTED: ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+    MqttErrorCode.DUPLICATE_PROPERTY: ReasonCode.PROTOCOL_ERROR,
+    MqttErrorCode.INVALID_PROPERTY: ReasonCode.PROTOCOL_ERROR,
+    MqttErrorCode.PROTOCOL_ERROR: ReasonCode.PROTOCOL_ERROR,
+    MqttErrorCode.TOPIC_ALIAS_INVALID: ReasonCode.TOPIC_ALIAS_INVALID,
+    MqttErrorCode.RECEIVE_MAXIMUM_EXCEEDED: ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
+    MqttErrorCode.PAYLOAD_FORMAT_INVALID: ReasonCode.PAYLOAD_FORMAT_INVALID,
 }
 
 
