@@ -65,6 +65,15 @@ class MqttConfig(BaseModel):
         1.0, gt=0, description="longest a publisher waits for slow subscribers before drops"
     )
     max_client_id_length: int = Field(1024, ge=23, le=16_384)
+    receive_maximum: int = Field(
+        1000, ge=1, le=65_535, description="MQTT 5: QoS 2 publishes a client may leave unreleased"
+    )
+    topic_alias_maximum: int = Field(
+        1024, ge=0, le=65_535, description="MQTT 5: topic aliases a client may set"
+    )
+    server_keep_alive: int = Field(
+        0, ge=0, le=65_535, description="MQTT 5: longest keep-alive (s) a client gets; 0 = its own"
+    )
     max_retained: int = Field(100_000, ge=0)
     connect_timeout_s: float = Field(10.0, gt=0)
     users: dict[str, str] = Field(default_factory=dict, description="username -> password")

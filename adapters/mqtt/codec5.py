@@ -69,7 +69,6 @@ _U16 = Struct(">H")
 _U32 = Struct(">I")
 _VALID_QOS = frozenset((0, 1, 2))
 _EMPTY = Properties()
-_SUFFIX = {PropType.VARINT}
 
 
 def _fail(code: MqttErrorCode, message: str) -> MqttProtocolError:
@@ -114,11 +113,9 @@ def _encode_value(kind: PropType, value: Any) -> bytes:
     return _string(key) + _string(val)
 
 
-def encode_properties(props: Properties, packet_type: int) -> bytes:
-    """The property block (its varint length first) of ``props`` for ``packet_type``;
+def property_entries(props: Properties, packet_type: int) -> bytes:
+    """The properties of ``props`` as the bytes of a property block without its length;
     ValueError for a property that packet may not carry or a value it may not take."""
-    if props is _EMPTY or not props:
-        return b"\x00"
     parts: list[bytes] = []
     for ident, spec in PROPERTIES.items():
         value = getattr(props, spec.name)
@@ -132,7 +129,14 @@ def encode_properties(props: Properties, packet_type: int) -> bytes:
             if spec.nonzero and item == 0:
                 raise ValueError(f"property {spec.name} must not be 0")
             parts.append(bytes((ident,)) + _encode_value(spec.kind, item))
-    body = b"".join(parts)
+    return b"".join(parts)
+
+
+def encode_properties(props: Properties, packet_type: int) -> bytes:
+    """The property block (its varint length first) of ``props`` for ``packet_type``."""
+    if props is _EMPTY or not props:
+        return b"\x00"
+    body = property_entries(props, packet_type)
     return _varint(len(body)) + body
 
 
@@ -713,4 +717,5 @@ __all__ = [
     "encode5",
     "encode_properties",
     "encode_publish5",
+    "property_entries",
 ]

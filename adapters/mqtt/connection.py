@@ -44,6 +44,7 @@ from vibemq_server.adapters.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
+from vibemq_server.adapters.mqtt.packets5 import Properties, SubOptions
 from vibemq_server.adapters.mqtt.session import MqttSession
 from vibemq_server.adapters.mqtt.states import RUNNING, TRANSITIONS, Event, Input, State
 from vibemq_server.adapters.mqtt.topics import topic_to_address
@@ -93,13 +94,24 @@ class Server(Protocol):
 
     def certificate_login(self, identity: str | None, client_id: str) -> Login: ...
 
-    def open_session(self, client_id: str, clean: bool) -> tuple[MqttSession, bool]: ...
+    def open_session(
+        self, client_id: str, clean: bool, v5: bool = False
+    ) -> tuple[MqttSession, bool]: ...
+
+    def expire_later(self, session: MqttSession) -> None: ...
 
     def end_session(self, session: MqttSession) -> None: ...
 
     def save_session(self, session: MqttSession) -> None: ...
 
-    def subscribe(self, session: MqttSession, topic_filter: str, qos: int) -> int: ...
+    def subscribe(
+        self,
+        session: MqttSession,
+        topic_filter: str,
+        qos: int,
+        options: SubOptions | None = None,
+        sub_id: int = 0,
+    ) -> int: ...
 
     def unsubscribe(self, session: MqttSession, topic_filter: str) -> None: ...
 
@@ -118,6 +130,7 @@ class Server(Protocol):
         origin: MqttSession | None = None,
         *,
         pause: bool = True,
+        props: Properties | None = None,
     ) -> bool: ...
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> Timer: ...

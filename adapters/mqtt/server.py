@@ -29,9 +29,18 @@ from collections.abc import Callable
 import structlog
 
 from vibemq_server.adapters.mqtt.codec import encode_publish
-from vibemq_server.adapters.mqtt.connection import Login, MqttConnection
+from vibemq_server.adapters.mqtt.connection import Login
+from vibemq_server.adapters.mqtt.connection5 import MqttEntry
+from vibemq_server.adapters.mqtt.message5 import (
+    INTERNAL,
+    header_entries,
+    message_entries,
+    props_to_headers,
+)
 from vibemq_server.adapters.mqtt.packets import ConnackCode, Connect
-from vibemq_server.adapters.mqtt.session import MqttSession, session_queue_name
+from vibemq_server.adapters.mqtt.packets5 import Properties, SubOptions
+from vibemq_server.adapters.mqtt.session import MqttSession, SharedMember, session_queue_name
+from vibemq_server.adapters.mqtt.session5 import NEVER_EXPIRES, Mqtt5Session
 from vibemq_server.adapters.mqtt.sys_topics import SYS_PREFIX, SysTopics
 from vibemq_server.adapters.mqtt.topics import (
     address_to_topic,
@@ -42,15 +51,16 @@ from vibemq_server.adapters.mqtt.topics import (
 )
 from vibemq_server.auth.authenticator import Offload, Outcome, Verdict
 from vibemq_server.config import DeliveryMode, OverflowStrategy
-from vibemq_server.core import CoreError, QueueOptions, StoredMessage
+from vibemq_server.core import CoreError, PublishOutcome, QueueOptions, StoredMessage
 from vibemq_server.core.drops import DropLog
 from vibemq_server.core.routing import AddressSink, MessageSource
 from vibemq_server.core.table import DurableTable
 from vibemq_server.core.topics import TopicRouter, pattern_overlaps
+from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.protocol.payload import PAYLOAD_ENCODING, from_core, to_core
 from vibemq_server.server.adapter import AdapterContext
 from vibemq_server.server.listeners import Listeners
-from vibemq_server.server.transport import StreamTransport
+from vibemq_server.server.transport import Link, StreamTransport
 
 log = structlog.get_logger("vibemq.mqtt")
 
@@ -85,6 +95,19 @@ class MqttServer:
         self.use_identity_as_username = config.tls.use_identity_as_username
         self.manager = context.manager
         self.router: TopicRouter[MqttSession] = TopicRouter()
+        #: MQTT 5 subscriptions, one key per (session, filter): their options differ
+        self.router5: TopicRouter[tuple[MqttSession, str]] = TopicRouter()
+        #: shared subscriptions: (group, filter) -> the filter's pattern
+        self.shared_router: TopicRouter[tuple[str, str]] = TopicRouter()
+        self._share_members: dict[tuple[str, str], set[MqttSession]] = {}
+        #: v5 subscribers or shared groups exist (deliver() looks beyond the 3.1.1 router)
+        self._extra = False
+        #: persistent v5 sessions counting down their Session Expiry Interval
+        self._expiring: set[Mqtt5Session] = set()
+        # The v5 parts of the publish being routed (None from a 3.1.1 client).
+        self._own_props: Properties | None = None
+        self._own_retain = False
+        self._own_expires = 0
         self.sessions: dict[str, MqttSession] = {}
         self._ids = itertools.count(1)
         self._id_prefix = f"mqtt-{os.urandom(4).hex()}-"
@@ -124,15 +147,23 @@ class MqttServer:
         self.session_table = DurableTable(self.manager, SESSIONS_TABLE)
         for client_id, entry in self.session_table.items():
             try:
-                filters = json.loads(entry.payload)["filters"]
-            except (ValueError, KeyError, TypeError):
+                record = json.loads(entry.payload)
+                filters = record["filters"]
+                options = record.get("v5")
+            except (ValueError, KeyError, TypeError, AttributeError):
                 log.warning("unreadable session record dropped", client_id=client_id)
                 self.session_table.delete(client_id)
                 continue
-            session = self._new_session(client_id, clean=False)
-            for topic_filter, qos in filters.items():
-                session.filters[topic_filter] = int(qos)
-                self.router.add(session, filter_to_pattern(topic_filter), int(qos))
+            session = self._new_session(client_id, clean=False, v5=options is not None)
+            if isinstance(session, Mqtt5Session) and isinstance(options, dict):
+                session.expiry_s = int(record.get("expiry", 0))
+                for topic_filter, (qos, nl, rap, rh, sub_id) in options.items():
+                    opts = SubOptions(int(qos), bool(nl), bool(rap), int(rh))
+                    self.subscribe(session, topic_filter, int(qos), opts, int(sub_id))
+                self.expire_later(session)  # counted from the restart
+            else:
+                for topic_filter, qos in filters.items():
+                    self.subscribe(session, topic_filter, int(qos))
         # A clean session's queue cannot outlive a restart (it is not durable), but be sure.
         for name in [n for n in self.manager.queues if n.startswith("$mqtt.s.")]:
             if name[len("$mqtt.s.") :] not in self.sessions:
@@ -160,7 +191,7 @@ class MqttServer:
         connection limit let it in (over the limit the socket just closes: MQTT has no
         refusal before CONNECT)."""
         return StreamTransport(
-            lambda link: MqttConnection(link, self),
+            self.new_session,
             conn_id=f"mqtt_{next(self._conn_ids)}",
             log=log,
             out_limit=self.config.write_buffer_high_bytes,
@@ -172,6 +203,11 @@ class MqttServer:
             handshake_timeout=self.config.tls.handshake_timeout_s,
             stats=self.stats,
         )
+
+    def new_session(self, link: Link) -> MqttEntry:
+        """The sans-IO session of a new connection (over TCP, TLS or a WebSocket): it
+        becomes a 3.1/3.1.1 or a 5.0 connection at CONNECT."""
+        return MqttEntry(link, self)
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
         """A timer for a connection (the longest pause of a publisher)."""
@@ -185,6 +221,23 @@ class MqttServer:
     def tick(self) -> None:
         # MQTT's timers are per connection (keep-alive); drops are told once a minute.
         self.drop_log.flush()
+        if self._expiring:
+            now = self.manager.clock()
+            for session in [s for s in self._expiring if (s.expires_at or now + 1) <= now]:
+                self._expiring.discard(session)
+                if session.link is None and self.sessions.get(session.client_id) is session:
+                    log.info("session expired", client_id=session.client_id)
+                    self.end_session(session)
+
+    def expire_later(self, session: MqttSession) -> None:
+        """A persistent v5 session lost its connection: it ends after its Session Expiry
+        Interval unless a client takes it up again (``attach`` stops the count)."""
+        if not isinstance(session, Mqtt5Session):
+            return
+        if session.expiry_s == NEVER_EXPIRES or session.clean:
+            return
+        session.expires_at = self.manager.clock() + session.expiry_s * 1000
+        self._expiring.add(session)
 
     def ready(self) -> dict[str, int | str | None]:
         return dict(self.listeners.ports)
@@ -225,7 +278,7 @@ class MqttServer:
     def next_msg_id(self) -> str:
         return f"{self._id_prefix}{next(self._ids)}"
 
-    def _new_session(self, client_id: str, clean: bool) -> MqttSession:
+    def _new_session(self, client_id: str, clean: bool, v5: bool = False) -> MqttSession:
         cfg = self.cfg
         options = QueueOptions(
             DeliveryMode.ROUND_ROBIN,
@@ -246,7 +299,7 @@ class MqttServer:
             queue = self.manager.queues.get(name)
             if queue is None:
                 queue, _ = self.manager.create_queue(name, options)
-        session = MqttSession(
+        session = (Mqtt5Session if v5 else MqttSession)(
             client_id,
             clean,
             queue,
@@ -261,14 +314,19 @@ class MqttServer:
         self.sessions[client_id] = session
         return session
 
-    def open_session(self, client_id: str, clean: bool) -> tuple[MqttSession, bool]:
-        """The session for a CONNECT (after any takeover); and whether one was resumed."""
+    def open_session(
+        self, client_id: str, clean: bool, v5: bool = False
+    ) -> tuple[MqttSession, bool]:
+        """The session for a CONNECT (after any takeover); and whether one was resumed
+        (only by a client of the same protocol version)."""
         existing = self.sessions.get(client_id)
         if existing is not None:
-            if not clean and not existing.clean:
+            if not clean and not existing.clean and existing.v5 == v5:
+                if isinstance(existing, Mqtt5Session):
+                    self._expiring.discard(existing)
                 return existing, True
             self.end_session(existing)
-        session = self._new_session(client_id, clean)
+        session = self._new_session(client_id, clean, v5)
         if not clean:
             self.save_session(session)
         return session, False
@@ -278,6 +336,10 @@ class MqttServer:
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         self.router.remove_key(session)
+        if isinstance(session, Mqtt5Session):
+            self._expiring.discard(session)
+        for topic_filter in list(session.shared) + list(getattr(session, "options5", ())):
+            self.unsubscribe(session, topic_filter)
         self.drop_log.forget(session.client_id)
         session.detach()
         if session.queue is not None and not session.queue.deleted:
@@ -326,23 +388,106 @@ class MqttServer:
     def save_session(self, session: MqttSession) -> None:
         if session.clean or self.session_table is None:
             return
-        record = json.dumps({"filters": session.filters}, separators=(",", ":")).encode()
+        data: dict[str, object] = {"filters": session.filters}
+        if isinstance(session, Mqtt5Session):
+            data["expiry"] = session.expiry_s
+            data["v5"] = {
+                f: [o.qos, o.no_local, o.retain_as_published, o.retain_handling, sub_id]
+                for f, (o, sub_id) in session.options5.items()
+            } | {f: [m.granted, False, False, 0, m.sub_id] for f, m in session.shared.items()}
+        record = json.dumps(data, separators=(",", ":")).encode()
         self.session_table.put(session.client_id, record, {})
 
     # -- subscriptions ---------------------------------------------------------------------------
 
-    def subscribe(self, session: MqttSession, topic_filter: str, qos: int) -> int:
-        """Add or replace a filter; the granted QoS or 0x80 when a deny rule refuses it."""
-        pattern = filter_to_pattern(topic_filter)
+    def subscribe(
+        self,
+        session: MqttSession,
+        topic_filter: str,
+        qos: int,
+        options: SubOptions | None = None,
+        sub_id: int = 0,
+    ) -> int:
+        """Add or replace a filter; the granted QoS, or 0x80 when a deny rule refuses it
+        (0x8F: a shared subscription whose group cannot name a queue). ``options`` and
+        ``sub_id``: a v5 client's subscription options and identifier."""
+        share = shared_filter(topic_filter)
+        real = share[1] if share is not None else topic_filter
+        pattern = filter_to_pattern(real)
         if any(pattern_overlaps(pattern, deny) for deny in self._deny_subscribe):
             return 0x80
+        if share is not None:
+            if not valid_queue_name(share[0]):
+                return 0x8F if session.v5 else 0x80
+            self._join_share(session, topic_filter, share, pattern, qos, sub_id)
+        elif isinstance(session, Mqtt5Session):
+            session.options5[topic_filter] = (options or SubOptions(qos), sub_id)
+            self.router5.add((session, topic_filter), pattern, qos)
+        else:
+            self.router.add(session, pattern, qos)
         session.filters[topic_filter] = qos
-        self.router.add(session, pattern, qos)
+        self._extra = bool(self.router5) or bool(self.shared_router)
         return qos
 
+    def _join_share(
+        self,
+        session: MqttSession,
+        topic_filter: str,
+        share: tuple[str, str],
+        pattern: tuple[str, ...],
+        qos: int,
+        sub_id: int,
+    ) -> None:
+        """``$share/{group}/{filter}``: the session joins the group, whose messages wait in
+        the RoundRobin core queue named ``group`` (created when missing)."""
+        group = share[0]
+        if group not in self.manager.queues:
+            self.manager.create_queue(group, self._share_options())
+        members = self._share_members.setdefault(share, set())
+        if not members:
+            self.shared_router.add(share, pattern, 0)
+        members.add(session)
+        member = session.shared.get(topic_filter)
+        if member is None:
+            member = session.shared[topic_filter] = SharedMember(session, group, topic_filter, qos)
+        member.granted = qos
+        member.sub_id = sub_id
+        member.join()
+
+    def _share_options(self) -> QueueOptions:
+        cfg = self.cfg
+        return QueueOptions(
+            DeliveryMode.ROUND_ROBIN,
+            cfg.max_queued_messages,
+            0,
+            False,
+            "",
+            2**31,
+            _NEVER,  # a member's unacknowledged messages go to another when it leaves
+            OverflowStrategy.DROP_NEWEST,
+            False,
+        )
+
     def unsubscribe(self, session: MqttSession, topic_filter: str) -> None:
-        if session.filters.pop(topic_filter, None) is not None:
+        if session.filters.pop(topic_filter, None) is None:
+            return
+        member = session.shared.pop(topic_filter, None)
+        if member is not None:
+            member.leave()
+            share = shared_filter(topic_filter)
+            assert share is not None
+            members = self._share_members.get(share)
+            if members is not None:
+                members.discard(session)
+                if not members:
+                    del self._share_members[share]
+                    self.shared_router.remove(share, filter_to_pattern(share[1]))
+        elif isinstance(session, Mqtt5Session):
+            session.options5.pop(topic_filter, None)
+            self.router5.remove((session, topic_filter), filter_to_pattern(topic_filter))
+        else:
             self.router.remove(session, filter_to_pattern(topic_filter))
+        self._extra = bool(self.router5) or bool(self.shared_router)
 
     def send_retained(self, session: MqttSession, topic_filter: str, granted: int) -> bool:
         """The retained messages matching a new subscription, RETAIN set; True when one of
@@ -389,9 +534,11 @@ class MqttServer:
         origin: MqttSession | None = None,
         *,
         pause: bool = True,
+        props: Properties | None = None,
     ) -> bool:
-        """Deliver an MQTT publish everywhere it belongs. True when some copy will be
-        journaled: the publisher's PUBACK/PUBREC then waits for the journal.
+        """Deliver an MQTT publish everywhere it belongs (``props``: a v5 publish's). True
+        when some copy will be journaled: the publisher's PUBACK/PUBREC then waits for the
+        journal.
 
         ``pause``: whether the caller pauses for the slow subscribers this leaves in
         ``congested`` (a PUBLISH being handled does; a will has no publisher to pause)."""
@@ -405,6 +552,11 @@ class MqttServer:
         # and its will, come from the loop later), so nothing needs saving or clearing.
         self._own = (topic, payload, qos, origin, pause, address)
         self._own_msg = None
+        self._own_props = props
+        self._own_retain = retain
+        if props is not None:
+            expiry = props.message_expiry_interval
+            self._own_expires = 0 if expiry is None else self.manager.clock() + expiry * 1000
         if self.manager.route(address, self._own_message, self):
             durable = True
         return durable
@@ -416,7 +568,14 @@ class MqttServer:
             assert self._own is not None
             topic, payload, qos, _, _, address = self._own
             body, headers = self._core_form(topic, payload, qos)
-            msg = self._own_msg = StoredMessage(self.next_msg_id(), address, body, headers, 0)
+            props = self._own_props
+            expires = 0
+            if props is not None:
+                headers.update(props_to_headers(props))
+                expires = self._own_expires
+            msg = self._own_msg = StoredMessage(
+                self.next_msg_id(), address, body, headers, 0, expires
+            )
         return msg
 
     def deliver(self, address: str, message: MessageSource, origin: AddressSink | None) -> bool:
@@ -429,9 +588,10 @@ class MqttServer:
         no connection consumes ``congested`` right after, so an entry left there would
         pause whichever connection handles a packet next, even the slow subscriber
         itself). Another protocol's publish counts as QoS 1 and pauses nobody, likewise."""
+        extra = self._extra and self._deliver_extra(address, message, origin)
         targets = self.router.match(address)
         if not targets:
-            return False
+            return extra
         own = self._own
         if origin is self and own is not None:
             topic, payload, qos, publisher, pause, _ = own
@@ -450,6 +610,81 @@ class MqttServer:
                     qos0 = encode_publish(topic.encode(), payload)
                 session.send_qos0(qos0)
             elif session.enqueue(topic, payload, effective):
+                durable = True
+            if pause and session.congested and not session.stalled and session is not publisher:
+                self.congested.append(session)
+        return durable or extra
+
+    def _deliver_extra(
+        self, address: str, message: MessageSource, origin: AddressSink | None
+    ) -> bool:
+        """deliver() for shared groups (into their queues) and v5 subscribers."""
+        durable = False
+        if self.shared_router:
+            groups = {group for group, _ in self.shared_router.match(address)}
+            if groups:
+                msg = message()
+                now = self.manager.clock()
+                for group in groups:
+                    ttl = max(1, msg.expires_at - now) if msg.expires_at else 0
+                    try:
+                        outcome = self.manager.publish(
+                            group,
+                            self.next_msg_id(),
+                            msg.payload,
+                            msg.headers,
+                            route=False,
+                            ttl_ms=ttl,
+                        )
+                    except CoreError as exc:
+                        log.warning("shared group refused a message", group=group, error=str(exc))
+                        continue
+                    durable |= outcome is PublishOutcome.ACCEPTED_DURABLE
+        targets = self.router5.match(address) if self.router5 else None
+        if not targets:
+            return durable
+        own = self._own
+        headers5: dict[str, str] | None
+        if origin is self and own is not None:
+            topic, payload, qos, publisher, pause, _ = own
+            props = self._own_props
+            entries = message_entries(props) if props is not None else b""
+            headers5 = props_to_headers(props) if props is not None else None
+            expires = self._own_expires if props is not None else 0
+            retain = self._own_retain
+        else:
+            msg = message()
+            topic = address_to_topic(address)
+            payload = from_core(msg.payload, msg.headers)
+            qos, publisher, pause, retain = NATIVE_QOS, None, False, False
+            headers5 = {k: v for k, v in msg.headers.items() if k not in INTERNAL}
+            entries = header_entries(headers5) if headers5 else b""
+            expires = msg.expires_at
+        # One delivery per session: the highest granted QoS of its matching filters, every
+        # one's subscription identifier, retain kept when one of them says Retain As
+        # Published; a No Local filter does not match its own client's publishes.
+        per: dict[Mqtt5Session, tuple[int, bool, tuple[int, ...]]] = {}
+        for (session, topic_filter), granted in targets.items():
+            assert isinstance(session, Mqtt5Session)
+            options, sub_id = session.options5[topic_filter]
+            if options.no_local and session is publisher:
+                continue
+            seen = per.get(session)
+            ids: tuple[int, ...] = (sub_id,) if sub_id else ()
+            if seen is None:
+                per[session] = (granted, options.retain_as_published, ids)
+            else:
+                per[session] = (
+                    max(seen[0], granted),
+                    seen[1] or options.retain_as_published,
+                    seen[2] + ids,
+                )
+        for session, (granted, keep_retain, ids) in per.items():
+            effective = granted if granted < qos else qos
+            flag = retain and keep_retain
+            if effective == 0:
+                session.send5(topic, payload, flag, entries, expires, ids)
+            elif session.enqueue5(topic, payload, effective, flag, entries, expires, ids, headers5):
                 durable = True
             if pause and session.congested and not session.stalled and session is not publisher:
                 self.congested.append(session)
@@ -475,3 +710,14 @@ class MqttServer:
             return False
         table.put(topic, payload, {HEADER_QOS: str(qos)})
         return self.manager.persistence is not None
+
+
+def shared_filter(topic_filter: str) -> tuple[str, str] | None:
+    """``$share/{group}/{filter}`` -> (group, filter); None for any other filter (or a
+    ``$share/`` one without a group or filter, which then is a plain filter)."""
+    if not topic_filter.startswith("$share/"):
+        return None
+    group, _, real = topic_filter[len("$share/") :].partition("/")
+    if not group or not real or "+" in group or "#" in group:
+        return None
+    return group, real

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from vibemq_server.adapters.mqtt.codec import encode_publish
+from vibemq_server.adapters.mqtt.topics import address_to_topic
 from vibemq_server.core import PublishOutcome, Queue, QueueManager, StoredMessage, Subscription
 from vibemq_server.core.drops import DropLog
 from vibemq_server.core.topics import TopicRouter
+from vibemq_server.protocol.payload import from_core
 from vibemq_server.server.stats import ProtocolStats
 
 #: Headers of the messages in a session queue.
@@ -62,8 +64,64 @@ def session_queue_name(client_id: str) -> str:
     return f"$mqtt.s.{client_id}"
 
 
+def shared_qos(msg: StoredMessage) -> int:
+    """The QoS of a message in a shared group's queue: as published over MQTT, else 1 (a
+    VibeMQ or AMQP publish was acknowledged to its sender)."""
+    qos = msg.headers.get(QOS)
+    return 2 if qos == "2" else 0 if qos == "0" else 1
+
+
+class SharedMember:
+    """One session's membership of a shared subscription (``$share/{group}/{filter}``): a
+    core consumer of the group's RoundRobin queue while the session is connected, so the
+    queue's round robin balances the group (VibeMQ and AMQP consumers of that queue
+    included), and what a member that leaves had unacknowledged goes to another."""
+
+    def __init__(self, session: MqttSession, queue_name: str, share: str, granted: int) -> None:
+        self.session = session
+        self.queue_name = queue_name
+        self.share = share
+        self.granted = granted
+        #: the subscription identifier the SUBSCRIBE gave (v5), 0 for none
+        self.sub_id = 0
+        self.sub: Subscription | None = None
+
+    @property
+    def writable(self) -> bool:
+        return self.session.writable
+
+    def deliver(self, sub: Subscription, msg: StoredMessage) -> None:
+        self.session.deliver_shared(sub, msg, self.granted)
+
+    def subscription_cancelled(self, sub: Subscription, reason: str) -> None:
+        self.sub = None
+
+    def join(self) -> None:
+        session = self.session
+        if session.link is not None and self.sub is None:
+            self.sub = session.manager.subscribe(
+                self.queue_name,
+                f"{session.client_id}/{self.share}",
+                self,
+                session.max_inflight,
+                dispatch=False,
+            )
+
+    def leave(self) -> None:
+        sub, self.sub = self.sub, None
+        if sub is not None and not sub.queue.deleted:
+            self.session.manager.unsubscribe(sub)
+
+    def dispatch(self) -> None:
+        if self.sub is not None:
+            self.sub.queue.dispatch()
+
+
 class MqttSession:
     """Implements the core's Consumer for its own queue."""
+
+    #: an MQTT 5.0 session (``session5.Mqtt5Session``)
+    v5 = False
 
     def __init__(
         self,
@@ -121,7 +179,12 @@ class MqttSession:
         self._headers: dict[tuple[str, int, bool], dict[str, str]] = {}
         self._topics: dict[str, bytes] = {}
         # A clean session's QoS 1/2 messages waiting for the in-flight window.
-        self._pending: deque[tuple[str, bytes, int, bool]] = deque()
+        # (A v5 session's entries carry its properties too.)
+        self._pending: deque[tuple[Any, ...]] = deque()
+        #: shared subscriptions (``$share/{group}/{filter}``) -> their member in the group
+        self.shared: dict[str, SharedMember] = {}
+        #: packet id -> (subscription, message) of a shared subscription's delivery
+        self.shared_out: dict[int, tuple[Subscription, StoredMessage, int]] = {}
         self.dropped_qos0 = 0
         self.dropped_queued = 0
         #: who the last connection holding the session logged in as (in memory only: None
@@ -171,6 +234,8 @@ class MqttSession:
             self.sub = self.manager.subscribe(
                 self.queue.name, self.client_id, self, self.max_inflight, dispatch=False
             )
+        for member in self.shared.values():
+            member.join()
 
     def _drop_stale_reservations(self) -> None:
         """Free the packet ids kept for messages that left the queue while the client was
@@ -190,6 +255,8 @@ class MqttSession:
         """After CONNACK: resend what the last connection left unacknowledged, then the rest."""
         if self.queue is not None:
             self.queue.dispatch()
+        for member in self.shared.values():
+            member.dispatch()
 
     def take_over(self) -> None:
         """Another connection CONNECTed with this client id: the one holding the session (if
@@ -210,6 +277,11 @@ class MqttSession:
             self._used.discard(pid)
         self.direct.clear()
         self._pending.clear()
+        for pid in self.shared_out:
+            self._used.discard(pid)
+        self.shared_out.clear()
+        for member in self.shared.values():
+            member.leave()  # its unacknowledged messages go to the group's other members
         sub, self.sub = self.sub, None
         if sub is not None and not sub.queue.deleted:
             self.manager.unsubscribe(sub)
@@ -287,10 +359,45 @@ class MqttSession:
             return True
         msg = self.outbound.get(pid)
         if msg is None or msg.headers.get(QOS) == "2":
-            return False
+            return self._shared_ack(pid, 1) if self.shared_out else False
         del self.outbound[pid]
         self._settle(pid, msg)
         return True
+
+    def _shared_ack(self, pid: int, qos: int) -> bool:
+        """PUBACK (``qos`` 1) / PUBREC (2) of a shared subscription's delivery: settled in
+        the group's queue."""
+        entry = self.shared_out.get(pid)
+        if entry is None or entry[2] != qos:
+            return False
+        del self.shared_out[pid]
+        self._used.discard(pid)
+        self.manager.ack(entry[0], entry[1].id, dispatch=False)
+        return True
+
+    def deliver_shared(self, sub: Subscription, msg: StoredMessage, granted: int) -> None:
+        """A message of a shared subscription's group queue, at min(its QoS, granted)."""
+        link = self.link
+        if link is None:
+            return
+        headers = msg.headers
+        topic = headers.get(TOPIC) or address_to_topic(msg.queue)
+        payload = from_core(msg.payload, headers)
+        qos = min(shared_qos(msg), granted)
+        self.stats.messages_sent += 1
+        if qos == 0:
+            link.send(self.shared_packet(topic, payload, 0, 0, msg))
+            self.manager.ack(sub, msg.id, dispatch=False)
+            return
+        pid = self._allocate()
+        self.shared_out[pid] = (sub, msg, qos)
+        link.send(self.shared_packet(topic, payload, qos, pid, msg))
+
+    def shared_packet(
+        self, topic: str, payload: bytes, qos: int, pid: int, msg: StoredMessage
+    ) -> bytes:
+        """The PUBLISH of a shared subscription's message (a v5 session adds properties)."""
+        return encode_publish(topic.encode(), payload, qos, pid, dup=msg.attempts > 1)
 
     def pubrec(self, pid: int) -> None:
         """PUBREC: the QoS 2 delivery is the client's now; it settles here, PUBREL follows
@@ -300,6 +407,10 @@ class MqttSession:
         else:
             msg = self.outbound.get(pid)
             if msg is None or msg.headers.get(QOS) != "2":
+                if not (self.shared_out and self._shared_ack(pid, 2)):
+                    return
+                self._used.add(pid)
+                self.pubrel.add(pid)
                 return
             del self.outbound[pid]
             self._settle(pid, msg)
@@ -322,6 +433,9 @@ class MqttSession:
         """After acknowledgements: fill the in-flight window again."""
         if self.link is None:
             return
+        if self.shared:
+            for member in self.shared.values():
+                member.dispatch()
         if self._pending:
             self._pump()
         elif self.queue is not None and self.queue.store.count:
@@ -440,6 +554,9 @@ class MqttSession:
             self.stats.messages_sent += 1
             link.send(backlog.popleft())
         if not backlog:
+            if self.shared:
+                for member in self.shared.values():
+                    member.dispatch()
             if self.queue is not None:
                 self.queue.dispatch()
             else:

@@ -24,6 +24,19 @@ from vibemq_server.adapters.mqtt.packets import (
     Subscribe,
     Unsubscribe,
 )
+from vibemq_server.adapters.mqtt.packets5 import (
+    Auth5,
+    Connect5,
+    Disconnect5,
+    Packet5,
+    Puback5,
+    Pubcomp5,
+    Publish5,
+    Pubrec5,
+    Pubrel5,
+    Subscribe5,
+    Unsubscribe5,
+)
 
 
 class State(Enum):
@@ -46,7 +59,7 @@ class Event(Enum):
     LOST = "lost"
 
 
-Input = type[Packet] | Event
+Input = type[Packet] | type[Packet5] | Event
 
 _ENDINGS: dict[Input, State] = {
     Event.DROPPED: State.CLOSED,
@@ -81,3 +94,28 @@ TRANSITIONS: dict[State, dict[Input, State]] = {
 
 #: The states in which input is still read and handled.
 RUNNING = frozenset({State.AWAIT_CONNECT, State.CONNECTED})
+
+#: MQTT 5.0: the same states, its own packet classes (and AUTH, which the handler refuses:
+#: no enhanced authentication was started).
+TRANSITIONS5: dict[State, dict[Input, State]] = {
+    State.AWAIT_CONNECT: {
+        Connect5: State.AWAIT_CONNECT,
+        Event.ACCEPTED: State.CONNECTED,
+        Event.REFUSED: State.CLOSED,
+        **_ENDINGS,
+    },
+    State.CONNECTED: {
+        Publish5: State.CONNECTED,
+        Puback5: State.CONNECTED,
+        Pubrec5: State.CONNECTED,
+        Pubrel5: State.CONNECTED,
+        Pubcomp5: State.CONNECTED,
+        Subscribe5: State.CONNECTED,
+        Unsubscribe5: State.CONNECTED,
+        Pingreq: State.CONNECTED,
+        Auth5: State.CONNECTED,
+        Disconnect5: State.CLOSED,
+        **_ENDINGS,
+    },
+    State.CLOSED: dict(_ENDINGS),
+}

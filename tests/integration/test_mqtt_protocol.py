@@ -196,7 +196,7 @@ def test_raw_pingreq(mqtt_broker: ThreadBroker, mqtt_clients: Clients) -> None:
 
 @pytest.mark.parametrize(
     ("name", "level"),
-    [("MQTT", 5), ("MQTT", 3), ("MQTT", 0), ("MQIsdp", 4), ("MQIsdp", 5)],
+    [("MQTT", 6), ("MQTT", 3), ("MQTT", 0), ("MQIsdp", 4), ("MQIsdp", 5)],
 )
 def test_connack_unacceptable_protocol_level(
     mqtt_broker: ThreadBroker, mqtt_clients: Clients, name: str, level: int
