@@ -40,6 +40,7 @@ from serverproc import clean_env, server_args
 from waits import wait_for
 
 from vibemq_server.adapters.mqtt.codec import MqttParser, encode
+from vibemq_server.adapters.mqtt.codec5 import Mqtt5Parser, encode5
 from vibemq_server.adapters.mqtt.packets import (
     Connack,
     Connect,
@@ -50,6 +51,7 @@ from vibemq_server.adapters.mqtt.packets import (
     Suback,
     Subscribe,
 )
+from vibemq_server.adapters.mqtt.packets5 import Connack5, Connect5, Disconnect5
 from vibemq_server.client import Client
 from vibemq_server.server import Broker
 
@@ -61,6 +63,7 @@ QUIET = 0.3
 HOST = "127.0.0.1"
 
 P = TypeVar("P", bound=Packet)
+T = TypeVar("T")
 _ids = itertools.count(1)
 
 
@@ -77,19 +80,26 @@ class Closed(ConnectionError):
 
 
 class RawMqtt:
-    """A blocking MQTT connection built from the project codec; every read is bounded."""
+    """A blocking MQTT connection built from the project codec; every read is bounded.
+    ``v5``: it speaks MQTT 5.0 (``codec5``; ``connect`` sends a ``Connect5``)."""
 
-    def __init__(self, port: int, host: str = HOST) -> None:
+    def __init__(self, port: int, host: str = HOST, *, v5: bool = False) -> None:
         self.sock = socket.create_connection((host, port), timeout=TIMEOUT)
-        self.parser = MqttParser()
-        self.pending: deque[Packet] = deque()
+        self.v5 = v5
+        self.parser: MqttParser | Mqtt5Parser = Mqtt5Parser() if v5 else MqttParser()
+        self.pending: deque[Any] = deque()
         self.eof = False
 
-    def send(self, *items: bytes | Packet) -> None:
-        """Packets (encoded here) or raw bytes, in one write."""
-        self.sock.sendall(b"".join(i if isinstance(i, bytes) else encode(i) for i in items))
+    def _encode(self, item: Any) -> bytes:
+        if isinstance(item, bytes):
+            return item
+        return encode5(item) if self.v5 else encode(item)
 
-    def send_tolerant(self, *items: bytes | Packet) -> None:
+    def send(self, *items: Any) -> None:
+        """Packets (encoded here) or raw bytes, in one write."""
+        self.sock.sendall(b"".join(self._encode(i) for i in items))
+
+    def send_tolerant(self, *items: Any) -> None:
         """Send, ignoring a broker that already closed (it may refuse before reading it all)."""
         with contextlib.suppress(OSError):
             self.send(*items)
@@ -113,14 +123,14 @@ class RawMqtt:
             raise Closed("the broker closed the connection")
         self.pending.extend(self.parser.feed(chunk))
 
-    def recv(self, timeout: float = TIMEOUT) -> Packet:
+    def recv(self, timeout: float = TIMEOUT) -> Any:
         """The next packet from the broker."""
         deadline = time.monotonic() + timeout
         while not self.pending:
             self._read(deadline)
         return self.pending.popleft()
 
-    def expect(self, cls: type[P], timeout: float = TIMEOUT) -> P:
+    def expect(self, cls: type[T], timeout: float = TIMEOUT) -> T:
         packet = self.recv(timeout)
         assert isinstance(packet, cls), f"expected {cls.__name__}, got {packet!r}"
         return packet
@@ -130,6 +140,12 @@ class RawMqtt:
         self.send(Connect(client_id=unique_id("raw") if client_id is None else client_id, **fields))
         return self.expect(Connack)
 
+    def connect5(self, client_id: str | None = None, **fields: Any) -> Connack5:
+        """Send a v5 CONNECT (any fields of :class:`Connect5`); the CONNACK."""
+        cid = unique_id("raw5") if client_id is None else client_id
+        self.send(Connect5(client_id=cid, **fields))
+        return self.expect(Connack5)
+
     def subscribe(self, topic_filter: str, qos: int, packet_id: int = 1) -> int:
         """SUBSCRIBE to one filter; the granted QoS (or 0x80)."""
         self.send(Subscribe(packet_id, ((topic_filter, qos),)))
@@ -137,7 +153,7 @@ class RawMqtt:
         assert suback.packet_id == packet_id
         return suback.return_codes[0]
 
-    def barrier(self, wait: float = QUIET) -> list[Packet]:
+    def barrier(self, wait: float = QUIET) -> list[Any]:
         """Wait a little, then PINGREQ -> PINGRESP: returns whatever came before the PINGRESP
         (the broker handles a connection's packets in order, so anything it had to send by
         then is there)."""
@@ -150,7 +166,7 @@ class RawMqtt:
                 return before
             before.append(packet)
 
-    def wait_closed(self, timeout: float = TIMEOUT) -> list[Packet]:
+    def wait_closed(self, timeout: float = TIMEOUT) -> list[Any]:
         """Read until the broker closes; the packets that came first. Fails on timeout."""
         deadline = time.monotonic() + timeout
         received = list(self.pending)
@@ -170,13 +186,13 @@ class RawMqtt:
     def disconnect_and_wait(self) -> None:
         """DISCONNECT, then wait until the broker closes the connection: by then it has
         handled the DISCONNECT (left the session)."""
-        self.send(Disconnect())
+        self.send(Disconnect5() if self.v5 else Disconnect())
         self.wait_closed()
         self.close()
 
     def disconnect(self) -> None:
         """DISCONNECT (if the connection still takes it) and close."""
-        self.send_tolerant(Disconnect())
+        self.send_tolerant(Disconnect5() if self.v5 else Disconnect())
         self.close()
 
     def close(self) -> None:

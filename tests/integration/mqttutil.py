@@ -123,8 +123,9 @@ class ThreadBroker:
 
     def stop(self) -> None:
         try:
-            if self.broker is not None:
-                asyncio.run_coroutine_threadsafe(self.broker.stop(), self.loop).result(15.0)
+            broker, self.broker = self.broker, None  # (a test may stop it before teardown)
+            if broker is not None:
+                asyncio.run_coroutine_threadsafe(broker.stop(), self.loop).result(15.0)
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(15.0)
@@ -155,7 +156,8 @@ class Paho:
             mqtt.CallbackAPIVersion.VERSION2,
             client_id=self.client_id,
             protocol=protocol,
-            clean_session=clean_session,
+            # (MQTT 5 has clean start instead, given to connect())
+            clean_session=None if protocol == mqtt.MQTTv5 else clean_session,
         )
         # One connection attempt per test: a refused or dropped connection stays dropped.
         self.client.reconnect_delay_set(60, 120)
@@ -172,17 +174,21 @@ class Paho:
         self.client.on_unsubscribe = self._on_ack
         self.client.on_log = self._on_log
         self._looping = False
+        self.connack_props: Any = None
+        self.disconnect_props: Any = None
 
     # callbacks (paho's thread)
 
     def _on_connect(
         self, client: Any, userdata: Any, flags: Any, rc: ReasonCode, props: Any
     ) -> None:
+        self.connack_props = props
         self.connacks.put(rc)
 
     def _on_disconnect(
         self, client: Any, userdata: Any, flags: Any, rc: ReasonCode, props: Any
     ) -> None:
+        self.disconnect_props = props
         self.disconnects.put(rc)
 
     def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
@@ -210,9 +216,10 @@ class Paho:
     def username_pw_set(self, username: str, password: str | None) -> None:
         self.client.username_pw_set(username, password)
 
-    def connect(self) -> ReasonCode:
-        """Connect and return paho's reason code for the CONNACK (compare by name)."""
-        self.client.connect(HOST, self.port, self.keepalive)
+    def connect(self, **kw: Any) -> ReasonCode:
+        """Connect and return paho's reason code for the CONNACK (compare by name);
+        ``kw``: more of paho's connect() arguments (``clean_start``, ``properties``)."""
+        self.client.connect(HOST, self.port, self.keepalive, **kw)
         self.client.loop_start()
         self._looping = True
         try:
@@ -220,14 +227,15 @@ class Paho:
         except queue.Empty:
             raise AssertionError(f"{self.client_id}: no CONNACK") from None
 
-    def connected(self) -> Paho:
-        rc = self.connect()
+    def connected(self, **kw: Any) -> Paho:
+        rc = self.connect(**kw)
         assert not rc.is_failure, f"{self.client_id}: CONNACK {rc}"
         return self
 
-    def subscribe(self, *subscriptions: tuple[str, int]) -> list[int]:
-        """SUBSCRIBE and wait for the SUBACK; its return codes (granted QoS or 0x80)."""
-        result, mid = self.client.subscribe(list(subscriptions))
+    def subscribe(self, *subscriptions: tuple[str, Any], properties: Any = None) -> list[int]:
+        """SUBSCRIBE and wait for the SUBACK; its return codes (granted QoS or 0x80).
+        (v5: a subscription's second item may be paho's ``SubscribeOptions``.)"""
+        result, mid = self.client.subscribe(list(subscriptions), properties=properties)
         assert result == mqtt.MQTT_ERR_SUCCESS, f"subscribe failed: {result}"
         assert mid is not None
         return [code.value for code in self._wait_ack(mid, "SUBACK")]
@@ -238,9 +246,11 @@ class Paho:
         assert mid is not None
         self._wait_ack(mid, "UNSUBACK")
 
-    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> None:
+    def publish(
+        self, topic: str, payload: bytes, qos: int = 0, retain: bool = False, properties: Any = None
+    ) -> None:
         """Publish and wait until the QoS flow is complete (QoS 0: written to the socket)."""
-        info = self.client.publish(topic, payload, qos, retain)
+        info = self.client.publish(topic, payload, qos, retain, properties)
         assert info.rc == mqtt.MQTT_ERR_SUCCESS, f"publish failed: {info.rc}"
         info.wait_for_publish(WAIT)
         assert info.is_published(), f"{self.client_id}: publish to {topic} not completed"
@@ -297,8 +307,8 @@ class Clients:
         self._paho.append(client)
         return client
 
-    def raw(self, port: int) -> RawMqtt:
-        client = RawMqtt(port)
+    def raw(self, port: int, *, v5: bool = False) -> RawMqtt:
+        client = RawMqtt(port, v5=v5)
         self._raw.append(client)
         return client
 
