@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import subprocess
 import time
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
-from mqttkit import unique_id
-from mqttutil import Clients, ThreadBroker
+from mqttkit import RawMqtt, unique_id
+from mqttutil import Clients, MakeBroker, Paho, ThreadBroker
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 from paho.mqtt.subscribeoptions import SubscribeOptions
@@ -45,7 +46,7 @@ def props(kind: int = PacketTypes.PUBLISH, **values: object) -> PahoProperties:
     return p
 
 
-def v5(clients: Clients, broker: ThreadBroker, client_id: str | None = None, **kw: object):  # type: ignore[no-untyped-def]
+def v5(clients: Clients, broker: ThreadBroker, client_id: str | None = None, **kw: Any) -> Paho:
     return clients.paho(broker.mqtt_port, client_id, protocol=V5).connected(**kw)
 
 
@@ -142,8 +143,12 @@ def test_no_local_and_retain_as_published_and_retain_handling(
 
 def test_subscription_identifiers(mqtt_broker: ThreadBroker, mqtt_clients: Clients) -> None:
     sub = v5(mqtt_clients, mqtt_broker)
-    assert sub.subscribe(("sid/a", 1), properties=props(PacketTypes.SUBSCRIBE, SubscriptionIdentifier=7)) == [1]
-    assert sub.subscribe(("sid/+", 0), properties=props(PacketTypes.SUBSCRIBE, SubscriptionIdentifier=9)) == [0]
+    assert sub.subscribe(
+        ("sid/a", 1), properties=props(PacketTypes.SUBSCRIBE, SubscriptionIdentifier=7)
+    ) == [1]
+    assert sub.subscribe(
+        ("sid/+", 0), properties=props(PacketTypes.SUBSCRIBE, SubscriptionIdentifier=9)
+    ) == [0]
     pub = v5(mqtt_clients, mqtt_broker)
     pub.publish("sid/a", b"both", 1)
     msg = sub.get()
@@ -261,14 +266,14 @@ def test_will_delay_waits_and_a_return_cancels_it(
 # -- bad input -----------------------------------------------------------------------------------
 
 
-def _connected_raw(broker: ThreadBroker, clients: Clients, **fields: object):  # type: ignore[no-untyped-def]
+def _connected_raw(broker: ThreadBroker, clients: Clients, **fields: Any) -> RawMqtt:
     raw = clients.raw(broker.mqtt_port, v5=True)
     ack = raw.connect5(**fields)
     assert ack.reason_code == 0, ack
     return raw
 
 
-def _disconnect_reason(raw) -> int:  # type: ignore[no-untyped-def]
+def _disconnect_reason(raw: RawMqtt) -> int:
     packets = raw.wait_closed()
     assert packets and isinstance(packets[-1], Disconnect5), packets
     return int(packets[-1].reason_code)
@@ -297,7 +302,15 @@ def _publish(body: bytes) -> bytes:
         # AUTH after CONNECT without an authentication method
         (b"\xf0\x00", 0x82),
     ],
-    ids=["alias-0", "alias-over-max", "alias-unset", "dup-prop", "unknown-prop", "bad-value", "auth"],
+    ids=[
+        "alias-0",
+        "alias-over-max",
+        "alias-unset",
+        "dup-prop",
+        "unknown-prop",
+        "bad-value",
+        "auth",
+    ],
 )
 def test_bad_input_gets_reason_code_and_disconnect(
     mqtt_broker: ThreadBroker, mqtt_clients: Clients, wire: bytes, reason: int
@@ -313,7 +326,8 @@ def test_bad_input_gets_reason_code_and_disconnect(
 
 
 def test_packet_over_the_maximum_gets_0x95(
-    make_mqtt_broker, mqtt_clients: Clients  # type: ignore[no-untyped-def]
+    make_mqtt_broker: MakeBroker,
+    mqtt_clients: Clients,
 ) -> None:
     broker = make_mqtt_broker(mqtt={"max_packet_size": 1024})
     raw = _connected_raw(broker, mqtt_clients)
@@ -322,7 +336,8 @@ def test_packet_over_the_maximum_gets_0x95(
 
 
 def test_receive_maximum_exceeded_gets_0x93(
-    make_mqtt_broker, mqtt_clients: Clients  # type: ignore[no-untyped-def]
+    make_mqtt_broker: MakeBroker,
+    mqtt_clients: Clients,
 ) -> None:
     broker = make_mqtt_broker(mqtt={"receive_maximum": 2})
     raw = _connected_raw(broker, mqtt_clients)
@@ -333,7 +348,8 @@ def test_receive_maximum_exceeded_gets_0x93(
 
 
 def test_negative_puback_when_not_authorized(
-    make_mqtt_broker, mqtt_clients: Clients  # type: ignore[no-untyped-def]
+    make_mqtt_broker: MakeBroker,
+    mqtt_clients: Clients,
 ) -> None:
     broker = make_mqtt_broker(mqtt={"deny_publish": ["secret/#"]})
     raw = _connected_raw(broker, mqtt_clients)
@@ -342,7 +358,8 @@ def test_negative_puback_when_not_authorized(
 
 
 def test_server_shutdown_sends_0x8b(
-    make_mqtt_broker, mqtt_clients: Clients  # type: ignore[no-untyped-def]
+    make_mqtt_broker: MakeBroker,
+    mqtt_clients: Clients,
 ) -> None:
     broker = make_mqtt_broker()
     raw = _connected_raw(broker, mqtt_clients)
@@ -351,7 +368,8 @@ def test_server_shutdown_sends_0x8b(
 
 
 def test_connack_reason_for_bad_credentials(
-    make_mqtt_broker, mqtt_clients: Clients  # type: ignore[no-untyped-def]
+    make_mqtt_broker: MakeBroker,
+    mqtt_clients: Clients,
 ) -> None:
     broker = make_mqtt_broker(mqtt={"users": {"alice": "pw"}})
     raw = mqtt_clients.raw(broker.mqtt_port, v5=True)
@@ -366,8 +384,23 @@ def test_connack_reason_for_bad_credentials(
 def test_mosquitto_clients_v5_with_properties(mqtt_broker: ThreadBroker) -> None:
     port = str(mqtt_broker.mqtt_port)
     sub = subprocess.Popen(
-        ["mosquitto_sub", "-V", "mqttv5", "-p", port, "-h", "127.0.0.1", "-t", "mq5/#",
-         "-C", "1", "-W", "10", "-F", "%t %p %P"],
+        [
+            "mosquitto_sub",
+            "-V",
+            "mqttv5",
+            "-p",
+            port,
+            "-h",
+            "127.0.0.1",
+            "-t",
+            "mq5/#",
+            "-C",
+            "1",
+            "-W",
+            "10",
+            "-F",
+            "%t %p %P",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -377,9 +410,30 @@ def test_mosquitto_clients_v5_with_properties(mqtt_broker: ThreadBroker) -> None
             assert time.monotonic() < deadline, "mosquitto_sub never subscribed"
             time.sleep(0.02)
         subprocess.run(
-            ["mosquitto_pub", "-V", "mqttv5", "-p", port, "-h", "127.0.0.1", "-t", "mq5/x",
-             "-m", "hi", "-q", "1", "-D", "publish", "user-property", "color", "blue",
-             "-D", "publish", "message-expiry-interval", "60"],
+            [
+                "mosquitto_pub",
+                "-V",
+                "mqttv5",
+                "-p",
+                port,
+                "-h",
+                "127.0.0.1",
+                "-t",
+                "mq5/x",
+                "-m",
+                "hi",
+                "-q",
+                "1",
+                "-D",
+                "publish",
+                "user-property",
+                "color",
+                "blue",
+                "-D",
+                "publish",
+                "message-expiry-interval",
+                "60",
+            ],
             check=True,
             timeout=10,
         )
