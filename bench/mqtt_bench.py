@@ -7,7 +7,11 @@ and measured with 64-byte payloads, MQTT 3.1.1, clean sessions:
 * ``qos1-1to1``  -- QoS 1, the publisher keeps ``--window`` PUBLISHes awaiting PUBACK, the
   subscriber (QoS 1 subscription) PUBACKs every delivery: deliveries/s;
 * ``qos0-1to10`` -- QoS 0, 1 publisher -> 10 subscribers: total deliveries/s and loss;
-* latency, QoS 0 and QoS 1: one message at a time, publish -> delivery, p50/p99.
+* latency, QoS 0 and QoS 1: one message at a time, publish -> delivery, p50/p99;
+* ``v5-...`` -- the same over MQTT 5.0 (every client CONNECTs at level 5; PUBLISHes carry an
+  empty property block): ``v5-qos0-1to1``, ``v5-qos1-1to1``, ``v5-qos0-1to10``,
+  ``v5-qos1-1to10``, and ``v5-shared4``: QoS 1, 1 publisher -> a shared subscription
+  (``$share/bench/...``) of 4 subscribers, each message delivered once to one of them.
 
 Load generator: raw sockets, no MQTT library. The publisher process writes pre-encoded PUBLISH
 packets ``--batch`` at a time; the subscriber process (all subscribers of a scenario, one
@@ -81,12 +85,21 @@ class Scenario:
     qos: int
     subscribers: int
     title: str
+    #: the MQTT protocol level of every client (4 = 3.1.1, 5 = 5.0)
+    version: int = 4
+    #: the subscribers form one shared subscription group (each message goes to one)
+    shared: bool = False
 
 
 SCENARIOS = (
     Scenario("qos0-1to1", 0, 1, "QoS 0, 1 -> 1"),
     Scenario("qos1-1to1", 1, 1, "QoS 1, 1 -> 1"),
     Scenario("qos0-1to10", 0, 10, "QoS 0, 1 -> 10"),
+    Scenario("v5-qos0-1to1", 0, 1, "MQTT 5, QoS 0, 1 -> 1", 5),
+    Scenario("v5-qos1-1to1", 1, 1, "MQTT 5, QoS 1, 1 -> 1", 5),
+    Scenario("v5-qos0-1to10", 0, 10, "MQTT 5, QoS 0, 1 -> 10", 5),
+    Scenario("v5-qos1-1to10", 1, 10, "MQTT 5, QoS 1, 1 -> 10", 5),
+    Scenario("v5-shared4", 1, 4, "MQTT 5, QoS 1, 1 -> shared group of 4", 5, shared=True),
 )
 
 
@@ -116,12 +129,24 @@ def _str16(value: bytes) -> bytes:
 
 
 def mqtt_connect(
-    host: str, port: int, role: str, timeout: float, tls_ca: str | None = None
+    host: str,
+    port: int,
+    role: str,
+    timeout: float,
+    tls_ca: str | None = None,
+    version: int = 4,
 ) -> BlockingConn:
-    """CONNECT (clean session, keep-alive 600 s) and wait for CONNACK."""
+    """CONNECT (clean session / clean start, keep-alive 600 s) and wait for CONNACK;
+    ``version`` 5: MQTT 5.0, no properties."""
     conn = BlockingConn(host, port, timeout=timeout, tls_ca=tls_ca)
     client_id = f"mb-{role}-{os.getpid()}-{uuid.uuid4().hex[:8]}".encode()
-    conn.send(packet(0x10, _str16(b"MQTT") + bytes((4, 0x02)) + U16.pack(600) + _str16(client_id)))
+    props = b"\x00" if version == 5 else b""
+    conn.send(
+        packet(
+            0x10,
+            _str16(b"MQTT") + bytes((version, 0x02)) + U16.pack(600) + props + _str16(client_id),
+        )
+    )
     first, rest = read_packet(conn)
     if first != CONNACK or len(rest) < 2 or rest[1] != 0:
         conn.close()
@@ -129,8 +154,9 @@ def mqtt_connect(
     return conn
 
 
-def mqtt_subscribe(conn: BlockingConn, topic: bytes, qos: int) -> None:
-    conn.send(packet(0x82, U16.pack(1) + _str16(topic) + bytes((qos,))))
+def mqtt_subscribe(conn: BlockingConn, topic: bytes, qos: int, version: int = 4) -> None:
+    props = b"\x00" if version == 5 else b""
+    conn.send(packet(0x82, U16.pack(1) + props + _str16(topic) + bytes((qos,))))
     first, rest = read_packet(conn)
     if first != SUBACK or len(rest) < 3 or rest[-1] != qos:
         raise BenchError(f"MQTT SUBACK for QoS {qos} refused or downgraded: {rest.hex()}")
@@ -150,10 +176,26 @@ class Layout:
     topic: bytes
     qos: int
     payload_size: int = PAYLOAD_SIZE
+    #: MQTT 5.0: an empty property block after the packet id
+    v5: bool = False
+    #: what the subscribers subscribe to: the topic, or a shared subscription of it
+    share: bytes = b""
+
+    @property
+    def version(self) -> int:
+        return 5 if self.v5 else 4
+
+    @property
+    def props(self) -> bytes:
+        return b"\x00" if self.v5 else b""
+
+    @property
+    def subscription(self) -> bytes:
+        return self.share + self.topic
 
     @property
     def remaining(self) -> int:
-        return 2 + len(self.topic) + (2 if self.qos else 0) + self.payload_size
+        return 2 + len(self.topic) + (2 if self.qos else 0) + len(self.props) + self.payload_size
 
     @property
     def header(self) -> bytes:
@@ -170,7 +212,7 @@ class Layout:
 
     def encode(self, pid: int, payload: bytes) -> bytes:
         ident = U16.pack(pid) if self.qos else b""
-        return self.header + _str16(self.topic) + ident + payload
+        return self.header + _str16(self.topic) + ident + self.props + payload
 
 
 def _leading(column: bytes, value: bytes) -> int:
@@ -306,6 +348,7 @@ def encode_stream(layout: Layout, total: int, batch: int) -> bytes:
         return layout.encode(0, payload) * min(batch, total)
     prefix = layout.header + _str16(layout.topic)
     ids = [U16.pack(i) for i in range(1, 65536)]
+    payload = layout.props + payload
     return b"".join([prefix + ids[i % 65535] + payload for i in range(total)])
 
 
@@ -378,7 +421,9 @@ def publisher_main(opts: Options, layout: Layout, total: int, pipe: Connection) 
     conn: BlockingConn | None = None
     try:
         data = encode_stream(layout, total, opts.batch)
-        conn = mqtt_connect(opts.host, opts.port, "pub", opts.stall_s, opts.tls_ca)
+        conn = mqtt_connect(
+            opts.host, opts.port, "pub", opts.stall_s, opts.tls_ca, layout.version
+        )
         pipe.send(("ready", None))
         if not pipe.poll(60) or pipe.recv()[0] != "go":
             raise BenchError("no 'go'")
@@ -444,7 +489,10 @@ def _consume(
                 if not st.t_first_ns:
                     st.t_first_ns = st.t_last_ns
                 last_progress = now
-                if all(s.delivered >= expected for s in scanners):
+                if layout.share:  # a shared group: each message to one of them
+                    if sum(s.delivered for s in scanners) >= expected:
+                        break
+                elif all(s.delivered >= expected for s in scanners):
                     break
                 if progressed < opts.coalesce_bytes and opts.coalesce_s:
                     time.sleep(opts.coalesce_s)  # let deliveries pile up: fewer, larger reads
@@ -474,9 +522,11 @@ def subscriber_main(
     conns: list[BlockingConn] = []
     try:
         for _ in range(count):
-            conn = mqtt_connect(opts.host, opts.port, "sub", opts.stall_s, opts.tls_ca)
+            conn = mqtt_connect(
+                opts.host, opts.port, "sub", opts.stall_s, opts.tls_ca, layout.version
+            )
             conns.append(conn)
-            mqtt_subscribe(conn, layout.topic, layout.qos)
+            mqtt_subscribe(conn, layout.subscription, layout.qos, layout.version)
         pipe.send(("ready", None))
         if not pipe.poll(60) or pipe.recv()[0] != "go":
             raise BenchError("no 'go'")
@@ -540,9 +590,17 @@ def run_scenario(
     broker_pids: list[int] | None = None,
 ) -> ScenarioResult:
     ctx = mp.get_context("spawn")
-    layout = Layout(f"bench/{uuid.uuid4().hex[:10]}".encode(), scen.qos)
+    layout = Layout(
+        f"bench/{uuid.uuid4().hex[:10]}".encode(),
+        scen.qos,
+        v5=scen.version == 5,
+        share=b"$share/bench/" if scen.shared else b"",
+    )
     res = ScenarioResult(
-        scen.name, messages, scen.subscribers, expected=messages * scen.subscribers
+        scen.name,
+        messages,
+        scen.subscribers,
+        expected=messages if scen.shared else messages * scen.subscribers,
     )
     sub_pipe, sub_child = ctx.Pipe()
     pub_pipe, pub_child = ctx.Pipe()

@@ -132,6 +132,11 @@ def property_entries(props: Properties, packet_type: int) -> bytes:
     return b"".join(parts)
 
 
+def property_block(entries: bytes) -> bytes:
+    """A property block of already encoded entries: their length, then them."""
+    return _varint(len(entries)) + entries if entries else b"\x00"
+
+
 def encode_properties(props: Properties, packet_type: int) -> bytes:
     """The property block (its varint length first) of ``props`` for ``packet_type``."""
     if props is _EMPTY or not props:
@@ -405,7 +410,12 @@ def encode_publish5(
     if qos:
         head += packet_id.to_bytes(2, "big")
     size = len(head) + len(props) + len(payload)
-    return b"".join((bytes((first,)), encode_remaining_length(size), head, props, payload))
+    length = _REMAINING_LENGTHS[size] if size < 16_384 else encode_remaining_length(size)
+    return b"".join((_FIRST[first], length, head, props, payload))
+
+
+_REMAINING_LENGTHS = [encode_remaining_length(n) for n in range(16_384)]
+_FIRST = [bytes((n,)) for n in range(256)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -467,14 +477,37 @@ def _decode_connack(flags: int, body: bytes) -> Connack5:
     return Connack5(code, bool(ack_flags & 1), props)
 
 
+#: Topic names already decoded and validated (publishers reuse a few topics): bytes -> str.
+_TOPICS: dict[bytes, str] = {}
+_TOPICS_MAX = 4096
+
+
 def _decode_publish(flags: int, body: bytes) -> Publish5:
     qos = (flags & 0x06) >> 1
+    size = len(body)
+    # Fast path (most publishes): a known topic and no properties.
+    if size >= 3:
+        end = 2 + ((body[0] << 8) | body[1])
+        known = _TOPICS.get(body[2:end]) if end <= size else None
+        if known is not None:
+            if not qos:
+                if end < size and body[end] == 0:
+                    return Publish5(known, body[end + 1 :], 0, bool(flags & 1), False, None, _EMPTY)
+            elif end + 2 < size and body[end + 2] == 0:
+                pid = (body[end] << 8) | body[end + 1]
+                if pid:
+                    return Publish5(
+                        known, body[end + 3 :], qos, bool(flags & 1), bool(flags & 8), pid, _EMPTY
+                    )
     r = _Reader5(body, "PUBLISH")
     topic = r.string("topic name")
     if topic:
         error = topic_name_error(topic)
         if error is not None:
             raise _fail(E.INVALID_TOPIC_NAME, f"PUBLISH topic name: {error}")
+        if len(_TOPICS) >= _TOPICS_MAX:
+            _TOPICS.clear()
+        _TOPICS[topic.encode()] = topic
     packet_id = r.packet_id() if qos else None
     props = r.properties(PacketType.PUBLISH)
     if not topic and props.topic_alias is None:
@@ -491,6 +524,8 @@ def _ack_decoder(
     name = PacketType(packet_type).name
 
     def decode(flags: int, body: bytes) -> Packet5:
+        if len(body) == 2 and (body[0] or body[1]):  # (the usual: success, no properties)
+            return cls((body[0] << 8) | body[1], 0, _EMPTY)
         r = _Reader5(body, name)
         pid = r.packet_id()
         if r.at_end():
@@ -677,16 +712,25 @@ class Mqtt5Parser:
             while pos < size:
                 first = buf[pos]
                 packet_type = first >> 4
-                _check_first_byte(first)
-                decoded = decode_remaining_length(buf, pos + 1)
-                if decoded is None:
-                    break
-                length, length_size = decoded
-                exact = _EXACT_LENGTHS.get(packet_type)
-                if (exact is not None and length != exact) or length < _LEAST_LENGTHS.get(
-                    packet_type, 0
-                ):
-                    raise _fail(E.MALFORMED, f"packet type {packet_type} remaining length {length}")
+                # PUBLISH (the hot path) checks its own flags: QoS 3, or DUP at QoS 0.
+                if packet_type != 3 or (first & 0x06) == 0x06 or (first & 0x0E) == 0x08:
+                    _check_first_byte(first)
+                if pos + 1 < size and buf[pos + 1] < 0x80:
+                    length = buf[pos + 1]
+                    length_size = 1
+                else:
+                    decoded = decode_remaining_length(buf, pos + 1)
+                    if decoded is None:
+                        break
+                    length, length_size = decoded
+                if packet_type != 3:
+                    exact = _EXACT_LENGTHS.get(packet_type)
+                    if (exact is not None and length != exact) or length < _LEAST_LENGTHS.get(
+                        packet_type, 0
+                    ):
+                        raise _fail(
+                            E.MALFORMED, f"packet type {packet_type} remaining length {length}"
+                        )
                 header = 1 + length_size
                 total = header + length
                 if total > self.max_packet_size:
@@ -717,5 +761,6 @@ __all__ = [
     "encode5",
     "encode_properties",
     "encode_publish5",
+    "property_block",
     "property_entries",
 ]

@@ -25,10 +25,12 @@ import json
 import os
 import ssl
 from collections.abc import Callable
+from typing import cast
 
 import structlog
 
 from vibemq_server.adapters.mqtt.codec import encode_publish
+from vibemq_server.adapters.mqtt.codec5 import encode_publish5, property_block
 from vibemq_server.adapters.mqtt.connection import Login
 from vibemq_server.adapters.mqtt.connection5 import MqttEntry
 from vibemq_server.adapters.mqtt.message5 import (
@@ -620,7 +622,7 @@ class MqttServer:
     ) -> bool:
         """deliver() for shared groups (into their queues) and v5 subscribers."""
         durable = False
-        if self.shared_router:
+        if self._share_members:
             groups = {group for group, _ in self.shared_router.match(address)}
             if groups:
                 msg = message()
@@ -640,16 +642,16 @@ class MqttServer:
                         log.warning("shared group refused a message", group=group, error=str(exc))
                         continue
                     durable |= outcome is PublishOutcome.ACCEPTED_DURABLE
-        targets = self.router5.match(address) if self.router5 else None
+        targets = self.router5.match(address)
         if not targets:
             return durable
         own = self._own
-        headers5: dict[str, str] | None
+        headers5: dict[str, str] | None = None
+        props: Properties | None = None
         if origin is self and own is not None:
             topic, payload, qos, publisher, pause, _ = own
             props = self._own_props
             entries = message_entries(props) if props is not None else b""
-            headers5 = props_to_headers(props) if props is not None else None
             expires = self._own_expires if props is not None else 0
             retain = self._own_retain
         else:
@@ -664,8 +666,8 @@ class MqttServer:
         # one's subscription identifier, retain kept when one of them says Retain As
         # Published; a No Local filter does not match its own client's publishes.
         per: dict[Mqtt5Session, tuple[int, bool, tuple[int, ...]]] = {}
-        for (session, topic_filter), granted in targets.items():
-            assert isinstance(session, Mqtt5Session)
+        for (member, topic_filter), granted in targets.items():
+            session = cast(Mqtt5Session, member)
             options, sub_id = session.options5[topic_filter]
             if options.no_local and session is publisher:
                 continue
@@ -679,13 +681,27 @@ class MqttServer:
                     seen[1] or options.retain_as_published,
                     seen[2] + ids,
                 )
+        shared_qos0: dict[bool, bytes] = {}
         for session, (granted, keep_retain, ids) in per.items():
             effective = granted if granted < qos else qos
             flag = retain and keep_retain
             if effective == 0:
-                session.send5(topic, payload, flag, entries, expires, ids)
-            elif session.enqueue5(topic, payload, effective, flag, entries, expires, ids, headers5):
-                durable = True
+                if ids or expires or session.alias_max_out:
+                    session.send5(topic, payload, flag, entries, expires, ids)
+                else:  # the same bytes for every such subscriber
+                    packet = shared_qos0.get(flag)
+                    if packet is None:
+                        packet = shared_qos0[flag] = encode_publish5(
+                            topic.encode(), payload, 0, 0, property_block(entries), retain=flag
+                        )
+                    session.send5_packet(packet)
+            else:
+                if props is not None and headers5 is None and session.queue is not None:
+                    headers5 = props_to_headers(props)  # (only a persistent session keeps them)
+                if session.enqueue5(
+                    topic, payload, effective, flag, entries, expires, ids, headers5
+                ):
+                    durable = True
             if pause and session.congested and not session.stalled and session is not publisher:
                 self.congested.append(session)
         return durable

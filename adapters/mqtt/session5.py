@@ -28,7 +28,7 @@ from vibemq_server.adapters.mqtt.codec import (
     decode_remaining_length,
     encode_remaining_length,
 )
-from vibemq_server.adapters.mqtt.codec5 import encode_publish5
+from vibemq_server.adapters.mqtt.codec5 import encode_publish5, property_block
 from vibemq_server.adapters.mqtt.message5 import SUBSCRIPTION_IDS, header_entries
 from vibemq_server.adapters.mqtt.packets5 import SubOptions
 from vibemq_server.adapters.mqtt.session import (
@@ -160,6 +160,13 @@ class Mqtt5Session(MqttSession):
         converted = v311_to_v5(packet)
         if len(converted) <= self.max_packet_out:
             MqttSession.send_qos0(self, converted)
+
+    def send5_packet(self, packet: bytes) -> None:
+        """A v5 QoS 0 PUBLISH built for several subscribers (no alias, expiry or ids)."""
+        if len(packet) <= self.max_packet_out:
+            MqttSession.send_qos0(self, packet)
+        else:
+            self.too_large += 1
 
     def send5(
         self,
@@ -303,8 +310,7 @@ class Mqtt5Session(MqttSession):
         return packet if packet is not None else v311_to_v5_publish(topic, payload, qos, pid)
 
 
-def _block(entries: bytes) -> bytes:
-    return _varint(len(entries)) + entries
+_block = property_block
 
 
 def v311_to_v5_publish(topic: str, payload: bytes, qos: int, pid: int) -> bytes:
