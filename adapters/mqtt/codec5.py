@@ -36,6 +36,7 @@ from vibemq_server.adapters.mqtt.codec import (
 from vibemq_server.adapters.mqtt.packets import PacketType, Pingreq, Pingresp
 from vibemq_server.adapters.mqtt.packets5 import (
     AUTH,
+    NO_PROPERTIES,
     PACKET_TYPES5,
     PROPERTIES,
     PROTOCOL_LEVEL_V5,
@@ -68,7 +69,7 @@ MAX_VARINT = 268_435_455
 _U16 = Struct(">H")
 _U32 = Struct(">I")
 _VALID_QOS = frozenset((0, 1, 2))
-_EMPTY = Properties()
+_EMPTY = NO_PROPERTIES  # (shared: treated as immutable)
 
 
 def _fail(code: MqttErrorCode, message: str) -> MqttProtocolError:

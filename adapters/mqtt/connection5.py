@@ -31,6 +31,7 @@ from vibemq_server.adapters.mqtt.connection import (
 )
 from vibemq_server.adapters.mqtt.packets import ConnackCode, Connect, Pingreq
 from vibemq_server.adapters.mqtt.packets5 import (
+    NO_PROPERTIES,
     Auth5,
     Connack5,
     Connect5,
@@ -406,7 +407,12 @@ class Mqtt5Connection(MqttConnection):
             code = R.NOT_AUTHORIZED
         else:
             durable = self.server.route(
-                topic, packet.payload, qos, packet.retain, session, props=props
+                topic,
+                packet.payload,
+                qos,
+                packet.retain,
+                session,
+                props=None if props is NO_PROPERTIES else props,
             )
         if qos == 1:
             self._acknowledge(_ack(0x40, pid, code), durable)

@@ -666,6 +666,13 @@ class MqttServer:
         # one's subscription identifier, retain kept when one of them says Retain As
         # Published; a No Local filter does not match its own client's publishes.
         per: dict[Mqtt5Session, tuple[int, bool, tuple[int, ...]]] = {}
+        if len(targets) == 1:  # (the usual case: no merging)
+            ((member, topic_filter), granted) = next(iter(targets.items()))
+            session = cast(Mqtt5Session, member)
+            options, sub_id = session.options5[topic_filter]
+            if not (options.no_local and session is publisher):
+                per[session] = (granted, options.retain_as_published, (sub_id,) if sub_id else ())
+            targets = {}
         for (member, topic_filter), granted in targets.items():
             session = cast(Mqtt5Session, member)
             options, sub_id = session.options5[topic_filter]
