@@ -10,13 +10,15 @@ takeover, and bad input answered with the standard's reason code and a DISCONNEC
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
 from typing import Any
 
+import aiomqtt
 import paho.mqtt.client as mqtt
 import pytest
-from mqttkit import RawMqtt, unique_id
+from mqttkit import HOST, RawMqtt, unique_id
 from mqttutil import Clients, MakeBroker, Paho, ThreadBroker
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
@@ -441,3 +443,38 @@ def test_mosquitto_clients_v5_with_properties(mqtt_broker: ThreadBroker) -> None
     finally:
         sub.kill()
     assert out.strip() == "mq5/x hi color:blue"
+
+
+# -- aiomqtt (MQTT 5.0) ----------------------------------------------------------------------
+
+
+async def test_aiomqtt_v5_properties_options_and_shared_group(mqtt_broker: ThreadBroker) -> None:
+    port = mqtt_broker.mqtt_port
+    v5 = aiomqtt.ProtocolVersion.V5
+    async with asyncio.timeout(20):
+        async with (
+            aiomqtt.Client(HOST, port, identifier=unique_id("aio5"), protocol=v5) as sub,
+            aiomqtt.Client(HOST, port, identifier=unique_id("aio5"), protocol=v5) as member,
+            aiomqtt.Client(HOST, port, identifier=unique_id("aio5"), protocol=v5) as pub,
+        ):
+            sid = props(PacketTypes.SUBSCRIBE, SubscriptionIdentifier=42)
+            await sub.subscribe("aio5/t", qos=1, properties=sid)
+            # Retain Handling 2 through aiomqtt's options
+            await pub.subscribe("aio5/#", options=SubscribeOptions(qos=1, retainHandling=2))
+            await member.subscribe("$share/aiog/aio5/t", qos=1)
+            await pub.publish(
+                "aio5/t",
+                b"v5",
+                qos=1,
+                properties=props(UserProperty=[("k", "v")], ContentType="text/plain"),
+            )
+            msg = await anext(sub.messages)
+            assert (msg.topic.value, msg.payload, msg.qos) == ("aio5/t", b"v5", 1)
+            assert msg.properties is not None
+            assert msg.properties.UserProperty == [("k", "v")]
+            assert msg.properties.ContentType == "text/plain"
+            assert msg.properties.SubscriptionIdentifier == [42]
+            shared = await anext(member.messages)
+            assert shared.payload == b"v5"
+            own = await anext(pub.messages)  # (no No Local: its own publish comes back)
+            assert own.payload == b"v5"
