@@ -117,4 +117,7 @@ def message_entries(props: Properties) -> bytes:
 
 def header_entries(headers: Mapping[str, str]) -> bytes:
     """``message_entries`` of a core message's headers."""
-    return message_entries(headers_to_properties(headers))
+    for key in headers:
+        if key not in INTERNAL:
+            return message_entries(headers_to_properties(headers))
+    return b""  # (the usual: only the broker's own headers)

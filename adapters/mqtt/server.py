@@ -503,7 +503,17 @@ class MqttServer:
             if not matches(topic_filter, topic):
                 continue
             qos = min(int(msg.headers.get(HEADER_QOS, "0")), granted)
-            if qos == 0:
+            if isinstance(session, Mqtt5Session):
+                # with the properties it was published with
+                entries = header_entries(msg.headers)
+                if qos == 0:
+                    session.send5(topic, msg.payload, True, entries, 0, ())
+                else:
+                    headers5 = {k: v for k, v in msg.headers.items() if k not in INTERNAL}
+                    durable |= session.enqueue5(
+                        topic, msg.payload, qos, True, entries, 0, (), headers5
+                    )
+            elif qos == 0:
                 session.send_qos0(encode_publish(topic.encode(), msg.payload, 0, retain=True))
             else:
                 durable |= session.enqueue(topic, msg.payload, qos, retain=True)
@@ -546,7 +556,7 @@ class MqttServer:
         ``congested`` (a PUBLISH being handled does; a will has no publisher to pause)."""
         durable = False
         if retain:
-            durable = self._retain(topic, payload, qos)
+            durable = self._retain(topic, payload, qos, props)
         address = self.address_of(topic)
         # The core hands the publish to the queue of that name and to every protocol's
         # sink, ours included: deliver() (origin is self) and _core_message() find it here.
@@ -721,7 +731,11 @@ class MqttServer:
             headers[PAYLOAD_ENCODING] = encoding
         return body, headers
 
-    def _retain(self, topic: str, payload: bytes, qos: int) -> bool:
+    def _retain(
+        self, topic: str, payload: bytes, qos: int, props: Properties | None = None
+    ) -> bool:
+        """Store (or clear) a topic's retained message, with a v5 publish's properties as
+        headers (``message5``)."""
         table = self.retained
         if table is None:
             return False
@@ -731,7 +745,10 @@ class MqttServer:
         if topic not in table and len(table) >= self.cfg.max_retained:
             log.warning("retained message not stored: limit reached", limit=self.cfg.max_retained)
             return False
-        table.put(topic, payload, {HEADER_QOS: str(qos)})
+        headers = {HEADER_QOS: str(qos)}
+        if props is not None:
+            headers.update(props_to_headers(props))
+        table.put(topic, payload, headers)
         return self.manager.persistence is not None
 
 

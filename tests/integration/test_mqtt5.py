@@ -143,6 +143,18 @@ def test_no_local_and_retain_as_published_and_retain_handling(
     assert (live.payload, live.retain) == (b"mine", True)
 
 
+def test_retained_message_keeps_its_properties(
+    mqtt_broker: ThreadBroker, mqtt_clients: Clients
+) -> None:
+    pub = v5(mqtt_clients, mqtt_broker)
+    pub.publish("ret5/t", b"r", 1, retain=True, properties=props(UserProperty=[("src", "sensor")]))
+    sub = v5(mqtt_clients, mqtt_broker)
+    assert sub.subscribe(("ret5/#", 1)) == [1]
+    msg = sub.get()
+    assert (msg.payload, msg.retain) == (b"r", True)
+    assert msg.properties.UserProperty == [("src", "sensor")]
+
+
 def test_subscription_identifiers(mqtt_broker: ThreadBroker, mqtt_clients: Clients) -> None:
     sub = v5(mqtt_clients, mqtt_broker)
     assert sub.subscribe(
