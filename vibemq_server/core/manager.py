@@ -526,8 +526,13 @@ class QueueManager:
         return durable
 
     def _into_queue(self, name: str, msg: StoredMessage) -> bool:
+        # A message with its own expiry (an MQTT 5 Message Expiry Interval, an AMQP
+        # expiration) keeps what is left of it in the queue.
+        ttl_ms = max(1, msg.expires_at - self.clock()) if msg.expires_at else 0
         try:
-            outcome = self.publish(name, msg.id, msg.payload, msg.headers, route=False)
+            outcome = self.publish(
+                name, msg.id, msg.payload, msg.headers, route=False, ttl_ms=ttl_ms
+            )
         except CoreError as exc:
             log.warning("publish into queue failed", queue=name, error=str(exc))
             return False
