@@ -148,6 +148,7 @@ class AmqpServer:
         # The publish being routed at an address (routing key, payload, headers) and its
         # core form, built when another protocol's sink asks for it (see publish()).
         self._own: tuple[str, bytes, Mapping[str, str]] | None = None
+        self._own_ttl = 0
         self._own_msg: StoredMessage | None = None
         self._own_message: MessageSource = self._core_message
 
@@ -483,6 +484,7 @@ class AmqpServer:
             # Never re-entered (another protocol's sink never publishes over AMQP).
             self._own = (routing_key, payload, headers)
             self._own_msg = None
+            self._own_ttl = ttl_ms
             if manager.route(routing_key, self._own_message, self, into_queue=False):
                 durable = True
         return reached, refused, durable
@@ -493,7 +495,11 @@ class AmqpServer:
         if msg is None:
             assert self._own is not None
             address, payload, headers = self._own
-            msg = self._own_msg = StoredMessage(self.next_msg_id(), address, payload, headers, 0)
+            # (an expiration goes with it: an MQTT 5 subscriber gets what is left of it)
+            expires = self.manager.clock() + self._own_ttl if self._own_ttl else 0
+            msg = self._own_msg = StoredMessage(
+                self.next_msg_id(), address, payload, headers, 0, expires
+            )
         return msg
 
     def deliver(self, address: str, message: MessageSource, origin: AddressSink | None) -> bool:
@@ -506,6 +512,7 @@ class AmqpServer:
         durable = False
         payload = b""
         headers: Mapping[str, str] | None = None
+        ttl_ms = 0
         for name in exchanges.route("amq.topic", address):
             if name == address:
                 continue  # the publish went into that queue already
@@ -515,9 +522,11 @@ class AmqpServer:
                 msg = message()
                 payload = msg.payload
                 headers = {**msg.headers, EXCHANGE: "amq.topic", ROUTING_KEY: address}
+                if msg.expires_at:  # (an MQTT 5 message expiry)
+                    ttl_ms = max(1, msg.expires_at - self.manager.clock())
             try:
                 outcome = self.manager.publish(
-                    name, self.next_msg_id(), payload, headers, route=False
+                    name, self.next_msg_id(), payload, headers, route=False, ttl_ms=ttl_ms
                 )
             except CoreError:
                 continue
