@@ -95,6 +95,45 @@ def test_v5_properties_reach_an_amqp_consumer(
     assert props.content_type == "text/plain"
 
 
+def _expiry_left_ms(amqp: AmqpBroker, queue: str) -> list[int]:
+    """What is left of the TTL of each message waiting in ``queue`` (0: none)."""
+
+    def look(b: Any) -> list[int]:
+        now = b.manager.clock()
+        return [m.expires_at - now if m.expires_at else 0 for m in b.manager.queues[queue].store]
+
+    return list(amqp.call(look))
+
+
+def test_message_expiry_goes_into_amqp_and_vibemq_queues(
+    amqp: AmqpBroker, ch: blocking.BlockingChannel, paho5: Callable[..., Paho]
+) -> None:
+    ch.queue_declare("exp.amqp")
+    ch.queue_bind("exp.amqp", "amq.topic", "exp.#")
+    ch.queue_declare("exp.vibemq")  # the queue named by the topic's address
+    pub = paho5()
+    pub.publish("exp/vibemq", b"x", 1, properties=publish_props(MessageExpiryInterval=60))
+    for queue in ("exp.amqp", "exp.vibemq"):
+
+        def arrived(name: str = queue) -> bool:
+            return len(_expiry_left_ms(amqp, name)) == 1
+
+        wait_until(arrived, f"the message in {queue}")
+        (left,) = _expiry_left_ms(amqp, queue)
+        assert 0 < left <= 60_000, (queue, left)
+
+
+def test_amqp_expiration_reaches_a_v5_subscriber(
+    ch: blocking.BlockingChannel, paho5: Callable[..., Paho]
+) -> None:
+    sub = paho5()
+    assert sub.subscribe(("amqp-exp/#", 1)) == [1]
+    ch.basic_publish("amq.topic", "amqp-exp.x", b"soon", pika.BasicProperties(expiration="30000"))
+    msg = sub.get()
+    assert msg.payload == b"soon"
+    assert 0 < msg.properties.MessageExpiryInterval <= 30
+
+
 def test_amqp_headers_reach_a_v5_subscriber_as_user_properties(
     ch: blocking.BlockingChannel, paho5: Callable[..., Paho]
 ) -> None:
