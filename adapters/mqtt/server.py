@@ -672,17 +672,37 @@ class MqttServer:
             headers5 = {k: v for k, v in msg.headers.items() if k not in INTERNAL}
             entries = header_entries(headers5) if headers5 else b""
             expires = msg.expires_at
+        if len(targets) == 1:  # (the usual case: one filter of one session)
+            ((member, topic_filter), granted) = next(iter(targets.items()))
+            session = cast(Mqtt5Session, member)
+            options, sub_id = session.options5[topic_filter]
+            if options.no_local and session is publisher:
+                return durable
+            effective = granted if granted < qos else qos
+            flag = retain and options.retain_as_published
+            if effective == 0:
+                session.send5(topic, payload, flag, entries, expires, (sub_id,) if sub_id else ())
+            else:
+                if props is not None and session.queue is not None:
+                    headers5 = props_to_headers(props)
+                if session.enqueue5(
+                    topic,
+                    payload,
+                    effective,
+                    flag,
+                    entries,
+                    expires,
+                    (sub_id,) if sub_id else (),
+                    headers5,
+                ):
+                    durable = True
+            if pause and session.congested and not session.stalled and session is not publisher:
+                self.congested.append(session)
+            return durable
         # One delivery per session: the highest granted QoS of its matching filters, every
         # one's subscription identifier, retain kept when one of them says Retain As
         # Published; a No Local filter does not match its own client's publishes.
         per: dict[Mqtt5Session, tuple[int, bool, tuple[int, ...]]] = {}
-        if len(targets) == 1:  # (the usual case: no merging)
-            ((member, topic_filter), granted) = next(iter(targets.items()))
-            session = cast(Mqtt5Session, member)
-            options, sub_id = session.options5[topic_filter]
-            if not (options.no_local and session is publisher):
-                per[session] = (granted, options.retain_as_published, (sub_id,) if sub_id else ())
-            targets = {}
         for (member, topic_filter), granted in targets.items():
             session = cast(Mqtt5Session, member)
             options, sub_id = session.options5[topic_filter]
