@@ -179,11 +179,31 @@ class Mqtt5Session(MqttSession):
     ) -> None:
         if self.link is None:
             return
-        packet = self.publish_bytes(
-            topic, payload, 0, 0, retain, False, entries, expires_at, sub_ids
-        )
-        if packet is not None:
-            MqttSession.send_qos0(self, packet)
+        if len(self._backlog) >= self.max_backlog:
+            # Dropped by the backlog's bound: decided before building, so that no topic
+            # alias is handed out in a PUBLISH that is never sent.
+            self.dropped_qos0 += 1
+            self._lost()
+            return
+        if expires_at or sub_ids or self.alias_max_out:
+            packet = self.publish_bytes(
+                topic, payload, 0, 0, retain, False, entries, expires_at, sub_ids
+            )
+            if packet is None:
+                return
+        else:  # (the usual: nothing per subscriber)
+            packet = encode_publish5(
+                self._topic_bytes(topic),
+                payload,
+                0,
+                0,
+                _block(entries) if entries else b"\x00",
+                retain=retain,
+            )
+            if len(packet) > self.max_packet_out:
+                self.too_large += 1
+                return
+        MqttSession.send_qos0(self, packet)
 
     # -- QoS 1/2 ---------------------------------------------------------------------------------
 
