@@ -7,9 +7,10 @@ import pytest
 from adapterlayers import io_imports, modules, one_way_graph
 
 import vibemq_server.adapters.mqtt as mqtt_package
-from vibemq_server.adapters.mqtt import connection
+from vibemq_server.adapters.mqtt import connection, connection5
 from vibemq_server.adapters.mqtt.packets import Connack, Pingresp, Suback, Unsuback
-from vibemq_server.adapters.mqtt.states import RUNNING, TRANSITIONS, Event, State
+from vibemq_server.adapters.mqtt.packets5 import Connack5, Suback5, Unsuback5
+from vibemq_server.adapters.mqtt.states import RUNNING, TRANSITIONS, TRANSITIONS5, Event, State
 
 PACKAGE = "vibemq_server.adapters.mqtt"
 SERVER_TO_CLIENT = {Connack, Suback, Unsuback, Pingresp}
@@ -34,6 +35,28 @@ def test_the_modules_import_each_other_one_way() -> None:
     one_way_graph(mqtt_package)  # fails the test on a cycle
 
 
-@pytest.mark.parametrize("module", ["codec", "states", "session", "connection"])
+def test_v5_every_accepted_packet_has_a_handler_and_closing_ends_closed() -> None:
+    accepted = {i for row in TRANSITIONS5.values() for i in row if not isinstance(i, Event)}
+    assert accepted == set(connection5._HANDLERS5)
+    assert not accepted & {Connack5, Suback5, Unsuback5, Pingresp}
+    assert set(TRANSITIONS5) == set(State)
+    for state, row in TRANSITIONS5.items():
+        for event in (Event.DROPPED, Event.SHUTDOWN, Event.LOST):
+            assert row[event] is State.CLOSED, (state, event)
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "codec",
+        "codec5",
+        "states",
+        "session",
+        "session5",
+        "message5",
+        "connection",
+        "connection5",
+    ],
+)
 def test_the_sans_io_layers_import_no_asyncio(module: str) -> None:
     assert not io_imports(modules(mqtt_package)[f"{PACKAGE}.{module}"])
