@@ -41,6 +41,8 @@ class Server(Protocol):
     broker_stats: BrokerStats
     stats: ProtocolStats
     router: TopicRouter[MqttSession]
+    #: MQTT 5 subscriptions, keyed by (session, filter)
+    router5: TopicRouter[tuple[MqttSession, str]]
 
     @property
     def retained(self) -> Sized | None: ...
@@ -142,6 +144,7 @@ class SysTopics:
         """Publish the values that changed since the last time (all of them the first time)."""
         retained = self.retained
         router = self.server.router
+        router5 = self.server.router5
         self.loads.update(self.server.stats)
         values = _values(self.server)
         values.update((topic, f"{load:.2f}") for topic, load in self.loads.values.items())
@@ -151,10 +154,13 @@ class SysTopics:
             if retained.get(topic) == value:
                 continue
             retained[topic] = value
-            targets = router.match(topic_to_address(topic))
-            if targets:
+            address = topic_to_address(topic)
+            targets = router.match(address)
+            # (a v5 session turns the 3.1.1 PUBLISH into its own form, once per session)
+            targets5 = {session for session, _ in router5.match(address)} if router5 else ()
+            if targets or targets5:
                 packet = encode_publish(topic.encode(), value)
-                for session in targets:
+                for session in (*targets, *targets5):
                     session.send_qos0(packet)
 
     def send_retained(self, session: MqttSession, topic_filter: str) -> None:

@@ -213,6 +213,20 @@ def test_maximum_packet_size_of_the_client_is_respected(
     assert (got.topic, got.payload) == ("mps/small", b"ok")
 
 
+def test_sys_updates_reach_a_v5_subscriber(
+    make_mqtt_broker: MakeBroker, mqtt_clients: Clients
+) -> None:
+    broker = make_mqtt_broker(mqtt={"sys_interval_s": 0.05})
+    sub = v5(mqtt_clients, broker)
+    assert sub.subscribe(("$SYS/broker/messages/received", 0)) == [0]
+    first = sub.get()
+    assert first.retain
+    v5(mqtt_clients, broker).publish("sys5/x", b"x", 1)
+    later = sub.get()  # a live update, as 3.1.1 subscribers get it
+    assert not later.retain
+    assert int(later.payload) >= 1
+
+
 # -- sessions ------------------------------------------------------------------------------------
 
 
