@@ -50,7 +50,8 @@ from vibemq_server.core.topics import TopicRouter, pattern_overlaps
 from vibemq_server.protocol.payload import PAYLOAD_ENCODING, from_core, to_core
 from vibemq_server.server.adapter import AdapterContext
 from vibemq_server.server.listeners import Listeners
-from vibemq_server.server.transport import StreamTransport
+from vibemq_server.server.transport import Link, Session, StreamTransport
+from vibemq_server.server.websocket import Endpoint, WebSocketSession
 
 log = structlog.get_logger("vibemq.mqtt")
 
@@ -68,6 +69,11 @@ _NEVER = 2**62
 #: Headers a message published over MQTT carries into VibeMQ queues.
 HEADER_TOPIC = "mqttTopic"
 HEADER_QOS = "mqttQos"
+
+#: MQTT over WebSockets: the path, and the subprotocols (3.1.1 and 5.0 name it "mqtt";
+#: some 3.1 clients offer "mqttv3.1")
+WS_PATH = "/mqtt"
+WS_SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 
 #: A VibeMQ Publish counts as QoS 1 for MQTT subscribers: it was acknowledged to its sender.
 NATIVE_QOS = 1
@@ -152,16 +158,26 @@ class MqttServer:
             "mqtt", self._accept, host, self.cfg.port if tls.plain_mqtt else None
         )
         await self.listeners.open("mqtt_tls", self._accept, host, tls.mqtt_port, tls=True)
+        # MQTT over WebSockets (ws and wss): off unless a port is set
+        await self.listeners.open(
+            "mqtt_ws", self._accept_ws, host, self.cfg.ws_port if tls.plain_mqtt else None
+        )
+        await self.listeners.open("mqtt_wss", self._accept_ws, host, self.cfg.wss_port, tls=True)
         self.port = self.listeners.port("mqtt")
         self.sys.start(loop, self.cfg.sys_interval_s)
 
-    def _accept(self, tls: ssl.SSLContext | None) -> StreamTransport:
+    def _accept(
+        self,
+        tls: ssl.SSLContext | None,
+        make_session: Callable[[Link], Session] | None = None,
+        kind: str = "mqtt",
+    ) -> StreamTransport:
         """A new socket: the shared transport, carrying an MQTT connection once the broker's
         connection limit let it in (over the limit the socket just closes: MQTT has no
         refusal before CONNECT)."""
         return StreamTransport(
-            lambda link: MqttConnection(link, self),
-            conn_id=f"mqtt_{next(self._conn_ids)}",
+            make_session or (lambda link: MqttConnection(link, self)),
+            conn_id=f"{kind}_{next(self._conn_ids)}",
             log=log,
             out_limit=self.config.write_buffer_high_bytes,
             batch=self.batch,
@@ -171,6 +187,22 @@ class MqttServer:
             tls=tls,
             handshake_timeout=self.config.tls.handshake_timeout_s,
             stats=self.stats,
+        )
+
+    def _accept_ws(self, tls: ssl.SSLContext | None) -> StreamTransport:
+        """A WebSocket socket: the shared transport, the WebSocket layer (server/websocket.py:
+        handshake, frames), and the same MQTT connection inside it."""
+        endpoint = Endpoint(
+            path=WS_PATH,
+            subprotocols=WS_SUBPROTOCOLS,
+            max_message=self.cfg.max_packet_size,
+            handshake_timeout=self.cfg.connect_timeout_s,
+            protocol="mqtt",
+        )
+        return self._accept(
+            tls,
+            lambda link: WebSocketSession(link, lambda ws: MqttConnection(ws, self), endpoint),
+            "mqttws",
         )
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import paho.mqtt.client as mqtt
 import uvloop
@@ -147,7 +147,9 @@ class Paho:
         protocol: int = mqtt.MQTTv311,
         clean_session: bool = True,
         keepalive: int = 60,
+        transport: Literal["tcp", "websockets"] = "tcp",
     ) -> None:
+        """``transport="websockets"``: MQTT over WebSockets (paho's path ``/mqtt``)."""
         self.port = port
         self.client_id = unique_id("paho") if client_id is None else client_id
         self.keepalive = keepalive
@@ -156,6 +158,7 @@ class Paho:
             client_id=self.client_id,
             protocol=protocol,
             clean_session=clean_session,
+            transport=transport,
         )
         # One connection attempt per test: a refused or dropped connection stays dropped.
         self.client.reconnect_delay_set(60, 120)
