@@ -277,6 +277,7 @@ class Paho:
         """Stop paho and shut its socket down without DISCONNECT (an abnormal close)."""
         self.stop_loop()
         sock = self.client.socket()
+        sock = getattr(sock, "_socket", sock)  # over WebSockets: paho's wrapper's socket
         if isinstance(sock, socket.socket):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)

@@ -324,9 +324,14 @@ def raw_response(wire: Wire) -> bytes:
     return wire.take().split(b"\r\n", 1)[0]
 
 
-def test_not_http_gets_400() -> None:
+@pytest.mark.parametrize(
+    "junk",
+    [b"\x10\x0c\x00\x04MQTT\x04\x02\x00<\x00\x00", b"\x16\x03\x01\x02", b"GET\r\n\r\n"],
+    ids=["mqtt", "tls", "bad-request-line"],
+)
+def test_not_http_gets_400(junk: bytes) -> None:
     pair = Pair()
-    pair.feed(b"\x10\x0c\x00\x04MQTT\x04\x02\x00<\x00\x00\r\n\r\n")
+    pair.feed(junk)
     assert raw_response(pair.wire) == b"HTTP/1.1 400 Bad Request"
     assert pair.wire.closed
 

@@ -42,6 +42,10 @@ _T = TypeVar("_T")
 MAX_HANDSHAKE_BYTES = 16 * 1024
 
 
+#: the first byte of an HTTP request (its method: GET, or another the library refuses)
+_METHOD_START = frozenset(bytes([c]) for c in range(ord("A"), ord("Z") + 1))
+
+
 class Phase(Enum):
     """Where a WebSocket connection is (the library's own ``State``, named for us)."""
 
@@ -112,6 +116,13 @@ class WebSocketSession:
             # The request alone first: what follows it (a client may send frames at once)
             # is read once the handshake is answered, so that nothing (a pong) goes out
             # before the 101.
+            if data and not self._handshake_bytes and data[:1] not in _METHOD_START:
+                # Not an HTTP request (an MQTT CONNECT, a TLS ClientHello...): say so now
+                # rather than wait for a line end that may never come.
+                self._handshake_bytes = len(data)
+                self._not_http()
+                self._write()
+                return
             self._handshake_bytes += len(data)
             head, data = self._split_head(data)
             self._receive(head)
@@ -274,11 +285,20 @@ class WebSocketSession:
         self._reported = True
         if isinstance(exc, InvalidMessage):
             # The library only closes; a client is better told why.
-            response = ws.reject(http.HTTPStatus.BAD_REQUEST, "not a WebSocket handshake\n")
-            self.link.send(response.serialize())
+            self.link.send(self._not_http_response())
             self.link.log.warning("websocket handshake refused: not HTTP", status=400)
             return
         self.link.log.warning("websocket handshake refused", reason=str(exc))
+
+    def _not_http_response(self) -> bytes:
+        response = self.ws.reject(http.HTTPStatus.BAD_REQUEST, "not a WebSocket handshake\n")
+        return response.serialize()
+
+    def _not_http(self) -> None:
+        self._reported = True
+        self.link.log.warning("websocket handshake refused: not HTTP", status=400)
+        self.link.send(self._not_http_response())
+        self.link.close()
 
     def _failed(self) -> None:
         """The library closed the connection on bad input (a protocol error, a message over
