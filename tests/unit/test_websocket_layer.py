@@ -175,10 +175,14 @@ class Pair:
 def frames(
     client: ClientProtocol, messages: list[list[bytes]], pings: list[bytes] | None = None
 ) -> bytes:
-    """Each message as binary frames (one per fragment), a ping after each if given."""
+    """Each message as binary frames (one per fragment); if ``pings`` are given, a ping
+    after each message and between the fragments of the odd ones (RFC 6455 allows control
+    frames there)."""
     for i, fragments in enumerate(messages):
         client.send_binary(fragments[0], fin=len(fragments) == 1)
         for j, part in enumerate(fragments[1:], 2):
+            if pings and i % 2:
+                client.send_ping(b"mid")
             client.send_continuation(part, fin=j == len(fragments))
         if pings:
             client.send_ping(pings[i % len(pings)])
@@ -210,7 +214,9 @@ def test_stream_arrives_whole_in_any_split(messages: list[list[bytes]], points: 
     pongs = [e for e in events[1:] if e.opcode is Opcode.PONG]
     assert b"".join(e.data for e in echoed) == expected
     assert all(e.fin for e in echoed), "each send is one whole binary message"
-    assert len(pongs) == len(messages) and all(p.data == b"p" for p in pongs)
+    assert [p.data for p in pongs if p.data == b"p"] == [b"p"] * len(messages)
+    middle = sum(len(m) - 1 for i, m in enumerate(messages) if i % 2)
+    assert len(pongs) == len(messages) + middle
     assert not pair.wire.closed
 
 
@@ -387,3 +393,52 @@ def test_inner_link_is_the_transports_with_framing() -> None:
     assert not link.writable
     link.send(b"dropped after close")  # no error, nothing written
     assert pair.wire.take() == b"" or pair.wire.closed
+
+
+BIG = Endpoint(
+    path="/mqtt",
+    subprotocols=("mqtt",),
+    max_message=200_000,
+    handshake_timeout=10.0,
+    protocol="mqtt",
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    sizes=st.lists(
+        st.sampled_from([0, 1, 125, 126, 127, 65_535, 65_536, 70_000]), min_size=1, max_size=4
+    ),
+    points=st.lists(st.integers(0, 300_000), max_size=20),
+)
+def test_every_length_encoding_in_any_split(sizes: list[int], points: list[int]) -> None:
+    """7-bit, 16-bit and 64-bit lengths, each way."""
+    pair = Pair(BIG)
+    pair.open()
+    messages = [[bytes([i % 251]) * size] for i, size in enumerate(sizes)]
+    for piece in cuts(frames(pair.client, messages), points):
+        pair.feed(piece)
+    assert pair.inner is not None
+    assert bytes(pair.inner.stream) == b"".join(m[0] for m in messages)
+    echoed = [e for e in pair.reply() if e.opcode is Opcode.BINARY]
+    assert b"".join(e.data for e in echoed) == bytes(pair.inner.stream)
+
+
+def test_unmasked_client_frame_closes_with_1002() -> None:
+    pair = Pair()
+    pair.open()
+    pair.feed(b"\x82\x02ab")
+    assert close_of(pair.reply()) == 1002
+    assert pair.wire.closed and pair.inner is not None and bytes(pair.inner.stream) == b""
+
+
+def test_new_message_inside_a_fragmented_one_closes_with_1002() -> None:
+    pair = Pair()
+    pair.open()
+    pair.client.send_binary(b"first", fin=False)
+    pair.feed(pair.client_bytes())
+    early = Pair.framer()
+    early.send_binary(b"second")
+    pair.feed(b"".join(early.data_to_send()))
+    assert close_of(pair.reply()) == 1002
+    assert pair.inner is not None and bytes(pair.inner.stream) == b"first"

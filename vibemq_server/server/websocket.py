@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import http
+import struct
 from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import TypeVar
@@ -35,12 +36,22 @@ from websockets.typing import Subprotocol
 
 from vibemq_server.server.transport import Link, Session, SessionInfo
 
+try:  # the library's C routine (a wheel has it built); its Python one else
+    from websockets.speedups import apply_mask
+except ImportError:  # pragma: no cover
+    from websockets.utils import apply_mask
+
 _T = TypeVar("_T")
 
 #: the request line and headers of an opening handshake; browsers send well under 2 KiB
 #: (more with cookies). Beyond this the client gets 431 and the connection closes.
 MAX_HANDSHAKE_BYTES = 16 * 1024
 
+
+#: the first byte of a whole (FIN) binary frame without extension bits
+_BINARY_WHOLE = 0x80 | Opcode.BINARY
+_HEAD16 = struct.Struct(">BBH")
+_HEAD64 = struct.Struct(">BBQ")
 
 #: the first byte of an HTTP request (its method: GET, or another the library refuses)
 _METHOD_START = frozenset(bytes([c]) for c in range(ord("A"), ord("Z") + 1))
@@ -96,6 +107,8 @@ class WebSocketSession:
         self._started = link.time()
         self._handshake_bytes = 0
         self._tail = b""  # the end of the handshake read so far (see _split_head)
+        self._rest = b""  # the start of a frame still arriving (see _frames)
+        self._in_message = False  # a fragmented message is open: its frames go to the library
         #: the close code sent when the protocol's session closes the connection
         self._close_code = CloseCode.NORMAL_CLOSURE
         self._reported = False  # the library's failure was logged
@@ -129,13 +142,76 @@ class WebSocketSession:
             if self.session is None:  # not accepted (yet): nothing more to read
                 data = b""
         if data:
-            self._receive(data)
+            if self.session is not None and ws.state is State.OPEN:
+                self._frames(data)
+            else:
+                self._receive(data)  # (closing: the library discards it)
         if not self._reported:
             if ws.state is State.CONNECTING:
                 self._handshake_failed()
             elif ws.parser_exc is not None:
                 self._failed()
         self._write()
+
+    def _frames(self, data: bytes) -> None:
+        """Frames after the handshake. The common one, a whole unfragmented masked binary
+        frame, is unmasked here by the library's C routine and its payload handed on; any
+        other frame (ping, pong, close, text, a fragment, a continuation, an unmasked or
+        malformed one) goes to the library whole, one frame at a time, so that its parser
+        is always at a frame boundary. A frame still arriving waits here, at most
+        ``max_message`` plus its header (the library refuses a longer one from its header)."""
+        buf = self._rest + data if self._rest else data
+        self._rest = b""
+        end = len(buf)
+        pos = 0
+        chunks: list[bytes | bytearray | memoryview] = []
+        max_message = self.endpoint.max_message
+        while end - pos >= 2:
+            first, second = buf[pos], buf[pos + 1]
+            length = second & 0x7F
+            head = 2
+            if length == 126:
+                if end - pos < 4:
+                    break
+                length, head = (buf[pos + 2] << 8) | buf[pos + 3], 4
+            elif length == 127:
+                if end - pos < 10:
+                    break
+                length, head = int.from_bytes(buf[pos + 2 : pos + 10], "big"), 10
+            if length > max_message:
+                self._library_frame(buf[pos:], first)  # refused: 1009
+                return
+            masked = second & 0x80
+            if masked:
+                head += 4
+            stop = pos + head + length
+            if stop > end:
+                break
+            if first == _BINARY_WHOLE and masked and not self._in_message:
+                chunks.append(apply_mask(buf[pos + head : stop], buf[pos + head - 4 : pos + head]))
+            else:
+                if chunks:
+                    self._deliver(chunks)
+                    chunks = []
+                self._library_frame(buf[pos:stop], first)
+                if self.ws.state is not State.OPEN or self._reported:
+                    return  # closed: the rest is not read
+            pos = stop
+        if chunks:
+            self._deliver(chunks)
+        if pos < end:
+            self._rest = buf[pos:]
+
+    def _library_frame(self, frame: bytes, first: int) -> None:
+        """One whole frame (or the start of one over the size limit) through the library,
+        which keeps the state of a fragmented message; whether one is open, we note too."""
+        opcode = first & 0x0F
+        if opcode in (1, 2):
+            self._in_message = not first & 0x80
+        elif opcode == 0 and first & 0x80:
+            self._in_message = False
+        self._receive(frame)
+        self._write()  # a pong, or the close frame
 
     def _receive(self, data: bytes) -> None:
         ws = self.ws
@@ -249,6 +325,7 @@ class WebSocketSession:
             )
             return
         self.link.log.debug("websocket open", subprotocol=ws.subprotocol)
+        self._write()  # the 101 before anything the session sends
         self.session = self._make_session(self._inner)
 
     def _binary_only(self, frame: Frame) -> None:
@@ -324,12 +401,19 @@ class WebSocketSession:
                 link.close()
 
     def send(self, data: bytes) -> None:
-        """The protocol's bytes, as one binary message."""
-        ws = self.ws
-        if ws.state is State.OPEN:
-            ws.send_binary(data)
-            for chunk in ws.data_to_send():
-                self.link.send(chunk)
+        """The protocol's bytes, as one binary frame (a server's frames are not masked: its
+        header is the opcode byte and the length)."""
+        if self.ws.state is State.OPEN:
+            size = len(data)
+            if size < 126:
+                head = bytes((_BINARY_WHOLE, size))
+            elif size < 65_536:
+                head = _HEAD16.pack(_BINARY_WHOLE, 126, size)
+            else:
+                head = _HEAD64.pack(_BINARY_WHOLE, 127, size)
+            self.link.send(head + data if size < 8192 else head)
+            if size >= 8192:
+                self.link.send(data)  # (no copy of a large one)
 
     def close(self) -> None:
         """The protocol's session closes the connection: a close frame, then the socket."""
