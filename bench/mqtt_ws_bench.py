@@ -12,6 +12,7 @@ Publisher and subscriber run in separate ``spawn`` processes. The opening handsh
 
     .venv/bin/python -m bench.mqtt_ws_bench
     .venv/bin/python -m bench.mqtt_ws_bench --rounds 5 --messages 300000 --json ws.json
+    .venv/bin/python -m bench.mqtt_ws_bench --layer    # the WebSocket layer alone
 """
 
 from __future__ import annotations
@@ -335,6 +336,126 @@ def run_once(
     return run
 
 
+# --------------------------------------------------------------------------------------------
+# the layer alone (--layer): µs per frame through the library's ServerProtocol and through
+# vibemq_server.server.websocket (its short paths), in the same process, alternating rounds
+
+
+class _NullLink:
+    """Just enough of a ``Link`` for the layer; output is dropped."""
+
+    conn_id = "bench"
+    peer_host = "127.0.0.1"
+    peer_identity: str | None = None
+    over_tls = False
+    writable = True
+    reading_paused = False
+
+    def __init__(self) -> None:
+        import structlog
+
+        self.log = structlog.get_logger("bench")
+
+    def send(self, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def call_soon(self, callback: Any) -> None:
+        callback()
+
+    def call_later(self, delay: float, callback: Any) -> None:
+        pass
+
+    def offload(self, work: Any, then: Any) -> None:
+        then(work())
+
+    def time(self) -> float:
+        return 0.0
+
+
+class _NullSession:
+    def __init__(self, link: Any) -> None:
+        self.link = link
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def writable_again(self) -> None:
+        pass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        pass
+
+    def check_timers(self, now: float, keepalive: float, frame_timeout: float) -> None:
+        pass
+
+    def shutdown(self, reason: str) -> None:
+        pass
+
+    def describe(self) -> Any:
+        return None
+
+    def close_by_operator(self, reason: str) -> None:
+        pass
+
+
+_REQUEST = (
+    b"GET /mqtt HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+    b"Sec-WebSocket-Protocol: mqtt\r\n\r\n"
+)
+
+
+def layer_rounds(rounds: int, frames: int = 100, reads: int = 500) -> dict[str, float]:
+    """Median µs per frame in and per message out, library vs our layer."""
+    from websockets.server import ServerProtocol
+
+    from vibemq_server.server.websocket import Endpoint, WebSocketSession
+
+    publish = Layout(b"wsbench/abcdefghij", 0).encode(0, b"x" * 64)
+    chunk = b"".join(client_frame(publish) for _ in range(frames))
+    results: dict[str, list[float]] = {k: [] for k in ("lib_in", "ours_in", "lib_out", "ours_out")}
+    for _ in range(rounds):
+        lib = ServerProtocol(subprotocols=[Subprotocol("mqtt")], max_size=1 << 20)
+        lib.receive_data(_REQUEST)
+        lib.send_response(lib.accept(lib.events_received()[0]))  # type: ignore[arg-type]
+        lib.data_to_send()
+        t = time.perf_counter()
+        for _ in range(reads):
+            lib.receive_data(chunk)
+            for event in lib.events_received():
+                _ = event.data  # type: ignore[union-attr]
+        results["lib_in"].append((time.perf_counter() - t) / (reads * frames) * 1e6)
+        t = time.perf_counter()
+        for _ in range(reads * frames):
+            lib.send_binary(publish)
+            lib.data_to_send()
+        results["lib_out"].append((time.perf_counter() - t) / (reads * frames) * 1e6)
+        endpoint = Endpoint("/mqtt", ("mqtt",), 1 << 20, 10.0, "mqtt")
+        ours = WebSocketSession(_NullLink(), _NullSession, endpoint)
+        ours.data_received(_REQUEST)
+        t = time.perf_counter()
+        for _ in range(reads):
+            ours.data_received(chunk)
+        results["ours_in"].append((time.perf_counter() - t) / (reads * frames) * 1e6)
+        t = time.perf_counter()
+        for _ in range(reads * frames):
+            ours.send(publish)
+        results["ours_out"].append((time.perf_counter() - t) / (reads * frames) * 1e6)
+    return {k: round(statistics.median(v), 2) for k, v in results.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3, help="each round measures both brokers")
@@ -345,7 +466,21 @@ def main(argv: list[str] | None = None) -> int:
         "--no-tcp", action="store_true", help="WebSockets only (no plain-MQTT reference)"
     )
     p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument(
+        "--layer",
+        action="store_true",
+        help="only the WebSocket layer in this process: library vs ours, µs per frame",
+    )
     args = p.parse_args(argv)
+    if args.layer:
+        layer = layer_rounds(max(args.rounds, 5))
+        print(
+            f"µs per frame in: library {layer['lib_in']}, ours {layer['ours_in']}; "
+            f"per message out: library {layer['lib_out']}, ours {layer['ours_out']}"
+        )
+        if args.json is not None:
+            args.json.write_text(json.dumps(layer, indent=2))
+        return 0
     install_sigterm_exit()
     raise_nofile_limit()
     env = {"VIBEMQ_MQTT__MAX_QUEUED_MESSAGES": "10000000"}

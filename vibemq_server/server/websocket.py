@@ -8,13 +8,23 @@ WebSocket frames out to the transport. The protocol sees one byte stream, so one
 span several frames and one frame may hold several packets (MQTT 3.1.1 section 6, MQTT 5.0
 section 6); both MQTT versions pass through untouched.
 
-The WebSocket protocol itself (the opening handshake, frame parsing and unmasking,
-fragmentation, ping/pong, the closing handshake, close codes) is the ``websockets`` library's
-sans-IO ``ServerProtocol``: well kept, RFC 6455 tested (Autobahn), and with a C routine for
-unmasking; it parsed and framed small messages four to five times faster than ``wsproto``
-here (bench/README.md). What this module adds: the path and subprotocol an endpoint
-accepts, a bound on the handshake's size and time, binary frames only, a bound on a
-message's size (for MQTT, its maximum packet size), and a log line for each refusal.
+The WebSocket protocol is the ``websockets`` library's sans-IO ``ServerProtocol`` (well
+kept, tested against the Autobahn suite, with a C routine for unmasking): the opening
+handshake (request parsing, key, version and subprotocol negotiation, the refusals with their
+HTTP status), ping/pong, the closing handshake and close codes, fragmented messages and their
+size bound, text and malformed frames. We chose it over ``wsproto`` because it parsed and
+framed small messages four to five times faster here. Even so, one library call per frame
+(its generator-based parser, about 11 µs a frame here, and ``send_binary``, 3 µs) cost more
+than the whole MQTT path of a small message, so the two hot cases take a short path of their
+own: a whole, unfragmented, masked binary frame in is unmasked by the library's C routine
+(``_frames``; every other frame still goes through the library, one whole frame at a time,
+so its parser is always at a frame boundary), and a binary frame out is the opcode byte and
+the length in front of the bytes (``send``: a server does not mask). The tests feed the same
+streams through both paths (tests/unit/test_websocket_layer.py).
+
+What this module adds: the path and subprotocols an endpoint accepts, a bound on the
+handshake's size and time, binary frames only, a bound on a message's size (for MQTT, its
+maximum packet size), and a log line for each refusal.
 """
 
 from __future__ import annotations
@@ -50,6 +60,10 @@ MAX_HANDSHAKE_BYTES = 16 * 1024
 
 #: the first byte of a whole (FIN) binary frame without extension bits
 _BINARY_WHOLE = 0x80 | Opcode.BINARY
+#: the second byte of a masked frame with a 7-bit length (0x80 | 0..125); 0xFE, 0xFF: longer
+_MASKED_SHORT = 0x80
+#: the headers of the binary frames a server sends with a 7-bit length, by length
+_HEAD7 = [bytes((0x80 | Opcode.BINARY, size)) for size in range(126)]
 _HEAD16 = struct.Struct(">BBH")
 _HEAD64 = struct.Struct(">BBQ")
 
@@ -109,6 +123,9 @@ class WebSocketSession:
         self._tail = b""  # the end of the handshake read so far (see _split_head)
         self._rest = b""  # the start of a frame still arriving (see _frames)
         self._in_message = False  # a fragmented message is open: its frames go to the library
+        #: the connection is open for data frames (the library's state, kept at hand for the
+        #: hot paths; updated after every call that may close it)
+        self._open = False
         #: the close code sent when the protocol's session closes the connection
         self._close_code = CloseCode.NORMAL_CLOSURE
         self._reported = False  # the library's failure was logged
@@ -165,9 +182,19 @@ class WebSocketSession:
         end = len(buf)
         pos = 0
         chunks: list[bytes | bytearray | memoryview] = []
+        append, unmask = chunks.append, apply_mask
         max_message = self.endpoint.max_message
+        short = _MASKED_SHORT if max_message >= 125 else 0x100  # (else: every frame checked)
         while end - pos >= 2:
             first, second = buf[pos], buf[pos + 1]
+            if first == _BINARY_WHOLE and short <= second < 0xFE and not self._in_message:
+                # the common case: masked, a 7-bit length
+                stop = pos + second - 0x7A  # 6 bytes of header + (second - 0x80)
+                if stop > end:
+                    break
+                append(unmask(buf[pos + 6 : stop], buf[pos + 2 : pos + 6]))
+                pos = stop
+                continue
             length = second & 0x7F
             head = 2
             if length == 126:
@@ -188,13 +215,14 @@ class WebSocketSession:
             if stop > end:
                 break
             if first == _BINARY_WHOLE and masked and not self._in_message:
-                chunks.append(apply_mask(buf[pos + head : stop], buf[pos + head - 4 : pos + head]))
+                append(unmask(buf[pos + head : stop], buf[pos + head - 4 : pos + head]))
             else:
                 if chunks:
                     self._deliver(chunks)
                     chunks = []
+                    append = chunks.append
                 self._library_frame(buf[pos:stop], first)
-                if self.ws.state is not State.OPEN or self._reported:
+                if not self._open or self._reported:
                     return  # closed: the rest is not read
             pos = stop
         if chunks:
@@ -212,6 +240,7 @@ class WebSocketSession:
             self._in_message = False
         self._receive(frame)
         self._write()  # a pong, or the close frame
+        self._open = self.ws.state is State.OPEN
 
     def _receive(self, data: bytes) -> None:
         ws = self.ws
@@ -326,12 +355,14 @@ class WebSocketSession:
             return
         self.link.log.debug("websocket open", subprotocol=ws.subprotocol)
         self._write()  # the 101 before anything the session sends
+        self._open = True
         self.session = self._make_session(self._inner)
 
     def _binary_only(self, frame: Frame) -> None:
         self._reported = True
         self.link.log.warning("websocket text frame refused: binary frames only", code=1003)
         self.ws.fail(CloseCode.UNSUPPORTED_DATA, "binary frames only")
+        self._open = False
 
     def _closing(self, frame: Frame) -> None:
         # The library answered with its own close frame; the socket closes once written.
@@ -403,10 +434,10 @@ class WebSocketSession:
     def send(self, data: bytes) -> None:
         """The protocol's bytes, as one binary frame (a server's frames are not masked: its
         header is the opcode byte and the length)."""
-        if self.ws.state is State.OPEN:
+        if self._open:
             size = len(data)
             if size < 126:
-                head = bytes((_BINARY_WHOLE, size))
+                head = _HEAD7[size]
             elif size < 65_536:
                 head = _HEAD16.pack(_BINARY_WHOLE, 126, size)
             else:
@@ -419,6 +450,7 @@ class WebSocketSession:
         """The protocol's session closes the connection: a close frame, then the socket."""
         ws = self.ws
         if ws.state is State.OPEN:
+            self._open = False
             ws.send_close(self._close_code)
             self._write()
         self.link.close()
@@ -460,7 +492,7 @@ class WebSocketLink:
 
     @property
     def writable(self) -> bool:
-        return self._outer.writable and self._ws.ws.state is State.OPEN
+        return self._ws._open and self._outer.writable
 
     @property
     def reading_paused(self) -> bool:
