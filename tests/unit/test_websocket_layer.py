@@ -442,3 +442,17 @@ def test_new_message_inside_a_fragmented_one_closes_with_1002() -> None:
     pair.feed(b"".join(early.data_to_send()))
     assert close_of(pair.reply()) == 1002
     assert pair.inner is not None and bytes(pair.inner.stream) == b"first"
+
+
+def test_a_stalled_frame_times_out_with_1008() -> None:
+    pair = Pair()
+    pair.open()
+    whole = frames(pair.client, [[b"x" * 100]])
+    pair.wire.now = 5.0
+    pair.feed(whole[:50])
+    pair.layer.check_timers(15.0, 60.0, 10.0)
+    assert not pair.wire.closed
+    pair.feed(whole[50:60])  # more of the same frame: still the same deadline
+    pair.layer.check_timers(15.1, 60.0, 10.0)
+    assert close_of(pair.reply()) == 1008
+    assert pair.wire.closed

@@ -122,6 +122,7 @@ class WebSocketSession:
         self._handshake_bytes = 0
         self._tail = b""  # the end of the handshake read so far (see _split_head)
         self._rest = b""  # the start of a frame still arriving (see _frames)
+        self._rest_since = 0.0  # since when (loop time)
         self._in_message = False  # a fragmented message is open: its frames go to the library
         #: the connection is open for data frames (the library's state, kept at hand for the
         #: hot paths; updated after every call that may close it)
@@ -177,7 +178,8 @@ class WebSocketSession:
         malformed one) goes to the library whole, one frame at a time, so that its parser
         is always at a frame boundary. A frame still arriving waits here, at most
         ``max_message`` plus its header (the library refuses a longer one from its header)."""
-        buf = self._rest + data if self._rest else data
+        had = bool(self._rest)
+        buf = self._rest + data if had else data
         self._rest = b""
         end = len(buf)
         pos = 0
@@ -229,6 +231,8 @@ class WebSocketSession:
             self._deliver(chunks)
         if pos < end:
             self._rest = buf[pos:]
+            if pos or not had:  # a new frame has begun
+                self._rest_since = self.link.time()
 
     def _library_frame(self, frame: bytes, first: int) -> None:
         """One whole frame (or the start of one over the size limit) through the library,
@@ -269,6 +273,15 @@ class WebSocketSession:
             self.session.connection_lost(exc)
 
     def check_timers(self, now: float, keepalive: float, frame_timeout: float) -> None:
+        stalled = self._rest and now - self._rest_since > frame_timeout
+        if stalled and self._open and not self.link.reading_paused:
+            # as the protocol's own stalled packet (MQTT: frame_timeout_s)
+            self.link.log.warning("incomplete websocket frame timed out", buffered=len(self._rest))
+            self._reported = True
+            self._open = False
+            self.ws.fail(CloseCode.POLICY_VIOLATION, "incomplete frame timed out")
+            self._write()
+            return
         if self.session is not None:
             self.session.check_timers(now, keepalive, frame_timeout)
         elif now - self._started >= self.endpoint.handshake_timeout:
