@@ -28,6 +28,11 @@ from vibemq_server.adapters.mqtt.packets import (
     Suback,
     Subscribe,
 )
+from vibemq_server.management.connections import (
+    close_connection,
+    connection_detail,
+    list_connections,
+)
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +146,25 @@ def test_authentication_and_permissions_as_on_tcp(
         alice.username_pw_set("alice", "wonderland")
         alice.connected()
         assert alice.subscribe(("open/x", 0), ("secret/x", 0)) == [0, 0x80]
+
+
+def test_wss_client_certificate_identity_as_on_tls(
+    make_mqtt_broker: MakeBroker, pki: Pki, mqtt_clients: Clients
+) -> None:
+    tls = tls_settings(pki, require_client_cert=True, use_identity_as_username=True)
+    broker = make_mqtt_broker(mqtt={"port": 0, "wss_port": 0}, tls=tls)
+    client = ws_paho(mqtt_clients, ws_port(broker, "mqtt_wss"))
+    client.client.tls_set(
+        ca_certs=str(pki.ca), certfile=str(pki.alice.cert), keyfile=str(pki.alice.key)
+    )
+    client.connected()
+    [conn] = broker.call(list_connections)
+    assert (conn.protocol, conn.tls, conn.tls_identity, conn.user) == (
+        "mqtt",
+        True,
+        "alice",
+        "alice",
+    )
 
 
 # -- the websockets library's own client: what paho does not send ---------------------------
@@ -315,3 +339,65 @@ def test_invalid_status_from_the_library_client(ws_broker: ThreadBroker) -> None
     with pytest.raises(InvalidStatus) as refused:
         connect(f"ws://{HOST}:{ws_port(ws_broker)}/mqtt", open_timeout=TIMEOUT)
     assert refused.value.response.status_code == 400  # no "mqtt" subprotocol offered
+
+
+def test_management_lists_and_closes_a_websocket_connection(
+    ws_broker: ThreadBroker, ws_clients: WsClients
+) -> None:
+    client = ws_clients()
+    client.ws.send(encode(Connect(client_id="ws-managed")))
+    assert isinstance(client.recv(), Connack)
+    [conn] = ws_broker.call(list_connections)
+    assert conn.id.startswith("mqttws_") and conn.client_id == "ws-managed"
+    detail = ws_broker.call(lambda b: connection_detail(b, conn.id))
+    assert detail.details["websocket"] is True
+    ws_broker.call(lambda b: close_connection(b, conn.id, "maintenance"))
+    assert client.closed_with() == 1008
+
+
+def _v5_connect(client_id: bytes) -> bytes:
+    """An MQTT 5.0 CONNECT (level 5, clean start, keep-alive 60, no properties), by hand:
+    the layer must not care which version it carries."""
+    body = b"\x00\x04MQTT\x05\x02\x00\x3c\x00" + len(client_id).to_bytes(2, "big") + client_id
+    return bytes((0x10, len(body))) + body
+
+
+def _one_packet(read: Callable[[], bytes]) -> bytes:
+    """The first whole MQTT packet of a byte stream (``read`` gives more)."""
+    data = b""
+    for _ in range(100):
+        if len(data) >= 2:
+            length, shift, i = 0, 0, 1
+            while i < len(data):
+                length |= (data[i] & 0x7F) << shift
+                shift += 7
+                i += 1
+                if not data[i - 1] & 0x80:
+                    if len(data) >= i + length:
+                        return data[: i + length]
+                    break
+        chunk = read()
+        assert chunk, f"closed after {data!r}"
+        data += chunk
+    raise AssertionError("no whole packet")
+
+
+def test_a_v5_connect_is_answered_over_websockets_as_over_tcp(
+    ws_broker: ThreadBroker, ws_clients: WsClients
+) -> None:
+    """Whatever the broker's MQTT 5.0 support, the same CONNECT gets the same answer: the
+    layer carries both versions unchanged (paho/mqtt.js with MQTT 5.0 over WebSockets are
+    tested where the v5 features are)."""
+    with closing(socket.create_connection((HOST, ws_broker.mqtt_port), timeout=TIMEOUT)) as sock:
+        sock.sendall(_v5_connect(b"v5-over-tcp"))
+        over_tcp = _one_packet(lambda: sock.recv(4096))
+    client = ws_clients()
+    client.ws.send(_v5_connect(b"v5-over-ws!"))
+
+    def read_ws() -> bytes:
+        message = client.ws.recv(timeout=TIMEOUT)
+        assert isinstance(message, bytes)
+        return message
+
+    assert _one_packet(read_ws) == over_tcp
+    assert over_tcp[0] == 0x20  # a CONNACK
