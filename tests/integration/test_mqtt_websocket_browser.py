@@ -7,6 +7,7 @@ screenshot of each run goes to tests/artifacts/mqtt-websocket/."""
 from __future__ import annotations
 
 import base64
+import fcntl
 import functools
 import hashlib
 import http.server
@@ -14,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,19 +72,26 @@ client.on("error", (err) => { document.getElementById("state").textContent = "er
 
 @pytest.fixture(scope="session")
 def mqttjs_bundle() -> Path:
-    """mqtt.js's browser bundle, from the npm registry (``npm install`` once per cache)."""
+    """mqtt.js's browser bundle, from the npm registry: ``npm install`` once into a cache
+    (under a lock, into a fresh directory renamed into place when complete, so concurrent or
+    interrupted runs never see half an install)."""
     prefix = CACHE / "mqttjs"
     bundle = prefix / "node_modules" / "mqtt" / "dist" / "mqtt.min.js"
-    if not bundle.exists():
-        npm = shutil.which("npm")
-        assert npm, "npm is needed for the browser test (scripts/_system.sh installs it)"
-        prefix.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", MQTTJS],
-            check=True,
-            timeout=300,
-            capture_output=True,
-        )
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with (CACHE / "mqttjs.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not bundle.exists():
+            npm = shutil.which("npm")
+            assert npm, "npm is needed for the browser test (scripts/_system.sh installs it)"
+            fresh = Path(tempfile.mkdtemp(prefix="mqttjs-", dir=CACHE))
+            subprocess.run(
+                [npm, "install", "--prefix", str(fresh), "--no-audit", "--no-fund", MQTTJS],
+                check=True,
+                timeout=300,
+                capture_output=True,
+            )
+            shutil.rmtree(prefix, ignore_errors=True)
+            fresh.rename(prefix)
     assert bundle.exists(), f"npm installed no {bundle}"
     return bundle
 
