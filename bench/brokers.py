@@ -136,8 +136,10 @@ class VibeMQBroker(Broker):
         amqp: bool = False,
         env: dict[str, str] | None = None,
         tls: tuple[Path, Path] | None = None,
+        ws: bool = False,
     ):
-        """``mqtt``/``amqp``: also open the MQTT/AMQP 0-9-1 listener on a free port
+        """``ws``: also MQTT over WebSockets on a free port (``self.mqtt_ws_port``);
+        ``mqtt``/``amqp``: also open the MQTT/AMQP 0-9-1 listener on a free port
         (``self.mqtt_port``/``self.amqp_port``); ``env``: extra environment variables
         (``VIBEMQ_*`` settings) for the server; ``tls``: (certificate, key) for the TLS
         listeners next to the plain ones (``self.tls_port``, ``self.mqtt_tls_port``)."""
@@ -152,6 +154,8 @@ class VibeMQBroker(Broker):
         self.tls = tls
         self.tls_port = 0
         self.mqtt_tls_port = 0
+        self.ws = ws
+        self.mqtt_ws_port = 0
 
     @staticmethod
     def default_command() -> list[str]:
@@ -201,6 +205,8 @@ class VibeMQBroker(Broker):
             cert, key = self.tls
             argv += ["--tls-cert", str(cert), "--tls-key", str(key)]
             argv += ["--tls-port", "0", "--mqtt-tls-port", "0", "--amqp-tls-port", "0"]
+        if self.ws:
+            argv += ["--mqtt-ws-port", "0"]
         self._spawn(argv, env={**os.environ, **self.env} if self.env else None)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -212,6 +218,8 @@ class VibeMQBroker(Broker):
                 if self.tls is not None:
                     self.tls_port = int(info["vibemq_tls"])
                     self.mqtt_tls_port = int(info.get("mqtt_tls") or 0)
+                if self.ws:
+                    self.mqtt_ws_port = int(info["mqtt_ws"])
             except (OSError, ValueError, KeyError, TypeError):
                 time.sleep(0.05)
                 continue
@@ -233,13 +241,17 @@ class VibeMQBroker(Broker):
 class MosquittoBroker(Broker):
     name = "mosquitto"
 
-    def __init__(self, inflight: int = 1000, tls: tuple[Path, Path] | None = None) -> None:
+    def __init__(
+        self, inflight: int = 1000, tls: tuple[Path, Path] | None = None, ws: bool = False
+    ) -> None:
         """``tls``: (certificate, key) for a TLS listener next to the plain one
-        (``self.tls_port``)."""
+        (``self.tls_port``); ``ws``: a websockets listener too (``self.ws_port``)."""
         super().__init__()
         self.inflight = inflight
         self.tls = tls
         self.tls_port = 0
+        self.ws = ws
+        self.ws_port = 0
 
     def start(self, timeout: float = 20.0) -> None:
         exe = shutil.which("mosquitto") or (
@@ -272,10 +284,16 @@ class MosquittoBroker(Broker):
                     f"certfile {cert}\nkeyfile {key}\n"
                     "tls_version tlsv1.2\n"  # the minimum, as VibeMQ's default
                 )
+        if self.ws:
+            self.ws_port = free_port()
+            with conf.open("a") as fh:
+                fh.write(f"listener {self.ws_port} 127.0.0.1\nprotocol websockets\n")
         os.chmod(conf, 0o644)
         self._spawn([exe, "-c", str(conf)])
-        if not wait_port(self.host, self.port, timeout) or (
-            self.tls is not None and not wait_port(self.host, self.tls_port, timeout)
+        if (
+            not wait_port(self.host, self.port, timeout)
+            or (self.tls is not None and not wait_port(self.host, self.tls_port, timeout))
+            or (self.ws and not wait_port(self.host, self.ws_port, timeout))
         ):
             self.stop()
             raise self._died()

@@ -56,6 +56,9 @@ system_need_test() {
   command -v promtool >/dev/null || pkgs+=(prometheus)
   # The dashboard's tests drive Debian's chromium with Playwright (no browser download).
   command -v chromium >/dev/null || pkgs+=(chromium)
+  # The MQTT-over-WebSockets browser test loads mqtt.js, which it installs with npm from the
+  # npm registry into a cache (tests/integration/test_mqtt_websocket_browser.py).
+  command -v npm >/dev/null || pkgs+=(npm)
   # The Spark step (pyspark from PyPI) needs a Java 17 runtime.
   if ! command -v java >/dev/null && [ -z "${JAVA_HOME:-}" ]; then
     pkgs+=(openjdk-17-jre-headless)

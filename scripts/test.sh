@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Set up everything and run the whole test suite. Setup: the system packages the tests use
 # (podman, runc, debootstrap, mosquitto-clients, amqp-tools, libczmq-dev, systemd, prometheus
-# for promtool, chromium for the dashboard's browser tests, Java 17; through apt, only those
-# missing: scripts/_system.sh), then .venv with the package, the test tools and the Spark
-# extra (only when pyproject.toml changed: scripts/_venv.sh). Then: lint, format check,
-# strict typing, then pytest in two steps: everything but the Spark tests (unit, integration,
-# container), then the Spark tests (marker "spark") on their own, serially, in one local
-# SparkSession. The Spark step needs Java 17 (`java` on PATH or JAVA_HOME) and fails, never
-# skips, without it. Arguments go to both pytest runs.
+# for promtool, chromium for the dashboard's browser tests, npm for the mqtt.js browser test,
+# Java 17; through apt, only those missing: scripts/_system.sh), then .venv with the package,
+# the test tools and the Spark extra (only when pyproject.toml changed: scripts/_venv.sh).
+# Then: lint, format check, strict typing, then pytest in two steps: everything but the Spark
+# tests (unit, integration, container), then the Spark tests (marker "spark") on their own,
+# serially, in one local SparkSession. The Spark step needs Java 17 (`java` on PATH or
+# JAVA_HOME) and fails, never skips, without it. Arguments go to both pytest runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/_venv.sh

@@ -80,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-mqtt", action="store_true", help="do not open the MQTT listener")
     p.add_argument(
+        "--mqtt-ws-port",
+        type=int,
+        help="MQTT over WebSockets, path /mqtt (default: off; 0 = any free port)",
+    )
+    p.add_argument(
         "--amqp-port", type=int, help="AMQP 0-9-1 port (default 5672; 0 = any free port)"
     )
     p.add_argument("--no-amqp", action="store_true", help="do not open the AMQP listener")
@@ -114,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--tls-port", type=int, help="VibeMQ over TLS (default 2926; 0 = any free port)"
     )
     tls.add_argument("--mqtt-tls-port", type=int, help="MQTT over TLS (default 8883)")
+    tls.add_argument(
+        "--mqtt-wss-port", type=int, help="MQTT over secure WebSockets, wss (default: off)"
+    )
     tls.add_argument("--amqp-tls-port", type=int, help="AMQP over TLS, amqps (default 5671)")
     tls.add_argument("--http-tls-port", type=int, help="HTTPS management (default 2928)")
     tls.add_argument("--no-plain-port", action="store_true", help="no plain VibeMQ listener")
@@ -136,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
 #: flag -> (config section, field): a flag given sets that field of that section
 _SECTION_FLAGS: dict[str, tuple[str, str]] = {
     "mqtt_port": ("mqtt", "port"),
+    "mqtt_ws_port": ("mqtt", "ws_port"),
+    "mqtt_wss_port": ("mqtt", "wss_port"),
     "amqp_port": ("amqp", "port"),
     "http_port": ("http", "port"),
     "http_tls_port": ("http", "tls_port"),
@@ -206,7 +216,15 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
             ready["mqtt"] = None
         if "amqp" not in ready:
             ready["amqp"] = None
-        for key in ("vibemq_tls", "mqtt_tls", "amqp_tls", "http", "http_tls"):
+        for key in (
+            "vibemq_tls",
+            "mqtt_tls",
+            "mqtt_ws",
+            "mqtt_wss",
+            "amqp_tls",
+            "http",
+            "http_tls",
+        ):
             ready.setdefault(key, None)
         tmp.write_text(json.dumps(ready))
         tmp.replace(ready_file)

@@ -56,6 +56,15 @@ class MqttConfig(BaseModel):
     enabled: bool = True
     host: str | None = Field(None, description="None = the broker's host")
     port: int = Field(1883, ge=0, le=65535)
+    ws_port: int | None = Field(
+        None, ge=0, le=65535, description="MQTT over WebSockets (/mqtt); 0 = any; None = off"
+    )
+    wss_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="MQTT over secure WebSockets (needs tls.cert_file); 0 = any; None = off",
+    )
     max_packet_size: int = Field(1024 * 1024 + 1024, ge=64, le=268_435_460)
     max_inflight: int = Field(1000, ge=1, le=65_535, description="QoS 1/2 deliveries unacked")
     max_queued_messages: int = Field(

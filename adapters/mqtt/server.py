@@ -62,7 +62,8 @@ from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.protocol.payload import PAYLOAD_ENCODING, from_core, to_core
 from vibemq_server.server.adapter import AdapterContext
 from vibemq_server.server.listeners import Listeners
-from vibemq_server.server.transport import Link, StreamTransport
+from vibemq_server.server.transport import Link, Session, StreamTransport
+from vibemq_server.server.websocket import Endpoint, WebSocketSession
 
 log = structlog.get_logger("vibemq.mqtt")
 
@@ -80,6 +81,11 @@ _NEVER = 2**62
 #: Headers a message published over MQTT carries into VibeMQ queues.
 HEADER_TOPIC = "mqttTopic"
 HEADER_QOS = "mqttQos"
+
+#: MQTT over WebSockets: the path, and the subprotocols (3.1.1 and 5.0 name it "mqtt";
+#: some 3.1 clients offer "mqttv3.1")
+WS_PATH = "/mqtt"
+WS_SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 
 #: A VibeMQ Publish counts as QoS 1 for MQTT subscribers: it was acknowledged to its sender.
 NATIVE_QOS = 1
@@ -185,16 +191,26 @@ class MqttServer:
             "mqtt", self._accept, host, self.cfg.port if tls.plain_mqtt else None
         )
         await self.listeners.open("mqtt_tls", self._accept, host, tls.mqtt_port, tls=True)
+        # MQTT over WebSockets (ws and wss): off unless a port is set
+        await self.listeners.open(
+            "mqtt_ws", self._accept_ws, host, self.cfg.ws_port if tls.plain_mqtt else None
+        )
+        await self.listeners.open("mqtt_wss", self._accept_ws, host, self.cfg.wss_port, tls=True)
         self.port = self.listeners.port("mqtt")
         self.sys.start(loop, self.cfg.sys_interval_s)
 
-    def _accept(self, tls: ssl.SSLContext | None) -> StreamTransport:
+    def _accept(
+        self,
+        tls: ssl.SSLContext | None,
+        make_session: Callable[[Link], Session] | None = None,
+        kind: str = "mqtt",
+    ) -> StreamTransport:
         """A new socket: the shared transport, carrying an MQTT connection once the broker's
         connection limit let it in (over the limit the socket just closes: MQTT has no
         refusal before CONNECT)."""
         return StreamTransport(
-            self.new_session,
-            conn_id=f"mqtt_{next(self._conn_ids)}",
+            make_session or self.new_session,
+            conn_id=f"{kind}_{next(self._conn_ids)}",
             log=log,
             out_limit=self.config.write_buffer_high_bytes,
             batch=self.batch,
@@ -210,6 +226,22 @@ class MqttServer:
         """The sans-IO session of a new connection (over TCP, TLS or a WebSocket): it
         becomes a 3.1/3.1.1 or a 5.0 connection at CONNECT."""
         return MqttEntry(link, self)
+
+    def _accept_ws(self, tls: ssl.SSLContext | None) -> StreamTransport:
+        """A WebSocket socket: the shared transport, the WebSocket layer (server/websocket.py:
+        handshake, frames), and the same MQTT session inside it (3.1.1 or 5.0)."""
+        endpoint = Endpoint(
+            path=WS_PATH,
+            subprotocols=WS_SUBPROTOCOLS,
+            max_message=self.cfg.max_packet_size,
+            handshake_timeout=self.cfg.connect_timeout_s,
+            protocol="mqtt",
+        )
+        return self._accept(
+            tls,
+            lambda link: WebSocketSession(link, self.new_session, endpoint),
+            "mqttws",
+        )
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
         """A timer for a connection (the longest pause of a publisher)."""

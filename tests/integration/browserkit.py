@@ -76,10 +76,13 @@ class Watched:
 
 
 @contextmanager
-def chromium() -> Iterator[Browser]:
+def chromium(*extra: str) -> Iterator[Browser]:
+    """``extra``: more command-line flags (e.g. a test certificate to trust)."""
     assert Path(CHROMIUM).exists(), f"no Chromium at {CHROMIUM} (apt-get install chromium)"
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=[*FLAGS, *extra], headless=True
+        )
         try:
             yield browser
         finally:

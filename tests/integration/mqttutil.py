@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import paho.mqtt.client as mqtt
 import uvloop
@@ -148,7 +148,9 @@ class Paho:
         protocol: int = mqtt.MQTTv311,
         clean_session: bool = True,
         keepalive: int = 60,
+        transport: Literal["tcp", "websockets"] = "tcp",
     ) -> None:
+        """``transport="websockets"``: MQTT over WebSockets (paho's path ``/mqtt``)."""
         self.port = port
         self.client_id = unique_id("paho") if client_id is None else client_id
         self.keepalive = keepalive
@@ -158,6 +160,7 @@ class Paho:
             protocol=protocol,
             # (MQTT 5 has clean start instead, given to connect())
             clean_session=None if protocol == mqtt.MQTTv5 else clean_session,
+            transport=transport,
         )
         # One connection attempt per test: a refused or dropped connection stays dropped.
         self.client.reconnect_delay_set(60, 120)
@@ -284,6 +287,7 @@ class Paho:
         """Stop paho and shut its socket down without DISCONNECT (an abnormal close)."""
         self.stop_loop()
         sock = self.client.socket()
+        sock = getattr(sock, "_socket", sock)  # over WebSockets: paho's wrapper's socket
         if isinstance(sock, socket.socket):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)

@@ -1,0 +1,515 @@
+"""A WebSocket layer between the shared transport and a stream protocol's session (MQTT).
+
+``WebSocketSession`` is the ``Session`` the ``StreamTransport`` drives; inside it, the
+protocol's own session (an ``MqttConnection``) runs unchanged over ``WebSocketLink``, a
+``Link`` whose ``send`` puts the bytes into a binary WebSocket message. Both are sans-IO:
+bytes in, the protocol's bytes out to the inner session; the inner session's bytes in,
+WebSocket frames out to the transport. The protocol sees one byte stream, so one packet may
+span several frames and one frame may hold several packets (MQTT 3.1.1 section 6, MQTT 5.0
+section 6); both MQTT versions pass through untouched.
+
+The WebSocket protocol is the ``websockets`` library's sans-IO ``ServerProtocol`` (well
+kept, tested against the Autobahn suite, with a C routine for unmasking): the opening
+handshake (request parsing, key, version and subprotocol negotiation, the refusals with their
+HTTP status), ping/pong, the closing handshake and close codes, fragmented messages and their
+size bound, text and malformed frames. We chose it over ``wsproto`` because it parsed and
+framed small messages four to five times faster here. Even so, one library call per frame
+(its generator-based parser, about 11 µs a frame here, and ``send_binary``, 3 µs) cost more
+than the whole MQTT path of a small message, so the two hot cases take a short path of their
+own: a whole, unfragmented, masked binary frame in is unmasked by the library's C routine
+(``_frames``; every other frame still goes through the library, one whole frame at a time,
+so its parser is always at a frame boundary), and a binary frame out is the opcode byte and
+the length in front of the bytes (``send``: a server does not mask). The tests feed the same
+streams through both paths (tests/unit/test_websocket_layer.py).
+
+What this module adds: the path and subprotocols an endpoint accepts, a bound on the
+handshake's size and time, binary frames only, a bound on a message's size (for MQTT, its
+maximum packet size), and a log line for each refusal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http
+import struct
+from collections.abc import Callable, Sequence
+from enum import Enum
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+from websockets.exceptions import InvalidMessage
+from websockets.frames import CloseCode, Frame, Opcode
+from websockets.http11 import Request
+from websockets.protocol import Event, State
+from websockets.server import ServerProtocol
+from websockets.typing import Subprotocol
+
+from vibemq_server.server.transport import Link, Session, SessionInfo
+
+try:  # the library's C routine (a wheel has it built); its Python one else
+    from websockets.speedups import apply_mask
+except ImportError:  # pragma: no cover
+    from websockets.utils import apply_mask
+
+_T = TypeVar("_T")
+
+#: the request line and headers of an opening handshake; browsers send well under 2 KiB
+#: (more with cookies). Beyond this the client gets 431 and the connection closes.
+MAX_HANDSHAKE_BYTES = 16 * 1024
+
+
+#: the first byte of a whole (FIN) binary frame without extension bits
+_BINARY_WHOLE = 0x80 | Opcode.BINARY
+#: the second byte of a masked frame with a 7-bit length (0x80 | 0..125); 0xFE, 0xFF: longer
+_MASKED_SHORT = 0x80
+#: the headers of the binary frames a server sends with a 7-bit length, by length
+_HEAD7 = [bytes((0x80 | Opcode.BINARY, size)) for size in range(126)]
+_HEAD16 = struct.Struct(">BBH")
+_HEAD64 = struct.Struct(">BBQ")
+
+#: the first byte of an HTTP request (its method: GET, or another the library refuses)
+_METHOD_START = frozenset(bytes([c]) for c in range(ord("A"), ord("Z") + 1))
+
+
+class Phase(Enum):
+    """Where a WebSocket connection is (the library's own ``State``, named for us)."""
+
+    HANDSHAKE = "websocket handshake"
+    OPEN = "open"
+    CLOSING = "closing"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Endpoint:
+    """What one WebSocket listener accepts."""
+
+    #: the request path (query strings are ignored)
+    path: str
+    #: subprotocols it speaks, preferred first; a client must offer one of them
+    subprotocols: Sequence[str]
+    #: the largest message (of any number of frames) a client may send, bytes
+    max_message: int
+    #: the opening handshake must be done within this, seconds
+    handshake_timeout: float
+    #: the protocol's name in the management API before its session exists
+    protocol: str
+    max_handshake_bytes: int = MAX_HANDSHAKE_BYTES
+
+
+class WebSocketSession:
+    """One WebSocket connection: the handshake, then the protocol's session over its frames.
+
+    ``make_session(link)`` builds the protocol's session once the handshake is done; the
+    link it is given frames what it sends. The protocol's session closing (``link.close``)
+    sends a close frame (1000; 1001 on broker shutdown, 1008 when an operator closed it),
+    then closes the socket."""
+
+    def __init__(
+        self,
+        link: Link,
+        make_session: Callable[[Link], Session],
+        endpoint: Endpoint,
+    ) -> None:
+        self.link = link
+        self.endpoint = endpoint
+        self._make_session = make_session
+        self.session: Session | None = None
+        self.ws = ServerProtocol(
+            subprotocols=[Subprotocol(s) for s in endpoint.subprotocols],
+            max_size=endpoint.max_message,
+        )
+        self._started = link.time()
+        self._handshake_bytes = 0
+        self._tail = b""  # the end of the handshake read so far (see _split_head)
+        self._rest = b""  # the start of a frame still arriving (see _frames)
+        self._rest_since = 0.0  # since when (loop time)
+        self._in_message = False  # a fragmented message is open: its frames go to the library
+        #: the connection is open for data frames (the library's state, kept at hand for the
+        #: hot paths; updated after every call that may close it)
+        self._open = False
+        #: the close code sent when the protocol's session closes the connection
+        self._close_code = CloseCode.NORMAL_CLOSURE
+        self._reported = False  # the library's failure was logged
+        self._inner = WebSocketLink(self)
+
+    @property
+    def phase(self) -> Phase:
+        state = self.ws.state
+        if state is State.OPEN:
+            return Phase.OPEN
+        return Phase.HANDSHAKE if state is State.CONNECTING else Phase.CLOSING
+
+    # -- Session (what the transport drives) -------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        ws = self.ws
+        if ws.state is State.CONNECTING and not self._reported:
+            # The request alone first: what follows it (a client may send frames at once)
+            # is read once the handshake is answered, so that nothing (a pong) goes out
+            # before the 101.
+            if data and not self._handshake_bytes and data[:1] not in _METHOD_START:
+                # Not an HTTP request (an MQTT CONNECT, a TLS ClientHello...): say so now
+                # rather than wait for a line end that may never come.
+                self._handshake_bytes = len(data)
+                self._not_http()
+                self._write()
+                return
+            self._handshake_bytes += len(data)
+            head, data = self._split_head(data)
+            self._receive(head)
+            if self.session is None:  # not accepted (yet): nothing more to read
+                data = b""
+        if data:
+            if self.session is not None and ws.state is State.OPEN:
+                self._frames(data)
+            else:
+                self._receive(data)  # (closing: the library discards it)
+        if not self._reported:
+            if ws.state is State.CONNECTING:
+                self._handshake_failed()
+            elif ws.parser_exc is not None:
+                self._failed()
+        self._write()
+
+    def _frames(self, data: bytes) -> None:
+        """Frames after the handshake. The common one, a whole unfragmented masked binary
+        frame, is unmasked here by the library's C routine and its payload handed on; any
+        other frame (ping, pong, close, text, a fragment, a continuation, an unmasked or
+        malformed one) goes to the library whole, one frame at a time, so that its parser
+        is always at a frame boundary. A frame still arriving waits here, at most
+        ``max_message`` plus its header (the library refuses a longer one from its header)."""
+        had = bool(self._rest)
+        buf = self._rest + data if had else data
+        self._rest = b""
+        end = len(buf)
+        pos = 0
+        chunks: list[bytes | bytearray | memoryview] = []
+        append, unmask = chunks.append, apply_mask
+        max_message = self.endpoint.max_message
+        short = _MASKED_SHORT if max_message >= 125 else 0x100  # (else: every frame checked)
+        while end - pos >= 2:
+            first, second = buf[pos], buf[pos + 1]
+            if first == _BINARY_WHOLE and short <= second < 0xFE and not self._in_message:
+                # the common case: masked, a 7-bit length
+                stop = pos + second - 0x7A  # 6 bytes of header + (second - 0x80)
+                if stop > end:
+                    break
+                append(unmask(buf[pos + 6 : stop], buf[pos + 2 : pos + 6]))
+                pos = stop
+                continue
+            length = second & 0x7F
+            head = 2
+            if length == 126:
+                if end - pos < 4:
+                    break
+                length, head = (buf[pos + 2] << 8) | buf[pos + 3], 4
+            elif length == 127:
+                if end - pos < 10:
+                    break
+                length, head = int.from_bytes(buf[pos + 2 : pos + 10], "big"), 10
+            if length > max_message:
+                self._library_frame(buf[pos:], first)  # refused: 1009
+                return
+            masked = second & 0x80
+            if masked:
+                head += 4
+            stop = pos + head + length
+            if stop > end:
+                break
+            if first == _BINARY_WHOLE and masked and not self._in_message:
+                append(unmask(buf[pos + head : stop], buf[pos + head - 4 : pos + head]))
+            else:
+                if chunks:
+                    self._deliver(chunks)
+                    chunks = []
+                    append = chunks.append
+                self._library_frame(buf[pos:stop], first)
+                if not self._open or self._reported:
+                    return  # closed: the rest is not read
+            pos = stop
+        if chunks:
+            self._deliver(chunks)
+        if pos < end:
+            self._rest = buf[pos:]
+            if pos or not had:  # a new frame has begun
+                self._rest_since = self.link.time()
+
+    def _library_frame(self, frame: bytes, first: int) -> None:
+        """One whole frame (or the start of one over the size limit) through the library,
+        which keeps the state of a fragmented message; whether one is open, we note too."""
+        opcode = first & 0x0F
+        if opcode in (1, 2):
+            self._in_message = not first & 0x80
+        elif opcode == 0 and first & 0x80:
+            self._in_message = False
+        self._receive(frame)
+        self._write()  # a pong, or the close frame
+        self._open = self.ws.state is State.OPEN
+
+    def _receive(self, data: bytes) -> None:
+        ws = self.ws
+        ws.receive_data(data)
+        events = ws.events_received()
+        if events:
+            self._handle(events)
+
+    def _split_head(self, data: bytes) -> tuple[bytes, bytes]:
+        """``data`` cut after the blank line that ends the request's headers (if it is in
+        there: the last bytes of the previous read may hold its start)."""
+        window = self._tail + data
+        end = window.find(b"\r\n\r\n")
+        if end < 0:
+            self._tail = window[-3:]
+            return data, b""
+        cut = end + 4 - len(self._tail)
+        return data[:cut], data[cut:]
+
+    def writable_again(self) -> None:
+        if self.session is not None:
+            self.session.writable_again()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.session is not None:
+            self.session.connection_lost(exc)
+
+    def check_timers(self, now: float, keepalive: float, frame_timeout: float) -> None:
+        stalled = self._rest and now - self._rest_since > frame_timeout
+        if stalled and self._open and not self.link.reading_paused:
+            # as the protocol's own stalled packet (MQTT: frame_timeout_s)
+            self.link.log.warning("incomplete websocket frame timed out", buffered=len(self._rest))
+            self._reported = True
+            self._open = False
+            self.ws.fail(CloseCode.POLICY_VIOLATION, "incomplete frame timed out")
+            self._write()
+            return
+        if self.session is not None:
+            self.session.check_timers(now, keepalive, frame_timeout)
+        elif now - self._started >= self.endpoint.handshake_timeout:
+            self.link.log.warning(
+                "websocket handshake timed out", after_s=self.endpoint.handshake_timeout
+            )
+            self.link.abort()
+
+    def shutdown(self, reason: str) -> None:
+        if self.session is None:
+            self.link.close()
+            return
+        self._close_code = CloseCode.GOING_AWAY
+        self.session.shutdown(reason)
+
+    def describe(self) -> SessionInfo:
+        if self.session is None:
+            return SessionInfo(self.endpoint.protocol, None, None, self.phase.value)
+        info = self.session.describe()
+        return dataclasses.replace(info, details={**info.details, "websocket": True})
+
+    def close_by_operator(self, reason: str) -> None:
+        if self.session is None:
+            self.link.log.info("connection closed by operator", reason=reason)
+            self.link.abort()
+            return
+        self._close_code = CloseCode.POLICY_VIOLATION
+        self.session.close_by_operator(reason)
+
+    # -- frames in -----------------------------------------------------------------------------
+
+    def _handle(self, events: list[Event]) -> None:
+        """Hand the events of one read on: the data of consecutive data frames to the
+        session in one piece (one parse, one batch of replies). Data that came before a
+        close frame is handled (an MQTT DISCONNECT, say); nothing after a refused frame."""
+        data: list[bytes | bytearray | memoryview] = []
+        for event in events:
+            if not isinstance(event, Frame):
+                if isinstance(event, Request):  # (a server gets no Response)
+                    self._opening(event)
+                continue
+            handler = _FRAMES[event.opcode]
+            if handler is None:
+                data.append(event.data)
+                continue
+            if data:
+                self._deliver(data)
+                data = []
+            handler(self, event)
+            if self._reported:
+                return
+        if data:
+            self._deliver(data)
+
+    def _deliver(self, chunks: list[bytes | bytearray | memoryview]) -> None:
+        session = self.session
+        if session is not None:
+            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            session.data_received(data if isinstance(data, bytes) else bytes(data))
+
+    def _opening(self, request: Request) -> None:
+        ws = self.ws
+        path = urlsplit(request.path).path
+        size = len(request.path) + sum(len(k) + len(v) + 4 for k, v in request.headers.raw_items())
+        if size > self.endpoint.max_handshake_bytes:
+            self._refuse(
+                http.HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "handshake over the size limit",
+                limit=self.endpoint.max_handshake_bytes,
+            )
+            return
+        if path != self.endpoint.path:
+            self._refuse(http.HTTPStatus.NOT_FOUND, "unknown path", path=path[:200])
+            return
+        response = ws.accept(request)
+        ws.send_response(response)
+        if response.status_code != 101:
+            self._reported = True
+            self.link.log.warning(
+                "websocket handshake refused",
+                status=response.status_code,
+                reason=str(ws.handshake_exc),
+            )
+            return
+        self.link.log.debug("websocket open", subprotocol=ws.subprotocol)
+        self._write()  # the 101 before anything the session sends
+        self._open = True
+        self.session = self._make_session(self._inner)
+
+    def _binary_only(self, frame: Frame) -> None:
+        self._reported = True
+        self.link.log.warning("websocket text frame refused: binary frames only", code=1003)
+        self.ws.fail(CloseCode.UNSUPPORTED_DATA, "binary frames only")
+        self._open = False
+
+    def _closing(self, frame: Frame) -> None:
+        # The library answered with its own close frame; the socket closes once written.
+        self.link.log.debug("websocket closed by peer", code=self.ws.close_code)
+
+    def _ignore(self, frame: Frame) -> None:
+        pass  # a ping was answered by the library; a pong needs nothing
+
+    def _refuse(self, status: http.HTTPStatus, what: str, **fields: object) -> None:
+        """Answer the handshake with ``status`` (and close)."""
+        self._reported = True
+        self.link.log.warning(f"websocket handshake refused: {what}", status=int(status), **fields)
+        self.ws.send_response(self.ws.reject(status, f"{what}\n"))
+
+    def _handshake_failed(self) -> None:
+        """No handshake yet: a request the library refused by itself (not HTTP: 400; a line
+        too long or too many headers: its 414 or 431), or one growing over our bound."""
+        ws = self.ws
+        exc = ws.handshake_exc
+        if exc is None:
+            if self._handshake_bytes > self.endpoint.max_handshake_bytes:
+                self._refuse(
+                    http.HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+                    "handshake over the size limit",
+                    limit=self.endpoint.max_handshake_bytes,
+                )
+            return
+        self._reported = True
+        if isinstance(exc, InvalidMessage):
+            # The library only closes; a client is better told why.
+            self.link.send(self._not_http_response())
+            self.link.log.warning("websocket handshake refused: not HTTP", status=400)
+            return
+        self.link.log.warning("websocket handshake refused", reason=str(exc))
+
+    def _not_http_response(self) -> bytes:
+        response = self.ws.reject(http.HTTPStatus.BAD_REQUEST, "not a WebSocket handshake\n")
+        return response.serialize()
+
+    def _not_http(self) -> None:
+        self._reported = True
+        self.link.log.warning("websocket handshake refused: not HTTP", status=400)
+        self.link.send(self._not_http_response())
+        self.link.close()
+
+    def _failed(self) -> None:
+        """The library closed the connection on bad input (a protocol error, a message over
+        the size limit): say why."""
+        self._reported = True
+        ws = self.ws
+        sent = ws.close_sent
+        self.link.log.warning(
+            "websocket protocol error",
+            code=None if sent is None else int(sent.code),
+            reason=str(ws.parser_exc),
+        )
+
+    # -- bytes out -------------------------------------------------------------------------------
+
+    def _write(self) -> None:
+        """What the library has to send; its end of stream closes the socket after it."""
+        link = self.link
+        for chunk in self.ws.data_to_send():
+            if chunk:
+                link.send(chunk)
+            else:
+                link.close()
+
+    def send(self, data: bytes) -> None:
+        """The protocol's bytes, as one binary frame (a server's frames are not masked: its
+        header is the opcode byte and the length)."""
+        if self._open:
+            size = len(data)
+            if size < 126:
+                head = _HEAD7[size]
+            elif size < 65_536:
+                head = _HEAD16.pack(_BINARY_WHOLE, 126, size)
+            else:
+                head = _HEAD64.pack(_BINARY_WHOLE, 127, size)
+            self.link.send(head + data if size < 8192 else head)
+            if size >= 8192:
+                self.link.send(data)  # (no copy of a large one)
+
+    def close(self) -> None:
+        """The protocol's session closes the connection: a close frame, then the socket."""
+        ws = self.ws
+        if ws.state is State.OPEN:
+            self._open = False
+            ws.send_close(self._close_code)
+            self._write()
+        self.link.close()
+
+
+#: what each frame type does; None: its data is the protocol's stream (a binary message's
+#: first frame or a continuation: only binary messages get this far)
+_FRAMES: dict[Opcode, Callable[[WebSocketSession, Frame], None] | None] = {
+    Opcode.BINARY: None,
+    Opcode.CONT: None,
+    Opcode.TEXT: WebSocketSession._binary_only,
+    Opcode.PING: WebSocketSession._ignore,
+    Opcode.PONG: WebSocketSession._ignore,
+    Opcode.CLOSE: WebSocketSession._closing,
+}
+
+
+class WebSocketLink:
+    """The ``Link`` the protocol's session gets: the transport's, except that what it sends
+    is framed and that closing it closes the WebSocket first."""
+
+    def __init__(self, ws: WebSocketSession) -> None:
+        outer = ws.link
+        self._ws = ws
+        self._outer = outer
+        self.conn_id = outer.conn_id
+        self.log = outer.log
+        self.peer_host = outer.peer_host
+        self.peer_identity = outer.peer_identity
+        self.over_tls = outer.over_tls
+        self.send = ws.send
+        self.close = ws.close
+        self.abort = outer.abort
+        self.pause_reading = outer.pause_reading
+        self.resume_reading = outer.resume_reading
+        self.call_soon = outer.call_soon
+        self.call_later = outer.call_later
+        self.time = outer.time
+
+    @property
+    def writable(self) -> bool:
+        return self._ws._open and self._outer.writable
+
+    @property
+    def reading_paused(self) -> bool:
+        return self._outer.reading_paused
+
+    def offload(self, work: Callable[[], _T], then: Callable[[_T], None]) -> None:
+        self._outer.offload(work, then)
