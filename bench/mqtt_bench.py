@@ -421,9 +421,7 @@ def publisher_main(opts: Options, layout: Layout, total: int, pipe: Connection) 
     conn: BlockingConn | None = None
     try:
         data = encode_stream(layout, total, opts.batch)
-        conn = mqtt_connect(
-            opts.host, opts.port, "pub", opts.stall_s, opts.tls_ca, layout.version
-        )
+        conn = mqtt_connect(opts.host, opts.port, "pub", opts.stall_s, opts.tls_ca, layout.version)
         pipe.send(("ready", None))
         if not pipe.poll(60) or pipe.recv()[0] != "go":
             raise BenchError("no 'go'")

@@ -35,8 +35,8 @@ so that every example runs the same way each time.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import contextlib
+import dataclasses
 import itertools
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -1074,7 +1074,7 @@ async def _run_single(packets: list[Packet], how: str, journal: bool) -> tuple[l
 
 def _kinds(packets: list[Packet]) -> tuple[list[Packet], list[Packet]]:
     """The acknowledgements of client publishes, and the rest: each in its own order."""
-    acks = [p for p in packets if isinstance(p, ACKS + (Puback5, Pubrec5, Pubcomp5))]
+    acks = [p for p in packets if isinstance(p, (*ACKS, Puback5, Pubrec5, Pubcomp5))]
     return acks, [p for p in packets if p not in acks]
 
 
@@ -1169,7 +1169,9 @@ async def test_a_malformed_packet_closes_only_its_connection(
         await settle(world)
         await acknowledge_all(world, sub)
 
-        got = [p for p in sub.received() if isinstance(p, Publish | Publish5) and p.payload == marker]
+        got = [
+            p for p in sub.received() if isinstance(p, Publish | Publish5) and p.payload == marker
+        ]
         assert len(got) == 1, sub.received()
         assert got[0].topic == "a/b" and got[0].qos == min(qos, granted)
         pub_out = publisher.received()
