@@ -227,6 +227,19 @@ def test_sys_updates_reach_a_v5_subscriber(
     assert int(later.payload) >= 1
 
 
+def test_v5_over_websockets(make_mqtt_broker: MakeBroker, mqtt_clients: Clients) -> None:
+    """paho with MQTT 5.0 over the WebSocket listener (the same session as over TCP)."""
+    broker = make_mqtt_broker(mqtt={"ws_port": 0})
+    port = broker.call(lambda b: b.ready())["mqtt_ws"]
+    assert isinstance(port, int)
+    sub = mqtt_clients.paho(port, protocol=V5, transport="websockets").connected()
+    assert sub.subscribe(("ws5/#", 1)) == [1]
+    pub = v5(mqtt_clients, broker)  # over TCP
+    pub.publish("ws5/t", b"over ws", 1, properties=props(UserProperty=[("via", "tcp")]))
+    msg = sub.get()
+    assert (msg.payload, msg.properties.UserProperty) == (b"over ws", [("via", "tcp")])
+
+
 # -- sessions ------------------------------------------------------------------------------------
 
 
