@@ -263,9 +263,22 @@ class Mqtt5Session(MqttSession):
     ) -> None:
         assert self.link is not None
         pid = self._allocate()
-        packet = self.publish_bytes(
-            topic, payload, qos, pid, retain, False, entries, expires_at, sub_ids
-        )
+        if expires_at or sub_ids or self.alias_max_out:
+            packet = self.publish_bytes(
+                topic, payload, qos, pid, retain, False, entries, expires_at, sub_ids
+            )
+        else:  # (the usual: nothing per subscriber)
+            packet = encode_publish5(
+                self._topic_bytes(topic),
+                payload,
+                qos,
+                pid,
+                _block(entries) if entries else b"\x00",
+                retain=retain,
+            )
+            if len(packet) > self.max_packet_out:
+                self.too_large += 1
+                packet = None
         if packet is None:
             self._used.discard(pid)
             return
