@@ -78,6 +78,24 @@ def test_fan_out_without_ack(mgr: QueueManager) -> None:
     assert not mgr.ack(sa, "m1")
 
 
+def test_fan_out_without_ack_waits_for_every_subscriber_and_counts_each(
+    mgr: QueueManager,
+) -> None:
+    make(mgr, mode="FanOutWithoutAck")
+    a, b = Recorder(), Recorder(writable=False)
+    mgr.subscribe("q", "a", a, 1)
+    mgr.subscribe("q", "b", b, 1)
+    publish(mgr, "q", "m1", "m2")
+    queue = mgr.queues["q"]
+    assert a.ids == b.ids == []  # b cannot take it: it waits in the queue, for both
+    assert queue.message_count == 2 and mgr.memory_bytes == 4
+    b.writable = True
+    queue.dispatch()
+    assert a.got == b.got == [("m1", 1, {}), ("m2", 1, {})]
+    assert queue.stats.delivered == 4 and queue.stats.redelivered == 0
+    assert queue.message_count == 0 and mgr.memory_bytes == 0
+
+
 def test_priority_based_highest_first_fifo_within_level(mgr: QueueManager) -> None:
     make(mgr, deliveryMode="PriorityBased")
     for mid, prio in [

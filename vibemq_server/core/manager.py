@@ -738,6 +738,25 @@ class QueueManager:
             self._settle(queue, msg, SettleReason.DELIVERED_NO_ACK)
         sub.consumer.deliver(sub, msg)
 
+    def send_to_all(self, queue: Queue, msg: StoredMessage) -> None:
+        """Deliver one message of a queue without acks (FanOutWithoutAck) to every one of its
+        subscriptions, which the caller found writable: the same object to each (nothing
+        is tracked per delivery, so nothing needs a copy of its own), counted, settled and
+        taken off the memory account once."""
+        subs = queue.subscriptions
+        n = len(subs)
+        msg.attempts = attempts = msg.attempts + 1
+        stats = queue.stats
+        stats.delivered += n
+        if attempts > 1:
+            stats.redelivered += n
+        self.memory_bytes -= len(msg.payload)
+        persistence = self.persistence
+        if persistence is not None and queue.options.durable:
+            self._settle(queue, msg, SettleReason.DELIVERED_NO_ACK)
+        for sub in subs:
+            sub.consumer.deliver(sub, msg)
+
     # -- expiry, dead letters, timers ----------------------------------------------------------
 
     def _dlq_name(self, queue: Queue) -> str:

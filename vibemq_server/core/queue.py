@@ -52,6 +52,11 @@ class QueueHost(Protocol):
         """A message's TTL passed while it waited: dead-letter or drop it."""
         ...
 
+    def send_to_all(self, queue: Queue, msg: StoredMessage) -> None:
+        """Deliver one message of a queue without acks to every one of its subscriptions
+        (each of them writable): the same object to each, accounted for once."""
+        ...
+
     def after_dequeue(self, queue: Queue) -> None:
         """Messages left the queue: wake publishers waiting for room."""
         ...
@@ -333,6 +338,9 @@ class Queue:
     def _dispatch_fan_out(self) -> None:
         # A fan-out message leaves the queue only when every subscriber can take it, so the
         # slowest subscriber paces the queue and nothing piles up per subscriber.
+        if not self.needs_ack:
+            self._dispatch_without_ack()
+            return
         store = self.store
         manager = self.manager
         subs = self.subscriptions
@@ -358,6 +366,27 @@ class Queue:
             head.group = [len(subs)]
             for i, sub in enumerate(subs):
                 manager.send(sub, head if i == len(subs) - 1 else head.copy())
+
+    def _dispatch_without_ack(self) -> None:
+        # FanOutWithoutAck: nothing is tracked per subscriber (no in-flight entry, no
+        # deadline, nothing comes back), so every subscriber is handed the one message
+        # object, not a copy each, and the accounting is done once per message. A consumer
+        # may count on that: a fan-out's subscribers get the same object one after another.
+        store = self.store
+        manager = self.manager
+        subs = self.subscriptions
+        now = manager.clock()  # (one reading per run, as in _dispatch_one_each)
+        while store.count:
+            for sub in subs:
+                if not sub.consumer.writable:
+                    return
+            head = store.popleft()
+            if head is None:
+                return
+            if head.expires_at and head.expired(now):
+                manager.expire(self, head)
+                continue
+            manager.send_to_all(self, head)
 
     def _redelivery_target(self, msg: StoredMessage) -> Subscription | None:
         """Where a returned fan-out copy goes: back to the subscriber that did not ack it,

@@ -662,7 +662,15 @@ class Session:
 
     def deliver(self, sub: Subscription, msg: StoredMessage) -> None:
         self.stats.messages_sent += 1
-        self.link.send(encode_deliver(msg.id, msg.queue, msg.payload, msg.headers, msg.attempts))
+        # A FanOutWithoutAck queue hands one message object to all its subscribers in a
+        # row: the frame is built for the first and reused (nothing in it is per connection).
+        last = _LAST_DELIVER
+        if msg is last.msg and msg.attempts == last.attempts:
+            self.link.send(last.frame)
+            return
+        frame = encode_deliver(msg.id, msg.queue, msg.payload, msg.headers, msg.attempts)
+        last.msg, last.attempts, last.frame = msg, msg.attempts, frame
+        self.link.send(frame)
 
     def subscription_cancelled(self, sub: Subscription, reason: str) -> None:
         queue = sub.queue.name
@@ -717,6 +725,21 @@ class Session:
         if self._deferred:
             self.log.info("unacknowledged publishes discarded", count=len(self._deferred))
             self._deferred.clear()
+
+
+class _LastDeliver:
+    """The Deliver frame built last, and the message (and attempt) it was built for."""
+
+    __slots__ = ("attempts", "frame", "msg")
+
+    def __init__(self) -> None:
+        self.msg: StoredMessage | None = None
+        self.attempts = 0
+        self.frame = b""
+
+
+# Shared by every native session: the subscribers of a fan-out are different sessions.
+_LAST_DELIVER = _LastDeliver()
 
 
 def _json(value: object) -> bytes:
