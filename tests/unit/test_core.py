@@ -37,6 +37,19 @@ class Recorder:
         return [g[0] for g in self.got]
 
 
+class RunRecorder(Recorder):
+    """A consumer that takes a FanOutWithoutAck queue's runs whole (``deliver_many``)."""
+
+    def __init__(self, writable: bool = True) -> None:
+        super().__init__(writable)
+        self.runs: list[list[StoredMessage]] = []
+
+    def deliver_many(self, sub: Subscription, msgs: list[StoredMessage]) -> None:
+        self.runs.append(msgs)
+        for msg in msgs:
+            self.deliver(sub, msg)
+
+
 def make(mgr: QueueManager, name: str = "q", **options: object) -> None:
     mgr.create_queue(name, mgr.options_from(options))
 
@@ -94,6 +107,35 @@ def test_fan_out_without_ack_waits_for_every_subscriber_and_counts_each(
     assert a.got == b.got == [("m1", 1, {}), ("m2", 1, {})]
     assert queue.stats.delivered == 4 and queue.stats.redelivered == 0
     assert queue.message_count == 0 and mgr.memory_bytes == 0
+
+
+def test_fan_out_without_ack_held_publishes_go_out_in_one_run(mgr: QueueManager) -> None:
+    make(mgr, mode="FanOutWithoutAck")
+    a, b = RunRecorder(), RunRecorder()
+    mgr.subscribe("q", "a", a, 1)
+    mgr.subscribe("q", "b", b, 1)
+    mgr.hold()  # (what the broker does while it handles a read)
+    publish(mgr, "q", "m1", "m2", "m3")
+    assert a.got == b.got == []
+    mgr.release()
+    assert len(a.runs) == 1 and a.runs[0] is b.runs[0]  # one list for all: encoded once
+    assert a.ids == b.ids == ["m1", "m2", "m3"]
+    queue = mgr.queues["q"]
+    assert queue.stats.delivered == 6 and queue.message_count == 0 and mgr.memory_bytes == 0
+    publish(mgr, "q", "m4")  # not held: at once
+    assert a.ids[-1] == b.ids[-1] == "m4"
+
+
+def test_a_full_held_queue_is_handed_over_before_it_overflows(mgr: QueueManager) -> None:
+    make(mgr, mode="FanOutWithoutAck", maxQueueSize=2, overflowStrategy="DropNewest")
+    a = RunRecorder()
+    mgr.subscribe("q", "a", a, 1)
+    mgr.hold()
+    outcomes = publish(mgr, "q", *[f"m{i}" for i in range(5)])
+    mgr.release()
+    assert outcomes == [PublishOutcome.ACCEPTED] * 5
+    assert a.ids == [f"m{i}" for i in range(5)]
+    assert mgr.queues["q"].stats.dropped == 0
 
 
 def test_priority_based_highest_first_fifo_within_level(mgr: QueueManager) -> None:

@@ -208,6 +208,9 @@ class QueueManager:
         self.memory_low = memory_high_watermark * 8 // 10
         self.memory_bytes = 0
         self.memory_blocked = False
+        #: see ``hold``: while True, FanOutWithoutAck queues wait in ``_deferred``
+        self.holding = False
+        self._deferred: dict[str, Queue] = {}
         self._memory_waiters: list[Callable[[], None]] = []
         self._valid_name = name_validator or (lambda _name: True)
         self.persistence: Persistence | None = None
@@ -469,6 +472,8 @@ class QueueManager:
         )
         msg.seq = self.next_seq
         self.next_seq += 1
+        if queue.store.count >= opts.max_queue_size and self._deferred.get(queue_name) is queue:
+            self._dispatch_held(queue)  # full only if its subscribers cannot take it now
         if queue.store.count >= opts.max_queue_size:
             outcome = self._overflow(queue, msg)
             if outcome is not None:
@@ -738,24 +743,68 @@ class QueueManager:
             self._settle(queue, msg, SettleReason.DELIVERED_NO_ACK)
         sub.consumer.deliver(sub, msg)
 
-    def send_to_all(self, queue: Queue, msg: StoredMessage) -> None:
-        """Deliver one message of a queue without acks (FanOutWithoutAck) to every one of its
-        subscriptions, which the caller found writable: the same object to each (nothing
-        is tracked per delivery, so nothing needs a copy of its own), counted, settled and
-        taken off the memory account once."""
+    def send_to_all(self, queue: Queue, msgs: list[StoredMessage]) -> None:
+        """Deliver a run of messages of a queue without acks (FanOutWithoutAck) to every one
+        of its subscriptions, which the caller found writable: the same objects to each
+        (nothing is tracked per delivery, so nothing needs a copy of its own), in one
+        ``deliver_many`` call per subscription where the consumer has it; each message
+        counted, settled and taken off the memory account once."""
         subs = queue.subscriptions
         n = len(subs)
-        msg.attempts = attempts = msg.attempts + 1
+        durable = self.persistence is not None and queue.options.durable
+        redelivered = nbytes = 0
+        for msg in msgs:
+            msg.attempts += 1
+            if msg.attempts > 1:
+                redelivered += 1
+            nbytes += len(msg.payload)
+            if durable:
+                self._settle(queue, msg, SettleReason.DELIVERED_NO_ACK)
         stats = queue.stats
-        stats.delivered += n
-        if attempts > 1:
-            stats.redelivered += n
-        self.memory_bytes -= len(msg.payload)
-        persistence = self.persistence
-        if persistence is not None and queue.options.durable:
-            self._settle(queue, msg, SettleReason.DELIVERED_NO_ACK)
+        stats.delivered += n * len(msgs)
+        stats.redelivered += n * redelivered
+        self.memory_bytes -= nbytes
         for sub in subs:
-            sub.consumer.deliver(sub, msg)
+            many = sub.deliver_many
+            if many is not None:
+                many(sub, msgs)
+            else:
+                deliver = sub.consumer.deliver
+                for msg in msgs:
+                    deliver(sub, msg)
+
+    # -- holding dispatch while a read is handled ------------------------------------------
+
+    def hold(self) -> None:
+        """Hold back the dispatch of FanOutWithoutAck queues (a read is being handled): what
+        is published meanwhile is handed over in runs on ``release``."""
+        self.holding = True
+
+    def release(self) -> None:
+        """Dispatch every queue held back since ``hold``. Always called after ``hold`` (the
+        caller's ``finally``): a held queue with writable subscribers is never left alone."""
+        self.holding = False
+        while self._deferred:
+            queues, self._deferred = self._deferred, {}
+            for queue in queues.values():
+                if queue.deleted:
+                    continue
+                try:
+                    queue.dispatch()
+                except Exception:  # one queue's failure must not strand the others
+                    log.exception("dispatch failed", queue=queue.name)
+
+    def defer(self, queue: Queue) -> None:
+        self._deferred[queue.name] = queue
+
+    def _dispatch_held(self, queue: Queue) -> None:
+        """Dispatch one held queue now (it is full: its subscribers may make room)."""
+        del self._deferred[queue.name]
+        self.holding = False
+        try:
+            queue.dispatch()
+        finally:
+            self.holding = True
 
     # -- expiry, dead letters, timers ----------------------------------------------------------
 

@@ -662,15 +662,20 @@ class Session:
 
     def deliver(self, sub: Subscription, msg: StoredMessage) -> None:
         self.stats.messages_sent += 1
-        # A FanOutWithoutAck queue hands one message object to all its subscribers in a
-        # row: the frame is built for the first and reused (nothing in it is per connection).
-        last = _LAST_DELIVER
-        if msg is last.msg and msg.attempts == last.attempts:
-            self.link.send(last.frame)
-            return
-        frame = encode_deliver(msg.id, msg.queue, msg.payload, msg.headers, msg.attempts)
-        last.msg, last.attempts, last.frame = msg, msg.attempts, frame
-        self.link.send(frame)
+        self.link.send(encode_deliver(msg.id, msg.queue, msg.payload, msg.headers, msg.attempts))
+
+    def deliver_many(self, sub: Subscription, msgs: list[StoredMessage]) -> None:
+        """A run of a FanOutWithoutAck queue: the same list for each of its subscribers, so
+        its Deliver frames are built and joined for the first and reused by the others
+        (nothing in them is per connection)."""
+        self.stats.messages_sent += len(msgs)
+        last = _LAST_RUN
+        if msgs is not last.msgs:
+            last.data = b"".join(
+                [encode_deliver(m.id, m.queue, m.payload, m.headers, m.attempts) for m in msgs]
+            )
+            last.msgs = msgs
+        self.link.send(last.data)
 
     def subscription_cancelled(self, sub: Subscription, reason: str) -> None:
         queue = sub.queue.name
@@ -727,19 +732,18 @@ class Session:
             self._deferred.clear()
 
 
-class _LastDeliver:
-    """The Deliver frame built last, and the message (and attempt) it was built for."""
+class _LastRun:
+    """The Deliver frames built last for a run (``Session.deliver_many``), and the run."""
 
-    __slots__ = ("attempts", "frame", "msg")
+    __slots__ = ("data", "msgs")
 
     def __init__(self) -> None:
-        self.msg: StoredMessage | None = None
-        self.attempts = 0
-        self.frame = b""
+        self.msgs: list[StoredMessage] | None = None
+        self.data = b""
 
 
 # Shared by every native session: the subscribers of a fan-out are different sessions.
-_LAST_DELIVER = _LastDeliver()
+_LAST_RUN = _LastRun()
 
 
 def _json(value: object) -> bytes:
