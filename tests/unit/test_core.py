@@ -16,6 +16,7 @@ from vibemq_server.core import (
     StoredMessage,
     Subscription,
 )
+from vibemq_server.core.manager import SWEEP_PER_TICK
 
 
 class Recorder:
@@ -227,6 +228,49 @@ def test_ttl_expired_never_delivered(mgr: QueueManager, clock: ManualClock) -> N
     mgr.subscribe("graveyard", "g", g, 10)
     assert g.got[0][0] == "m1" and g.got[0][2]["deadLetterReason"] == "MessageExpired"
     assert mgr.queues["drop"].stats.expired == 1
+
+
+def test_tick_times_out_only_attached_subscriptions(mgr: QueueManager, clock: ManualClock) -> None:
+    make(mgr, ackTimeout=1000)
+    a, b = Recorder(), Recorder()
+    sa = mgr.subscribe("q", "a", a, 1)
+    sb = mgr.subscribe("q", "b", b, 1)
+    publish(mgr, "q", "m1", "m2")
+    assert (a.ids, b.ids) == (["m1"], ["m2"])
+    mgr.detach(sb)  # (AMQP basic.cancel: its delivery waits for its ack)
+    clock.advance(1000)
+    mgr.tick()
+    assert a.got == [("m1", 1, {}), ("m1", 2, {})]
+    assert "m2" in sb.inflight and len(b.got) == 1
+    assert mgr.ack(sa, "m1") and mgr.ack(sb, "m2")
+    mgr.tick()
+
+
+def test_tick_sweeps_a_bounded_share_of_idle_queues(mgr: QueueManager) -> None:
+    # A consumer that became writable without saying so (a lost wake-up) is still served
+    # by the timer's safety net: SWEEP_PER_TICK queues a tick, every queue in turn.
+    n = SWEEP_PER_TICK * 2 + 10
+    consumers = [Recorder(writable=False) for _ in range(n)]
+    for i, r in enumerate(consumers):
+        mgr.subscribe(f"q{i}", "s", r, 1)
+        publish(mgr, f"q{i}", "m")
+    for r in consumers:
+        r.writable = True
+    served = []
+    for _ in range(3):
+        mgr.tick()
+        served.append(sum(1 for r in consumers if r.ids))
+    assert served == [SWEEP_PER_TICK, 2 * SWEEP_PER_TICK, n]
+
+
+def test_a_restored_message_with_its_own_ttl_expires(mgr: QueueManager, clock: ManualClock) -> None:
+    make(mgr)
+    queue = mgr.queues["q"]
+    msg = StoredMessage("m1", "q", b"{}", {}, clock(), clock() + 100)
+    mgr.restore_messages(queue, [msg])
+    clock.advance(100)
+    mgr.tick()
+    assert queue.message_count == 0 and queue.stats.expired == 1
 
 
 def test_overflow_drop_oldest(mgr: QueueManager) -> None:

@@ -67,6 +67,9 @@ class PublishOutcome(Enum):
         return self is PublishOutcome.ACCEPTED or self is PublishOutcome.ACCEPTED_DURABLE
 
 
+#: how many queues ``tick``'s safety net dispatches at most per tick (see ``tick``)
+SWEEP_PER_TICK = 1000
+
 # Hot paths use these: an Enum member looked up on its class costs ~10x a global.
 _ACCEPTED = PublishOutcome.ACCEPTED
 _ACCEPTED_DURABLE = PublishOutcome.ACCEPTED_DURABLE
@@ -208,6 +211,12 @@ class QueueManager:
         self.memory_low = memory_high_watermark * 8 // 10
         self.memory_bytes = 0
         self.memory_blocked = False
+        #: queues that can hold messages with a TTL (their option, or a message's own)
+        self._expiring: dict[str, Queue] = {}
+        #: subscriptions that were handed deliveries to ack: the ack deadlines to check
+        self._timed: dict[Subscription, None] = {}
+        #: the queues ``tick``'s safety net has still to dispatch in this round
+        self._sweep_todo: list[Queue] = []
         #: see ``hold``: while True, FanOutWithoutAck queues wait in ``_deferred``
         self.holding = False
         self._deferred: dict[str, Queue] = {}
@@ -274,6 +283,8 @@ class QueueManager:
             return existing, False
         queue = Queue(name, options, self.clock(), self)
         self.queues[name] = queue
+        if options.message_ttl_ms:
+            self._expiring[name] = queue
         if options.durable and self.persistence is not None:
             self.persistence.queue_created(queue)
         return queue, True
@@ -282,12 +293,17 @@ class QueueManager:
         """Recreate a queue from the journal (no journal record is written)."""
         queue = Queue(name, options, created_at, self)
         self.queues[name] = queue
+        if options.message_ttl_ms:
+            self._expiring[name] = queue
         return queue
 
     def restore_messages(self, queue: Queue, msgs: list[StoredMessage]) -> None:
         """Put recovered messages back, in journal order (no record, no dispatch)."""
         queue.store.extend(msgs)
         self.memory_bytes += sum(len(m.payload) for m in msgs)
+        if any(m.expires_at for m in msgs):
+            queue.message_ttls = True  # (a message's own TTL, from before the restart)
+            self._expiring[queue.name] = queue
         if msgs:
             self.next_seq = max(self.next_seq, max(m.seq for m in msgs) + 1)
 
@@ -465,6 +481,7 @@ class QueueManager:
         if ttl_ms:
             ttl = min(ttl, ttl_ms) if ttl else ttl_ms
             queue.message_ttls = True
+            self._expiring[queue_name] = queue
         if priority is None:
             priority = parse_priority(headers.get("priority")) if headers else _NORMAL
         msg = StoredMessage(
@@ -734,6 +751,8 @@ class QueueManager:
         self.memory_bytes -= len(msg.payload)
         if needs_ack:
             options = queue.options
+            if not inflight:
+                self._timed[sub] = None  # (tick checks its deadlines from now on)
             inflight[msg_id] = msg
             sub.deadlines[msg_id] = (now or self.clock()) + options.ack_timeout_ms
             persistence = self.persistence
@@ -898,25 +917,58 @@ class QueueManager:
             self.memory_bytes += len(msg.payload)
 
     def tick(self) -> None:
-        """Expire messages, time out unacknowledged deliveries, re-check the memory bound."""
+        """Expire messages, time out unacknowledged deliveries, re-check the memory bound.
+
+        O(active), not O(queues): only queues that can hold expiring messages are looked
+        at for TTLs, only subscriptions that were handed deliveries for ack deadlines, and
+        the queues either touched are dispatched. Dispatch and room waiters are otherwise
+        event-driven; as a safety net for a lost wake-up, up to ``SWEEP_PER_TICK`` queues
+        in turn are dispatched too (every queue each tick up to that many, else each queue
+        once every ``len(queues) / SWEEP_PER_TICK`` ticks)."""
         now = self.clock()
-        for queue in list(self.queues.values()):
+        touched: dict[str, Queue] = {}
+        for name, queue in list(self._expiring.items()):
             if queue.deleted:
-                continue
-            if queue.options.message_ttl_ms or queue.message_ttls:
-                for msg in list(queue.store.pop_expired(now)):
+                del self._expiring[name]
+            elif queue.store.count:
+                expired = list(queue.store.pop_expired(now))
+                for msg in expired:
                     self.expire(queue, msg)
-            if queue.options.needs_ack:
-                for sub in queue.subscriptions:
-                    self._time_out(queue, sub, now)
-            queue.dispatch()
-            self._wake(queue)
+                if expired:
+                    touched[name] = queue
+        for sub in list(self._timed):
+            deadlines = sub.deadlines
+            if not deadlines:
+                del self._timed[sub]  # (it comes back with its next delivery)
+                continue
+            queue = sub.queue
+            if next(iter(deadlines.values())) > now or sub not in queue.subscriptions:
+                continue  # (not in its queue: detached, its deliveries wait for their acks)
+            self._time_out(queue, sub, now)
+            touched[queue.name] = queue
+        for queue in touched.values():
+            if not queue.deleted:
+                queue.dispatch()
+                self._wake(queue)
+        self._sweep()
         self.drop_log.flush()
         if self.memory_blocked and self.memory_bytes <= self.memory_low:
             self.memory_blocked = False
             waiters, self._memory_waiters = self._memory_waiters, []
             for waiter in waiters:
                 waiter()
+
+    def _sweep(self) -> None:
+        """The safety net of ``tick``: the next ``SWEEP_PER_TICK`` queues dispatched."""
+        todo = self._sweep_todo
+        if not todo:
+            todo.extend(self.queues.values())
+            todo.reverse()  # (popped from the end: in creation order)
+        for _ in range(min(SWEEP_PER_TICK, len(todo))):
+            queue = todo.pop()
+            if not queue.deleted:
+                queue.dispatch()
+                self._wake(queue)
 
     def _time_out(self, queue: Queue, sub: Subscription, now: int) -> None:
         deadlines = sub.deadlines
