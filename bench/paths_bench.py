@@ -77,7 +77,7 @@ from bench.common import (
 )
 from bench.journal_bench import DurableAmqpDriver
 from bench.mqtt_driver import MqttDriver
-from bench.vibemq_driver import VibeDeliveryScanner, VibeDriver
+from bench.vibemq_driver import VibeDriver, VibeNoAckScanner
 
 GROUPS = ("paths", "durable", "fanout", "amqp")
 ACK_EVERY = (1, 10, 100)
@@ -148,14 +148,6 @@ def _throughput_case(
 # native fan-out without acks: 10 subscriber connections in one process
 
 
-class _NoAckScanner(VibeDeliveryScanner):
-    """Counts Deliver frames and answers nothing (FanOutWithoutAck expects no Ack)."""
-
-    def feed(self, buf: bytearray) -> tuple[int, int, bytes]:
-        consumed, delivered, _ = super().feed(buf)
-        return consumed, delivered, b""
-
-
 class _TimedSub(_SubProtocol):
     """``common``'s counting protocol, remembering when the last delivery came."""
 
@@ -172,7 +164,7 @@ async def _fanout_consume(
     loop = asyncio.get_running_loop()
     protos: list[_TimedSub] = []
     for conn in conns:
-        proto = _TimedSub(total, _NoAckScanner(), loop.create_future())
+        proto = _TimedSub(total, VibeNoAckScanner(), loop.create_future())
         leftover = bytes(conn.buf)
         conn.buf.clear()
         await _adopt(conn, lambda p=proto: p)
@@ -268,6 +260,9 @@ def run_native_fanout(
         loss_pct=100.0 * (expected - delivered) / expected,
         broker_cpu_s=broker_cpu,
         cpu_us_per_msg=_per_msg_us(broker_cpu, delivered),
+        elapsed_s=elapsed,
+        publisher_cpu_s=pub_st.cpu_s,
+        subscriber_cpu_s=sub_st["cpu_s"],
     )
     return out
 
@@ -293,6 +288,9 @@ def _mqtt_fanout_case(s: Setup) -> Case:
             "loss_pct": r.loss_pct,
             "broker_cpu_s": r.broker_cpu_s,
             "cpu_us_per_msg": _per_msg_us(r.broker_cpu_s, r.delivered),
+            "elapsed_s": r.elapsed_s,
+            "publisher_cpu_s": r.publisher_cpu_s,
+            "subscriber_cpu_s": r.subscriber_cpu_s,
             "errors": r.errors,
         }
 
@@ -456,12 +454,24 @@ def run_rounds(cases: list[Case], a: argparse.Namespace) -> dict[str, list[dict[
             print(
                 f"round {rnd + 1} {c.name:<40} {r.get('rate', 0):>10,.0f} msg/s"
                 + (f"  broker {cpu:.1f} us/msg" if cpu is not None else "")
+                + _busy(r)
                 + (f"  p50 {lat['p50_us']:.0f} p99 {lat['p99_us']:.0f} us" if lat else "")
                 + (f"  ERRORS: {'; '.join(r['errors'] + lat.get('errors', []))}")
                 * bool(r["errors"] or lat.get("errors")),
                 flush=True,
             )
     return runs
+
+
+def _busy(r: dict[str, Any]) -> str:
+    """How busy the broker and the generator's two sides were (fan-out: is the generator
+    the limit?), as % of a core over the timed interval."""
+    elapsed = r.get("elapsed_s")
+    if not elapsed or r.get("broker_cpu_s") is None or "subscriber_cpu_s" not in r:
+        return ""
+    keys = ("broker_cpu_s", "publisher_cpu_s", "subscriber_cpu_s")
+    b, p, s = (100 * r[k] / elapsed for k in keys)
+    return f"  cpu % broker {b:.0f} pub {p:.0f} sub {s:.0f}"
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:

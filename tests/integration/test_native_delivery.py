@@ -181,6 +181,29 @@ async def test_prefetch_limits_unacked_deliveries(clients: list[RawClient]) -> N
     assert [d.id for d in await sub.deliveries(2, "pf")] == ["pf_3", "pf_4"]
 
 
+async def test_acks_of_a_client_subscribed_to_several_queues_reach_each(
+    clients: list[RawClient],
+) -> None:
+    # The session finds an Ack's subscription by the delivery it made (not by asking each
+    # subscription in turn); the same id in several queues is settled once per Ack.
+    pub, sub, _, _ = clients
+    queues = ("sq_a", "sq_b", "sq_c")
+    for q in queues:
+        assert_ok(await sub.subscribe(q, prefetch=1), T.SUBSCRIBE_ACK)
+    for i in range(3):
+        for q in queues:
+            assert_ok(await pub.publish(q, i, msg_id=f"same_{i}"), T.PUBLISH_ACK)
+    for i in range(3):
+        got = await sub.deliveries(3)
+        assert sorted((d.queue, d.id) for d in got) == [(q, f"same_{i}") for q in queues]
+        await sub.expect_nothing(is_deliver, 0.05)  # prefetch 1: each waits for its ack
+        for _ in queues:
+            sub.ack(f"same_{i}")
+    for q in queues:
+        value = await wait_info(pub, q, lambda v: v["unackedCount"] == 0)
+        assert value["messageCount"] == 0 and value["stats"]["acked"] == 3
+
+
 # -- redelivery ------------------------------------------------------------------------------------
 
 

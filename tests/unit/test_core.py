@@ -16,6 +16,7 @@ from vibemq_server.core import (
     StoredMessage,
     Subscription,
 )
+from vibemq_server.core.manager import SWEEP_PER_TICK
 
 
 class Recorder:
@@ -35,6 +36,19 @@ class Recorder:
     @property
     def ids(self) -> list[str]:
         return [g[0] for g in self.got]
+
+
+class RunRecorder(Recorder):
+    """A consumer that takes a FanOutWithoutAck queue's runs whole (``deliver_many``)."""
+
+    def __init__(self, writable: bool = True) -> None:
+        super().__init__(writable)
+        self.runs: list[list[StoredMessage]] = []
+
+    def deliver_many(self, sub: Subscription, msgs: list[StoredMessage]) -> None:
+        self.runs.append(msgs)
+        for msg in msgs:
+            self.deliver(sub, msg)
 
 
 def make(mgr: QueueManager, name: str = "q", **options: object) -> None:
@@ -76,6 +90,53 @@ def test_fan_out_without_ack(mgr: QueueManager) -> None:
     assert a.ids == b.ids == ["m1", "m2", "m3"]
     assert not sa.inflight
     assert not mgr.ack(sa, "m1")
+
+
+def test_fan_out_without_ack_waits_for_every_subscriber_and_counts_each(
+    mgr: QueueManager,
+) -> None:
+    make(mgr, mode="FanOutWithoutAck")
+    a, b = Recorder(), Recorder(writable=False)
+    mgr.subscribe("q", "a", a, 1)
+    mgr.subscribe("q", "b", b, 1)
+    publish(mgr, "q", "m1", "m2")
+    queue = mgr.queues["q"]
+    assert a.ids == b.ids == []  # b cannot take it: it waits in the queue, for both
+    assert queue.message_count == 2 and mgr.memory_bytes == 4
+    b.writable = True
+    queue.dispatch()
+    assert a.got == b.got == [("m1", 1, {}), ("m2", 1, {})]
+    assert queue.stats.delivered == 4 and queue.stats.redelivered == 0
+    assert queue.message_count == 0 and mgr.memory_bytes == 0
+
+
+def test_fan_out_without_ack_held_publishes_go_out_in_one_run(mgr: QueueManager) -> None:
+    make(mgr, mode="FanOutWithoutAck")
+    a, b = RunRecorder(), RunRecorder()
+    mgr.subscribe("q", "a", a, 1)
+    mgr.subscribe("q", "b", b, 1)
+    mgr.hold()  # (what the broker does while it handles a read)
+    publish(mgr, "q", "m1", "m2", "m3")
+    assert a.got == b.got == []
+    mgr.release()
+    assert len(a.runs) == 1 and a.runs[0] is b.runs[0]  # one list for all: encoded once
+    assert a.ids == b.ids == ["m1", "m2", "m3"]
+    queue = mgr.queues["q"]
+    assert queue.stats.delivered == 6 and queue.message_count == 0 and mgr.memory_bytes == 0
+    publish(mgr, "q", "m4")  # not held: at once
+    assert a.ids[-1] == b.ids[-1] == "m4"
+
+
+def test_a_full_held_queue_is_handed_over_before_it_overflows(mgr: QueueManager) -> None:
+    make(mgr, mode="FanOutWithoutAck", maxQueueSize=2, overflowStrategy="DropNewest")
+    a = RunRecorder()
+    mgr.subscribe("q", "a", a, 1)
+    mgr.hold()
+    outcomes = publish(mgr, "q", *[f"m{i}" for i in range(5)])
+    mgr.release()
+    assert outcomes == [PublishOutcome.ACCEPTED] * 5
+    assert a.ids == [f"m{i}" for i in range(5)]
+    assert mgr.queues["q"].stats.dropped == 0
 
 
 def test_priority_based_highest_first_fifo_within_level(mgr: QueueManager) -> None:
@@ -167,6 +228,49 @@ def test_ttl_expired_never_delivered(mgr: QueueManager, clock: ManualClock) -> N
     mgr.subscribe("graveyard", "g", g, 10)
     assert g.got[0][0] == "m1" and g.got[0][2]["deadLetterReason"] == "MessageExpired"
     assert mgr.queues["drop"].stats.expired == 1
+
+
+def test_tick_times_out_only_attached_subscriptions(mgr: QueueManager, clock: ManualClock) -> None:
+    make(mgr, ackTimeout=1000)
+    a, b = Recorder(), Recorder()
+    sa = mgr.subscribe("q", "a", a, 1)
+    sb = mgr.subscribe("q", "b", b, 1)
+    publish(mgr, "q", "m1", "m2")
+    assert (a.ids, b.ids) == (["m1"], ["m2"])
+    mgr.detach(sb)  # (AMQP basic.cancel: its delivery waits for its ack)
+    clock.advance(1000)
+    mgr.tick()
+    assert a.got == [("m1", 1, {}), ("m1", 2, {})]
+    assert "m2" in sb.inflight and len(b.got) == 1
+    assert mgr.ack(sa, "m1") and mgr.ack(sb, "m2")
+    mgr.tick()
+
+
+def test_tick_sweeps_a_bounded_share_of_idle_queues(mgr: QueueManager) -> None:
+    # A consumer that became writable without saying so (a lost wake-up) is still served
+    # by the timer's safety net: SWEEP_PER_TICK queues a tick, every queue in turn.
+    n = SWEEP_PER_TICK * 2 + 10
+    consumers = [Recorder(writable=False) for _ in range(n)]
+    for i, r in enumerate(consumers):
+        mgr.subscribe(f"q{i}", "s", r, 1)
+        publish(mgr, f"q{i}", "m")
+    for r in consumers:
+        r.writable = True
+    served = []
+    for _ in range(3):
+        mgr.tick()
+        served.append(sum(1 for r in consumers if r.ids))
+    assert served == [SWEEP_PER_TICK, 2 * SWEEP_PER_TICK, n]
+
+
+def test_a_restored_message_with_its_own_ttl_expires(mgr: QueueManager, clock: ManualClock) -> None:
+    make(mgr)
+    queue = mgr.queues["q"]
+    msg = StoredMessage("m1", "q", b"{}", {}, clock(), clock() + 100)
+    mgr.restore_messages(queue, [msg])
+    clock.advance(100)
+    mgr.tick()
+    assert queue.message_count == 0 and queue.stats.expired == 1
 
 
 def test_overflow_drop_oldest(mgr: QueueManager) -> None:

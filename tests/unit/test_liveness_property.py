@@ -41,7 +41,14 @@ from bench.amqp_driver import (
     shortstr,
 )
 from bench.mqtt_driver import MqttDeliveryScanner, MqttDriver, packet
-from bench.vibemq_driver import CONNECT, SUBSCRIBE, VibeDeliveryScanner, VibeDriver, frame
+from bench.vibemq_driver import (
+    CONNECT,
+    CREATE_QUEUE,
+    SUBSCRIBE,
+    VibeDeliveryScanner,
+    VibeDriver,
+    frame,
+)
 from vibemq_server.config import Config
 
 WINDOW = 50
@@ -174,6 +181,20 @@ class NativeClient(Client):
         return self.driver.publish_batch(start, count)
 
 
+class NativeFanOutClient(NativeClient):
+    """The subscriber of a FanOutWithoutAck queue: the broker hands a read's publishes over
+    in runs once the read is done (QueueManager.hold); nothing is acked."""
+
+    def handshake_consumer(self) -> bytes:
+        options = b'{"mode": "FanOutWithoutAck", "durable": false}'
+        create = frame(CREATE_QUEUE, "cq-1", QUEUE, options)
+        sub = frame(SUBSCRIBE, "s-1", QUEUE, headers={"prefetch": str(WINDOW)})
+        return frame(CONNECT, "c-sub") + create + sub
+
+    def acks(self, per_delivery: list[bytes]) -> bytes:
+        return b""
+
+
 def _mqtt_connect(client_id: bytes, clean: bool = True) -> bytes:
     flags = b"\x02" if clean else b"\x00"
     variable = b"\x00\x04MQTT\x04" + flags + b"\x02\x58"  # level 4, keep-alive 600 s
@@ -273,6 +294,7 @@ class AmqpGlobalClient(AmqpClient):
 
 CLIENTS: dict[str, Callable[[], Client]] = {
     "native": NativeClient,
+    "native-fanout": NativeFanOutClient,
     "mqtt": MqttClient,
     "mqtt-persistent": lambda: MqttClient(clean=False),
     "amqp": AmqpClient,
@@ -334,8 +356,9 @@ class Scenario:
 
     def ack(self, n: int) -> None:
         batch, self.unacked = self.unacked[:n], self.unacked[n:]
-        if batch:
-            self.sub.peer_sends(self.client.acks(batch))
+        acks = self.client.acks(batch) if batch else b""
+        if acks:
+            self.sub.peer_sends(acks)
 
     def tick(self) -> None:
         self.broker.manager.tick()
@@ -463,6 +486,7 @@ def _property(protocol: str, *examples: list[tuple[str, int]]) -> Callable[..., 
 
 
 test_native_no_lost_wakeup = _property("native")
+test_native_fan_out_no_lost_wakeup = _property("native-fanout")
 test_mqtt_no_lost_wakeup = _property("mqtt")
 test_mqtt_persistent_no_lost_wakeup = _property("mqtt-persistent")
 test_amqp_no_lost_wakeup = _property("amqp")

@@ -67,6 +67,9 @@ class PublishOutcome(Enum):
         return self is PublishOutcome.ACCEPTED or self is PublishOutcome.ACCEPTED_DURABLE
 
 
+#: how many queues ``tick``'s safety net dispatches at most per tick (see ``tick``)
+SWEEP_PER_TICK = 1000
+
 # Hot paths use these: an Enum member looked up on its class costs ~10x a global.
 _ACCEPTED = PublishOutcome.ACCEPTED
 _ACCEPTED_DURABLE = PublishOutcome.ACCEPTED_DURABLE
@@ -208,6 +211,15 @@ class QueueManager:
         self.memory_low = memory_high_watermark * 8 // 10
         self.memory_bytes = 0
         self.memory_blocked = False
+        #: queues that can hold messages with a TTL (their option, or a message's own)
+        self._expiring: dict[str, Queue] = {}
+        #: subscriptions that were handed deliveries to ack: the ack deadlines to check
+        self._timed: dict[Subscription, None] = {}
+        #: the queues ``tick``'s safety net has still to dispatch in this round
+        self._sweep_todo: list[Queue] = []
+        #: see ``hold``: while True, FanOutWithoutAck queues wait in ``_deferred``
+        self.holding = False
+        self._deferred: dict[str, Queue] = {}
         self._memory_waiters: list[Callable[[], None]] = []
         self._valid_name = name_validator or (lambda _name: True)
         self.persistence: Persistence | None = None
@@ -271,6 +283,8 @@ class QueueManager:
             return existing, False
         queue = Queue(name, options, self.clock(), self)
         self.queues[name] = queue
+        if options.message_ttl_ms:
+            self._expiring[name] = queue
         if options.durable and self.persistence is not None:
             self.persistence.queue_created(queue)
         return queue, True
@@ -279,12 +293,17 @@ class QueueManager:
         """Recreate a queue from the journal (no journal record is written)."""
         queue = Queue(name, options, created_at, self)
         self.queues[name] = queue
+        if options.message_ttl_ms:
+            self._expiring[name] = queue
         return queue
 
     def restore_messages(self, queue: Queue, msgs: list[StoredMessage]) -> None:
         """Put recovered messages back, in journal order (no record, no dispatch)."""
         queue.store.extend(msgs)
         self.memory_bytes += sum(len(m.payload) for m in msgs)
+        if any(m.expires_at for m in msgs):
+            queue.message_ttls = True  # (a message's own TTL, from before the restart)
+            self._expiring[queue.name] = queue
         if msgs:
             self.next_seq = max(self.next_seq, max(m.seq for m in msgs) + 1)
 
@@ -462,6 +481,7 @@ class QueueManager:
         if ttl_ms:
             ttl = min(ttl, ttl_ms) if ttl else ttl_ms
             queue.message_ttls = True
+            self._expiring[queue_name] = queue
         if priority is None:
             priority = parse_priority(headers.get("priority")) if headers else _NORMAL
         msg = StoredMessage(
@@ -469,6 +489,8 @@ class QueueManager:
         )
         msg.seq = self.next_seq
         self.next_seq += 1
+        if queue.store.count >= opts.max_queue_size and self._deferred.get(queue_name) is queue:
+            self._dispatch_held(queue)  # full only if its subscribers cannot take it now
         if queue.store.count >= opts.max_queue_size:
             outcome = self._overflow(queue, msg)
             if outcome is not None:
@@ -734,6 +756,8 @@ class QueueManager:
         self.memory_bytes -= len(msg.payload)
         if needs_ack:
             options = queue.options
+            if not inflight:
+                self._timed[sub] = None  # (tick checks its deadlines from now on)
             inflight[msg_id] = msg
             sub.deadlines[msg_id] = (now or self.clock()) + options.ack_timeout_ms
             persistence = self.persistence
@@ -742,6 +766,69 @@ class QueueManager:
         else:
             self._settle(queue, msg, SettleReason.DELIVERED_NO_ACK)
         sub.consumer.deliver(sub, msg)
+
+    def send_to_all(self, queue: Queue, msgs: list[StoredMessage]) -> None:
+        """Deliver a run of messages of a queue without acks (FanOutWithoutAck) to every one
+        of its subscriptions, which the caller found writable: the same objects to each
+        (nothing is tracked per delivery, so nothing needs a copy of its own), in one
+        ``deliver_many`` call per subscription where the consumer has it; each message
+        counted, settled and taken off the memory account once."""
+        subs = queue.subscriptions
+        n = len(subs)
+        durable = self.persistence is not None and queue.options.durable
+        redelivered = nbytes = 0
+        for msg in msgs:
+            msg.attempts += 1
+            if msg.attempts > 1:
+                redelivered += 1
+            nbytes += len(msg.payload)
+            if durable:
+                self._settle(queue, msg, SettleReason.DELIVERED_NO_ACK)
+        stats = queue.stats
+        stats.delivered += n * len(msgs)
+        stats.redelivered += n * redelivered
+        self.memory_bytes -= nbytes
+        for sub in subs:
+            many = sub.deliver_many
+            if many is not None:
+                many(sub, msgs)
+            else:
+                deliver = sub.consumer.deliver
+                for msg in msgs:
+                    deliver(sub, msg)
+
+    # -- holding dispatch while a read is handled ------------------------------------------
+
+    def hold(self) -> None:
+        """Hold back the dispatch of FanOutWithoutAck queues (a read is being handled): what
+        is published meanwhile is handed over in runs on ``release``."""
+        self.holding = True
+
+    def release(self) -> None:
+        """Dispatch every queue held back since ``hold``. Always called after ``hold`` (the
+        caller's ``finally``): a held queue with writable subscribers is never left alone."""
+        self.holding = False
+        while self._deferred:
+            queues, self._deferred = self._deferred, {}
+            for queue in queues.values():
+                if queue.deleted:
+                    continue
+                try:
+                    queue.dispatch()
+                except Exception:  # one queue's failure must not strand the others
+                    log.exception("dispatch failed", queue=queue.name)
+
+    def defer(self, queue: Queue) -> None:
+        self._deferred[queue.name] = queue
+
+    def _dispatch_held(self, queue: Queue) -> None:
+        """Dispatch one held queue now (it is full: its subscribers may make room)."""
+        del self._deferred[queue.name]
+        self.holding = False
+        try:
+            queue.dispatch()
+        finally:
+            self.holding = True
 
     # -- expiry, dead letters, timers ----------------------------------------------------------
 
@@ -835,25 +922,58 @@ class QueueManager:
             self.memory_bytes += len(msg.payload)
 
     def tick(self) -> None:
-        """Expire messages, time out unacknowledged deliveries, re-check the memory bound."""
+        """Expire messages, time out unacknowledged deliveries, re-check the memory bound.
+
+        O(active), not O(queues): only queues that can hold expiring messages are looked
+        at for TTLs, only subscriptions that were handed deliveries for ack deadlines, and
+        the queues either touched are dispatched. Dispatch and room waiters are otherwise
+        event-driven; as a safety net for a lost wake-up, up to ``SWEEP_PER_TICK`` queues
+        in turn are dispatched too (every queue each tick up to that many, else each queue
+        once every ``len(queues) / SWEEP_PER_TICK`` ticks)."""
         now = self.clock()
-        for queue in list(self.queues.values()):
+        touched: dict[str, Queue] = {}
+        for name, queue in list(self._expiring.items()):
             if queue.deleted:
-                continue
-            if queue.options.message_ttl_ms or queue.message_ttls:
-                for msg in list(queue.store.pop_expired(now)):
+                del self._expiring[name]
+            elif queue.store.count:
+                expired = list(queue.store.pop_expired(now))
+                for msg in expired:
                     self.expire(queue, msg)
-            if queue.options.needs_ack:
-                for sub in queue.subscriptions:
-                    self._time_out(queue, sub, now)
-            queue.dispatch()
-            self._wake(queue)
+                if expired:
+                    touched[name] = queue
+        for sub in list(self._timed):
+            deadlines = sub.deadlines
+            if not deadlines:
+                del self._timed[sub]  # (it comes back with its next delivery)
+                continue
+            queue = sub.queue
+            if next(iter(deadlines.values())) > now or sub not in queue.subscriptions:
+                continue  # (not in its queue: detached, its deliveries wait for their acks)
+            self._time_out(queue, sub, now)
+            touched[queue.name] = queue
+        for queue in touched.values():
+            if not queue.deleted:
+                queue.dispatch()
+                self._wake(queue)
+        self._sweep()
         self.drop_log.flush()
         if self.memory_blocked and self.memory_bytes <= self.memory_low:
             self.memory_blocked = False
             waiters, self._memory_waiters = self._memory_waiters, []
             for waiter in waiters:
                 waiter()
+
+    def _sweep(self) -> None:
+        """The safety net of ``tick``: the next ``SWEEP_PER_TICK`` queues dispatched."""
+        todo = self._sweep_todo
+        if not todo:
+            todo.extend(self.queues.values())
+            todo.reverse()  # (popped from the end: in creation order)
+        for _ in range(min(SWEEP_PER_TICK, len(todo))):
+            queue = todo.pop()
+            if not queue.deleted:
+                queue.dispatch()
+                self._wake(queue)
 
     def _time_out(self, queue: Queue, sub: Subscription, now: int) -> None:
         deadlines = sub.deadlines

@@ -22,7 +22,11 @@ class DeliveryDeferred(Exception):
 
 
 class Consumer(Protocol):
-    """What the core needs of a subscriber's connection, whatever protocol it speaks."""
+    """What the core needs of a subscriber's connection, whatever protocol it speaks.
+
+    A consumer may also have ``deliver_many(sub, msgs)`` (see ``DeliverMany``): a
+    FanOutWithoutAck queue then hands it a run of messages in one call, the same list
+    object to every subscriber of the run, so a protocol can encode the run once."""
 
     @property
     def writable(self) -> bool: ...
@@ -30,6 +34,15 @@ class Consumer(Protocol):
     def deliver(self, sub: Subscription, msg: StoredMessage) -> None: ...
 
     def subscription_cancelled(self, sub: Subscription, reason: str) -> None: ...
+
+
+#: a consumer's ``deliver_many``: ``msgs`` in order, one list shared by a run's subscribers,
+#: never changed once handed over
+DeliverMany = Callable[["Subscription", list[StoredMessage]], None]
+
+#: the most messages of a FanOutWithoutAck queue handed over at once: writability is checked
+#: between runs, so a subscriber's output can overshoot its bound by one run at most
+FAN_OUT_RUN = 256
 
 
 class QueueHost(Protocol):
@@ -42,6 +55,9 @@ class QueueHost(Protocol):
     clock: Clock
     #: bytes held by ready messages broker-wide; a fan-out adds its copies' share
     memory_bytes: int
+    #: dispatch of FanOutWithoutAck queues is held back until ``release`` (a read is being
+    #: handled: its publishes are handed over in runs, once it is done)
+    holding: bool
 
     def send(self, sub: Subscription, msg: StoredMessage, now: int = 0) -> None:
         """Deliver one message to one subscription (accounting, journal, the consumer).
@@ -50,6 +66,15 @@ class QueueHost(Protocol):
 
     def expire(self, queue: Queue, msg: StoredMessage) -> None:
         """A message's TTL passed while it waited: dead-letter or drop it."""
+        ...
+
+    def send_to_all(self, queue: Queue, msgs: list[StoredMessage]) -> None:
+        """Deliver a run of messages of a queue without acks to every one of its
+        subscriptions (each of them writable): the same objects to each, accounted for once."""
+        ...
+
+    def defer(self, queue: Queue) -> None:
+        """Dispatch ``queue`` when the hold is released."""
         ...
 
     def after_dequeue(self, queue: Queue) -> None:
@@ -77,13 +102,15 @@ class QueueOptions:
 class Subscription:
     """One consumer's subscription to one queue, with its unacknowledged deliveries."""
 
-    __slots__ = ("consumer", "deadlines", "id", "inflight", "prefetch", "queue")
+    __slots__ = ("consumer", "deadlines", "deliver_many", "id", "inflight", "prefetch", "queue")
 
     def __init__(self, sub_id: str, queue: Queue, consumer: Consumer, prefetch: int) -> None:
         self.id = sub_id
         self.queue = queue
         self.consumer = consumer
         self.prefetch = prefetch
+        #: the consumer's ``deliver_many``, when it has one (see Consumer)
+        self.deliver_many: DeliverMany | None = getattr(consumer, "deliver_many", None)
         # Insertion order is delivery order and the ack timeout is per queue, so the first
         # entries are always the first to time out: the timeout scan stops at the first live one.
         self.inflight: dict[str, StoredMessage] = {}
@@ -225,11 +252,14 @@ class Queue:
     #: the options' ``needs_ack`` and "is a fan-out mode", kept at hand for every delivery
     needs_ack: bool = field(init=False)
     fan_out: bool = field(init=False)
+    #: FanOutWithoutAck: one message object for all subscribers, handed over in runs
+    shared: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.store = _Store(self.options.delivery_mode is DeliveryMode.PRIORITY_BASED)
         self.needs_ack = self.options.needs_ack
         self.fan_out = self.options.delivery_mode in _FAN_OUT
+        self.shared = self.fan_out and not self.needs_ack
 
     @property
     def message_count(self) -> int:
@@ -258,9 +288,21 @@ class Queue:
     def deliver_now(self, msg: StoredMessage) -> bool:
         """Hand a new message straight to a subscriber when nothing waits ahead of it (what
         enqueue + dispatch would do, without the round trip through the store)."""
-        if self.store.count or self._dispatching or self.fan_out:
+        if self.store.count or self._dispatching:
             return False
         subs = self.subscriptions
+        if self.fan_out:
+            if not self.shared or not subs or self.manager.holding:
+                return False  # (held: the read's publishes go out in one run at its end)
+            for each in subs:
+                if not each.consumer.writable:
+                    return False
+            self._dispatching = True
+            try:
+                self.manager.send_to_all(self, [msg])
+            finally:
+                self._dispatching = False
+            return True
         if len(subs) == 1:  # (the usual case, without the round-robin bookkeeping)
             sub = subs[0]
             if len(sub.inflight) >= sub.prefetch or not sub.consumer.writable:
@@ -291,6 +333,9 @@ class Queue:
             if len(sub.inflight) >= sub.prefetch or not sub.consumer.writable:
                 self.manager.after_dequeue(self)
                 return
+        if self.shared and self.manager.holding:
+            self.manager.defer(self)
+            return
         self._dispatching = True
         try:
             if self.fan_out:
@@ -333,6 +378,9 @@ class Queue:
     def _dispatch_fan_out(self) -> None:
         # A fan-out message leaves the queue only when every subscriber can take it, so the
         # slowest subscriber paces the queue and nothing piles up per subscriber.
+        if not self.needs_ack:
+            self._dispatch_without_ack()
+            return
         store = self.store
         manager = self.manager
         subs = self.subscriptions
@@ -358,6 +406,31 @@ class Queue:
             head.group = [len(subs)]
             for i, sub in enumerate(subs):
                 manager.send(sub, head if i == len(subs) - 1 else head.copy())
+
+    def _dispatch_without_ack(self) -> None:
+        # FanOutWithoutAck: nothing is tracked per subscriber (no in-flight entry, no
+        # deadline, nothing comes back), so every subscriber is handed the same message
+        # objects, not copies, in runs of up to FAN_OUT_RUN (one call per subscriber and
+        # run where the consumer has deliver_many), and the accounting is done once.
+        store = self.store
+        manager = self.manager
+        subs = self.subscriptions
+        now = manager.clock()  # (one reading per dispatch, as in _dispatch_one_each)
+        while store.count:
+            for sub in subs:
+                if not sub.consumer.writable:
+                    return
+            run: list[StoredMessage] = []
+            while store.count and len(run) < FAN_OUT_RUN:
+                head = store.popleft()
+                if head is None:
+                    break
+                if head.expires_at and head.expired(now):
+                    manager.expire(self, head)
+                    continue
+                run.append(head)
+            if run:
+                manager.send_to_all(self, run)
 
     def _redelivery_target(self, msg: StoredMessage) -> Subscription | None:
         """Where a returned fan-out copy goes: back to the subscriber that did not ack it,

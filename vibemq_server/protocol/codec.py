@@ -149,7 +149,7 @@ def _attempts_tail(attempts: int) -> bytes:
 
 
 _QUEUE_PIECES: dict[str, bytes] = {}
-_MAX_QUEUE_PIECES = 4096
+_MAX_QUEUE_PIECES = 65_536  # (more than 4,096 thrashed with 10,000 busy queues)
 _CACHED_ATTEMPTS = 64
 _ATTEMPTS_TAIL = [_attempts_tail(a) for a in range(_CACHED_ATTEMPTS)]
 

@@ -57,8 +57,9 @@ class Broker:
             clock=clock,
         )
         self.connections: set[Link] = set()
-        # Every connection writes what a read produced when that read is done.
-        self.read_batch = ReadBatch()
+        # Every connection writes what a read produced when that read is done; the core
+        # hands over what fan-out queues got during the read just before (manager.hold).
+        self.read_batch = ReadBatch(self.manager.hold, self.manager.release)
         #: who may connect, for every protocol (raises UsersFileError on a corrupt users file)
         self.auth = Authenticator(self.config)
         #: the TLS listeners' one context (None: no certificate); SIGHUP reloads it

@@ -136,6 +136,13 @@ class Session:
         # Since when a frame has been incomplete without any frame completing (None: none is).
         self._partial_since: float | None = None
         self.subs: dict[str, Subscription] = {}
+        # With more than one subscription: which one each delivery went to, by message id,
+        # so that an Ack finds its subscription without asking every one in turn (a client
+        # subscribed to 500 queues made each Ack cost 500 lookups). Only a hint: a miss or
+        # a stale entry falls back to asking them in order; cleared when it outgrows what
+        # the subscriptions can hold in flight (entries of deliveries that never got acked).
+        self._holders: dict[str, Subscription] | None = None
+        self._holders_limit = 1024
         # Publishes held back while a BlockPublisher queue is full, in arrival order.
         self._deferred: deque[Message] = deque()
         # Queues whose subscribers acks freed during a batch of frames, refilled after it.
@@ -246,6 +253,10 @@ class Session:
         """Settle the deliveries named by a run of Acks: each at the subscription holding
         it (the first, in subscription order), without refilling yet."""
         ack_many = self.manager.ack_many
+        if self._holders is not None:
+            msg_ids = self._settle_held(msg_ids, self._holders)
+            if not msg_ids:
+                return
         for sub in self.subs.values():
             left = ack_many(sub, msg_ids)
             if len(left) != len(msg_ids):
@@ -255,6 +266,31 @@ class Session:
             msg_ids = left
         for msg_id in msg_ids:
             self.log.debug("ack for unknown delivery", message_id=msg_id)
+
+    def _settle_held(self, msg_ids: list[str], holders: dict[str, Subscription]) -> list[str]:
+        """Settle the Acks whose subscription ``holders`` names, in order per subscription;
+        the ids left for the scan in subscription order (unknown, or no longer held there)."""
+        runs: dict[Subscription, list[str]] = {}
+        rest: list[str] = []
+        for msg_id in msg_ids:
+            sub = holders.pop(msg_id, None)
+            if sub is None:
+                rest.append(msg_id)
+                continue
+            run = runs.get(sub)
+            if run is None:
+                runs[sub] = [msg_id]
+            else:
+                run.append(msg_id)
+        ack_many = self.manager.ack_many
+        for sub, ids in runs.items():
+            left = ack_many(sub, ids)
+            if len(left) != len(ids):
+                self._acked[sub.queue.name] = sub.queue
+            rest += left
+        if len(holders) > self._holders_limit:
+            holders.clear()
+        return rest
 
     def _refill(self) -> None:
         if self._acked:
@@ -565,6 +601,9 @@ class Session:
         except CoreError as exc:
             raise self._core_error(msg, exc) from None
         self.subs[queue] = sub
+        self._holders_limit += 2 * prefetch
+        if len(self.subs) > 1 and self._holders is None:
+            self._holders = {}
         self._reply(CommandType.SUBSCRIBE_ACK, msg, {"queueName": queue, "subscriptionId": sub.id})
         sub.queue.dispatch()
 
@@ -662,7 +701,22 @@ class Session:
 
     def deliver(self, sub: Subscription, msg: StoredMessage) -> None:
         self.stats.messages_sent += 1
+        if self._holders is not None:
+            self._holders[msg.id] = sub
         self.link.send(encode_deliver(msg.id, msg.queue, msg.payload, msg.headers, msg.attempts))
+
+    def deliver_many(self, sub: Subscription, msgs: list[StoredMessage]) -> None:
+        """A run of a FanOutWithoutAck queue: the same list for each of its subscribers, so
+        its Deliver frames are built and joined for the first and reused by the others
+        (nothing in them is per connection)."""
+        self.stats.messages_sent += len(msgs)
+        last = _LAST_RUN
+        if msgs is not last.msgs:
+            last.data = b"".join(
+                [encode_deliver(m.id, m.queue, m.payload, m.headers, m.attempts) for m in msgs]
+            )
+            last.msgs = msgs
+        self.link.send(last.data)
 
     def subscription_cancelled(self, sub: Subscription, reason: str) -> None:
         queue = sub.queue.name
@@ -717,6 +771,20 @@ class Session:
         if self._deferred:
             self.log.info("unacknowledged publishes discarded", count=len(self._deferred))
             self._deferred.clear()
+
+
+class _LastRun:
+    """The Deliver frames built last for a run (``Session.deliver_many``), and the run."""
+
+    __slots__ = ("data", "msgs")
+
+    def __init__(self) -> None:
+        self.msgs: list[StoredMessage] | None = None
+        self.data = b""
+
+
+# Shared by every native session: the subscribers of a fan-out are different sessions.
+_LAST_RUN = _LastRun()
 
 
 def _json(value: object) -> bytes:

@@ -38,6 +38,8 @@ FAIR_READ_BYTES = 64 * 1024
 
 _T = TypeVar("_T")
 
+log = structlog.get_logger("vibemq.transport")
+
 #: The first bytes of a TLS ClientHello: a handshake record of TLS 1.x (SSL 3 = 3.0).
 _TLS_RECORD = b"\x16\x03"
 #: A read returns at most one TLS record (16 KiB of plaintext); a larger buffer would only
@@ -48,23 +50,39 @@ _RECORD_MAX = 32_768
 class ReadBatch:
     """While one connection handles a read, the output it gives any connection (acks to the
     publisher, deliveries to subscribers, of any protocol) is written when the read is done:
-    one write per connection per read, and without waiting for the next loop turn."""
+    one write per connection per read, and without waiting for the next loop turn.
 
-    __slots__ = ("_depth", "dirty", "reading")
+    ``hold`` and ``release`` (the core's ``QueueManager.hold``/``release``) bracket the
+    outermost read: what the core holds back meanwhile is handed over before the writes."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_depth", "_hold", "_release", "dirty", "reading")
+
+    def __init__(
+        self,
+        hold: Callable[[], None] | None = None,
+        release: Callable[[], None] | None = None,
+    ) -> None:
         self.reading = False
         self._depth = 0
         self.dirty: list[StreamTransport] = []
+        self._hold = hold
+        self._release = release
 
     def begin(self) -> None:
         self._depth += 1
         self.reading = True
+        if self._depth == 1 and self._hold is not None:
+            self._hold()
 
     def end(self) -> None:
         self._depth -= 1
         if self._depth > 0:
             return
+        if self._release is not None:
+            try:
+                self._release()  # (still reading: what it sends is written just below)
+            except Exception:
+                log.exception("release after a read failed")
         self.reading = False
         # A connection whose flush fails must not leave the others' output unwritten (their
         # flush flag would stay set and nothing they send would ever be written again).
