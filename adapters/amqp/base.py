@@ -105,7 +105,7 @@ class ConnectionBase:
         self.conn_id = link.conn_id
         self.log: structlog.typing.FilteringBoundLogger = link.log
         cfg = server.cfg
-        self.parser = FrameParser(cfg.frame_max)
+        self.parser = FrameParser(cfg.frame_max, fuse_publish=True)
         self.state = State.AWAIT_HEADER
         #: what the current state accepts (the hot path reads the row, no Enum hashing)
         self._accepts = TRANSITIONS[State.AWAIT_HEADER]
