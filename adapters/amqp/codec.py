@@ -775,16 +775,32 @@ class DeliverEncoder:
     (properties, body size). A message costs one pack of its tag and one join; the bytes are
     those of :func:`encode_deliver` (a body over one frame goes through it)."""
 
-    __slots__ = ("_contents", "_tails", "channel", "consumer_tag", "frame_max")
+    __slots__ = (
+        "_content",
+        "_contents",
+        "_method",
+        "_methods",
+        "_origin",
+        "_shape",
+        "channel",
+        "consumer_tag",
+        "frame_max",
+    )
 
     def __init__(self, channel: int, consumer_tag: bytes, frame_max: int) -> None:
         self.channel = channel
         self.consumer_tag = consumer_tag
         self.frame_max = frame_max
         #: (exchange, routing key) -> (method frame up to the tag, after the tag)
-        self._tails: dict[tuple[str, str], tuple[bytes, bytes]] = {}
+        self._methods: dict[tuple[str, str], tuple[bytes, bytes]] = {}
         #: (properties, body size) -> method frame-end, header frame, body frame header
         self._contents: dict[tuple[bytes, int], bytes] = {}
+        # The last of each, checked by identity first: a consumer's messages mostly come
+        # with the very same exchange, key and properties objects (the mapper's caches).
+        self._origin: tuple[str, str] = ("", "")
+        self._method = self._method_pieces("", "")
+        self._shape: tuple[bytes, int] = (b"", -1)
+        self._content = b""
 
     def encode(
         self,
@@ -808,19 +824,27 @@ class DeliverEncoder:
                 body,
                 self.frame_max,
             )
-        method = self._tails.get((exchange, routing_key))
-        if method is None:
-            method = self._method(exchange, routing_key)
-        content = self._contents.get((properties, size))
-        if content is None:
-            content = self._content(properties, size)
+        origin = self._origin
+        if exchange is origin[0] and routing_key is origin[1]:
+            method = self._method
+        else:
+            cached = self._methods.get((exchange, routing_key))
+            method = cached or self._method_pieces(exchange, routing_key)
+            self._origin, self._method = (exchange, routing_key), method
+        shape = self._shape
+        if properties is shape[0] and size == shape[1]:
+            content = self._content
+        else:
+            found = self._contents.get((properties, size))
+            content = self._content_pieces(properties, size) if found is None else found
+            self._shape, self._content = (properties, size), content
         try:
             tag = _DELIVER_TAG.pack(delivery_tag, redelivered)
         except struct.error as exc:
             raise ValueError(f"basic.deliver argument out of range: {exc}") from exc
         return b"".join((method[0], tag, method[1], content, body, _FRAME_END_BYTE))
 
-    def _method(self, exchange: str, routing_key: str) -> tuple[bytes, bytes]:
+    def _method_pieces(self, exchange: str, routing_key: str) -> tuple[bytes, bytes]:
         ex, rk = exchange.encode(), routing_key.encode()
         tag = self.consumer_tag
         size = 16 + len(tag) + len(ex) + len(rk)
@@ -830,12 +854,12 @@ class DeliverEncoder:
         except (struct.error, IndexError) as exc:
             raise ValueError(f"basic.deliver argument out of range: {exc}") from exc
         head += tag
-        if len(self._tails) >= _CACHE_MAX:
-            self._tails.clear()
-        pieces = self._tails[(exchange, routing_key)] = (head, tail)
+        if len(self._methods) >= _CACHE_MAX:
+            self._methods.clear()
+        pieces = self._methods[(exchange, routing_key)] = (head, tail)
         return pieces
 
-    def _content(self, properties: bytes, size: int) -> bytes:
+    def _content_pieces(self, properties: bytes, size: int) -> bytes:
         parts: list[bytes | memoryview] = []
         _append_content(parts, self.channel, properties, b"\x00" * size, self.frame_max)
         # Without the body and its frame-end (or, for an empty body, the header's): encode

@@ -46,7 +46,8 @@ _Delivery = tuple[Mapping[str, str], bytes | None, bool, str | None, str | None]
 
 class MessageMapper:
     def __init__(self) -> None:
-        self._headers: dict[tuple[str, str, bytes], dict[str, str]] = {}
+        #: (exchange, routing key or "" for the default exchange, properties, JSON body)
+        self._headers: dict[tuple[str, str, bytes, bool], dict[str, str]] = {}
         self._properties: dict[str, bytes] = {}
         self._deliveries: dict[int, _Delivery] = {}
         self._json_properties = encode_properties(
@@ -57,9 +58,7 @@ class MessageMapper:
         self, exchange: str, routing_key: str, properties: bytes, body: bytes
     ) -> tuple[bytes, Mapping[str, str]]:
         payload, encoding = to_core(body)
-        key = (exchange, routing_key if exchange else "", properties)
-        if encoding is not None:
-            key = (exchange + "\x00b64", key[1], properties)
+        key = (exchange, routing_key if exchange else "", properties, encoding is None)
         headers = self._headers.get(key)
         if headers is None:
             if len(self._headers) >= _CACHE_MAX:
