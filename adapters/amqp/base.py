@@ -112,6 +112,7 @@ class ConnectionBase:
         self.channels: dict[int, Channel] = {}
         self.frame_max = cfg.frame_max
         self.channel_max = cfg.channel_max
+        self.max_message_size = cfg.max_message_size  # (read per publish)
         self.heartbeat = 0
         self.capabilities: dict[str, Any] = {}
         #: connection.start-ok's client properties (product, version, connection_name, ...)

@@ -91,6 +91,7 @@ _SHORT_LEN = tuple(bytes((n,)) for n in range(256))  # length prefix of a shorts
 _IDX_PUBLISH = 0x003C0028
 _PUBLISH_ID = _U32.pack(_IDX_PUBLISH)
 _IDX_DELIVER = 0x003C003C
+_IDX_GET = 0x003C0046
 _IDX_GET_OK = 0x003C0047
 _IDX_RETURN = 0x003C0032
 _IDX_ACK = 0x003C0050
@@ -292,6 +293,7 @@ _Publish = commands.Basic.Publish
 _Ack = commands.Basic.Ack
 _Nack = commands.Basic.Nack
 _Reject = commands.Basic.Reject
+_Get = commands.Basic.Get
 
 
 class _Malformed(Exception):
@@ -351,8 +353,24 @@ def _decode_reject(view: bytes, pos: int, stop: int) -> base.Frame:
     return method
 
 
+def _decode_get(view: bytes, pos: int, stop: int) -> base.Frame:
+    # ticket (short), queue (shortstr), no-ack bit: a polling consumer's every request
+    queue = pos + 2
+    if queue >= stop:
+        raise _Malformed
+    bits = queue + 1 + view[queue]
+    if bits + 1 != stop:
+        raise _Malformed
+    method = _new(_Get)
+    method.ticket = (view[pos] << 8) | view[pos + 1]
+    method.queue = view[queue + 1 : bits].decode()
+    method.no_ack = view[bits] & 1 != 0
+    return method
+
+
 _FAST_METHODS: Final[dict[int, Callable[[bytes, int, int], base.Frame]]] = {
     _IDX_PUBLISH: _decode_publish,
+    _IDX_GET: _decode_get,
     _IDX_ACK: _decode_ack,
     _IDX_NACK: _decode_nack,
     _IDX_REJECT: _decode_reject,

@@ -280,7 +280,7 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
             or channel.accepts.get(PublishTriple) is not channel.state
             or channel.tx is not None
             or not self.access.everything
-            or len(frame.body) > self.server.cfg.max_message_size
+            or len(frame.body) > self.max_message_size
             or (exchange and not self._plain_exchange(exchange))
         ):
             for part in frame.frames():
@@ -304,9 +304,7 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
         channel = self._content_channel(frame.channel)
         if channel is None:
             return
-        if channel.content_header(
-            frame.body_size, frame.properties, self.server.cfg.max_message_size
-        ):
+        if channel.content_header(frame.body_size, frame.properties, self.max_message_size):
             self._publish(channel)
 
     def on_body(self, frame: BodyFrame) -> None:

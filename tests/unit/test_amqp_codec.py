@@ -804,6 +804,21 @@ def assert_same_method(data: bytes) -> None:
 @given(
     channel=st.integers(0, 65535),
     ticket=st.integers(0, 65535),
+    queue=shortstr_text,
+    bits=st.integers(0, 255),
+)
+def test_fast_get_agrees_with_pamqp(channel: int, ticket: int, queue: str, bits: int) -> None:
+    args = struct.pack(">H", ticket) + sstr(queue.encode()) + bytes((bits,))
+    assert_same_method(method(channel, 60, 70, args))
+    # Truncated or with bytes after the bits octet: a syntax error, as for any method.
+    for bad in (args[:-1], args + b"\x00", args[:2]):
+        assert refusal(method(channel, 60, 70, bad)).code is ReplyCode.SYNTAX_ERROR
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    channel=st.integers(0, 65535),
+    ticket=st.integers(0, 65535),
     exchange=shortstr_text,
     routing_key=shortstr_text,
     bits=st.integers(0, 255),
