@@ -25,8 +25,8 @@ from vibemq_server.adapters.amqp.channel import (
 )
 from vibemq_server.adapters.amqp.codec import (
     AmqpError,
+    GetOkEncoder,
     ReplyCode,
-    encode_get_ok,
     encode_method,
     encode_nack,
     encode_return,
@@ -227,17 +227,18 @@ class BasicMethods(ConnectionBase):
             msg.payload, msg.headers, name
         )
         self.server.stats.messages_sent += 1
+        encoder = channel.get_ok
+        if encoder is None:
+            encoder = channel.get_ok = GetOkEncoder(channel.number, self.frame_max)
         self.send(
-            encode_get_ok(
-                channel.number,
+            encoder.encode(
                 tag,
                 msg.attempts > 1,
-                exchange.encode(),
-                routing_key.encode(),
+                exchange,
+                routing_key,
                 queue.message_count,
                 properties,
                 body,
-                self.frame_max,
             )
         )
 

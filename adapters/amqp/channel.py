@@ -14,7 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from vibemq_server.adapters.amqp.codec import AmqpError, DeliverEncoder, ReplyCode, encode_ack
+from vibemq_server.adapters.amqp.codec import (
+    AmqpError,
+    DeliverEncoder,
+    GetOkEncoder,
+    ReplyCode,
+    encode_ack,
+)
 from vibemq_server.adapters.amqp.mapping import MessageMapper
 from vibemq_server.adapters.amqp.states import CHANNEL_TRANSITIONS, ChannelState, Input
 from vibemq_server.core import Queue, QueueManager, StoredMessage, Subscription
@@ -144,6 +150,7 @@ class Channel:
         self.tx: list[Callable[[], None]] | None = None
         self.pending: Pending | None = None
         self.getters: dict[str, tuple[Subscription, _Getter]] = {}
+        self.get_ok: GetOkEncoder | None = None  # basic.get-ok frames, once there is a get
         self.last_queue = ""  # what an empty queue name means (RabbitMQ)
         self.confirmed_upto = 0  # every publish up to this seq is confirmed
         self._tags = 0

@@ -889,6 +889,112 @@ class DeliverEncoder:
         return content
 
 
+class GetOkEncoder:
+    """basic.get-ok + content header + body for one channel, from cached pieces as
+    :class:`DeliverEncoder` builds deliveries: the method frame's head and its exchange and
+    routing key per (exchange, routing key), the content header per (properties, body
+    size). The bytes are those of :func:`encode_get_ok`."""
+
+    __slots__ = ("_contents", "_last", "_methods", "channel", "frame_max")
+
+    def __init__(self, channel: int, frame_max: int) -> None:
+        self.channel = channel
+        self.frame_max = frame_max
+        #: (exchange, routing key) -> (method frame up to the tag, exchange and key)
+        self._methods: dict[tuple[str, str], tuple[bytes, bytes]] = {}
+        #: (properties, body size) -> method frame-end, header frame, body frame header
+        self._contents: dict[tuple[bytes, int], bytes] = {}
+        #: the last get-ok's exchange, key, properties, size and pieces (compared by identity)
+        self._last: tuple[str, str, bytes, int, tuple[bytes, bytes], bytes] = (
+            "",
+            "",
+            b"",
+            -1,
+            (b"", b""),
+            b"",
+        )
+
+    def encode(
+        self,
+        delivery_tag: int,
+        redelivered: bool,
+        exchange: str,
+        routing_key: str,
+        message_count: int,
+        properties: bytes,
+        body: bytes,
+    ) -> bytes:
+        size = len(body)
+        last = self._last
+        if (
+            exchange is last[0]
+            and routing_key is last[1]
+            and properties is last[2]
+            and size == last[3]
+        ):
+            method, content = last[4], last[5]
+        else:
+            cached = self._methods.get((exchange, routing_key))
+            found = self._contents.get((properties, size))
+            if size > self.frame_max - 8 or cached is None or found is None:
+                return self._encode_slow(
+                    delivery_tag,
+                    redelivered,
+                    exchange,
+                    routing_key,
+                    message_count,
+                    properties,
+                    body,
+                )
+            method, content = cached, found
+            self._last = (exchange, routing_key, properties, size, method, content)
+        try:
+            tag = _DELIVER_TAG.pack(delivery_tag, redelivered)
+            count = _U32.pack(message_count)
+        except struct.error as exc:
+            raise ValueError(f"basic.get-ok argument out of range: {exc}") from exc
+        return b"".join((method[0], tag, method[1], count, content, body, _FRAME_END_BYTE))
+
+    def _encode_slow(
+        self,
+        delivery_tag: int,
+        redelivered: bool,
+        exchange: str,
+        routing_key: str,
+        message_count: int,
+        properties: bytes,
+        body: bytes,
+    ) -> bytes:
+        """encode_get_ok itself, and the pieces it was made of cached for the next one."""
+        ex, rk = exchange.encode(), routing_key.encode()
+        data = encode_get_ok(
+            self.channel,
+            delivery_tag,
+            redelivered,
+            ex,
+            rk,
+            message_count,
+            properties,
+            body,
+            self.frame_max,
+        )
+        size = len(body)
+        if size <= self.frame_max - 8:
+            if len(self._methods) >= _CACHE_MAX:
+                self._methods.clear()
+            if len(self._contents) >= _CACHE_MAX:
+                self._contents.clear()
+            method_size = 19 + len(ex) + len(rk)  # (the payload, as encode_get_ok counts it)
+            self._methods[(exchange, routing_key)] = (
+                data[:11],  # type, channel, size, class and method ids
+                data[20 : 7 + method_size - 4],  # exchange and routing key with their lengths
+            )
+            # After the method's payload: its frame-end, the header frame, the body's header.
+            start = 7 + method_size
+            self._contents[(properties, size)] = data[start : len(data) - 1 - size]
+        return data
+
+
 def encode_get_ok(
     channel: int,
     delivery_tag: int,

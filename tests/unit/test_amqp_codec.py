@@ -32,6 +32,7 @@ from vibemq_server.adapters.amqp import (
     DeliverEncoder,
     Frame,
     FrameParser,
+    GetOkEncoder,
     HeaderFrame,
     Heartbeat,
     MethodFrame,
@@ -1299,5 +1300,33 @@ def test_deliver_encoder_equals_encode_deliver(
                 props,
                 body,
                 4096,
+            )
+        )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    channel=st.integers(0, 65535),
+    gets=st.lists(
+        st.tuples(
+            st.integers(0, 2**64 - 1),
+            st.booleans(),
+            st.sampled_from(["", "amq.topic", "ex"]),
+            st.sampled_from(["q", "", "a.b"]),
+            st.integers(0, 2**32 - 1),
+            st.sampled_from([EMPTY_PROPERTIES, JSON_PROPERTIES, b""]),
+            st.sampled_from([b"", b"x" * 64, b"y" * 4088, b"z" * 4089]),
+        ),
+        max_size=8,
+    ),
+)
+def test_get_ok_encoder_equals_encode_get_ok(
+    channel: int, gets: list[tuple[int, bool, str, str, int, bytes, bytes]]
+) -> None:
+    encoder = GetOkEncoder(channel, 4096)
+    for tag, redelivered, exchange, key, count, props, body in gets:
+        assert encoder.encode(tag, redelivered, exchange, key, count, props, body) == (
+            encode_get_ok(
+                channel, tag, redelivered, exchange.encode(), key.encode(), count, props, body, 4096
             )
         )
