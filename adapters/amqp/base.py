@@ -105,13 +105,14 @@ class ConnectionBase:
         self.conn_id = link.conn_id
         self.log: structlog.typing.FilteringBoundLogger = link.log
         cfg = server.cfg
-        self.parser = FrameParser(cfg.frame_max)
+        self.parser = FrameParser(cfg.frame_max, fuse_publish=True)
         self.state = State.AWAIT_HEADER
         #: what the current state accepts (the hot path reads the row, no Enum hashing)
         self._accepts = TRANSITIONS[State.AWAIT_HEADER]
         self.channels: dict[int, Channel] = {}
         self.frame_max = cfg.frame_max
         self.channel_max = cfg.channel_max
+        self.max_message_size = cfg.max_message_size  # (read per publish)
         self.heartbeat = 0
         self.capabilities: dict[str, Any] = {}
         #: connection.start-ok's client properties (product, version, connection_name, ...)

@@ -25,8 +25,8 @@ from vibemq_server.adapters.amqp.channel import (
 )
 from vibemq_server.adapters.amqp.codec import (
     AmqpError,
+    GetOkEncoder,
     ReplyCode,
-    encode_get_ok,
     encode_method,
     encode_nack,
     encode_return,
@@ -127,27 +127,44 @@ class BasicMethods(ConnectionBase):
         if channel.confirm:
             channel.publish_seq += 1
             seq = channel.publish_seq
-        if channel.tx is not None:
-            channel.tx.append(lambda: self._route(channel, pending, body, 0))
-            return
-        self._route(channel, pending, body, seq)
-
-    def _route(self, channel: Channel, pending: Pending, body: bytes, seq: int) -> None:
-        reached, refused, durable = self.server.publish(
+        exchange, key, mandatory, props = (
             pending.exchange,
             pending.routing_key,
+            pending.mandatory,
             pending.properties,
-            body,
         )
-        if not reached and pending.mandatory and not refused:
+        if channel.tx is not None:
+            channel.tx.append(
+                lambda: self._route(channel, exchange, key, mandatory, props, body, 0)
+            )
+            return
+        self._route(channel, exchange, key, mandatory, props, body, seq)
+
+    def _plain_exchange(self, name: str) -> bool:
+        """The exchange exists and clients may publish to it (b_publish says why not)."""
+        found = self._exchanges().get(name)
+        return found is not None and not found.internal
+
+    def _route(
+        self,
+        channel: Channel,
+        exchange: str,
+        routing_key: str,
+        mandatory: bool,
+        properties: bytes,
+        body: bytes,
+        seq: int,
+    ) -> None:
+        reached, refused, durable = self.server.publish(exchange, routing_key, properties, body)
+        if not reached and mandatory and not refused:
             self.send(
                 encode_return(
                     channel.number,
                     ReplyCode.NO_ROUTE,
                     b"NO_ROUTE",
-                    pending.exchange.encode(),
-                    pending.routing_key.encode(),
-                    pending.properties,
+                    exchange.encode(),
+                    routing_key.encode(),
+                    properties,
                     body,
                     self.frame_max,
                 )
@@ -206,20 +223,22 @@ class BasicMethods(ConnectionBase):
             self.manager.ack(sub, msg.id, dispatch=False)
         else:
             channel.unacked[tag] = (sub, msg.id)
-        properties, body = self.server.mapper.from_core(msg.payload, msg.headers)
-        exchange, routing_key = self.server.mapper.origin(msg.headers, name)
+        properties, body, exchange, routing_key = self.server.mapper.for_delivery(
+            msg.payload, msg.headers, name
+        )
         self.server.stats.messages_sent += 1
+        encoder = channel.get_ok
+        if encoder is None:
+            encoder = channel.get_ok = GetOkEncoder(channel.number, self.frame_max)
         self.send(
-            encode_get_ok(
-                channel.number,
+            encoder.encode(
                 tag,
                 msg.attempts > 1,
-                exchange.encode(),
-                routing_key.encode(),
+                exchange,
+                routing_key,
                 queue.message_count,
                 properties,
                 body,
-                self.frame_max,
             )
         )
 

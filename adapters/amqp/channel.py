@@ -14,7 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from vibemq_server.adapters.amqp.codec import AmqpError, ReplyCode, encode_ack, encode_deliver
+from vibemq_server.adapters.amqp.codec import (
+    AmqpError,
+    DeliverEncoder,
+    GetOkEncoder,
+    ReplyCode,
+    encode_ack,
+)
 from vibemq_server.adapters.amqp.mapping import MessageMapper
 from vibemq_server.adapters.amqp.states import CHANNEL_TRANSITIONS, ChannelState, Input
 from vibemq_server.core import Queue, QueueManager, StoredMessage, Subscription
@@ -58,12 +64,13 @@ class Owner(Protocol):
 class AmqpConsumer:
     """The core's Consumer for one basic.consume."""
 
-    __slots__ = ("channel", "no_ack", "queue", "sub", "tag", "tag_bytes")
+    __slots__ = ("channel", "frames", "no_ack", "queue", "sub", "tag", "tag_bytes")
 
     def __init__(self, channel: Channel, tag: str, queue: str, no_ack: bool) -> None:
         self.channel = channel
         self.tag = tag
         self.tag_bytes = tag.encode()
+        self.frames = DeliverEncoder(channel.number, self.tag_bytes, channel.conn.frame_max)
         self.queue = queue
         self.no_ack = no_ack
         self.sub: Subscription | None = None
@@ -143,6 +150,7 @@ class Channel:
         self.tx: list[Callable[[], None]] | None = None
         self.pending: Pending | None = None
         self.getters: dict[str, tuple[Subscription, _Getter]] = {}
+        self.get_ok: GetOkEncoder | None = None  # basic.get-ok frames, once there is a get
         self.last_queue = ""  # what an empty queue name means (RabbitMQ)
         self.confirmed_upto = 0  # every publish up to this seq is confirmed
         self._tags = 0
@@ -173,21 +181,13 @@ class Channel:
         tag = self.next_tag
         self.next_tag = tag + 1
         conn = self.conn
-        properties, body = conn.server.mapper.from_core(msg.payload, msg.headers)
-        exchange, routing_key = conn.server.mapper.origin(msg.headers, sub.queue.name)
-        conn.server.stats.messages_sent += 1
+        server = conn.server
+        properties, body, exchange, key = server.mapper.for_delivery(
+            msg.payload, msg.headers, sub.queue.name
+        )
+        server.stats.messages_sent += 1
         self.link.send(
-            encode_deliver(
-                self.number,
-                consumer.tag_bytes,
-                tag,
-                msg.attempts > 1,
-                exchange.encode(),
-                routing_key.encode(),
-                properties,
-                body,
-                conn.frame_max,
-            )
+            consumer.frames.encode(tag, msg.attempts > 1, exchange, key, properties, body)
         )
         if consumer.no_ack:
             conn.manager.ack(sub, msg.id, dispatch=False)
@@ -211,7 +211,15 @@ class Channel:
         if multiple:
             if delivery_tag == 0:
                 return list(self.unacked)
-            return [t for t in self.unacked if t <= delivery_tag]
+            # Tags are handed out in increasing order and ``unacked`` keeps insertion order:
+            # the deliveries up to ``delivery_tag`` are a prefix of it (no full scan per ack).
+            tags: list[int] = []
+            append = tags.append
+            for tag in self.unacked:
+                if tag > delivery_tag:
+                    break
+                append(tag)
+            return tags
         if delivery_tag not in self.unacked:
             raise AmqpError(
                 ReplyCode.PRECONDITION_FAILED,
@@ -225,12 +233,24 @@ class Channel:
     def ack(self, delivery_tag: int, multiple: bool) -> set[str]:
         """Settle deliveries; returns the queues to refill (once per read, by the caller)."""
         manager = self.conn.manager
-        queues: set[str] = set()
-        for tag in self._tags_for(delivery_tag, multiple):
-            sub, msg_id = self.unacked.pop(tag)
+        unacked = self.unacked
+        if not multiple:
+            self._tags_for(delivery_tag, False)  # an unknown tag is a channel error
+            sub, msg_id = unacked.pop(delivery_tag)
             manager.ack(sub, msg_id, dispatch=False)
-            queues.add(sub.queue.name)
-        return self._freed(queues)
+            return self._freed({sub.queue.name})
+        # A multiple ack settles each subscription's deliveries in one core call.
+        by_sub: dict[Subscription, list[str]] = {}
+        for tag in self._tags_for(delivery_tag, True):
+            sub, msg_id = unacked.pop(tag)
+            ids = by_sub.get(sub)
+            if ids is None:
+                by_sub[sub] = [msg_id]
+            else:
+                ids.append(msg_id)
+        for sub, ids in by_sub.items():
+            manager.ack_many(sub, ids)
+        return self._freed({sub.queue.name for sub in by_sub})
 
     def nack(self, delivery_tag: int, multiple: bool, requeue: bool) -> set[str]:
         manager = self.conn.manager

@@ -89,7 +89,9 @@ _ACK_FRAME = struct.Struct(">BHIIQBB")  # whole basic.ack / basic.nack frame
 _SHORT_LEN = tuple(bytes((n,)) for n in range(256))  # length prefix of a shortstr
 
 _IDX_PUBLISH = 0x003C0028
+_PUBLISH_ID = _U32.pack(_IDX_PUBLISH)
 _IDX_DELIVER = 0x003C003C
+_IDX_GET = 0x003C0046
 _IDX_GET_OK = 0x003C0047
 _IDX_RETURN = 0x003C0032
 _IDX_ACK = 0x003C0050
@@ -185,7 +187,51 @@ class Heartbeat:
     channel: int
 
 
-Frame: TypeAlias = ProtocolHeader | MethodFrame | HeaderFrame | BodyFrame | Heartbeat
+@dataclass(slots=True, frozen=True)
+class PublishHead:
+    """What a basic.publish and its content header say, but the body: shared by every
+    :class:`PublishTriple` read with the same bytes for them."""
+
+    channel: int
+    exchange: str
+    routing_key: str
+    mandatory: bool
+    immediate: bool
+    ticket: int
+    properties: bytes
+
+
+@dataclass(slots=True)
+class PublishTriple:
+    """basic.publish, its content header and its one body frame, read together on one
+    channel: what almost every published message is. Only a parser made with
+    ``fuse_publish=True`` yields it (else, and whenever the three are not whole and well
+    formed in one read, they come as the three frames), so that the session handles a
+    message in one step. :meth:`frames` gives the three frames it stands for."""
+
+    channel: int
+    head: PublishHead
+    body: bytes
+
+    def frames(self) -> tuple[MethodFrame, HeaderFrame, BodyFrame]:
+        head = self.head
+        method = _new(_Publish)
+        method.ticket = head.ticket
+        method.exchange = head.exchange
+        method.routing_key = head.routing_key
+        method.mandatory = head.mandatory
+        method.immediate = head.immediate
+        channel = self.channel
+        return (
+            MethodFrame(channel, method),
+            HeaderFrame(channel, len(self.body), head.properties),
+            BodyFrame(channel, self.body),
+        )
+
+
+Frame: TypeAlias = (
+    ProtocolHeader | MethodFrame | HeaderFrame | BodyFrame | Heartbeat | PublishTriple
+)
 
 
 class AmqpError(Exception):
@@ -247,6 +293,7 @@ _Publish = commands.Basic.Publish
 _Ack = commands.Basic.Ack
 _Nack = commands.Basic.Nack
 _Reject = commands.Basic.Reject
+_Get = commands.Basic.Get
 
 
 class _Malformed(Exception):
@@ -306,8 +353,24 @@ def _decode_reject(view: bytes, pos: int, stop: int) -> base.Frame:
     return method
 
 
+def _decode_get(view: bytes, pos: int, stop: int) -> base.Frame:
+    # ticket (short), queue (shortstr), no-ack bit: a polling consumer's every request
+    queue = pos + 2
+    if queue >= stop:
+        raise _Malformed
+    bits = queue + 1 + view[queue]
+    if bits + 1 != stop:
+        raise _Malformed
+    method = _new(_Get)
+    method.ticket = (view[pos] << 8) | view[pos + 1]
+    method.queue = view[queue + 1 : bits].decode()
+    method.no_ack = view[bits] & 1 != 0
+    return method
+
+
 _FAST_METHODS: Final[dict[int, Callable[[bytes, int, int], base.Frame]]] = {
     _IDX_PUBLISH: _decode_publish,
+    _IDX_GET: _decode_get,
     _IDX_ACK: _decode_ack,
     _IDX_NACK: _decode_nack,
     _IDX_REJECT: _decode_reject,
@@ -395,6 +458,68 @@ def _decode_header(channel: int, view: bytes, start: int, stop: int) -> HeaderFr
     return HeaderFrame(channel, body_size, view[start + _HEADER_PAYLOAD_MIN : stop])
 
 
+def _fuse_publish(
+    view: bytes, start: int, stop: int, channel: int, end: int, max_size: int
+) -> tuple[PublishHead, int, int] | None:
+    """The basic.publish whose arguments are ``view[start:stop]`` (``stop``: its frame-end)
+    with the content header and body frame after it: (its head, where its body starts, where
+    the body frame ends); None unless both follow whole and well formed on the same channel
+    with the body in one frame (the frames then take the general path, which finds any error
+    in them)."""
+    if end - stop < 30:  # frame-end, header frame of at least 22 bytes, body frame of 9
+        return None
+    _end, kind, on, size, class_id, weight, body_size = _END_HEADER_FRAME.unpack_from(view, stop)
+    hstop = stop + 8 + size  # the header's frame-end
+    bstop = hstop + 8 + body_size  # the body's
+    if (
+        kind != FRAME_HEADER
+        or on != channel
+        or size < _HEADER_PAYLOAD_MIN + 2
+        or size > max_size
+        or class_id != _BASIC_CLASS
+        or weight
+        or not body_size
+        or body_size > max_size
+        or bstop >= end
+    ):
+        return None
+    hend, kind, on, size = _END_BODY_FRAME.unpack_from(view, hstop)
+    if (
+        hend != FRAME_END
+        or kind != FRAME_BODY
+        or on != channel
+        or size != body_size
+        or view[bstop] != FRAME_END
+    ):
+        return None
+    # The arguments, as _decode_publish reads them.
+    ex = start + 2
+    if ex >= stop:
+        return None
+    rk = ex + 1 + view[ex]
+    if rk >= stop:
+        return None
+    bits = rk + 1 + view[rk]
+    if bits + 1 != stop:
+        return None
+    try:
+        exchange = view[ex + 1 : rk].decode() if rk > ex + 1 else ""
+        routing_key = view[rk + 1 : bits].decode()
+    except UnicodeDecodeError:
+        return None
+    flags = view[bits]
+    head = PublishHead(
+        channel,
+        exchange,
+        routing_key,
+        flags & 1 != 0,
+        flags & 2 != 0,
+        (view[start] << 8) | view[start + 1],
+        view[stop + 20 : hstop],
+    )
+    return head, hstop + 8, bstop
+
+
 def _decode_body(channel: int, view: bytes, start: int, stop: int) -> BodyFrame:
     return BodyFrame(channel, view[start:stop])
 
@@ -413,6 +538,8 @@ _FRAME_DECODERS: Final[dict[int, Callable[[int, bytes, int, int], Frame]]] = {
     FRAME_BODY: _decode_body,
     FRAME_HEARTBEAT: _decode_heartbeat,
 }
+
+_NO_HEAD = PublishHead(0, "", "", False, False, 0, b"")
 
 # Parser states. Only _FRAMES is on the fast path of feed().
 _FRAMES = 0
@@ -434,10 +561,26 @@ class FrameParser:
     byte is ignored and ``feed`` returns ``[]``.
     """
 
-    __slots__ = ("_buf", "_failure", "_need", "_state", "max_frame_size")
+    __slots__ = (
+        "_buf",
+        "_failure",
+        "_last",
+        "_need",
+        "_state",
+        "fuse_publish",
+        "max_frame_size",
+    )
 
-    def __init__(self, max_frame_size: int = 131072) -> None:
+    def __init__(self, max_frame_size: int = 131072, *, fuse_publish: bool = False) -> None:
         self.max_frame_size = max_frame_size
+        #: yield a :class:`PublishTriple` for a basic.publish read whole with its content
+        self.fuse_publish = fuse_publish
+        # The last fused publish: the bytes from its method frame to its body (its method
+        # and header frames and the body frame's header), its head and the frame-max they
+        # were checked against. A publish that starts with the same bytes is the same but
+        # for the body: its head is reused without parsing (a stream of publishes to one
+        # queue with one set of properties and one body size is the common case).
+        self._last: tuple[bytes, PublishHead, int, int] = (b"", _NO_HEAD, 0, 0)
         self._buf = bytearray()
         self._need = 7  # bytes needed (in _FRAMES) before parsing can make progress
         self._state = _AWAIT_HEADER
@@ -471,8 +614,19 @@ class FrameParser:
         unpack_header = _HEADER.unpack_from
         decoders = _FRAME_DECODERS
         append = frames.append
+        fuse = self.fuse_publish
+        last_prefix, last_head, checked_max, body_size = self._last
+        skip = len(last_prefix) if checked_max == max_size else 0  # 0: nothing to reuse
         try:
             while True:
+                if skip and view.startswith(last_prefix, pos):
+                    # The same method and content header as the last fused publish, and a
+                    # body of the same size: only the body's frame-end is left to check.
+                    stop = pos + skip + body_size
+                    if stop < end and view[stop] == FRAME_END:
+                        append(PublishTriple(last_head.channel, last_head, view[pos + skip : stop]))
+                        pos = stop + 1
+                        continue
                 if end - pos < 7:
                     self._need = 7
                     break
@@ -490,6 +644,17 @@ class FrameParser:
                     break
                 if view[stop] != FRAME_END:
                     raise _frame_error(f"invalid frame end marker 0x{view[stop]:02x}", channel)
+                if fuse and frame_type == FRAME_METHOD and view[pos + 7 : pos + 11] == _PUBLISH_ID:
+                    fused = _fuse_publish(view, pos + 11, stop, channel, end, max_size)
+                    if fused is not None:
+                        last_head, body_at, stop = fused
+                        append(PublishTriple(channel, last_head, view[body_at:stop]))
+                        last_prefix = view[pos:body_at]
+                        skip = body_at - pos
+                        body_size = stop - body_at
+                        self._last = (last_prefix, last_head, max_size, body_size)
+                        pos = stop + 1
+                        continue
                 append(decode(channel, view, pos + 7, stop))
                 pos = stop + 1
         except AmqpError as exc:
@@ -615,6 +780,219 @@ def encode_deliver(
         raise ValueError(f"basic.deliver argument out of range: {exc}") from exc
     _append_content(parts, channel, properties, body, frame_max)
     return b"".join(parts)
+
+
+_DELIVER_TAG = struct.Struct(">QB")  # delivery-tag, redelivered
+_CACHE_MAX = 256
+
+
+class DeliverEncoder:
+    """basic.deliver + content header + body for one consumer (channel and consumer tag
+    fixed), from cached pieces: the method's bytes before the delivery tag, those after it
+    per (exchange, routing key), and the content header with the body frame's header per
+    (properties, body size). A message costs one pack of its tag and one join; the bytes are
+    those of :func:`encode_deliver` (a body over one frame goes through it)."""
+
+    __slots__ = (
+        "_content",
+        "_contents",
+        "_method",
+        "_methods",
+        "_origin",
+        "_shape",
+        "channel",
+        "consumer_tag",
+        "frame_max",
+    )
+
+    def __init__(self, channel: int, consumer_tag: bytes, frame_max: int) -> None:
+        self.channel = channel
+        self.consumer_tag = consumer_tag
+        self.frame_max = frame_max
+        #: (exchange, routing key) -> (method frame up to the tag, after the tag)
+        self._methods: dict[tuple[str, str], tuple[bytes, bytes]] = {}
+        #: (properties, body size) -> method frame-end, header frame, body frame header
+        self._contents: dict[tuple[bytes, int], bytes] = {}
+        # The last of each, checked by identity first: a consumer's messages mostly come
+        # with the very same exchange, key and properties objects (the mapper's caches).
+        self._origin: tuple[str, str] = ("", "")
+        self._method = self._method_pieces("", "")
+        self._shape: tuple[bytes, int] = (b"", -1)
+        self._content = b""
+
+    def encode(
+        self,
+        delivery_tag: int,
+        redelivered: bool,
+        exchange: str,
+        routing_key: str,
+        properties: bytes,
+        body: bytes,
+    ) -> bytes:
+        size = len(body)
+        if size > self.frame_max - 8:
+            return encode_deliver(
+                self.channel,
+                self.consumer_tag,
+                delivery_tag,
+                redelivered,
+                exchange.encode(),
+                routing_key.encode(),
+                properties,
+                body,
+                self.frame_max,
+            )
+        origin = self._origin
+        if exchange is origin[0] and routing_key is origin[1]:
+            method = self._method
+        else:
+            cached = self._methods.get((exchange, routing_key))
+            method = cached or self._method_pieces(exchange, routing_key)
+            self._origin, self._method = (exchange, routing_key), method
+        shape = self._shape
+        if properties is shape[0] and size == shape[1]:
+            content = self._content
+        else:
+            found = self._contents.get((properties, size))
+            content = self._content_pieces(properties, size) if found is None else found
+            self._shape, self._content = (properties, size), content
+        try:
+            tag = _DELIVER_TAG.pack(delivery_tag, redelivered)
+        except struct.error as exc:
+            raise ValueError(f"basic.deliver argument out of range: {exc}") from exc
+        return b"".join((method[0], tag, method[1], content, body, _FRAME_END_BYTE))
+
+    def _method_pieces(self, exchange: str, routing_key: str) -> tuple[bytes, bytes]:
+        ex, rk = exchange.encode(), routing_key.encode()
+        tag = self.consumer_tag
+        size = 16 + len(tag) + len(ex) + len(rk)
+        try:
+            head = _DELIVER_HEAD.pack(FRAME_METHOD, self.channel, size, _IDX_DELIVER, len(tag))
+            tail = _SHORT_LEN[len(ex)] + ex + _SHORT_LEN[len(rk)] + rk
+        except (struct.error, IndexError) as exc:
+            raise ValueError(f"basic.deliver argument out of range: {exc}") from exc
+        head += tag
+        if len(self._methods) >= _CACHE_MAX:
+            self._methods.clear()
+        pieces = self._methods[(exchange, routing_key)] = (head, tail)
+        return pieces
+
+    def _content_pieces(self, properties: bytes, size: int) -> bytes:
+        parts: list[bytes | memoryview] = []
+        _append_content(parts, self.channel, properties, b"\x00" * size, self.frame_max)
+        # Without the body and its frame-end (or, for an empty body, the header's): encode
+        # adds them.
+        content = b"".join(parts[:-2] if size else parts[:-1])
+        if len(self._contents) >= _CACHE_MAX:
+            self._contents.clear()
+        self._contents[(properties, size)] = content
+        return content
+
+
+class GetOkEncoder:
+    """basic.get-ok + content header + body for one channel, from cached pieces as
+    :class:`DeliverEncoder` builds deliveries: the method frame's head and its exchange and
+    routing key per (exchange, routing key), the content header per (properties, body
+    size). The bytes are those of :func:`encode_get_ok`."""
+
+    __slots__ = ("_contents", "_last", "_methods", "channel", "frame_max")
+
+    def __init__(self, channel: int, frame_max: int) -> None:
+        self.channel = channel
+        self.frame_max = frame_max
+        #: (exchange, routing key) -> (method frame up to the tag, exchange and key)
+        self._methods: dict[tuple[str, str], tuple[bytes, bytes]] = {}
+        #: (properties, body size) -> method frame-end, header frame, body frame header
+        self._contents: dict[tuple[bytes, int], bytes] = {}
+        #: the last get-ok's exchange, key, properties, size and pieces (compared by identity)
+        self._last: tuple[str, str, bytes, int, tuple[bytes, bytes], bytes] = (
+            "",
+            "",
+            b"",
+            -1,
+            (b"", b""),
+            b"",
+        )
+
+    def encode(
+        self,
+        delivery_tag: int,
+        redelivered: bool,
+        exchange: str,
+        routing_key: str,
+        message_count: int,
+        properties: bytes,
+        body: bytes,
+    ) -> bytes:
+        size = len(body)
+        last = self._last
+        if (
+            exchange is last[0]
+            and routing_key is last[1]
+            and properties is last[2]
+            and size == last[3]
+        ):
+            method, content = last[4], last[5]
+        else:
+            cached = self._methods.get((exchange, routing_key))
+            found = self._contents.get((properties, size))
+            if size > self.frame_max - 8 or cached is None or found is None:
+                return self._encode_slow(
+                    delivery_tag,
+                    redelivered,
+                    exchange,
+                    routing_key,
+                    message_count,
+                    properties,
+                    body,
+                )
+            method, content = cached, found
+            self._last = (exchange, routing_key, properties, size, method, content)
+        try:
+            tag = _DELIVER_TAG.pack(delivery_tag, redelivered)
+            count = _U32.pack(message_count)
+        except struct.error as exc:
+            raise ValueError(f"basic.get-ok argument out of range: {exc}") from exc
+        return b"".join((method[0], tag, method[1], count, content, body, _FRAME_END_BYTE))
+
+    def _encode_slow(
+        self,
+        delivery_tag: int,
+        redelivered: bool,
+        exchange: str,
+        routing_key: str,
+        message_count: int,
+        properties: bytes,
+        body: bytes,
+    ) -> bytes:
+        """encode_get_ok itself, and the pieces it was made of cached for the next one."""
+        ex, rk = exchange.encode(), routing_key.encode()
+        data = encode_get_ok(
+            self.channel,
+            delivery_tag,
+            redelivered,
+            ex,
+            rk,
+            message_count,
+            properties,
+            body,
+            self.frame_max,
+        )
+        size = len(body)
+        if size <= self.frame_max - 8:
+            if len(self._methods) >= _CACHE_MAX:
+                self._methods.clear()
+            if len(self._contents) >= _CACHE_MAX:
+                self._contents.clear()
+            method_size = 19 + len(ex) + len(rk)  # (the payload, as encode_get_ok counts it)
+            self._methods[(exchange, routing_key)] = (
+                data[:11],  # type, channel, size, class and method ids
+                data[20 : 7 + method_size - 4],  # exchange and routing key with their lengths
+            )
+            # After the method's payload: its frame-end, the header frame, the body's header.
+            start = 7 + method_size
+            self._contents[(properties, size)] = data[start : len(data) - 1 - size]
+        return data
 
 
 def encode_get_ok(

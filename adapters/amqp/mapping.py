@@ -19,6 +19,7 @@ read-only), so a stream of similar messages costs one dict.
 from __future__ import annotations
 
 import base64
+import binascii
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -35,12 +36,20 @@ _EMPTY_PROPERTIES = b"\x00\x00"
 _INTERNAL = frozenset({PROPERTIES, EXCHANGE, ROUTING_KEY, PAYLOAD_ENCODING})
 _CACHE_MAX = 1024
 _SHORTSTR_MAX = 255
+_a2b = binascii.a2b_base64
+
+#: what a headers dict says about delivering its messages over AMQP: (the dict itself, which
+#: keeps its id from being reused while cached; the properties or None when they depend on
+#: the body; base64 payload; exchange or None for the default exchange; routing key or None)
+_Delivery = tuple[Mapping[str, str], bytes | None, bool, str | None, str | None]
 
 
 class MessageMapper:
     def __init__(self) -> None:
-        self._headers: dict[tuple[str, str, bytes], dict[str, str]] = {}
+        #: (exchange, routing key or "" for the default exchange, properties, JSON body)
+        self._headers: dict[tuple[str, str, bytes, bool], dict[str, str]] = {}
         self._properties: dict[str, bytes] = {}
+        self._deliveries: dict[int, _Delivery] = {}
         self._json_properties = encode_properties(
             commands.Basic.Properties(content_type="application/json")
         )
@@ -49,9 +58,7 @@ class MessageMapper:
         self, exchange: str, routing_key: str, properties: bytes, body: bytes
     ) -> tuple[bytes, Mapping[str, str]]:
         payload, encoding = to_core(body)
-        key = (exchange, routing_key if exchange else "", properties)
-        if encoding is not None:
-            key = (exchange + "\x00b64", key[1], properties)
+        key = (exchange, routing_key if exchange else "", properties, encoding is None)
         headers = self._headers.get(key)
         if headers is None:
             if len(self._headers) >= _CACHE_MAX:
@@ -106,6 +113,50 @@ class MessageMapper:
             headers=cast(Any, table) or None,
         )
         return encode_properties(props_obj), body
+
+    def for_delivery(
+        self, payload: bytes, headers: Mapping[str, str], queue: str
+    ) -> tuple[bytes, bytes, str, str]:
+        """(properties, body, exchange, routing key) of a message for basic.deliver or
+        get-ok: :meth:`from_core` and :meth:`origin` at once. What a headers dict implies is
+        cached by the dict (they are shared by similar messages, see to_core)."""
+        entry = self._deliveries.get(id(headers))
+        if entry is None or entry[0] is not headers:
+            entry = self._delivery(headers)
+        _headers, properties, b64, exchange, routing_key = entry
+        if properties is None:
+            properties, body = self.from_core(payload, headers)
+        elif not b64:
+            body = payload
+        elif payload[:1] == b'"' and payload[-1:] == b'"':
+            try:
+                body = _a2b(payload[1:-1], strict_mode=True)  # (what to_core wrote)
+            except (binascii.Error, ValueError):
+                body = from_core(payload, headers)
+        else:
+            body = from_core(payload, headers)
+        if exchange is None:
+            return properties, body, "", queue
+        return properties, body, exchange, queue if routing_key is None else routing_key
+
+    def _delivery(self, headers: Mapping[str, str]) -> _Delivery:
+        raw = headers.get(PROPERTIES)
+        properties = None
+        if raw is not None:
+            properties = self._properties.get(raw)
+            if properties is None:
+                properties = base64.b64decode(raw)
+        entry = (
+            headers,
+            properties,
+            headers.get(PAYLOAD_ENCODING) == BASE64,
+            headers.get(EXCHANGE),
+            headers.get(ROUTING_KEY),
+        )
+        if len(self._deliveries) >= _CACHE_MAX:
+            self._deliveries.clear()
+        self._deliveries[id(headers)] = entry
+        return entry
 
     @staticmethod
     def origin(headers: Mapping[str, str], queue: str) -> tuple[str, str]:

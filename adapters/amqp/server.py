@@ -82,6 +82,10 @@ _KEPT_ARGS = frozenset(
     }
 )
 _HAS_EXPIRATION = 0x0100
+# Enum members as module constants: an Enum attribute lookup is a Python-level call.
+_ACCEPTED = PublishOutcome.ACCEPTED
+_ACCEPTED_DURABLE = PublishOutcome.ACCEPTED_DURABLE
+_NORMAL = Priority.NORMAL
 _HAS_PRIORITY = 0x0800
 _DEATH_REASONS = {
     DeadLetterReason.REJECTED: "rejected",
@@ -408,27 +412,27 @@ class AmqpServer:
         """Route one message. Returns (queues reached, any refused by a full queue, any
         journaled). The properties are decoded only when the broker needs them (a headers
         exchange, an expiration or a priority)."""
-        exchanges = self.exchanges
-        assert exchanges is not None
+        manager = self.manager
         if exchange:
+            exchanges = self.exchanges
+            assert exchanges is not None
             kind = exchanges.get(exchange)
             needs_headers = kind is not None and kind.type == "headers"
-            queues = exchanges.route(
+            queues: list[str] | tuple[str, ...] = exchanges.route(
                 exchange,
                 routing_key,
                 dict(decode_properties(properties).headers or {}) if needs_headers else None,
             )
-        elif routing_key in self.manager.queues and routing_key[:1] != "$":
-            queues = [routing_key]
+        elif routing_key in manager.queues and routing_key[:1] != "$":
+            queues = (routing_key,)
         else:
             # The default exchange routes by queue name, but never into the adapters' own
             # "$" queues (MQTT sessions, the durable tables): those are not clients' queues.
-            queues = []
+            queues = ()
         reached = 0
         refused = False
         durable = False
         payload, headers = self.mapper.to_core(exchange, routing_key, properties, body)
-        manager = self.manager
         ttl_ms = 0
         amqp_priority = -1
         flags = (properties[0] << 8 | properties[1]) if len(properties) >= 2 else 0
@@ -438,8 +442,9 @@ class AmqpServer:
             ttl_ms = _expiration_ms(props.expiration)
             if props.priority is not None:
                 amqp_priority = props.priority
+        queue_args = self.queue_args
         for name in queues:
-            limits = self.queue_args.get(name)
+            limits = queue_args.get(name)
             if (
                 limits is not None
                 and "x-max-length-bytes" in limits
@@ -451,10 +456,12 @@ class AmqpServer:
             if amqp_priority >= 0 or limits is not None:
                 # No priority property counts as 0 in a priority queue (as in RabbitMQ).
                 priority = self._priority(name, max(amqp_priority, 0))
+            if priority is None and "priority" not in headers:
+                priority = _NORMAL  # what the core would make of no priority header
             try:
                 outcome = manager.publish(
                     name,
-                    self.next_msg_id(),
+                    f"{self._id_prefix}{next(self._ids)}",  # (next_msg_id, inlined)
                     payload,
                     headers,
                     route=False,
@@ -465,9 +472,9 @@ class AmqpServer:
                 log.warning("publish into queue failed", queue=name, error=str(exc))
                 refused = True
                 continue
-            if outcome is PublishOutcome.ACCEPTED:
+            if outcome is _ACCEPTED:
                 reached += 1
-            elif outcome is PublishOutcome.ACCEPTED_DURABLE:
+            elif outcome is _ACCEPTED_DURABLE:
                 reached += 1
                 durable = True
             else:

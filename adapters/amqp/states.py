@@ -22,7 +22,7 @@ from enum import Enum
 
 from pamqp import commands
 
-from vibemq_server.adapters.amqp.codec import BodyFrame, HeaderFrame, ProtocolHeader
+from vibemq_server.adapters.amqp.codec import BodyFrame, HeaderFrame, ProtocolHeader, PublishTriple
 
 
 class _Fast(Enum):
@@ -132,6 +132,8 @@ CHANNEL_TRANSITIONS: dict[ChannelState, dict[Input, ChannelState]] = {
     ChannelState.OPEN: {
         **dict.fromkeys(_CHANNEL_METHODS, ChannelState.OPEN),
         commands.Basic.Publish: ChannelState.AWAIT_CONTENT,
+        # basic.publish with its whole content in one read: through AWAIT_CONTENT and back
+        PublishTriple: ChannelState.OPEN,
         commands.Channel.Close: ChannelState.CLOSED,
         Event.CLOSE_SENT: ChannelState.CLOSING,
     },

@@ -29,12 +29,15 @@ from vibemq_server.adapters.amqp import (
     PROTOCOL_HEADER,
     AmqpError,
     BodyFrame,
+    DeliverEncoder,
     Frame,
     FrameParser,
+    GetOkEncoder,
     HeaderFrame,
     Heartbeat,
     MethodFrame,
     ProtocolHeader,
+    PublishTriple,
     ReplyCode,
     decode_properties,
     decode_table,
@@ -802,6 +805,21 @@ def assert_same_method(data: bytes) -> None:
 @given(
     channel=st.integers(0, 65535),
     ticket=st.integers(0, 65535),
+    queue=shortstr_text,
+    bits=st.integers(0, 255),
+)
+def test_fast_get_agrees_with_pamqp(channel: int, ticket: int, queue: str, bits: int) -> None:
+    args = struct.pack(">H", ticket) + sstr(queue.encode()) + bytes((bits,))
+    assert_same_method(method(channel, 60, 70, args))
+    # Truncated or with bytes after the bits octet: a syntax error, as for any method.
+    for bad in (args[:-1], args + b"\x00", args[:2]):
+        assert refusal(method(channel, 60, 70, bad)).code is ReplyCode.SYNTAX_ERROR
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    channel=st.integers(0, 65535),
+    ticket=st.integers(0, 65535),
     exchange=shortstr_text,
     routing_key=shortstr_text,
     bits=st.integers(0, 255),
@@ -979,6 +997,72 @@ def test_garbage_after_header_raises_only_amqp_error(data: bytes, cuts: list[int
     assert (error is None) == (chunked_error is None)
     if error is not None and chunked_error is not None:
         assert (error.code, error.text) == (chunked_error.code, chunked_error.text)
+
+
+def whole_publish(channel: int, rk: str, body: bytes, props: bytes, body_channel: int) -> bytes:
+    """basic.publish + content header + one body frame (the body's channel may differ)."""
+    method = encode_method(channel, commands.Basic.Publish(0, "", rk, False, False))
+    head = frame(2, channel, struct.pack(">HHQ", 60, 0, len(body)) + props)
+    return method + head + frame(3, body_channel, body)
+
+
+whole_publishes = st.builds(
+    whole_publish,
+    st.sampled_from([1, 1, 2]),
+    st.sampled_from(["q", "q", "other.queue"]),
+    st.sampled_from([b"x" * 64, b"x" * 64, b"", b"{}", b"z" * 4089]),
+    st.sampled_from([EMPTY_PROPERTIES, EMPTY_PROPERTIES, JSON_PROPERTIES, b""]),
+    st.sampled_from([1, 1, 1, 2]),
+)
+# Runs of alike publishes (the parser reuses what it read for the last one), other frames
+# between them, and garbage.
+fusable = st.lists(
+    st.one_of(whole_publishes, whole_publishes, any_frame, known_frame_then_garbage()),
+    max_size=10,
+).map(b"".join)
+
+
+def feed_fused(data: bytes, cuts: list[int], fuse: bool) -> tuple[list[Any], Any]:
+    """Feed ``data`` cut at ``cuts``; the frames (a PublishTriple as the three it stands for,
+    compared by ``norm``) and the error's code and text."""
+    parser = FrameParser(max_frame_size=4096, fuse_publish=fuse)
+    out: list[Frame] = []
+    previous, error = 0, None
+    for cut in [*sorted(set(cuts)), len(data)]:
+        try:
+            out.extend(parser.feed(data[previous:cut]))
+        except AmqpError as exc:
+            out.extend(exc.frames)
+            error = (exc.code, exc.text)
+            break
+        previous = cut
+    frames = [part for f in out for part in (f.frames() if isinstance(f, PublishTriple) else [f])]
+    return [norm(f) for f in frames], error
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=fusable, cuts=st.lists(st.integers(0, 9000), max_size=6))
+def test_fused_publishes_are_the_frames_they_stand_for(data: bytes, cuts: list[int]) -> None:
+    stream = PROTOCOL_HEADER + data
+    cuts = [c for c in cuts if c < len(stream)]
+    assert feed_fused(stream, cuts, fuse=True) == feed_fused(stream, [], fuse=False)
+
+
+def test_alike_publishes_share_one_head() -> None:
+    one = whole_publish(1, "q", b"x" * 64, JSON_PROPERTIES, 1)
+    other = whole_publish(1, "q", b"y" * 64, JSON_PROPERTIES, 1)
+    frames = FrameParser(fuse_publish=True).feed(PROTOCOL_HEADER + one + other + one)
+    triples = [f for f in frames if isinstance(f, PublishTriple)]
+    assert [t.body for t in triples] == [b"x" * 64, b"y" * 64, b"x" * 64]
+    assert triples[0].head is triples[1].head is triples[2].head
+    assert (triples[0].head.routing_key, triples[0].head.properties) == ("q", JSON_PROPERTIES)
+    # Split across reads, or with another body size, it is parsed again (and still fused).
+    parser = FrameParser(fuse_publish=True)
+    parser.feed(PROTOCOL_HEADER + one + other[:10])
+    [rest] = parser.feed(other[10:])
+    assert isinstance(rest, PublishTriple) and rest.body == b"y" * 64
+    [longer] = parser.feed(whole_publish(1, "q", b"z" * 65, JSON_PROPERTIES, 1))
+    assert isinstance(longer, PublishTriple) and longer.body == b"z" * 65
 
 
 @settings(max_examples=300, deadline=None)
@@ -1182,3 +1266,67 @@ def test_every_method_decodes_like_pamqp(data: st.DataObject, index: int) -> Non
     if len(payload) > 4:
         assert refusal(frame(1, channel, payload[:-1])).code is ReplyCode.SYNTAX_ERROR
     assert refusal(frame(1, channel, payload + b"\x00")).code is ReplyCode.SYNTAX_ERROR
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    channel=st.integers(0, 65535),
+    tag=st.binary(max_size=255),
+    deliveries=st.lists(
+        st.tuples(
+            st.integers(0, 2**64 - 1),
+            st.booleans(),
+            st.sampled_from(["", "amq.topic", "ex"]),
+            st.sampled_from(["q", "", "a.b"]),
+            st.sampled_from([EMPTY_PROPERTIES, JSON_PROPERTIES, b""]),
+            st.sampled_from([b"", b"x" * 64, b"y" * 4088, b"z" * 4089]),
+        ),
+        max_size=8,
+    ),
+)
+def test_deliver_encoder_equals_encode_deliver(
+    channel: int, tag: bytes, deliveries: list[tuple[int, bool, str, str, bytes, bytes]]
+) -> None:
+    encoder = DeliverEncoder(channel, tag, 4096)
+    for delivery_tag, redelivered, exchange, key, props, body in deliveries:
+        assert encoder.encode(delivery_tag, redelivered, exchange, key, props, body) == (
+            encode_deliver(
+                channel,
+                tag,
+                delivery_tag,
+                redelivered,
+                exchange.encode(),
+                key.encode(),
+                props,
+                body,
+                4096,
+            )
+        )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    channel=st.integers(0, 65535),
+    gets=st.lists(
+        st.tuples(
+            st.integers(0, 2**64 - 1),
+            st.booleans(),
+            st.sampled_from(["", "amq.topic", "ex"]),
+            st.sampled_from(["q", "", "a.b"]),
+            st.integers(0, 2**32 - 1),
+            st.sampled_from([EMPTY_PROPERTIES, JSON_PROPERTIES, b""]),
+            st.sampled_from([b"", b"x" * 64, b"y" * 4088, b"z" * 4089]),
+        ),
+        max_size=8,
+    ),
+)
+def test_get_ok_encoder_equals_encode_get_ok(
+    channel: int, gets: list[tuple[int, bool, str, str, int, bytes, bytes]]
+) -> None:
+    encoder = GetOkEncoder(channel, 4096)
+    for tag, redelivered, exchange, key, count, props, body in gets:
+        assert encoder.encode(tag, redelivered, exchange, key, count, props, body) == (
+            encode_get_ok(
+                channel, tag, redelivered, exchange.encode(), key.encode(), count, props, body, 4096
+            )
+        )

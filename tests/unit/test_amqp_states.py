@@ -12,7 +12,7 @@ from pamqp import commands
 
 import vibemq_server.adapters.amqp as amqp_package
 from vibemq_server.adapters.amqp import connection
-from vibemq_server.adapters.amqp.codec import BodyFrame, HeaderFrame, ProtocolHeader
+from vibemq_server.adapters.amqp.codec import BodyFrame, HeaderFrame, ProtocolHeader, PublishTriple
 from vibemq_server.adapters.amqp.states import (
     CHANNEL_TRANSITIONS,
     RUNNING,
@@ -47,7 +47,7 @@ def test_every_accepted_connection_input_has_a_handler() -> None:
 
 
 def test_every_accepted_channel_method_has_a_handler_and_every_handler_a_state() -> None:
-    accepted = _inputs(CHANNEL_TRANSITIONS) - {HeaderFrame, BodyFrame}
+    accepted = _inputs(CHANNEL_TRANSITIONS) - {HeaderFrame, BodyFrame, PublishTriple}
     assert accepted == set(connection._CHANNEL_HANDLERS)
     # basic.publish is the one method that waits for content.
     open_row = CHANNEL_TRANSITIONS[ChannelState.OPEN]
@@ -58,6 +58,12 @@ def test_every_accepted_channel_method_has_a_handler_and_every_handler_a_state()
     waiting = CHANNEL_TRANSITIONS[ChannelState.AWAIT_CONTENT]
     assert {i for i in waiting if not isinstance(i, Event)} == {HeaderFrame, BodyFrame}
     assert waiting[Event.CONTENT_DONE] is ChannelState.OPEN
+    # A publish read whole with its content goes through AWAIT_CONTENT and back: only an
+    # open channel takes it in one step (else it is handled as its three frames).
+    assert [s for s, row in CHANNEL_TRANSITIONS.items() if PublishTriple in row] == [
+        ChannelState.OPEN
+    ]
+    assert open_row[PublishTriple] is waiting[Event.CONTENT_DONE]
 
 
 def test_every_state_has_a_row_and_ending_always_ends_closed() -> None:

@@ -22,6 +22,9 @@ from vibemq_server.protocol.codec import validate_json
 from vibemq_server.protocol.errors import ProtocolError
 from vibemq_server.protocol.mme import CONTENT_TYPE, MME_CONTENT_TYPE
 
+_b2a = binascii.b2a_base64
+_a2b = binascii.a2b_base64
+
 PAYLOAD_ENCODING = "payloadEncoding"
 BASE64 = "base64"
 
@@ -45,7 +48,9 @@ def to_core(payload: bytes) -> tuple[bytes, str | None]:
     """The VibeMQ payload for ``payload`` and its ``payloadEncoding`` (None: as is)."""
     if is_json(payload):
         return payload, None
-    return b'"' + base64.b64encode(payload) + b'"', BASE64
+    # binascii directly: base64.b64encode's wrapper costs more than the encoding of a
+    # small body (this runs for every non-JSON message an AMQP or MQTT client publishes).
+    return b'"' + _b2a(payload, newline=False) + b'"', BASE64
 
 
 def from_core(payload: bytes, headers: Mapping[str, str]) -> bytes:
@@ -55,6 +60,12 @@ def from_core(payload: bytes, headers: Mapping[str, str]) -> bytes:
     text = payload.strip()
     if len(text) < 2 or text[:1] != b'"' or text[-1:] != b'"':
         return payload  # a VibeMQ publisher set the header on something else: keep it
+    try:
+        # Strict mode accepts a subset of what b64decode(validate=True) does, with the same
+        # result, at a fraction of the cost; anything it refuses takes the general path.
+        return _a2b(text[1:-1], strict_mode=True)
+    except (binascii.Error, ValueError):
+        pass
     try:
         return base64.b64decode(text[1:-1], validate=True)
     except (binascii.Error, ValueError):
