@@ -84,6 +84,17 @@ class DeclarationMethods(ConnectionBase):
                 50,
                 10,
             )
+        elif name.startswith("$") and not method.passive:
+            # The adapters' own queues (the durable tables, MQTT sessions) are no client's,
+            # and '$' is outside AMQP's queue-name domain, so no DeclareOk could even name one
+            # (found by tests/unit/test_amqp_session_fuzz.py: a 541 on '$amqp.bindings').
+            raise AmqpError(
+                ReplyCode.ACCESS_REFUSED,
+                f"ACCESS_REFUSED - queue name '{name}' contains reserved prefix '$'",
+                channel.number,
+                50,
+                10,
+            )
         self._check_exclusive(channel, name, 50, 10)
         existing = manager.queues.get(name)
         if method.passive:

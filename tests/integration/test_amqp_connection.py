@@ -697,6 +697,10 @@ CHANNEL_ERRORS: dict[str, tuple[int, Callable[[blocking.BlockingChannel], Any]]]
     ),
     # 403 ACCESS_REFUSED
     "declare an amq.* queue": (403, lambda ch: ch.queue_declare("amq.mine")),
+    "declare the broker's own $ queue": (
+        403,
+        lambda ch: ch.queue_declare("$amqp.bindings", durable=True),
+    ),
     "declare an amq.* exchange": (403, lambda ch: ch.exchange_declare("amq.mine", "direct")),
     "publish to an internal exchange": (
         403,
