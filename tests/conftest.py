@@ -11,6 +11,7 @@ import pytest
 from hypothesis import settings
 
 from vibemq_server.app import create_broker
+from vibemq_server.buildinfo import HOT_MODULES, compiled_modules
 from vibemq_server.config import Config
 from vibemq_server.logs import configure_logging
 from vibemq_server.server import Broker
@@ -22,6 +23,17 @@ configure_logging("warning")
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 settings.register_profile("dev", print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # scripts/test.sh runs the suite a second time against the compiled build: make sure it
+    # is that build, not pure Python again after a silent fallback.
+    if os.environ.get("VIBEMQ_EXPECT_COMPILED") == "1":
+        done = compiled_modules()
+        if done != list(HOT_MODULES):
+            missing = sorted(set(HOT_MODULES) - set(done))
+            raise pytest.UsageError(f"VIBEMQ_EXPECT_COMPILED=1 but not compiled: {missing}")
+
 
 BrokerFactory = Callable[..., Awaitable[Broker]]
 
