@@ -14,7 +14,9 @@ load generator.
     .venv/bin/python -m bench.flamegraph --path mqtt --format raw --out /tmp/mqtt.txt
 
 ``--path mqtt`` profiles our MQTT QoS 1 1 -> 1 path instead (the same generator, a clean
-session), to compare the two side by side.
+session), to compare the two side by side. ``--native`` samples C frames too: with the
+compiled build (``scripts/compile.py``) the hot modules' functions are C functions that py-spy
+shows only then (``CPyDef_<module>___<Class>___<method>``).
 
 py-spy comes with the dev environment (``.venv/bin/py-spy``) or ``pip install py-spy``.
 """
@@ -64,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     add("--timeout", type=float, default=300.0)
     add("--durable", action="store_true", help="a durable queue, --fsync always")
     add("--path", default="native", choices=("native", "mqtt"), help="native, or MQTT QoS 1")
+    add(
+        "--native",
+        action="store_true",
+        help="C frames too (py-spy --native): the compiled build's functions are C functions",
+    )
     add("--lines", action="store_true", help="a frame per line (py-spy's default)")
     add("--server-arg", action="append", default=[], help="extra vibemq-server argument")
     a = p.parse_args(argv)
@@ -90,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--rate", str(a.rate), "--format", a.format, "--output", str(a.out)]
         if not a.lines:
             cmd.append("--function")  # one frame per function, not per line: readable
+        if a.native:
+            cmd.append("--native")
         recorder = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         time.sleep(1.0)  # let py-spy attach before the load starts
         if recorder.poll() is not None:

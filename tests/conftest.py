@@ -11,7 +11,7 @@ import pytest
 from hypothesis import settings
 
 from vibemq_server.app import create_broker
-from vibemq_server.buildinfo import HOT_MODULES, compiled_modules
+from vibemq_server.buildinfo import HOT_MODULES, compiled_modules, stale_modules
 from vibemq_server.config import Config
 from vibemq_server.logs import configure_logging
 from vibemq_server.server import Broker
@@ -20,8 +20,9 @@ configure_logging("warning")
 
 # CI runs the property tests with a fixed seed (a landing must not hang on a lucky draw);
 # developers' runs stay random and keep finding new cases. HYPOTHESIS_PROFILE overrides.
-settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
-settings.register_profile("dev", print_blob=True)
+# No deadline: a per-example time limit is a timed assertion, and fails on a busy machine.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True, deadline=None)
+settings.register_profile("dev", print_blob=True, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
@@ -33,6 +34,12 @@ def pytest_configure(config: pytest.Config) -> None:
         if done != list(HOT_MODULES):
             missing = sorted(set(HOT_MODULES) - set(done))
             raise pytest.UsageError(f"VIBEMQ_EXPECT_COMPILED=1 but not compiled: {missing}")
+    # A module compiled in place and edited since would test the old code.
+    if stale := stale_modules():
+        raise pytest.UsageError(
+            f"compiled modules older than their source: {stale} (rebuild them: python "
+            "scripts/compile.py, or remove them: python scripts/compile.py --clean)"
+        )
 
 
 BrokerFactory = Callable[..., Awaitable[Broker]]

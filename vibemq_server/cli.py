@@ -21,6 +21,7 @@ from vibemq_server.app import create_broker
 from vibemq_server.auth import InsecureDefault, UsersFileError
 from vibemq_server.auth.cli import main as users_main
 from vibemq_server.buildinfo import describe as describe_build
+from vibemq_server.buildinfo import stale_modules
 from vibemq_server.config import Config, load_config
 from vibemq_server.journal import JournalCorrupt
 from vibemq_server.logs import configure_logging
@@ -202,6 +203,8 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
     broker = create_broker(config)
     await broker.start()
     log.info("started", version=__version__, build=describe_build())
+    if stale := stale_modules():
+        log.warning("compiled modules older than their source: rebuild them", modules=stale)
     ready = broker.ready()
     if ready_file is not None:
         tmp = ready_file.with_suffix(".tmp")
