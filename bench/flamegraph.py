@@ -11,6 +11,12 @@ load generator.
     .venv/bin/python -m bench.flamegraph          # writes docs/flamegraph-native-before.svg
     .venv/bin/python -m bench.flamegraph --out docs/flamegraph-native-after.svg
     .venv/bin/python -m bench.flamegraph --format speedscope --out /tmp/native.speedscope.json
+    .venv/bin/python -m bench.flamegraph --path mqtt --format raw --out /tmp/mqtt.txt
+
+``--path mqtt`` profiles our MQTT QoS 1 1 -> 1 path instead (the same generator, a clean
+session), to compare the two side by side. ``--native`` samples C frames too: with the
+compiled build (``scripts/compile.py``) the hot modules' functions are C functions that py-spy
+shows only then (``CPyDef_<module>___<Class>___<method>``).
 
 py-spy comes with the dev environment (``.venv/bin/py-spy``) or ``pip install py-spy``.
 """
@@ -31,7 +37,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.brokers import REPO, VibeMQBroker
-from bench.common import BenchError, install_sigterm_exit, run_throughput
+from bench.common import BenchError, Driver, install_sigterm_exit, run_throughput
+from bench.mqtt_driver import MqttDriver
 from bench.vibemq_driver import VibeDriver
 
 
@@ -58,19 +65,29 @@ def main(argv: list[str] | None = None) -> int:
     add("--prefetch", type=int, default=1000)
     add("--timeout", type=float, default=300.0)
     add("--durable", action="store_true", help="a durable queue, --fsync always")
+    add("--path", default="native", choices=("native", "mqtt"), help="native, or MQTT QoS 1")
+    add(
+        "--native",
+        action="store_true",
+        help="C frames too (py-spy --native): the compiled build's functions are C functions",
+    )
     add("--lines", action="store_true", help="a frame per line (py-spy's default)")
     add("--server-arg", action="append", default=[], help="extra vibemq-server argument")
     a = p.parse_args(argv)
     install_sigterm_exit()
     spy = find_py_spy()
     env = {"VIBEMQ_QUEUE_DEFAULTS__DURABLE": "false"}
-    broker = VibeMQBroker(extra_args=["--fsync", "always", *a.server_arg], env=env)
+    broker = VibeMQBroker(
+        extra_args=["--fsync", "always", *a.server_arg], env=env, mqtt=a.path == "mqtt"
+    )
     recorder: subprocess.Popen[bytes] | None = None
     try:
         broker.start()
 
-        def driver() -> VibeDriver:
+        def driver() -> Driver:
             queue = f"flame-{uuid.uuid4().hex[:8]}"
+            if a.path == "mqtt":
+                return MqttDriver(broker.host, broker.mqtt_port, f"b/{queue}", name="vibemq-mqtt")
             return VibeDriver(broker.host, broker.port, queue, a.prefetch, durable=a.durable)
 
         if a.warmup:
@@ -80,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--rate", str(a.rate), "--format", a.format, "--output", str(a.out)]
         if not a.lines:
             cmd.append("--function")  # one frame per function, not per line: readable
+        if a.native:
+            cmd.append("--native")
         recorder = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         time.sleep(1.0)  # let py-spy attach before the load starts
         if recorder.poll() is not None:
@@ -95,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         cpu = r.broker_cpu_s or 0.0
         print(
-            f"native 1 -> 1 under py-spy: {r.delivered:,} delivered at {r.deliver_rate:,.0f} msg/s,"
+            f"{a.path} 1 -> 1 under py-spy: {r.delivered:,} delivered"
+            f" at {r.deliver_rate:,.0f} msg/s,"
             f" broker {cpu / max(1, r.delivered) * 1e6:.1f} us/msg"
             + (f"  ERRORS: {r.errors}" if r.errors else ""),
             flush=True,

@@ -59,6 +59,13 @@ system_need_test() {
   # The MQTT-over-WebSockets browser test loads mqtt.js, which it installs with npm from the
   # npm registry into a cache (tests/integration/test_mqtt_websocket_browser.py).
   command -v npm >/dev/null || pkgs+=(npm)
+  # The compiled build's test run (scripts/compile.py: mypyc) needs a C compiler and the
+  # headers of the Python it builds for (a Debian python3's come with python3-dev).
+  command -v cc >/dev/null || pkgs+=(gcc)
+  if ! .venv/bin/python -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(
+      os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null; then
+    pkgs+=(python3-dev)
+  fi
   # The Spark step (pyspark from PyPI) needs a Java 17 runtime.
   if ! command -v java >/dev/null && [ -z "${JAVA_HOME:-}" ]; then
     pkgs+=(openjdk-17-jre-headless)

@@ -20,6 +20,8 @@ from vibemq_server import __version__
 from vibemq_server.app import create_broker
 from vibemq_server.auth import InsecureDefault, UsersFileError
 from vibemq_server.auth.cli import main as users_main
+from vibemq_server.buildinfo import describe as describe_build
+from vibemq_server.buildinfo import stale_modules
 from vibemq_server.config import Config, load_config
 from vibemq_server.journal import JournalCorrupt
 from vibemq_server.logs import configure_logging
@@ -35,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="VibeMQ message broker. Settings: config file < VIBEMQ_* env < these flags.",
         epilog="Users: vibemq-server users add|delete|passwd|list|tag|permit (see --help there).",
     )
-    p.add_argument("--version", action="version", version=f"vibemq-server {__version__}")
+    p.add_argument(
+        "--version", action="version", version=f"vibemq-server {__version__} ({describe_build()})"
+    )
     p.add_argument("--config", type=Path, help="TOML config file (env VIBEMQ_CONFIG)")
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="VibeMQ port (default 2925; 0 = any free port)")
@@ -208,6 +212,9 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
     gc.set_threshold(_GC_GEN0_THRESHOLD, 20, 20)
     broker = create_broker(config)
     await broker.start()
+    log.info("started", version=__version__, build=describe_build())
+    if stale := stale_modules():
+        log.warning("compiled modules older than their source: rebuild them", modules=stale)
     ready = broker.ready()
     if ready_file is not None:
         tmp = ready_file.with_suffix(".tmp")

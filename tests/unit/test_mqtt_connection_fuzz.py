@@ -156,7 +156,7 @@ class TestLink:
             self._flush_scheduled = True
             batch = self.world.batch
             if batch.reading:
-                batch.dirty.append(self)  # type: ignore[arg-type]
+                batch.dirty.append(self)
             else:
                 self.loop.call_soon(self._flush)
 

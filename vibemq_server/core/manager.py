@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Final
 
 import structlog
 
@@ -78,10 +78,10 @@ _ACKED = SettleReason.ACKED
 
 
 class DeadLetterReason:
-    MAX_RETRIES_EXCEEDED = "MaxRetriesExceeded"
-    MESSAGE_EXPIRED = "MessageExpired"
-    QUEUE_OVERFLOW = "QueueOverflow"
-    REJECTED = "Rejected"
+    MAX_RETRIES_EXCEEDED: Final = "MaxRetriesExceeded"
+    MESSAGE_EXPIRED: Final = "MessageExpired"
+    QUEUE_OVERFLOW: Final = "QueueOverflow"
+    REJECTED: Final = "Rejected"
 
 
 #: headers ``dead_letter`` adds; a message moved back out of its dead-letter queue loses them

@@ -47,6 +47,18 @@ _TLS_RECORD = b"\x16\x03"
 _RECORD_MAX = 32_768
 
 
+class Flushable(Protocol):
+    """What a read batch holds: a connection whose output waits for the end of the read
+    (``StreamTransport``; a test's link that stands in for one). A protocol, not the class:
+    the compiled build checks the types of what goes in."""
+
+    log: structlog.typing.FilteringBoundLogger
+
+    def _flush(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
 class ReadBatch:
     """While one connection handles a read, the output it gives any connection (acks to the
     publisher, deliveries to subscribers, of any protocol) is written when the read is done:
@@ -64,7 +76,7 @@ class ReadBatch:
     ) -> None:
         self.reading = False
         self._depth = 0
-        self.dirty: list[StreamTransport] = []
+        self.dirty: list[Flushable] = []
         self._hold = hold
         self._release = release
 

@@ -1,0 +1,85 @@
+"""Two builds of the broker side by side: native and our MQTT QoS 1, 1 -> 1 with acks.
+
+One ``vibemq-server`` per checkout given (its modules imported from there: ``PYTHONPATH``),
+all started at once, transient queues; then ``--rounds`` rounds, each running every path on
+every broker in turn (``common.run_throughput``: window 1,000, batch 100, prefetch 1,000),
+and the medians of deliveries/s and broker CPU per message. On a busy machine what matters
+is the comparison inside one run: the pure and the compiled build (``scripts/compile.py`` in
+one of the checkouts) meet the same load at the same time.
+
+    git worktree add /tmp/pure HEAD            # (or: git archive HEAD | tar -x -C /tmp/pure)
+    .venv/bin/python scripts/compile.py         # this checkout: compiled
+    .venv/bin/python -m bench.build_ab /tmp/pure . --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import uuid
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.brokers import VibeMQBroker
+from bench.common import Driver, install_sigterm_exit, run_throughput
+from bench.mqtt_driver import MqttDriver
+from bench.vibemq_driver import VibeDriver
+
+
+def driver(path: str, broker: VibeMQBroker, prefetch: int) -> Driver:
+    tag = uuid.uuid4().hex[:8]
+    if path == "mqtt":
+        return MqttDriver(broker.host, broker.mqtt_port, f"b/{tag}", name="vibemq-mqtt")
+    return VibeDriver(broker.host, broker.port, f"ab-{tag}", prefetch, durable=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("checkouts", nargs="+", type=Path, help="a checkout per broker")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--messages", type=int, default=100_000)
+    p.add_argument("--prefetch", type=int, default=1000)
+    p.add_argument("--timeout", type=float, default=120.0)
+    a = p.parse_args(argv)
+    install_sigterm_exit()
+    brokers: dict[str, VibeMQBroker] = {}
+    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    try:
+        for checkout in a.checkouts:
+            top = str(checkout.resolve())
+            env = {"VIBEMQ_QUEUE_DEFAULTS__DURABLE": "false", "PYTHONPATH": top}
+            broker = VibeMQBroker(env=env, mqtt=True)
+            broker.start()
+            brokers[top] = broker
+        for n in range(a.rounds):
+            for top, broker in brokers.items():
+                for path in ("native", "mqtt"):
+                    r = run_throughput(
+                        driver(path, broker, a.prefetch),
+                        a.messages,
+                        window=1000,
+                        batch=100,
+                        timeout=a.timeout,
+                        broker_pids=broker.pids,
+                    )
+                    us = (r.broker_cpu_s or 0.0) / max(1, r.delivered) * 1e6
+                    results.setdefault((top, path), []).append((r.deliver_rate, us))
+                    print(
+                        f"round {n + 1} {path:6} {top}: {r.deliver_rate:,.0f} msg/s {us:.1f} us/msg"
+                    )
+    finally:
+        for broker in brokers.values():
+            broker.stop()
+    print(f"\n{'checkout':50} {'path':6} {'msg/s':>9} {'us/msg':>7}  (medians)")
+    for (top, path), runs in results.items():
+        rate = statistics.median(x for x, _ in runs)
+        us = statistics.median(y for _, y in runs)
+        print(f"{top:50} {path:6} {rate:9,.0f} {us:7.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
