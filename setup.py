@@ -22,8 +22,9 @@ HOT_MODULES: tuple[str, ...] = runpy.run_path(str(_TOP / "vibemq_server/buildinf
 ]
 #: the modules mypyc compiles, as paths from the top of the checkout
 COMPILED_MODULES = [name.replace(".", "/") + ".py" for name in HOT_MODULES]
-#: the name of the one shared library holding them (``vibemq_server__mypyc``)
-GROUP = "vibemq_server"
+#: the one shared library holding them: ``vibemq_server/_hot__mypyc``, inside the package so
+#: that an editable install (which maps only the package) finds it
+GROUP = "vibemq_server._hot"
 
 
 def compiling() -> bool:

@@ -24,7 +24,9 @@ from setup import COMPILED_MODULES, GROUP  # noqa: E402
 
 def built_files() -> list[Path]:
     """The extension files an in-place build leaves in the checkout."""
-    out = [p for p in ROOT.glob(f"{GROUP}__mypyc*") if p.suffix in (".so", ".pyd")]
+    out = [
+        p for p in ROOT.glob(GROUP.replace(".", "/") + "__mypyc*") if p.suffix in (".so", ".pyd")
+    ]
     for module in COMPILED_MODULES:
         src = ROOT / module
         out += [p for p in src.parent.glob(src.stem + ".*") if p.suffix in (".so", ".pyd")]

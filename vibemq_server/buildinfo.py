@@ -41,10 +41,14 @@ def stale_modules() -> list[str]:
     build in a checkout, scripts/compile.py): the extension shadows the edited source. (A
     minute's grace: an installer writes a wheel's .py files just after its extensions.)"""
     out = []
+    # (Not from the module's __file__: mypyc derives it from the shared library's place, which
+    # is inside the package, so it names a path that does not exist.)
+    top = Path(__file__).resolve().parent.parent
     for name in compiled_modules():
-        ext = Path(getattr(importlib.import_module(name), "__file__", None) or "")
-        src = ext.parent / (ext.name.split(".", 1)[0] + ".py")
-        if ext.is_file() and src.is_file() and src.stat().st_mtime > ext.stat().st_mtime + _GRACE_S:
+        src = top / (name.replace(".", "/") + ".py")
+        exts = [p for p in src.parent.glob(src.stem + ".*") if p.suffix in (".so", ".pyd")]
+        built = max((p.stat().st_mtime for p in exts), default=None)
+        if built is not None and src.is_file() and src.stat().st_mtime > built + _GRACE_S:
             out.append(name)
     return out
 
