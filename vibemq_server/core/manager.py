@@ -663,7 +663,9 @@ class QueueManager:
         inflight = sub.inflight
         deadlines = sub.deadlines
         queue = sub.queue
-        tracked = self._durable(queue) is not None
+        persistence = self._durable(queue)
+        # journaled messages that are no fan-out copy: settled in the journal in one call
+        journaled: list[StoredMessage] = []
         missing: list[str] = []
         settled = 0
         for msg_id in msg_ids:
@@ -674,8 +676,13 @@ class QueueManager:
             del deadlines[msg_id]
             settled += 1
             # (_settle does nothing for a message neither journaled nor one of fan-out copies)
-            if tracked or msg.group is not None:
+            if msg.group is not None:
                 self._settle(queue, msg, _ACKED)
+            elif persistence is not None:
+                journaled.append(msg)
+        if journaled:
+            assert persistence is not None
+            persistence.settled_all(queue, journaled, _ACKED)
         queue.stats.acked += settled
         return missing
 
