@@ -35,6 +35,10 @@ class Settles:
     ) -> None:
         self.settles.append((msg.queue, msg.id, reason, detail))
 
+    def settled_all(self, queue: object, msgs: list[StoredMessage], reason: SettleReason) -> None:
+        for msg in msgs:
+            self.settled(queue, msg, reason)
+
     def when_durable(self, callback: object) -> None: ...
 
 

@@ -621,6 +621,30 @@ async def _ack_batches(mgr: QueueManager, journal: Journal, sub: Subscription) -
         assert await durable(journal) is None
 
 
+async def test_acks_of_a_read_settle_in_the_journal_and_release_segments(env: Env) -> None:
+    """ack_many (a read's acks, settled in one settled_all) is as durable as one ack each:
+    nothing acked comes back, the rest does, and the settled segment can be reclaimed."""
+    mgr, journal = env.open()
+    make(mgr, "q")
+    c = Consumer()
+    sub = mgr.subscribe("q", "s", c, 10)
+    publish(mgr, "q", "a", "b", "c", "d")
+    assert await durable(journal) is None
+    first = env.segments()[0][0]
+    assert mgr.ack_many(sub, ["a", "x", "c", "d"]) == ["x"]
+    assert live(journal) == 1
+    mgr2, journal2 = await env.restart(journal)
+    assert ready(mgr2, "q") == [("b", 1)]
+    c2 = Consumer()
+    sub2 = mgr2.subscribe("q", "s", c2, 10)
+    assert mgr2.ack_many(sub2, ["b"]) == []
+    assert await durable(journal2) is None
+    journal2.maintain()
+    assert first not in [n for n, _ in env.segments()]
+    mgr3, _ = await env.restart(journal2)
+    assert ready(mgr3, "q") == []
+
+
 async def test_rotation_then_reclaim_everything_settled(env: Env) -> None:
     mgr, journal = env.open(segment_size=4096)
     make(mgr, "r")

@@ -21,7 +21,16 @@ import structlog
 from vibemq_server.config import DeliveryMode, OverflowStrategy, QueueDefaults
 from vibemq_server.core.clock import Clock, wall_clock_ms
 from vibemq_server.core.drops import DropLog
-from vibemq_server.core.message import Priority, StoredMessage, parse_priority
+from vibemq_server.core.message import (
+    ANY_SUBSCRIBER,
+    EMPTY_HEADERS,
+    FanOutMessage,
+    Priority,
+    StoredMessage,
+    as_fan_out,
+    message_class,
+    parse_priority,
+)
 from vibemq_server.core.persistence import Persistence, SettleReason
 from vibemq_server.core.queue import (
     Consumer,
@@ -224,6 +233,7 @@ class QueueManager:
         self._valid_name = name_validator or (lambda _name: True)
         self.persistence: Persistence | None = None
         self.next_seq = 1
+        self._last_now = 0
         #: every protocol's subscriptions to addresses (MQTT filters, AMQP amq.topic
         #: bindings, ZeroMQ prefixes): who hears a publish besides the queue of its name
         self.address_router = AddressRouter()
@@ -299,6 +309,8 @@ class QueueManager:
 
     def restore_messages(self, queue: Queue, msgs: list[StoredMessage]) -> None:
         """Put recovered messages back, in journal order (no record, no dispatch)."""
+        if queue.fan_out:
+            msgs = [as_fan_out(m) for m in msgs]
         queue.store.extend(msgs)
         self.memory_bytes += sum(len(m.payload) for m in msgs)
         if any(m.expires_at for m in msgs):
@@ -477,6 +489,11 @@ class QueueManager:
         if persistence is not None and not persistence.available:
             raise PersistenceUnavailable("the journal cannot be written; message not accepted")
         now = self.clock()
+        # Messages published in the same millisecond share one int (32 bytes each otherwise).
+        if now == self._last_now:
+            now = self._last_now
+        else:
+            self._last_now = now
         ttl = opts.message_ttl_ms
         if ttl_ms:
             ttl = min(ttl, ttl_ms) if ttl else ttl_ms
@@ -484,11 +501,19 @@ class QueueManager:
             self._expiring[queue_name] = queue
         if priority is None:
             priority = parse_priority(headers.get("priority")) if headers else _NORMAL
-        msg = StoredMessage(
-            msg_id, queue_name, payload, headers, now, now + ttl if ttl else 0, priority
+        # The queue's own name, not the publisher's copy of it; one shared empty mapping.
+        msg = (FanOutMessage if queue.fan_out else StoredMessage)(
+            msg_id,
+            queue.name,
+            payload,
+            headers or EMPTY_HEADERS,
+            now,
+            now + ttl if ttl else 0,
+            priority,
         )
-        msg.seq = self.next_seq
-        self.next_seq += 1
+        if persistence is not None:  # (a seq is the journal's identity of a message)
+            msg.seq = self.next_seq
+            self.next_seq += 1
         if queue.store.count >= opts.max_queue_size and self._deferred.get(queue_name) is queue:
             self._dispatch_held(queue)  # full only if its subscribers cannot take it now
         if queue.store.count >= opts.max_queue_size:
@@ -665,7 +690,9 @@ class QueueManager:
         inflight = sub.inflight
         deadlines = sub.deadlines
         queue = sub.queue
-        tracked = self._durable(queue) is not None
+        persistence = self._durable(queue)
+        # journaled messages that are no fan-out copy: settled in the journal in one call
+        journaled: list[StoredMessage] = []
         missing: list[str] = []
         settled = 0
         for msg_id in msg_ids:
@@ -676,8 +703,13 @@ class QueueManager:
             del deadlines[msg_id]
             settled += 1
             # (_settle does nothing for a message neither journaled nor one of fan-out copies)
-            if tracked or msg.group is not None:
+            if msg.group is not None:
                 self._settle(queue, msg, _ACKED)
+            elif persistence is not None:
+                journaled.append(msg)
+        if journaled:
+            assert persistence is not None
+            persistence.settled_all(queue, journaled, _ACKED)
         queue.stats.acked += settled
         return missing
 
@@ -885,7 +917,9 @@ class QueueManager:
             deadLetteredAt=iso_ms(now),
             originalDeliveryAttempts=str(msg.attempts),
         )
-        dead = StoredMessage(msg.id, dlq_name, msg.payload, headers, now, 0, msg.priority)
+        dead = message_class(dlq.fan_out)(
+            msg.id, dlq_name, msg.payload, headers, now, 0, msg.priority
+        )
         dead.seq = self.next_seq
         self.next_seq += 1
         if dlq.store.count >= dlq.options.max_queue_size:
@@ -916,8 +950,9 @@ class QueueManager:
         for msg in reversed(msgs):
             if msg.attempts >= limit:
                 continue
-            msg.single = fan_out
-            msg.target = owner if fan_out else None
+            if fan_out:
+                msg = as_fan_out(msg)  # (msg itself: a fan-out queue holds FanOutMessages)
+                msg.target = owner if owner is not None else ANY_SUBSCRIBER
             queue.store.appendleft(msg)
             self.memory_bytes += len(msg.payload)
 

@@ -49,6 +49,10 @@ class Persistence(Protocol):
         self, queue: Queue, msg: StoredMessage, reason: SettleReason, detail: str = ""
     ) -> None: ...
 
+    def settled_all(self, queue: Queue, msgs: list[StoredMessage], reason: SettleReason) -> None:
+        """``settled`` for each of ``msgs`` in order, without detail (the acks of a read)."""
+        ...
+
     def when_durable(self, callback: Callable[[Exception | None], None]) -> None:
         """Call back once everything recorded so far is as durable as configured."""
         ...

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from vibemq_server.config import DeliveryMode, OverflowStrategy
 from vibemq_server.core.clock import Clock
-from vibemq_server.core.message import Priority, StoredMessage
+from vibemq_server.core.message import Priority, StoredMessage, as_fan_out
 
 
 class DeliveryDeferred(Exception):
@@ -403,9 +403,10 @@ class Queue:
                 return
             # Each copy is accounted for when it is sent; only ``head`` was counted on enqueue.
             manager.memory_bytes += len(head.payload) * (len(subs) - 1)
-            head.group = [len(subs)]
+            fan = as_fan_out(head)  # (head itself: a fan-out queue holds FanOutMessages)
+            fan.group = [len(subs)]
             for i, sub in enumerate(subs):
-                manager.send(sub, head if i == len(subs) - 1 else head.copy())
+                manager.send(sub, fan if i == len(subs) - 1 else fan.copy())
 
     def _dispatch_without_ack(self) -> None:
         # FanOutWithoutAck: nothing is tracked per subscriber (no in-flight entry, no

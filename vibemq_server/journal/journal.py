@@ -29,12 +29,10 @@ from vibemq_server.core.persistence import SettleReason
 from vibemq_server.journal.records import (
     QueueCreate,
     QueueDelete,
+    QueueRecords,
     Record,
-    encode_deliver,
-    encode_publish,
     encode_record,
     encode_segment_header,
-    encode_settle,
 )
 from vibemq_server.journal.recovery import recover, segment_path
 from vibemq_server.journal.stats import BATCH_BUCKETS, FSYNC_BUCKETS_S, FixedHistogram
@@ -104,7 +102,11 @@ class Journal:
         self._timer: asyncio.TimerHandle | None = None
         self._closing = False
         self.epoch = 0
-        self._queue_names: dict[str, bytes] = {}  # name -> its str16 encoding
+        self._queue_records: dict[str, QueueRecords] = {}  # each queue's record encoder
+        # The timestamp of the DELIVER and SETTLE records of the batch being gathered
+        # (0: none yet): one clock reading per flush instead of one per record.
+        self._batch_ts = 0
+        self._active_seg: _Segment | None = None
         self.recovered_messages = 0
         #: for the metrics: bytes written, fsync latency, acknowledgements per group commit,
         #: how long recovery took
@@ -164,7 +166,7 @@ class Journal:
         self._fd = fd
         self._size = len(header)
         self.active = number
-        self.segments[number] = _Segment(number, path)
+        self.segments[number] = self._active_seg = _Segment(number, path)
         # Every segment starts with the definitions of the durable queues, so older
         # segments can be reclaimed without losing any queue.
         if self._manager is not None:
@@ -181,7 +183,11 @@ class Journal:
 
     def _add(self, data: bytes) -> None:
         self._buf.append(data)
-        if not self._flush_scheduled and self._loop is not None:
+        if not self._flush_scheduled:
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if self._loop is not None:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
@@ -196,21 +202,30 @@ class Journal:
             for msg in self._distinct_messages(queue):
                 self._release(msg)
 
+    def _new_records(self, name: str) -> QueueRecords:
+        if len(self._queue_records) > 10_000:
+            self._queue_records.clear()  # bounded: deleted queues' encoders do not pile up
+        records = self._queue_records[name] = QueueRecords(name)
+        return records
+
+    def _stamp(self) -> int:
+        """The clock, kept as the batch's timestamp until the flush that a record being
+        added schedules (so never older than one loop turn)."""
+        now = self.clock()
+        if self._loop is not None:
+            self._batch_ts = now
+        return now
+
     def published(self, queue: Queue, msg: StoredMessage, *, client: bool = False) -> None:
         if client:
             self._batch_publishes.append((len(self._buf), queue, msg))
-        name = self._queue_names.get(queue.name)
-        if name is None:
-            if len(self._queue_names) > 10_000:
-                self._queue_names.clear()  # bounded: names of deleted queues do not pile up
-            raw = queue.name.encode()
-            name = self._queue_names[queue.name] = len(raw).to_bytes(2, "big") + raw
+        name = queue.name
+        records = self._queue_records.get(name) or self._new_records(name)
         # The record's timestamp is the publish time itself: no second clock read.
-        self._add(
-            encode_publish(
+        self._buf.append(
+            records.publish(
                 msg.published_at,
                 msg.seq,
-                name,
                 msg.id,
                 msg.published_at,
                 msg.expires_at,
@@ -220,19 +235,52 @@ class Journal:
                 msg.payload,
             )
         )
+        if not self._flush_scheduled:
+            self._schedule_flush()
         msg.seg = self.active
-        seg = self.segments[self.active]
+        seg = self._active_seg
+        if seg is None or seg.number != self.active:
+            seg = self.segments[self.active]
         seg.live += 1
         seg.published += 1
 
     def delivered(self, queue: Queue, msg: StoredMessage) -> None:
-        self._add(encode_deliver(self.clock(), msg.seq, queue.name, msg.attempts))
+        ts = self._batch_ts or self._stamp()
+        name = queue.name
+        records = self._queue_records.get(name) or self._new_records(name)
+        self._buf.append(records.deliver(ts, msg.seq, msg.attempts))
+        if not self._flush_scheduled:
+            self._schedule_flush()
 
     def settled(
         self, queue: Queue, msg: StoredMessage, reason: SettleReason, detail: str = ""
     ) -> None:
-        self._add(encode_settle(self.clock(), msg.seq, queue.name, reason, detail))
-        self._release(msg)
+        ts = self._batch_ts or self._stamp()
+        name = queue.name
+        records = self._queue_records.get(name) or self._new_records(name)
+        self._buf.append(records.settle(ts, msg.seq, reason, detail))
+        if not self._flush_scheduled:
+            self._schedule_flush()
+        seg = self.segments.get(msg.seg)
+        if seg is not None:
+            seg.live -= 1
+        msg.seg = 0
+
+    def settled_all(self, queue: Queue, msgs: list[StoredMessage], reason: SettleReason) -> None:
+        """``settled`` for each of ``msgs`` (a read's acks), in order."""
+        ts = self._batch_ts or self._stamp()
+        name = queue.name
+        settle = (self._queue_records.get(name) or self._new_records(name)).settle
+        append = self._buf.append
+        segments = self.segments
+        for msg in msgs:
+            append(settle(ts, msg.seq, reason, ""))
+            seg = segments.get(msg.seg)
+            if seg is not None:
+                seg.live -= 1
+            msg.seg = 0
+        if not self._flush_scheduled:
+            self._schedule_flush()
 
     def _release(self, msg: StoredMessage) -> None:
         seg = self.segments.get(msg.seg)
@@ -248,6 +296,7 @@ class Journal:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._batch_ts = 0
         if self._fd < 0:
             return  # closed: the broker is shutting down and nobody waits any more
         self.epoch += 1

@@ -162,6 +162,89 @@ def encode_settle(timestamp: int, seq: int, queue: str, reason: int, detail: str
     return _framed(head + _s16(queue) + _s16(detail))
 
 
+class QueueRecords:
+    """The PUBLISH, DELIVER and SETTLE records of one queue, from pieces made once.
+
+    What ``encode_publish``/``encode_deliver``/``encode_settle`` write, byte for byte, in
+    fewer Python steps: the queue's name (and the rest of a record's fixed layout) is baked
+    into one ``Struct`` per record type (per message-id length for PUBLISH), so a record is
+    one ``pack``, one or two ``crc32`` and one join, with the payload copied once."""
+
+    __slots__ = ("_deliver", "_publish", "_settle", "name", "name16")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.name16 = _s16(name)
+        n = len(self.name16)
+        self._deliver = Struct(f">BQQH{n}s")
+        self._settle = Struct(f">BQQB{n}sH")  # (detail empty: its u16 length 0)
+        # message-id length -> the PUBLISH layout up to the payload, for messages without
+        # headers (bounded: a u16 length)
+        self._publish: dict[int, Struct] = {}
+
+    def publish(
+        self,
+        timestamp: int,
+        seq: int,
+        message_id: str,
+        published_at: int,
+        expires_at: int,
+        priority: int,
+        attempts: int,
+        headers: Mapping[str, str],
+        payload: bytes,
+    ) -> bytes:
+        mid = message_id.encode()
+        if headers:
+            return encode_publish(
+                timestamp,
+                seq,
+                self.name16,
+                message_id,
+                published_at,
+                expires_at,
+                priority,
+                attempts,
+                headers,
+                payload,
+            )
+        st = self._publish.get(len(mid))
+        if st is None:
+            st = self._publish[len(mid)] = Struct(f">BQQQQBH{len(self.name16)}sH{len(mid)}sHI")
+        plen = len(payload)
+        head = st.pack(
+            _PUBLISH,
+            timestamp,
+            seq,
+            published_at,
+            expires_at,
+            priority,
+            attempts,
+            self.name16,
+            len(mid),
+            mid,
+            0,
+            plen,
+        )
+        crc = zlib.crc32(payload, zlib.crc32(head))
+        return b"".join((RECORD_PREFIX.pack(len(head) + plen, crc), head, payload))
+
+    def deliver(self, timestamp: int, seq: int, attempts: int) -> bytes:
+        inner = self._deliver.pack(_DELIVER, timestamp, seq, attempts, self.name16)
+        return RECORD_PREFIX.pack(len(inner), zlib.crc32(inner)) + inner
+
+    def settle(self, timestamp: int, seq: int, reason: int, detail: str) -> bytes:
+        if detail:
+            return encode_settle(timestamp, seq, self.name, reason, detail)
+        inner = self._settle.pack(_SETTLE, timestamp, seq, reason, self.name16, 0)
+        return RECORD_PREFIX.pack(len(inner), zlib.crc32(inner)) + inner
+
+
+_PUBLISH = int(RecordType.PUBLISH)
+_DELIVER = int(RecordType.DELIVER)
+_SETTLE = int(RecordType.SETTLE)
+
+
 def _encode_queue_create(r: QueueCreate, timestamp: int) -> bytes:
     head = RECORD_HEAD.pack(RecordType.QUEUE_CREATE, timestamp) + _s16(r.name)
     return _framed(head + _U64.pack(r.created_at) + _U32.pack(len(r.options_json)) + r.options_json)

@@ -163,6 +163,9 @@ def recover(directory: Path, manager: QueueManager) -> Recovered:
     by_queue: dict[str, list[StoredMessage]] = {}
     load = _load
     mask = (1 << _OFFSET_BITS) - 1
+    # Messages published in the same millisecond share one int (32 bytes each otherwise),
+    # as they did before the restart.
+    last_published = -1
     for seq in sorted(pending):
         where = pending[seq]
         number = where >> _OFFSET_BITS
@@ -177,6 +180,10 @@ def recover(directory: Path, manager: QueueManager) -> Recovered:
         if queue is None:
             continue
         msg = load(data, offset, name, attempts.get(seq), paths, number)
+        if msg.published_at == last_published:
+            msg.published_at = last_published
+        else:
+            last_published = msg.published_at
         by_queue.setdefault(name, []).append(msg)
         live[number] = live.get(number, 0) + 1
     for name, msgs in by_queue.items():
