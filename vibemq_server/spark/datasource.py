@@ -17,7 +17,8 @@ they hold only plain values. The reading itself is :mod:`vibemq_server.spark.jou
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
+    Filter,
     InputPartition,
     WriterCommitMessage,
 )
@@ -40,12 +42,11 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType, _parse_datatype_string
 
+from vibemq_server.spark import columnar, pushdown
 from vibemq_server.spark import journal_reader as jr
 from vibemq_server.spark.publisher import PublishConfig, check_columns, option, publish_rows
 
 log = logging.getLogger("vibemq.spark")
-
-BATCH_ROWS = 8192
 
 
 def journal_schema() -> StructType:
@@ -80,24 +81,20 @@ def _row_filter(options: Mapping[str, str], *, times: bool) -> jr.RowFilter:
     )
 
 
-def arrow_batches(rows: Iterator[jr.Row], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """Rows in :data:`journal_reader.COLUMNS` order as Arrow record batches of ``schema``."""
-    types = [field.type for field in schema]
-    map_index = jr.COLUMNS.index("headers")
-    while True:
-        chunk: list[jr.Row] = []
-        for row in rows:
-            chunk.append(row)
-            if len(chunk) >= BATCH_ROWS:
-                break
-        if not chunk:
-            return
-        cols = jr.transpose(chunk)
-        cols[map_index] = [None if h is None else list(h.items()) for h in cols[map_index]]
-        arrays = [pa.array(col, type=t) for col, t in zip(cols, types, strict=True)]
-        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
-        if len(chunk) < BATCH_ROWS:
-            return
+def segment_batches(
+    path: str,
+    segment: int,
+    schema: pa.Schema,
+    start: int = jr.HEADER,
+    end: int | None = None,
+    row_filter: jr.RowFilter = jr.NO_FILTER,
+) -> Iterator[pa.RecordBatch]:
+    """The records of one segment in ``[start, end)`` as record batches: decoded in bulk by
+    the compiled scanner, or record by record when it is not built (same rows)."""
+    if columnar.available():
+        return columnar.read_batches(path, segment, schema, start, end, row_filter)
+    log.warning("vibemq_server.spark._colscan is not built: reading the journal record by record")
+    return columnar.rows_to_batches(jr.read_rows(path, segment, start, end, row_filter), schema)
 
 
 @dataclass(frozen=True)
@@ -129,6 +126,11 @@ class VibeMQReader(DataSourceReader):
         self.row_filter = _row_filter(options, times=True)
         self.schema = schema
 
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        """Filters on ``queue`` and ``timestamp`` narrow the scan (:mod:`.pushdown`)."""
+        self.row_filter, rest = pushdown.push(self.row_filter, filters)
+        return rest
+
     def partitions(self) -> Sequence[InputPartition]:
         segments = jr.segments_for(self.data_dir, self.row_filter)
         return [SegmentPartition(seg.number, seg.path) for seg in segments]
@@ -138,8 +140,9 @@ class VibeMQReader(DataSourceReader):
             return  # no segment to read: Spark plans one partition of its own then
         schema = to_arrow_schema(self.schema, timezone="UTC")
         try:
-            rows = jr.read_rows(partition.path, partition.segment, row_filter=self.row_filter)
-            yield from arrow_batches(rows, schema)
+            yield from segment_batches(
+                partition.path, partition.segment, schema, row_filter=self.row_filter
+            )
         except FileNotFoundError:
             # Reclaimed between planning and reading: the batch read sees the journal as it
             # is when each segment is opened, like a directory listing of files.
@@ -200,9 +203,13 @@ class VibeMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not isinstance(partition, ChunkPartition):
             return
         schema = to_arrow_schema(self.schema, timezone="UTC")
-        chunk = jr.Chunk(partition.segment, partition.start, partition.end)
-        rows = jr.read_chunk(self.data_dir, chunk, self.row_filter, self.fail_on_data_loss)
-        yield from arrow_batches(rows, schema)
+        path = jr.segment_file(self.data_dir, partition.segment)
+        if not os.path.exists(path):
+            jr.data_loss(partition.segment, partition.segment + 1, self.fail_on_data_loss)
+            return
+        yield from segment_batches(
+            path, partition.segment, schema, partition.start, partition.end, self.row_filter
+        )
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to release: the journal is the broker's, and reclamation is its business."""
