@@ -8,6 +8,7 @@ outcome must be the same table, or the same error at the same offset. No Spark, 
 
 from __future__ import annotations
 
+import itertools
 import struct
 import zlib
 from pathlib import Path
@@ -257,3 +258,16 @@ def test_pushed_filters_narrow_the_row_filter() -> None:
     nothing, _ = pushdown.push(jr.RowFilter(queues=frozenset({"a"})), [EqualTo(("queue",), "b")])
     assert nothing.start_ms is not None and nothing.end_ms is not None
     assert nothing.start_ms >= nothing.end_ms  # reads no segment at all
+
+
+def test_ranges_at_record_cuts_read_the_whole_segment(journal: Path) -> None:
+    seg = jr.list_segment_files(journal)[0]
+    cuts = jr.record_cuts(seg.path, 4096)
+    assert len(cuts) > 5 and cuts == sorted(cuts)
+    bounds = [jr.HEADER, *cuts, None]
+    parts = [
+        b
+        for start, end in itertools.pairwise(bounds)
+        for b in columnar.read_batches(seg.path, seg.number, SCHEMA, start or jr.HEADER, end)
+    ]
+    _same(("rows", pa.Table.from_batches(parts, schema=SCHEMA)), _both(seg.path, seg.number)[1])

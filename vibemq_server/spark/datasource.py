@@ -16,6 +16,7 @@ they hold only plain values. The reading itself is :mod:`vibemq_server.spark.jou
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -47,6 +48,8 @@ from vibemq_server.spark import journal_reader as jr
 from vibemq_server.spark.publisher import PublishConfig, check_columns, option, publish_rows
 
 log = logging.getLogger("vibemq.spark")
+
+RANGE_BYTES = 32 * 1024 * 1024  # a batch partition reads at most about this much of a segment
 
 
 def journal_schema() -> StructType:
@@ -99,10 +102,13 @@ def segment_batches(
 
 @dataclass(frozen=True)
 class SegmentPartition(InputPartition):
-    """A batch partition: one whole segment file."""
+    """A batch partition: a segment file from ``start`` to ``end`` (None: to its end, with the
+    tail rules; a bound is a record boundary found when planning)."""
 
     segment: int
     path: str
+    start: int = jr.HEADER
+    end: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "value", self.segment)
@@ -132,8 +138,16 @@ class VibeMQReader(DataSourceReader):
         return rest
 
     def partitions(self) -> Sequence[InputPartition]:
-        segments = jr.segments_for(self.data_dir, self.row_filter)
-        return [SegmentPartition(seg.number, seg.path) for seg in segments]
+        out: list[InputPartition] = []
+        for seg in jr.segments_for(self.data_dir, self.row_filter):
+            # A big segment is read as several ranges at record boundaries (found by the
+            # compiled walk): more tasks than segments when a journal has few of them.
+            cuts = jr.record_cuts(seg.path, RANGE_BYTES) if columnar.available() else []
+            bounds = [jr.HEADER, *cuts, None]
+            for start, end in itertools.pairwise(bounds):
+                assert start is not None
+                out.append(SegmentPartition(seg.number, seg.path, start, end))
+        return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, SegmentPartition):
@@ -141,7 +155,12 @@ class VibeMQReader(DataSourceReader):
         schema = to_arrow_schema(self.schema, timezone="UTC")
         try:
             yield from segment_batches(
-                partition.path, partition.segment, schema, row_filter=self.row_filter
+                partition.path,
+                partition.segment,
+                schema,
+                partition.start,
+                partition.end,
+                self.row_filter,
             )
         except FileNotFoundError:
             # Reclaimed between planning and reading: the batch read sees the journal as it

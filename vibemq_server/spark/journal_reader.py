@@ -209,6 +209,24 @@ def _walk(
     return pos, count
 
 
+def record_cuts(path: str, every: int) -> list[int]:
+    """Record boundaries about ``every`` bytes apart, for splitting a segment into ranges
+    (none past the last whole record; the range after the last cut keeps the tail rules)."""
+    cuts: list[int] = []
+    pos = HEADER
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        return cuts
+    while size - pos > every + every // 2:
+        end, _count = scan(path, pos, None, pos + every)
+        if end <= pos:
+            break  # a record bigger than a range, or a bad length: the rest is one range
+        cuts.append(end)
+        pos = end
+    return cuts
+
+
 def scan_python(
     path: str, start: int, max_records: int | None = None, stop: int | None = None
 ) -> tuple[int, int]:
