@@ -49,7 +49,7 @@ from vibemq_server.spark.publisher import PublishConfig, check_columns, option, 
 
 log = logging.getLogger("vibemq.spark")
 
-RANGE_BYTES = 32 * 1024 * 1024  # a batch partition reads at most about this much of a segment
+RANGE_BYTES = 16 * 1024 * 1024  # a batch partition reads at most about this much of a segment
 
 
 def journal_schema() -> StructType:
