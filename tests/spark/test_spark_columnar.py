@@ -271,3 +271,16 @@ def test_ranges_at_record_cuts_read_the_whole_segment(journal: Path) -> None:
         for b in columnar.read_batches(seg.path, seg.number, SCHEMA, start or jr.HEADER, end)
     ]
     _same(("rows", pa.Table.from_batches(parts, schema=SCHEMA)), _both(seg.path, seg.number)[1])
+    # Within a streaming chunk [start, end): every range has an end, the same rows again.
+    first, last = cuts[1], cuts[-1]
+    inner = jr.record_cuts(seg.path, 4096, first, last)
+    assert inner and first < inner[0] and inner[-1] < last
+    parts = [
+        b
+        for start, end in itertools.pairwise([first, *inner, last])
+        for b in columnar.read_batches(seg.path, seg.number, SCHEMA, start, end)
+    ]
+    _same(
+        ("rows", pa.Table.from_batches(parts, schema=SCHEMA)),
+        _both(seg.path, seg.number, first, last)[1],
+    )

@@ -216,7 +216,14 @@ class VibeMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             jr.Offset.from_json(end),
             self.fail_on_data_loss,
         )
-        return [ChunkPartition(c.segment, c.start, c.end) for c in chunks]
+        out: list[InputPartition] = []
+        for c in chunks:
+            # Like the batch read: a long chunk is read as several ranges.
+            path = jr.segment_file(self.data_dir, c.segment)
+            cuts = jr.record_cuts(path, RANGE_BYTES, c.start, c.end) if columnar.available() else []
+            for begin, stop in itertools.pairwise([c.start, *cuts, c.end]):
+                out.append(ChunkPartition(c.segment, begin, stop))
+        return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, ChunkPartition):

@@ -209,16 +209,19 @@ def _walk(
     return pos, count
 
 
-def record_cuts(path: str, every: int) -> list[int]:
-    """Record boundaries about ``every`` bytes apart, for splitting a segment into ranges
-    (none past the last whole record; the range after the last cut keeps the tail rules)."""
+def record_cuts(path: str, every: int, start: int = HEADER, stop: int | None = None) -> list[int]:
+    """Record boundaries about ``every`` bytes apart between ``start`` and ``stop`` (the
+    file's end if None), for splitting a segment into ranges. None is past the last whole
+    record, and the last range is at least ``every`` long (with ``stop`` None it keeps the
+    tail rules)."""
     cuts: list[int] = []
-    pos = HEADER
-    try:
-        size = os.stat(path).st_size
-    except FileNotFoundError:
-        return cuts
-    while size - pos > every + every // 2:
+    pos = max(start, HEADER)
+    if stop is None:
+        try:
+            stop = os.stat(path).st_size
+        except FileNotFoundError:
+            return cuts
+    while stop - pos > every + every // 2:
         end, _count = scan(path, pos, None, pos + every)
         if end <= pos:
             break  # a record bigger than a range, or a bad length: the rest is one range
