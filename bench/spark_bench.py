@@ -1,19 +1,30 @@
-"""Spark data source throughput: batch read of the journal, and the writer into a broker.
+"""Spark data source throughput: our journal reader side by side with Spark's own readers.
 
-    .venv/bin/python -m bench.spark_bench [--messages 1000000] [--writer-rows 100000]
+    .venv/bin/python -m bench.spark_bench [--messages 100000,500000]
+        [--payloads 64,1024,16384,65536] [--rounds 3] [--pushdown-messages 200000]
+        [--stream-messages 200000] [--writer-rows 0]
 
-1. Generates a journal of ``--messages`` messages with ``vibemq_server.spark.generate`` (the
-   journal's own record encoders, written straight to segment files: a PUBLISH, one or more
-   DELIVERs and a SETTLE per message, about 3.2 records per message, 64 MiB segments).
-2. For ``local[1]`` and ``local[2]``: a fresh SparkSession, one warm-up read, then the best of
-   ``--repeat`` full reads that pull every column through Spark
-   (``count(*)`` and ``sum(length(payload_binary))``). Reports rows/s (rows = records) and MB/s
-   of segment bytes.
-3. Starts a real broker (``fsync = always``, the default) and writes ``--writer-rows`` rows
-   with ``df.write.format("vibemq")`` from 2 partitions (2 connections), timed to the end of
-   the job (every PublishAck awaited).
+One SparkSession on ``local[2]`` for everything. For each journal (written by
+``vibemq_server.spark.generate``: a PUBLISH, one or more DELIVERs and a SETTLE per message,
+about 3.2 records per message, 64 MiB segments):
 
-Needs Java 17 and the spark extra. Nothing is asserted; the numbers go to docs/performance.md.
+1. the session reads it once with ``format("vibemq")`` and writes the very same records out as
+   Parquet and as JSON lines;
+2. ``--rounds`` alternating rounds (the order rotates every round) of three readers -- ours,
+   ``spark.read.parquet``, ``spark.read.json`` with the schema given -- and two queries: the
+   issue's ``count(*), sum(length(payload))`` (Parquet reads only the payload column for it),
+   and ``all``: the same plus an ``xxhash64`` of every column, so every reader materialises
+   every column (the hash must agree: a check that all three hold the same records). Medians.
+
+Curves: ``--messages`` (payloads about 100 B), ``--payloads`` (message sizes; the number of
+messages is chosen to keep about ``--payload-mb`` of journal). ``--pushdown-messages``: ten
+queues, one of them read with the ``queue`` option, and with a pushed-down ``queue = ...``
+filter, against the full read. ``--stream-messages``: ``readStream`` with
+``trigger(availableNow=True)`` and ``maxRecordsPerTrigger`` into the ``noop`` sink against a
+batch read of the same journal. ``--writer-rows``: the writer into a real broker (0 = skip).
+
+Needs Java 17 and the spark extra (and the compiled scanner: ``pip install -e .`` or
+``scripts/build_ext.sh``). Nothing is asserted; the numbers go to docs/performance.md.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,10 +41,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vibemq_server.spark import columnar
 from vibemq_server.spark.generate import generate
 
+ALL_COLUMNS = (
+    "segment, offset, record_type, timestamp, queue, seq, message_id, published_at, expires_at, "
+    "priority, map_keys(headers), map_values(headers), payload, payload_binary, payload_size, "
+    "delivery_attempts, settle_reason, settled_at, dead_letter_reason, detail, queue_options"
+)
+QUERIES = {
+    "issue": ["count(*) AS n", "sum(length(payload)) AS b"],
+    "all": ["count(*) AS n", "sum(length(payload)) AS b", f"bit_xor(xxhash64({ALL_COLUMNS})) AS h"],
+}
 
-def session(master: str) -> Any:
+
+def session(master: str = "local[2]") -> Any:
     from pyspark.sql import SparkSession
 
     from vibemq_server.spark import register
@@ -42,7 +65,8 @@ def session(master: str) -> Any:
         .appName("vibemq-spark-bench")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "2g")
+        .config("spark.driver.memory", "3g")
+        .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -50,30 +74,111 @@ def session(master: str) -> Any:
     return spark
 
 
-def timed_read(spark: Any, data_dir: str) -> tuple[float, int]:
+def _timed(df: Any, query: str) -> tuple[float, dict[str, Any]]:
     start = time.perf_counter()
-    row = (
-        spark.read.format("vibemq")
-        .load(data_dir)
-        .selectExpr("count(*) AS n", "sum(length(payload_binary)) AS b")
-        .first()
-    )
-    return time.perf_counter() - start, int(row["n"])
+    row = df.selectExpr(*QUERIES[query]).first()
+    return time.perf_counter() - start, row.asDict()
 
 
-def read_bench(data_dir: str, cores: int, repeat: int, size: int) -> dict[str, Any]:
-    spark = session(f"local[{cores}]")
-    try:
-        timed_read(spark, data_dir)  # warm-up: Python workers, JIT
-        best, rows = min(timed_read(spark, data_dir) for _ in range(repeat))
-    finally:
-        spark.stop()
+def side_by_side(spark: Any, journal: Path, work: Path, rounds: int) -> dict[str, Any]:
+    """Ours, Parquet and JSON lines of the same records, alternating rounds; medians."""
+    from vibemq_server.spark.datasource import journal_schema
+
+    ours = spark.read.format("vibemq").load(str(journal))
+    pq, js = work / "parquet", work / "json"
+    shutil.rmtree(pq, ignore_errors=True)
+    shutil.rmtree(js, ignore_errors=True)
+    ours.write.parquet(str(pq))
+    ours.write.json(str(js))
+    schema = journal_schema()
+    readers = {
+        "vibemq": lambda: spark.read.format("vibemq").load(str(journal)),
+        "parquet": lambda: spark.read.parquet(str(pq)),
+        "json": lambda: spark.read.schema(schema).json(str(js)),
+    }
+    names = list(readers)
+    times: dict[str, dict[str, list[float]]] = {q: {n: [] for n in names} for q in QUERIES}
+    answers: dict[str, dict[str, Any]] = {q: {} for q in QUERIES}
+    for name in names:  # warm-up: Python workers, JIT, file cache
+        _timed(readers[name](), "issue")
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for query in QUERIES:
+            for name in order:
+                took, answer = _timed(readers[name](), query)
+                times[query][name].append(took)
+                answers[query][name] = answer
+    rows = int(answers["issue"]["vibemq"]["n"])
+    out: dict[str, Any] = {"rows": rows}
+    for query in QUERIES:
+        agree = len({json.dumps(a, sort_keys=True) for a in answers[query].values()}) == 1
+        med = {n: statistics.median(times[query][n]) for n in names}
+        out[query] = {
+            "agree": agree,
+            **{n: {"seconds": round(med[n], 2), "rows_per_s": round(rows / med[n])} for n in names},
+            "vs_json": round(med["json"] / med["vibemq"], 2),
+            "vs_parquet": round(med["parquet"] / med["vibemq"], 2),
+        }
+    return out
+
+
+def pushdown(spark: Any, journal: Path, rounds: int) -> dict[str, Any]:
+    """One queue of ten: the ``queue`` option and a pushed filter against the full read."""
+    from pyspark.sql.functions import col
+
+    cases = {
+        "full": lambda: spark.read.format("vibemq").load(str(journal)),
+        "option": lambda: spark.read.format("vibemq").option("queue", "q3").load(str(journal)),
+        "filter": lambda: (
+            spark.read.format("vibemq").load(str(journal)).where(col("queue") == "q3")
+        ),
+    }
+    times: dict[str, list[float]] = {n: [] for n in cases}
+    rows: dict[str, int] = {}
+    for make in cases.values():
+        _timed(make(), "all")
+    for _ in range(rounds):
+        for name, make in cases.items():
+            took, answer = _timed(make(), "all")
+            times[name].append(took)
+            rows[name] = int(answer["n"])
+    med = {n: statistics.median(t) for n, t in times.items()}
     return {
-        "cores": cores,
-        "seconds": round(best, 2),
+        n: {"seconds": round(med[n], 2), "rows": rows[n], "of_full": round(med[n] / med["full"], 2)}
+        for n in cases
+    }
+
+
+def stream(spark: Any, journal: Path, work: Path, rounds: int) -> dict[str, Any]:
+    """availableNow with maxRecordsPerTrigger into the noop sink, against a batch read."""
+    times: dict[str, list[float]] = {"batch": [], "stream": []}
+    for r in range(rounds + 1):
+        start = time.perf_counter()
+        spark.read.format("vibemq").load(str(journal)).write.format("noop").mode("overwrite").save()
+        batch = time.perf_counter() - start
+        chk = work / f"chk{r}"
+        start = time.perf_counter()
+        query = (
+            spark.readStream.format("vibemq")
+            .option("maxRecordsPerTrigger", 500_000)
+            .load(str(journal))
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(chk))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        took = time.perf_counter() - start
+        rows = sum(p["numInputRows"] for p in query.recentProgress)
+        if r:  # the first is the warm-up
+            times["batch"].append(batch)
+            times["stream"].append(took)
+    med = {n: statistics.median(t) for n, t in times.items()}
+    return {
         "rows": rows,
-        "rows_per_s": round(rows / best),
-        "mb_per_s": round(size / best / 1e6, 1),
+        "batch_rows_per_s": round(rows / med["batch"]),
+        "stream_rows_per_s": round(rows / med["stream"]),
+        "stream_vs_batch": round(med["batch"] / med["stream"], 2),
     }
 
 
@@ -81,16 +186,8 @@ def writer_bench(rows: int, work: Path) -> dict[str, Any]:
     data = work / "broker"
     ready = work / "ready.json"
     cmd = [sys.executable, "-m", "vibemq_server", "--host", "127.0.0.1", "--port", "0"]
-    cmd += [
-        "--no-mqtt",
-        "--no-amqp",
-        "--no-http",
-        "--data-dir",
-        str(data),
-        "--ready-file",
-        str(ready),
-    ]
-    cmd += ["--log-level", "warning"]
+    cmd += ["--no-mqtt", "--no-amqp", "--no-http", "--data-dir", str(data)]
+    cmd += ["--ready-file", str(ready), "--log-level", "warning"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("VIBEMQ_")}
     proc = subprocess.Popen(cmd, env=env)
     try:
@@ -100,60 +197,99 @@ def writer_bench(rows: int, work: Path) -> dict[str, Any]:
                 raise RuntimeError("broker did not start")
             time.sleep(0.05)
         port = json.loads(ready.read_text())["vibemq"]
-        spark = session("local[2]")
-        try:
-            df = spark.range(0, rows, numPartitions=2).selectExpr(
-                "to_json(named_struct('n', id, 'body', repeat('x', 64))) AS payload"
-            )
-            df.cache().count()
-            start = time.perf_counter()
-            df.write.format("vibemq").option("port", str(port)).option("queue", "bench").mode(
-                "append"
-            ).save()
-            took = time.perf_counter() - start
-        finally:
-            spark.stop()
+        spark = session()
+        df = spark.range(0, rows, numPartitions=2).selectExpr(
+            "to_json(named_struct('n', id, 'body', repeat('x', 64))) AS payload"
+        )
+        df.cache().count()
+        start = time.perf_counter()
+        df.write.format("vibemq").option("port", str(port)).option("queue", "bench").mode(
+            "append"
+        ).save()
+        took = time.perf_counter() - start
     finally:
         proc.terminate()
         proc.wait(timeout=30)
     return {"rows": rows, "seconds": round(took, 2), "rows_per_s": round(rows / took)}
 
 
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _print_side(label: str, r: dict[str, Any]) -> None:
+    for query in QUERIES:
+        q = r[query]
+        cells = ", ".join(f"{n} {q[n]['rows_per_s']:,}/s" for n in ("vibemq", "parquet", "json"))
+        print(
+            f"{label} [{query}] {r['rows']:,} rows: {cells}; ours {q['vs_json']}x JSON, "
+            f"{q['vs_parquet']}x Parquet{'' if q['agree'] else ' (ANSWERS DIFFER)'}",
+            flush=True,
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="Spark data source benchmark")
-    parser.add_argument("--messages", type=int, default=1_000_000)
-    parser.add_argument("--writer-rows", type=int, default=100_000)
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--messages", default="100000,500000", help="the size curve")
+    parser.add_argument("--payloads", default="64,1024,16384,65536", help="the payload curve")
+    parser.add_argument("--payload-mb", type=int, default=160, help="journal size per payload")
+    parser.add_argument("--pushdown-messages", type=int, default=200_000)
+    parser.add_argument("--stream-messages", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--writer-rows", type=int, default=0)
     parser.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
+    if not columnar.available():
+        print("warning: the compiled scanner is not built: measuring the per-record path")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     work = Path(args.dir or tempfile.mkdtemp(prefix="vibemq-spark-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    try:
-        journal = work / "journal-data"
-        start = time.perf_counter()
-        stats = generate(journal, args.messages)
-        gen = time.perf_counter() - start
+    results: dict[str, Any] = {"sizes": {}, "payloads": {}}
+
+    def journal(name: str, messages: int, **kw: Any) -> Path:
+        path = work / name
+        shutil.rmtree(path, ignore_errors=True)
+        stats = generate(path, messages, **kw)
         print(
-            f"generated {stats.messages:,} messages = {stats.records:,} records, "
-            f"{stats.bytes / 1e6:,.0f} MB in {stats.segments} segments in {gen:.1f} s"
+            f"{name}: {stats.messages:,} messages = {stats.records:,} records, "
+            f"{stats.bytes / 1e6:,.0f} MB in {stats.segments} segments",
+            flush=True,
         )
-        results: dict[str, Any] = {"messages": stats.messages, "records": stats.records}
-        results["bytes"] = stats.bytes
-        results["segments"] = stats.segments
-        for cores in (1, 2):
-            r = read_bench(str(journal), cores, args.repeat, stats.bytes)
-            results[f"read_local{cores}"] = r
-            print(
-                f"read local[{cores}]: {r['rows']:,} rows in {r['seconds']} s = "
-                f"{r['rows_per_s']:,} rows/s, {r['mb_per_s']} MB/s"
-            )
-        w = writer_bench(args.writer_rows, work)
-        results["writer"] = w
-        rate = f"{w['rows_per_s']:,} rows/s"
-        print(f"writer local[2], 2 connections: {w['rows']:,} rows in {w['seconds']} s = {rate}")
+        return path
+
+    try:
+        spark = session()
+        for n in _ints(args.messages):
+            path = journal(f"size-{n}", n)
+            r = side_by_side(spark, path, work, args.rounds)
+            results["sizes"][n] = r
+            _print_side(f"{n:,} messages", r)
+            shutil.rmtree(path, ignore_errors=True)
+        for size in _ints(args.payloads):
+            n = max(1000, min(200_000, args.payload_mb * 1_000_000 // (size * 5 // 4 + 60)))
+            path = journal(f"payload-{size}", n, payload_size=size)
+            r = side_by_side(spark, path, work, args.rounds)
+            results["payloads"][size] = r
+            _print_side(f"payload {size} B, {n:,} messages", r)
+            shutil.rmtree(path, ignore_errors=True)
+        if args.pushdown_messages:
+            path = journal("pushdown", args.pushdown_messages, queues=10)
+            r = pushdown(spark, path, args.rounds)
+            results["pushdown"] = r
+            print(f"one queue of ten: {json.dumps(r)}", flush=True)
+            shutil.rmtree(path, ignore_errors=True)
+        if args.stream_messages:
+            path = journal("stream", args.stream_messages)
+            r = stream(spark, path, work, args.rounds)
+            results["stream"] = r
+            print(f"stream availableNow: {json.dumps(r)}", flush=True)
+        spark.stop()
+        if args.writer_rows:
+            w = writer_bench(args.writer_rows, work)
+            results["writer"] = w
+            print(f"writer local[2], 2 connections: {json.dumps(w)}", flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2))
     finally:

@@ -52,6 +52,10 @@ system_need_test() {
   command -v systemd-analyze >/dev/null || pkgs+=(systemd)
   # The 50/MME codec tests check against czmq's own zmsg_encode/zmsg_decode (libczmq, ctypes).
   dpkg -s libczmq-dev >/dev/null 2>&1 || pkgs+=(libczmq-dev)
+  # The Spark source's C scanner (vibemq_server/spark/_colscan.c) is built by the editable
+  # install; its tests fail, never skip, without it: a C compiler and zlib's headers.
+  command -v cc >/dev/null || pkgs+=(gcc)
+  [ -f /usr/include/zlib.h ] || pkgs+=(zlib1g-dev)
   # The metrics tests check the Prometheus exposition with promtool (Debian's prometheus).
   command -v promtool >/dev/null || pkgs+=(prometheus)
   # The dashboard's tests drive Debian's chromium with Playwright (no browser download).

@@ -16,9 +16,12 @@ from typing import Any
 
 
 def register(spark: Any) -> None:
-    """Register the ``vibemq`` data source with a SparkSession."""
+    """Register the ``vibemq`` data source with a SparkSession, and turn on the Python data
+    source filter pushdown it implements (Spark refuses a reader with ``pushFilters`` while
+    ``spark.sql.python.filterPushdown.enabled`` is off)."""
     from vibemq_server.spark.datasource import VibeMQDataSource
 
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(VibeMQDataSource)
 
 

@@ -16,8 +16,10 @@ they hold only plain values. The reading itself is :mod:`vibemq_server.spark.jou
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +30,7 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
+    Filter,
     InputPartition,
     WriterCommitMessage,
 )
@@ -40,12 +43,13 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType, _parse_datatype_string
 
+from vibemq_server.spark import columnar, pushdown
 from vibemq_server.spark import journal_reader as jr
 from vibemq_server.spark.publisher import PublishConfig, check_columns, option, publish_rows
 
 log = logging.getLogger("vibemq.spark")
 
-BATCH_ROWS = 8192
+RANGE_BYTES = 16 * 1024 * 1024  # a batch partition reads at most about this much of a segment
 
 
 def journal_schema() -> StructType:
@@ -80,32 +84,31 @@ def _row_filter(options: Mapping[str, str], *, times: bool) -> jr.RowFilter:
     )
 
 
-def arrow_batches(rows: Iterator[jr.Row], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """Rows in :data:`journal_reader.COLUMNS` order as Arrow record batches of ``schema``."""
-    types = [field.type for field in schema]
-    map_index = jr.COLUMNS.index("headers")
-    while True:
-        chunk: list[jr.Row] = []
-        for row in rows:
-            chunk.append(row)
-            if len(chunk) >= BATCH_ROWS:
-                break
-        if not chunk:
-            return
-        cols = jr.transpose(chunk)
-        cols[map_index] = [None if h is None else list(h.items()) for h in cols[map_index]]
-        arrays = [pa.array(col, type=t) for col, t in zip(cols, types, strict=True)]
-        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
-        if len(chunk) < BATCH_ROWS:
-            return
+def segment_batches(
+    path: str,
+    segment: int,
+    schema: pa.Schema,
+    start: int = jr.HEADER,
+    end: int | None = None,
+    row_filter: jr.RowFilter = jr.NO_FILTER,
+) -> Iterator[pa.RecordBatch]:
+    """The records of one segment in ``[start, end)`` as record batches: decoded in bulk by
+    the compiled scanner, or record by record when it is not built (same rows)."""
+    if columnar.available():
+        return columnar.read_batches(path, segment, schema, start, end, row_filter)
+    log.warning("vibemq_server.spark._colscan is not built: reading the journal record by record")
+    return columnar.rows_to_batches(jr.read_rows(path, segment, start, end, row_filter), schema)
 
 
 @dataclass(frozen=True)
 class SegmentPartition(InputPartition):
-    """A batch partition: one whole segment file."""
+    """A batch partition: a segment file from ``start`` to ``end`` (None: to its end, with the
+    tail rules; a bound is a record boundary found when planning)."""
 
     segment: int
     path: str
+    start: int = jr.HEADER
+    end: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "value", self.segment)
@@ -129,17 +132,36 @@ class VibeMQReader(DataSourceReader):
         self.row_filter = _row_filter(options, times=True)
         self.schema = schema
 
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        """Filters on ``queue`` and ``timestamp`` narrow the scan (:mod:`.pushdown`)."""
+        self.row_filter, rest = pushdown.push(self.row_filter, filters)
+        return rest
+
     def partitions(self) -> Sequence[InputPartition]:
-        segments = jr.segments_for(self.data_dir, self.row_filter)
-        return [SegmentPartition(seg.number, seg.path) for seg in segments]
+        out: list[InputPartition] = []
+        for seg in jr.segments_for(self.data_dir, self.row_filter):
+            # A big segment is read as several ranges at record boundaries (found by the
+            # compiled walk): more tasks than segments when a journal has few of them.
+            cuts = jr.record_cuts(seg.path, RANGE_BYTES) if columnar.available() else []
+            bounds = [jr.HEADER, *cuts, None]
+            for start, end in itertools.pairwise(bounds):
+                assert start is not None
+                out.append(SegmentPartition(seg.number, seg.path, start, end))
+        return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, SegmentPartition):
             return  # no segment to read: Spark plans one partition of its own then
         schema = to_arrow_schema(self.schema, timezone="UTC")
         try:
-            rows = jr.read_rows(partition.path, partition.segment, row_filter=self.row_filter)
-            yield from arrow_batches(rows, schema)
+            yield from segment_batches(
+                partition.path,
+                partition.segment,
+                schema,
+                partition.start,
+                partition.end,
+                self.row_filter,
+            )
         except FileNotFoundError:
             # Reclaimed between planning and reading: the batch read sees the journal as it
             # is when each segment is opened, like a directory listing of files.
@@ -194,15 +216,26 @@ class VibeMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             jr.Offset.from_json(end),
             self.fail_on_data_loss,
         )
-        return [ChunkPartition(c.segment, c.start, c.end) for c in chunks]
+        out: list[InputPartition] = []
+        for c in chunks:
+            # Like the batch read: a long chunk is read as several ranges.
+            path = jr.segment_file(self.data_dir, c.segment)
+            cuts = jr.record_cuts(path, RANGE_BYTES, c.start, c.end) if columnar.available() else []
+            for begin, stop in itertools.pairwise([c.start, *cuts, c.end]):
+                out.append(ChunkPartition(c.segment, begin, stop))
+        return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, ChunkPartition):
             return
         schema = to_arrow_schema(self.schema, timezone="UTC")
-        chunk = jr.Chunk(partition.segment, partition.start, partition.end)
-        rows = jr.read_chunk(self.data_dir, chunk, self.row_filter, self.fail_on_data_loss)
-        yield from arrow_batches(rows, schema)
+        path = jr.segment_file(self.data_dir, partition.segment)
+        if not os.path.exists(path):
+            jr.data_loss(partition.segment, partition.segment + 1, self.fail_on_data_loss)
+            return
+        yield from segment_batches(
+            path, partition.segment, schema, partition.start, partition.end, self.row_filter
+        )
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to release: the journal is the broker's, and reclamation is its business."""

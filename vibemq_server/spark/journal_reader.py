@@ -40,6 +40,11 @@ from vibemq_server.journal.records import (
 )
 from vibemq_server.journal.recovery import list_segments, segment_path
 
+try:
+    import vibemq_server.spark._colscan as _colscan
+except ImportError:  # not built: the pure-Python walk
+    _colscan = None  # type: ignore[assignment]
+
 HEADER = SEGMENT_HEADER_SIZE
 BEFORE_START: dict[str, int] = {"segment": 0, "position": 0}
 
@@ -97,6 +102,9 @@ def segment_file(data_dir: str | os.PathLike[str], number: int) -> str:
 # -- reading records ---------------------------------------------------------------------------
 
 
+WINDOW = 8 * 1024 * 1024  # bytes of a segment read at a time by the compiled readers
+
+
 def _is_tail(buf: bytes, pos: int) -> bool:
     """Whether the bad record at ``pos`` is a tail (cut off, in flight or zero-filled) rather
     than damage with more records after it."""
@@ -150,6 +158,79 @@ def read_entries(
 
 
 def scan(
+    path: str,
+    start: int,
+    max_records: int | None = None,
+    stop: int | None = None,
+    window: int = WINDOW,
+) -> tuple[int, int]:
+    """Walk record prefixes (no decoding) from ``start``: ``(end, count)`` where ``end`` is
+    just after the last whole record reached, stopping early after ``max_records``; ``stop``
+    (a record boundary) bounds the walk too. The compiled walk when it is built, else
+    :func:`scan_python`."""
+    if _colscan is None:
+        return scan_python(path, start, max_records, stop)
+    return _walk(path, start, max_records, stop, window)
+
+
+def _walk(
+    path: str, start: int, max_records: int | None, stop: int | None, window: int
+) -> tuple[int, int]:
+    """:func:`scan` by the compiled walk, reading ``window`` bytes at a time."""
+    assert _colscan is not None
+    pos, count = max(start, HEADER), 0
+    with open(path, "rb") as f:
+        head = f.read(HEADER)
+        if len(head) < HEADER:
+            return HEADER, 0
+        check_segment_header(head, path)
+        want = window
+        while max_records is None or count < max_records:
+            if stop is not None:
+                want = min(want, stop - pos)
+                if want < RECORD_PREFIX.size + 9:
+                    break  # no whole record fits before ``stop``
+            f.seek(pos)
+            data = f.read(want)
+            limit = -1 if max_records is None else max_records - count
+            rel, n = _colscan.walk(data, 0, limit)
+            pos, count = pos + rel, count + n
+            rest = len(data) - rel
+            if len(data) < want:
+                break  # the end of the file is reached
+            if rest < RECORD_PREFIX.size or n == limit:
+                want = window
+                continue
+            (length, _crc) = RECORD_PREFIX.unpack_from(data, rel)
+            need = RECORD_PREFIX.size + length
+            if length < 9 or length > MAX_RECORD or (stop is not None and pos + need > stop):
+                break  # a bad length, or a record that crosses the range's end
+            want = max(window, need)
+    return pos, count
+
+
+def record_cuts(path: str, every: int, start: int = HEADER, stop: int | None = None) -> list[int]:
+    """Record boundaries about ``every`` bytes apart between ``start`` and ``stop`` (the
+    file's end if None), for splitting a segment into ranges. None is past the last whole
+    record, and the last range is at least ``every`` long (with ``stop`` None it keeps the
+    tail rules)."""
+    cuts: list[int] = []
+    pos = max(start, HEADER)
+    if stop is None:
+        try:
+            stop = os.stat(path).st_size
+        except FileNotFoundError:
+            return cuts
+    while stop - pos > every + every // 2:
+        end, _count = scan(path, pos, None, pos + every)
+        if end <= pos:
+            break  # a record bigger than a range, or a bad length: the rest is one range
+        cuts.append(end)
+        pos = end
+    return cuts
+
+
+def scan_python(
     path: str, start: int, max_records: int | None = None, stop: int | None = None
 ) -> tuple[int, int]:
     """Walk record prefixes (no decoding) from ``start``: ``(end, count)`` where ``end`` is
@@ -329,12 +410,12 @@ def _resolve_start(
             return i, start
         if seg.number > start.segment:
             if start.segment != 0:
-                _data_loss(start.segment, seg.number, fail_on_data_loss)
+                data_loss(start.segment, seg.number, fail_on_data_loss)
             return i, Offset(seg.number, HEADER)
     return len(segments), start
 
 
-def _data_loss(missing: int, next_existing: int, fail: bool) -> None:
+def data_loss(missing: int, next_existing: int, fail: bool) -> None:
     if fail:
         raise DataLossError(
             f"journal segment {missing} is gone (reclaimed) before the stream read all of it; "
@@ -373,7 +454,7 @@ def latest_offset(
             return Offset(seg.number, pos), total
         nxt = segments[i + 1]
         if nxt.number != seg.number + 1:
-            _data_loss(seg.number + 1, nxt.number, fail_on_data_loss)
+            data_loss(seg.number + 1, nxt.number, fail_on_data_loss)
         i, cur = i + 1, Offset(nxt.number, HEADER)
         if max_records is not None and total >= max_records:
             return cur, total
@@ -391,7 +472,7 @@ def plan_chunks(
     prev = None
     for seg in segments[i:]:
         if prev is not None and seg.number != prev + 1:
-            _data_loss(prev + 1, seg.number, fail_on_data_loss)
+            data_loss(prev + 1, seg.number, fail_on_data_loss)
         prev = seg.number
         begin = cur.position if seg.number == cur.segment else HEADER
         stop = end.position if seg.number == end.segment else scan(seg.path, begin)[0]
@@ -405,7 +486,7 @@ def read_chunk(
 ) -> Iterator[Row]:
     path = segment_file(data_dir, chunk.segment)
     if not os.path.exists(path):
-        _data_loss(chunk.segment, chunk.segment + 1, fail_on_data_loss)
+        data_loss(chunk.segment, chunk.segment + 1, fail_on_data_loss)
         return
     yield from read_rows(path, chunk.segment, chunk.start, chunk.end, row_filter)
 

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Build the compiled parts in place (vibemq_server/spark/_colscan.c, the Spark source's
+# columnar scanner) for a checkout run with PYTHONPATH instead of an editable install, which
+# builds them itself (`pip install -e .`). Needs a C compiler, Python's headers and zlib's.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py=${PYTHON:-.venv/bin/python}
+"$py" - <<'PY'
+from setuptools import Distribution
+from setuptools.command.build_ext import build_ext
+
+from setuptools import Extension
+
+dist = Distribution({"ext_modules": [Extension(
+    "vibemq_server.spark._colscan", ["vibemq_server/spark/_colscan.c"], libraries=["z"]
+)]})
+cmd = build_ext(dist)
+cmd.inplace = True
+cmd.ensure_finalized()
+cmd.run()
+PY
