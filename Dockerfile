@@ -24,12 +24,17 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_ROOT_USER_ACTION=ignore
 
 # The compiled build (setup.py, docs/performance.md): mypyc turns the hot modules into C
-# extensions, so the builder needs a C compiler (the image has Python's headers); the final
-# stage gets the compiled wheel only. --build-arg VIBEMQ_COMPILE=0 builds the pure wheel.
+# extensions, and the Spark source has a C scanner (zlib), so the builder needs a C compiler,
+# zlib's headers and Python's (python:3.11-slim has them; a Debian-Python base gets
+# python3-dev); the final stage gets the compiled wheel only. --build-arg VIBEMQ_COMPILE=0
+# builds the pure wheel (the Spark scanner is still built where a compiler is found).
 ARG VIBEMQ_COMPILE=1
 RUN if [ "$VIBEMQ_COMPILE" = 1 ]; then \
+        pkgs="gcc libc6-dev zlib1g-dev"; \
+        python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+            || pkgs="$pkgs python3-dev"; \
         apt-get update \
-     && apt-get install -y --no-install-recommends gcc libc6-dev \
+     && apt-get install -y --no-install-recommends $pkgs \
      && rm -rf /var/lib/apt/lists/*; \
     fi
 
