@@ -155,8 +155,12 @@ def test_stream_available_now_and_restart_from_checkpoint(
     assert len(batches) == -(-first // 50)  # ceil: maxRecordsPerTrigger was honoured
     assert max(p["numInputRows"] for p in batches) == 50
     assert spark.read.parquet(str(out)).count() == first
-    # The broker runs again on the same data (a new segment) and more is published.
-    proc = broker_proc(data)
+    # The broker runs again on the same data (a new segment) and more is published. Its
+    # housekeeping (which reclaims settled segments) is held off for the run: a reclaimed
+    # segment 1 would make the record count depend on how long the run took.
+    config = tmp_path / "no-housekeeping.toml"
+    config.write_text("housekeeping_interval_ms = 3600000\n")
+    proc = broker_proc(data, "--config", str(config))
     asyncio.run(publish_more(proc.port, "orders", 25))
     proc.stop()
     total = len(_pure_rows(data))
