@@ -6,7 +6,8 @@
 # scripts/_system.sh), then .venv with the package, the test tools and the Spark extra (only
 # when pyproject.toml changed: scripts/_venv.sh). Then: lint, format check, strict typing, then
 # pytest in three steps: everything but the Spark tests (unit, integration, container), the
-# same but the container tests against the compiled build (scripts/compile.py), then the Spark
+# unit tests and the hot paths' integration tests against the compiled build
+# (scripts/compile.py), then the Spark
 # tests (marker "spark") on their own, serially, in one local SparkSession. The Spark step
 # needs Java 17 (`java` on PATH or JAVA_HOME) and fails, never skips, without it. Arguments go
 # to every pytest run.
@@ -28,9 +29,23 @@ venv_install test,spark
 trap '.venv/bin/python scripts/compile.py --clean >/dev/null' EXIT
 .venv/bin/python scripts/compile.py
 .venv/bin/vibemq-server --version
+# Without arguments, the compiled run takes the unit tests (the codec round trips and
+# byte-at-a-time Hypothesis suites, the session fuzzers, the core) and the integration tests of
+# the paths through the compiled modules: every protocol's delivery, durability and liveness.
+# (The HTTP, dashboard, browser, systemd and tooling tests do not reach them differently.)
+compiled_tests=("$@")
+if [ "$#" -eq 0 ]; then
+  compiled_tests=(tests/unit)
+  for name in native_delivery native_commands native_bad_input durability disk_full liveness \
+      client_library client_batching amqp_basic amqp_routing amqp_deadletter mqtt_protocol \
+      mqtt_sessions mqtt_cross_protocol mqtt5 mqtt5_cross mqtt_websocket permissions tls \
+      zmq_bridge auth_offloop; do
+    compiled_tests+=("tests/integration/test_$name.py")
+  done
+fi
 status=0
-VIBEMQ_EXPECT_COMPILED=1 .venv/bin/python -m pytest -q -m "not spark and not container" "$@" \
-  || status=$?
+VIBEMQ_EXPECT_COMPILED=1 .venv/bin/python -m pytest -q -m "not spark and not container" \
+  "${compiled_tests[@]}" || status=$?
 if [ "$status" -ne 0 ] && ! { [ "$status" -eq 5 ] && [ "$#" -gt 0 ]; }; then
   exit "$status"
 fi
