@@ -247,9 +247,16 @@ async def _wait_for_pending_login(broker: Broker) -> None:
         pending = [
             conn
             for conn in broker.connections
-            if getattr(getattr(conn, "session", None), "_authenticating", False)
+            if getattr(_protocol_session(conn), "_authenticating", False)
         ]
         if pending:
             return
         assert loop.time() < deadline, "the slow login never reached the broker"
         await asyncio.sleep(0.005)
+
+
+def _protocol_session(conn: Any) -> Any:
+    """The protocol's session of a transport: an MQTT socket's first session (MqttEntry) reads
+    the CONNECT's protocol level and hands over to that version's connection (``conn``)."""
+    session = getattr(conn, "session", None)
+    return getattr(session, "conn", None) or session
