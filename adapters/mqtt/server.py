@@ -24,7 +24,7 @@ import itertools
 import json
 import os
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import cast
 
 import structlog
@@ -108,6 +108,8 @@ class MqttServer:
         #: shared subscriptions: (group, filter) -> the filter's pattern
         self.shared_router: TopicRouter[tuple[str, str]] = TopicRouter()
         self._share_members: dict[tuple[str, str], set[MqttSession]] = {}
+        #: group -> where its direct round robin goes on (``_share_direct``)
+        self._share_rr: dict[str, int] = {}
         #: v5 subscribers or shared groups exist (deliver() looks beyond the 3.1.1 router)
         self._extra = False
         #: persistent v5 sessions counting down their Session Expiry Interval
@@ -239,7 +241,7 @@ class MqttServer:
         )
         return self._accept(
             tls,
-            lambda link: WebSocketSession(link, self.new_session, endpoint),
+            lambda link: WebSocketSession(link, self.new_session, endpoint, self.batch),
             "mqttws",
         )
 
@@ -483,7 +485,9 @@ class MqttServer:
         members.add(session)
         member = session.shared.get(topic_filter)
         if member is None:
-            member = session.shared[topic_filter] = SharedMember(session, group, topic_filter, qos)
+            member = session.shared[topic_filter] = SharedMember(
+                session, group, topic_filter, qos, self._give_back
+            )
         member.granted = qos
         member.sub_id = sub_id
         member.join()
@@ -665,7 +669,19 @@ class MqttServer:
         """deliver() for shared groups (into their queues) and v5 subscribers."""
         durable = False
         if self._share_members:
-            groups = {group for group, _ in self.shared_router.match(address)}
+            shares = self.shared_router.match(address)
+            groups: Collection[str] = ()
+            if shares:
+                own = self._own
+                direct = origin is self and own is not None and not self._own_props
+                if len(shares) == 1:  # (the usual case: one group)
+                    group = next(iter(shares))[0]
+                    if not (direct and self._share_direct(group)):
+                        groups = [group]
+                else:
+                    groups = {g for g, _ in shares}
+                    if direct:
+                        groups = {g for g in groups if not self._share_direct(g)}
             if groups:
                 msg = message()
                 now = self.manager.clock()
@@ -774,6 +790,49 @@ class MqttServer:
             if pause and session.congested and not session.stalled and session is not publisher:
                 self.congested.append(session)
         return durable
+
+    def _share_direct(self, group: str) -> bool:
+        """Our own QoS 0/1 publish (no v5 properties) for a shared group, handed straight to
+        one member, round robin, when the group's queue is just MQTT members and nothing
+        waits in it: what the queue would do, without the message's core form (a non-JSON
+        payload base64-encoded into the queue and decoded again for the member) and the
+        queue's bookkeeping. False: the queue decides (a VibeMQ or AMQP consumer shares the
+        group, messages wait there, or no member has room). The member remembers a QoS 1
+        message until its PUBACK and gives it back to the queue if it leaves first
+        (``SharedMember.leave``), so the queue stays the truth for everything not
+        acknowledged."""
+        own = self._own
+        assert own is not None
+        topic, payload, qos = own[0], own[1], own[2]
+        queue = self.manager.queues.get(group)
+        if queue is None or queue.store.count or qos == 2:
+            return False
+        subs = queue.subscriptions
+        n = len(subs)
+        for sub in subs:
+            if not isinstance(sub.consumer, SharedMember):
+                return False
+        start = self._share_rr.get(group, 0)
+        for i in range(n):
+            idx = start + i
+            if idx >= n:
+                idx -= n
+            sub = subs[idx]
+            member = cast(SharedMember, sub.consumer)
+            if len(sub.inflight) + member.direct < sub.prefetch and member.session.writable:
+                self._share_rr[group] = idx + 1
+                member.session.deliver_direct(member, topic, payload, qos)
+                return True
+        return False
+
+    def _give_back(self, group: str, topic: str, payload: bytes, qos: int) -> None:
+        """A direct shared delivery its member left without acknowledging: into the group's
+        queue, for the others (``SharedMember.leave``)."""
+        body, headers = self._core_form(topic, payload, qos)
+        try:
+            self.manager.publish(group, self.next_msg_id(), body, headers, route=False)
+        except CoreError as exc:
+            log.warning("shared group refused a message given back", group=group, error=str(exc))
 
     @staticmethod
     def _core_form(topic: str, payload: bytes, qos: int) -> tuple[bytes, dict[str, str]]:

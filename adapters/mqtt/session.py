@@ -77,7 +77,17 @@ class SharedMember:
     queue's round robin balances the group (VibeMQ and AMQP consumers of that queue
     included), and what a member that leaves had unacknowledged goes to another."""
 
-    def __init__(self, session: MqttSession, queue_name: str, share: str, granted: int) -> None:
+    def __init__(
+        self,
+        session: MqttSession,
+        queue_name: str,
+        share: str,
+        granted: int,
+        give_back: Callable[[str, str, bytes, int], None] | None = None,
+    ) -> None:
+        """``give_back(group, topic, payload, qos)``: puts a message this member had from
+        the server's direct round robin (``MqttServer._share_direct``) and did not
+        acknowledge back into the group's queue when the member leaves."""
         self.session = session
         self.queue_name = queue_name
         self.share = share
@@ -85,10 +95,18 @@ class SharedMember:
         #: the subscription identifier the SUBSCRIBE gave (v5), 0 for none
         self.sub_id = 0
         self.sub: Subscription | None = None
+        #: QoS 1 messages handed over directly (not through the queue), not yet acknowledged
+        self.direct = 0
+        self._give_back = give_back
 
     @property
     def writable(self) -> bool:
-        return self.session.writable
+        # The queue counts its own in-flight messages against the prefetch; the direct
+        # ones count too, so that the member's window holds for both.
+        sub = self.sub
+        return self.session.writable and (
+            not self.direct or sub is None or len(sub.inflight) + self.direct < sub.prefetch
+        )
 
     def deliver(self, sub: Subscription, msg: StoredMessage) -> None:
         self.session.deliver_shared(sub, msg, self.granted)
@@ -111,6 +129,12 @@ class SharedMember:
         sub, self.sub = self.sub, None
         if sub is not None and not sub.queue.deleted:
             self.session.manager.unsubscribe(sub)
+        if self.direct:
+            # What the direct round robin gave this member and it did not acknowledge goes
+            # to the group's queue, so another member gets it (as the queue's own do).
+            for topic, payload, qos in self.session.take_direct(self):
+                if self._give_back is not None:
+                    self._give_back(self.queue_name, topic, payload, qos)
 
     def dispatch(self) -> None:
         if self.sub is not None:
@@ -185,6 +209,9 @@ class MqttSession:
         self.shared: dict[str, SharedMember] = {}
         #: packet id -> (subscription, message) of a shared subscription's delivery
         self.shared_out: dict[int, tuple[Subscription, StoredMessage, int]] = {}
+        #: packet id -> (member, topic, payload, QoS) of a shared delivery the server's
+        #: direct round robin made (``MqttServer._share_direct``), awaiting PUBACK
+        self.shared_direct: dict[int, tuple[SharedMember, str, bytes, int]] = {}
         self.dropped_qos0 = 0
         self.dropped_queued = 0
         #: who the last connection holding the session logged in as (in memory only: None
@@ -357,6 +384,12 @@ class MqttSession:
             del direct[pid]
             self._used.discard(pid)
             return True
+        if self.shared_direct:
+            entry = self.shared_direct.pop(pid, None)
+            if entry is not None:
+                entry[0].direct -= 1
+                self._used.discard(pid)
+                return True
         msg = self.outbound.get(pid)
         if msg is None or msg.headers.get(QOS) == "2":
             return self._shared_ack(pid, 1) if self.shared_out else False
@@ -392,6 +425,42 @@ class MqttSession:
         pid = self._allocate()
         self.shared_out[pid] = (sub, msg, qos)
         link.send(self.shared_packet(topic, payload, qos, pid, msg))
+
+    def deliver_direct(self, member: SharedMember, topic: str, payload: bytes, qos: int) -> None:
+        """A message of the member's group straight from the publish (no queue): at
+        min(``qos``, granted), QoS 1 remembered until its PUBACK (``take_direct`` when the
+        member leaves first). The caller checked the member's window."""
+        if member.granted < qos:
+            qos = member.granted
+        link = self.link
+        assert link is not None
+        pid = self._allocate() if qos else 0
+        packet = self.direct_packet(member, topic, payload, qos, pid)
+        self.stats.messages_sent += 1
+        if packet is None:  # over the client's maximum size: as if delivered
+            self._used.discard(pid)
+            return
+        if qos:
+            self.shared_direct[pid] = (member, topic, payload, qos)
+            member.direct += 1
+        link.send(packet)
+
+    def direct_packet(
+        self, member: SharedMember, topic: str, payload: bytes, qos: int, pid: int
+    ) -> bytes | None:
+        """The PUBLISH of ``deliver_direct`` (a v5 session adds the subscription identifiers
+        and keeps to the client's maximum packet size: None when over it)."""
+        return encode_publish(self._topic_bytes(topic), payload, qos, pid)
+
+    def take_direct(self, member: SharedMember) -> list[tuple[str, bytes, int]]:
+        """The member's direct deliveries still awaiting PUBACK, forgotten here (the member
+        is leaving: the caller gives them to the group)."""
+        taken = [(pid, e) for pid, e in self.shared_direct.items() if e[0] is member]
+        for pid, _ in taken:
+            del self.shared_direct[pid]
+            self._used.discard(pid)
+        member.direct = 0
+        return [(topic, payload, qos) for _, (_, topic, payload, qos) in taken]
 
     def shared_packet(
         self, topic: str, payload: bytes, qos: int, pid: int, msg: StoredMessage

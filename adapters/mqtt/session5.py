@@ -37,6 +37,7 @@ from vibemq_server.adapters.mqtt.session import (
     TOPIC,
     Link,
     MqttSession,
+    SharedMember,
 )
 from vibemq_server.core import PublishOutcome, StoredMessage, Subscription
 
@@ -318,6 +319,25 @@ class Mqtt5Session(MqttSession):
         self.outbound[pid] = msg
         self.stats.messages_sent += 1
         link.send(packet)
+
+    def direct_packet(
+        self, member: SharedMember, topic: str, payload: bytes, qos: int, pid: int
+    ) -> bytes | None:
+        if member.sub_id or len(self.shared) > 1:
+            ids = tuple(
+                m.sub_id
+                for m in self.shared.values()
+                if m.sub is not None and m.queue_name == member.queue_name and m.sub_id
+            )
+        else:
+            ids = ()
+        if ids or self.alias_max_out:
+            return self.publish_bytes(topic, payload, qos, pid, False, False, b"", 0, ids)
+        packet = encode_publish5(self._topic_bytes(topic), payload, qos, pid, b"\x00")
+        if len(packet) > self.max_packet_out:
+            self.too_large += 1
+            return None
+        return packet
 
     def shared_packet(
         self, topic: str, payload: bytes, qos: int, pid: int, msg: StoredMessage

@@ -29,7 +29,13 @@ from paho.mqtt.properties import Properties as PahoProperties
 from pika.adapters import blocking_connection as blocking
 from waits import wait_until
 
-from vibemq_server.adapters.mqtt.packets import Puback, Publish, Subscribe
+from vibemq_server.adapters.mqtt.packets import (
+    Puback,
+    Publish,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+)
 from vibemq_server.client import Client
 
 pytestmark = pytest.mark.timeout(60)
@@ -252,6 +258,33 @@ def test_a_leaving_member_gives_its_unacked_messages_to_another(
     lazy.close()  # goes away without PUBACK
     msg = other.get()
     assert msg.payload == b"task-1"
+
+
+def test_a_member_that_unsubscribes_gives_its_unacked_messages_to_another(
+    paho5: Callable[..., Paho], raws: Callable[[], RawMqtt]
+) -> None:
+    """The messages a member had from the direct round robin (only MQTT members, nothing
+    waiting in the group's queue) and did not acknowledge go to another member when it
+    unsubscribes, and the member's later PUBACK of one of them changes nothing."""
+    lazy = raws()
+    lazy.connect("lazy-unsub")
+    lazy.send(Subscribe(1, (("$share/g4/work", 1),)))
+    lazy.recv()  # SUBACK
+    pub = paho5()
+    for i in range(3):
+        pub.publish("work", f"task-{i}".encode(), 1)
+    held = [lazy.expect(Publish) for _ in range(3)]  # none acknowledged
+    assert [p.payload for p in held] == [b"task-0", b"task-1", b"task-2"]
+    other = paho5()
+    assert other.subscribe(("$share/g4/work", 1)) == [1]
+    lazy.send(Unsubscribe(2, ("$share/g4/work",)))
+    lazy.expect(Unsuback)
+    assert held[0].packet_id is not None
+    lazy.send(Puback(held[0].packet_id))  # too late: given to the other member already
+    got = sorted(other.get().payload for _ in range(3))
+    assert got == [b"task-0", b"task-1", b"task-2"]
+    pub.publish("work", b"after", 1)  # the group goes on with the one member left
+    assert other.get().payload == b"after"
 
 
 async def test_a_shared_group_is_a_vibemq_round_robin_queue(

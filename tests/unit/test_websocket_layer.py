@@ -21,7 +21,7 @@ from websockets.protocol import State
 from websockets.typing import Subprotocol
 from websockets.uri import parse_uri
 
-from vibemq_server.server.transport import Link, Session, SessionInfo
+from vibemq_server.server.transport import Link, ReadBatch, Session, SessionInfo
 from vibemq_server.server.websocket import Endpoint, WebSocketSession
 
 ENDPOINT = Endpoint(
@@ -129,10 +129,11 @@ class Pair:
         endpoint: Endpoint = ENDPOINT,
         path: str = "/mqtt",
         subprotocols: list[str] | None = None,
+        batch: ReadBatch | None = None,
     ) -> None:
         self.wire = Wire()
         self.inner: Echo | None = None
-        self.layer = WebSocketSession(self.wire, self._make, endpoint)
+        self.layer = WebSocketSession(self.wire, self._make, endpoint, batch)
         self.client = ClientProtocol(
             parse_uri(f"ws://127.0.0.1{path}"),
             subprotocols=[
@@ -285,6 +286,30 @@ def test_several_packets_in_one_frame_and_one_packet_over_many() -> None:
     pair.open()
     pair.feed(frames(pair.client, [[b"\xc0\x00\xc0\x00"], [b"\x30", b"\x02", b"ab"]]))
     assert pair.inner is not None and bytes(pair.inner.stream) == b"\xc0\x00\xc0\x00\x30\x02ab"
+
+
+def test_sends_during_a_read_go_out_as_one_frame_when_it_ends() -> None:
+    """While the broker's read batch is open, what the session sends (deliveries, from
+    another connection's read) is gathered; the batch's end frames it once, in order, and a
+    close frame sent meanwhile comes after it."""
+    batch = ReadBatch()
+    pair = Pair(batch=batch)
+    pair.open()
+    assert pair.inner is not None
+    batch.begin()
+    for packet in (b"\x30\x03\x00\x01a", b"\x30\x03\x00\x01b", b"\x30\x03\x00\x01c"):
+        pair.inner.link.send(packet)
+    assert pair.wire.take() == b""  # nothing before the read is done
+    batch.end()
+    [frame] = pair.reply()
+    assert frame.data == b"\x30\x03\x00\x01a\x30\x03\x00\x01b\x30\x03\x00\x01c"
+    batch.begin()
+    pair.inner.link.send(b"\xe0\x00")
+    pair.inner.link.close()  # the gathered bytes first, then the close frame
+    batch.end()
+    data, close = pair.reply()
+    assert data.data == b"\xe0\x00" and close.opcode is Opcode.CLOSE
+    assert pair.wire.closed
 
 
 def test_client_close_is_answered_and_the_socket_closed() -> None:

@@ -44,7 +44,7 @@ from websockets.protocol import Event, State
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
-from vibemq_server.server.transport import Link, Session, SessionInfo
+from vibemq_server.server.transport import Link, ReadBatch, Session, SessionInfo
 
 try:  # the library's C routine (a wheel has it built); its Python one else
     from websockets.speedups import apply_mask
@@ -66,6 +66,9 @@ _MASKED_SHORT = 0x80
 _HEAD7 = [bytes((0x80 | Opcode.BINARY, size)) for size in range(126)]
 _HEAD16 = struct.Struct(">BBH")
 _HEAD64 = struct.Struct(">BBQ")
+#: what one read may gather into one frame before it goes to the transport (beyond it, a
+#: frame now, so that the transport's own output bound still sees the bytes)
+_GATHER_MAX = 65_536
 
 #: the first byte of an HTTP request (its method: GET, or another the library refuses)
 _METHOD_START = frozenset(bytes([c]) for c in range(ord("A"), ord("Z") + 1))
@@ -109,8 +112,17 @@ class WebSocketSession:
         link: Link,
         make_session: Callable[[Link], Session],
         endpoint: Endpoint,
+        batch: ReadBatch | None = None,
     ) -> None:
+        """``batch``: the broker's read batch; what the protocol sends while a read is
+        handled is gathered into one binary frame per connection, framed when the read is
+        done (as Mosquitto's websockets listener does: fewer frames for the client to parse,
+        one header per read). Without it (or outside a read), each send is its own frame."""
         self.link = link
+        self.log = link.log
+        self._batch = batch
+        self._gather: list[bytes] = []
+        self._gathered = 0
         self.endpoint = endpoint
         self._make_session = make_session
         self.session: Session | None = None
@@ -437,6 +449,8 @@ class WebSocketSession:
 
     def _write(self) -> None:
         """What the library has to send; its end of stream closes the socket after it."""
+        if self._gather:
+            self._flush()  # the protocol's bytes gathered so far go first
         link = self.link
         for chunk in self.ws.data_to_send():
             if chunk:
@@ -445,24 +459,58 @@ class WebSocketSession:
                 link.close()
 
     def send(self, data: bytes) -> None:
-        """The protocol's bytes, as one binary frame (a server's frames are not masked: its
-        header is the opcode byte and the length)."""
+        """The protocol's bytes: gathered while a read is handled (``_flush`` frames them
+        when it is done), else one binary frame now."""
+        if not self._open:
+            return
+        batch = self._batch
+        if batch is not None and batch.reading:
+            gather = self._gather
+            if not gather:
+                batch.dirty.append(self)
+            gather.append(data)
+            self._gathered += len(data)
+            if self._gathered >= _GATHER_MAX:
+                self._flush()
+            return
+        if self._gather:
+            self._flush()
+        self._frame(data)
+
+    def _flush(self) -> None:
+        """What was gathered, as one binary frame (the read batch calls this once the read is
+        done; and before anything else this layer writes, to keep the order)."""
+        gather = self._gather
+        if not gather:
+            return
+        data = gather[0] if len(gather) == 1 else b"".join(gather)
+        self._gather = []
+        self._gathered = 0
         if self._open:
-            size = len(data)
-            if size < 126:
-                head = _HEAD7[size]
-            elif size < 65_536:
-                head = _HEAD16.pack(_BINARY_WHOLE, 126, size)
-            else:
-                head = _HEAD64.pack(_BINARY_WHOLE, 127, size)
-            self.link.send(head + data if size < 8192 else head)
-            if size >= 8192:
-                self.link.send(data)  # (no copy of a large one)
+            self._frame(data)
+
+    def abort(self) -> None:
+        self.link.abort()
+
+    def _frame(self, data: bytes) -> None:
+        """``data`` as one binary frame (a server's frames are not masked: its header is the
+        opcode byte and the length)."""
+        size = len(data)
+        if size < 126:
+            head = _HEAD7[size]
+        elif size < 65_536:
+            head = _HEAD16.pack(_BINARY_WHOLE, 126, size)
+        else:
+            head = _HEAD64.pack(_BINARY_WHOLE, 127, size)
+        self.link.send(head + data if size < 8192 else head)
+        if size >= 8192:
+            self.link.send(data)  # (no copy of a large one)
 
     def close(self) -> None:
         """The protocol's session closes the connection: a close frame, then the socket."""
         ws = self.ws
         if ws.state is State.OPEN:
+            self._flush()
             self._open = False
             ws.send_close(self._close_code)
             self._write()
