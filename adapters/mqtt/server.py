@@ -24,7 +24,7 @@ import itertools
 import json
 import os
 import ssl
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import cast
 
 import structlog
@@ -77,6 +77,8 @@ _CONNACK = {
 RETAINED_TABLE = "$mqtt.retained"
 SESSIONS_TABLE = "$mqtt.sessions"
 _NEVER = 2**62
+#: addresses whose v5 deliveries per session are kept (``_per_session``); beyond it, cleared
+_PER_CACHE_MAX = 4096
 
 #: Headers a message published over MQTT carries into VibeMQ queues.
 HEADER_TOPIC = "mqttTopic"
@@ -110,6 +112,14 @@ class MqttServer:
         self._share_members: dict[tuple[str, str], set[MqttSession]] = {}
         #: group -> where its direct round robin goes on (``_share_direct``)
         self._share_rr: dict[str, int] = {}
+        #: address -> (the v5 router's match, its deliveries per session) (``_per_session``)
+        self._per_cache: dict[
+            str,
+            tuple[
+                Mapping[tuple[MqttSession, str], int],
+                dict[Mqtt5Session, tuple[int, bool, tuple[int, ...]]],
+            ],
+        ] = {}
         #: v5 subscribers or shared groups exist (deliver() looks beyond the 3.1.1 router)
         self._extra = False
         #: persistent v5 sessions counting down their Session Expiry Interval
@@ -463,6 +473,7 @@ class MqttServer:
             self.router.add(session, pattern, qos)
         session.filters[topic_filter] = qos
         self._extra = bool(self.router5) or bool(self.shared_router)
+        self._per_cache.clear()
         return qos
 
     def _join_share(
@@ -526,6 +537,7 @@ class MqttServer:
         else:
             self.router.remove(session, filter_to_pattern(topic_filter))
         self._extra = bool(self.router5) or bool(self.shared_router)
+        self._per_cache.clear()
 
     def send_retained(self, session: MqttSession, topic_filter: str, granted: int) -> bool:
         """The retained messages matching a new subscription, RETAIN set; True when one of
@@ -747,25 +759,7 @@ class MqttServer:
             if pause and session.congested and not session.stalled and session is not publisher:
                 self.congested.append(session)
             return durable
-        # One delivery per session: the highest granted QoS of its matching filters, every
-        # one's subscription identifier, retain kept when one of them says Retain As
-        # Published; a No Local filter does not match its own client's publishes.
-        per: dict[Mqtt5Session, tuple[int, bool, tuple[int, ...]]] = {}
-        for (member, topic_filter), granted in targets.items():
-            session = cast(Mqtt5Session, member)
-            options, sub_id = session.options5[topic_filter]
-            if options.no_local and session is publisher:
-                continue
-            seen = per.get(session)
-            ids: tuple[int, ...] = (sub_id,) if sub_id else ()
-            if seen is None:
-                per[session] = (granted, options.retain_as_published, ids)
-            else:
-                per[session] = (
-                    max(seen[0], granted),
-                    seen[1] or options.retain_as_published,
-                    seen[2] + ids,
-                )
+        per = self._per_session(address, targets, publisher)
         shared_qos0: dict[bool, bytes] = {}
         for session, (granted, keep_retain, ids) in per.items():
             effective = granted if granted < qos else qos
@@ -790,6 +784,46 @@ class MqttServer:
             if pause and session.congested and not session.stalled and session is not publisher:
                 self.congested.append(session)
         return durable
+
+    def _per_session(
+        self,
+        address: str,
+        targets: Mapping[tuple[MqttSession, str], int],
+        publisher: MqttSession | None,
+    ) -> Mapping[Mqtt5Session, tuple[int, bool, tuple[int, ...]]]:
+        """One delivery per session: the highest granted QoS of its matching filters, every
+        one's subscription identifier, retain kept when one of them says Retain As
+        Published; a No Local filter does not match its own client's publishes. Kept per
+        address while the router's match for it is the same object (the router makes a new
+        one when a subscription changes) and no filter says No Local (the publisher then
+        counts): a fan-out's publishes to one topic work this out once."""
+        cached = self._per_cache.get(address)
+        if cached is not None and cached[0] is targets:
+            return cached[1]
+        per: dict[Mqtt5Session, tuple[int, bool, tuple[int, ...]]] = {}
+        no_local = False
+        for (member, topic_filter), granted in targets.items():
+            session = cast(Mqtt5Session, member)
+            options, sub_id = session.options5[topic_filter]
+            if options.no_local:
+                no_local = True
+                if session is publisher:
+                    continue
+            seen = per.get(session)
+            ids: tuple[int, ...] = (sub_id,) if sub_id else ()
+            if seen is None:
+                per[session] = (granted, options.retain_as_published, ids)
+            else:
+                per[session] = (
+                    max(seen[0], granted),
+                    seen[1] or options.retain_as_published,
+                    seen[2] + ids,
+                )
+        if not no_local:
+            if len(self._per_cache) >= _PER_CACHE_MAX:
+                self._per_cache.clear()
+            self._per_cache[address] = (targets, per)
+        return per
 
     def _share_direct(self, group: str) -> bool:
         """Our own QoS 0/1 publish (no v5 properties) for a shared group, handed straight to

@@ -610,9 +610,20 @@ class MqttSession:
         self.link.send(encode_publish(self._topic_bytes(topic), payload, qos, pid, retain=retain))
 
     def _pump(self) -> None:
+        link = self.link
         pending = self._pending
-        while pending and self.writable:
-            self._send_direct(*pending.popleft())
+        if link is None or self._backlog:
+            return
+        # ``writable``'s window, counted once: each send takes one place and nothing frees
+        # one meanwhile (a fan-out's subscribers refill here after every read of PUBACKs).
+        room = min(
+            self.max_inflight - len(self.outbound) - len(self.direct) - len(self.pubrel),
+            MAX_PACKET_ID - len(self._used),
+        )
+        send = self._send_direct
+        while pending and room > 0 and link.writable:
+            send(*pending.popleft())
+            room -= 1
 
     def on_writable(self) -> None:
         link = self.link

@@ -223,6 +223,30 @@ def test_expired_message_is_not_delivered_from_a_persistent_session(
         again.disconnect()
 
 
+def test_v5_fan_out_follows_subscriptions_that_come_and_go(paho5: Callable[..., Paho]) -> None:
+    """The server keeps a topic's deliveries per session while its subscribers stay the
+    same: a subscriber that joins gets the next message, one that leaves gets none, and a
+    second filter of the same session still makes one delivery."""
+    first, second, late = paho5(), paho5(), paho5()
+    for client in (first, second):
+        assert client.subscribe(("fan/+", 1), ("fence", 0)) == [1, 0]
+    assert late.subscribe(("fence", 0)) == [0]
+    pub = paho5()
+    pub.publish("fan/a", b"1", 1)
+    pub.publish("fence", b"", 0)
+    assert late.subscribe(("fan/#", 1), ("fan/a", 1)) == [1, 1]  # two filters, one delivery
+    second.unsubscribe("fan/+")
+    pub.publish("fan/a", b"2", 1)
+    pub.publish("fence", b"", 0)
+    pub.publish("fence", b"", 0)
+    assert [m.payload for m in first.until("fence")] == [b"1"]
+    assert [m.payload for m in first.until("fence")] == [b"2"]
+    assert [m.payload for m in second.until("fence")] == [b"1"]
+    assert [m.payload for m in second.until("fence")] == []
+    assert [m.payload for m in late.until("fence")] == []
+    assert [m.payload for m in late.until("fence")] == [b"2"]
+
+
 # -- shared subscriptions --------------------------------------------------------------------
 
 
