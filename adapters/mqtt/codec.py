@@ -31,7 +31,7 @@ must refuse.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from enum import Enum
 from struct import Struct
 from typing import Any
@@ -712,24 +712,42 @@ _FIXED_LENGTHS: dict[int, int] = {
 }
 
 
-def _check_first_byte(first: int) -> None:
-    packet_type = first >> 4
-    flags = first & 0x0F
-    if packet_type not in _DECODERS:
-        raise _fail(MqttErrorCode.RESERVED_PACKET_TYPE, f"reserved packet type {packet_type}")
-    expected = _FIXED_FLAGS.get(packet_type)
-    if expected is not None:
-        if flags != expected:
-            raise _fail(
-                MqttErrorCode.INVALID_FLAGS,
-                f"{PacketType(packet_type).name} flags {flags:#06b}, must be {expected:#06b}",
-            )
-        return
-    qos = (flags & _PF_QOS_MASK) >> _PF_QOS_SHIFT
-    if qos not in _VALID_QOS:
-        raise _fail(MqttErrorCode.INVALID_QOS, "PUBLISH with QoS 3")
-    if qos == 0 and flags & _PF_DUP:
-        raise _fail(MqttErrorCode.INVALID_FLAGS, "PUBLISH with DUP set on QoS 0")
+def first_byte_check(fixed_flags: Mapping[int, int]) -> Callable[[int], None]:
+    """The check of a fixed header's first byte for one protocol version (3.1.1 here, 5.0 in
+    codec5): ``fixed_flags`` holds every packet type but PUBLISH with the flags it must
+    carry; any other type than those and PUBLISH is reserved, and a PUBLISH may not have
+    QoS 3 or DUP set at QoS 0."""
+
+    def check(first: int) -> None:
+        packet_type = first >> 4
+        flags = first & 0x0F
+        expected = fixed_flags.get(packet_type)
+        if expected is not None:
+            if flags != expected:
+                raise _fail(
+                    MqttErrorCode.INVALID_FLAGS,
+                    f"{_type_name(packet_type)} flags {flags:#06b}, must be {expected:#06b}",
+                )
+            return
+        if packet_type != PacketType.PUBLISH:
+            raise _fail(MqttErrorCode.RESERVED_PACKET_TYPE, f"reserved packet type {packet_type}")
+        qos = (flags & _PF_QOS_MASK) >> _PF_QOS_SHIFT
+        if qos not in _VALID_QOS:
+            raise _fail(MqttErrorCode.INVALID_QOS, "PUBLISH with QoS 3")
+        if qos == 0 and flags & _PF_DUP:
+            raise _fail(MqttErrorCode.INVALID_FLAGS, "PUBLISH with DUP set on QoS 0")
+
+    return check
+
+
+def _type_name(packet_type: int) -> str:
+    try:
+        return PacketType(packet_type).name
+    except ValueError:
+        return "AUTH" if packet_type == 15 else str(packet_type)
+
+
+_check_first_byte = first_byte_check(_FIXED_FLAGS)
 
 
 class MqttParser:

@@ -32,6 +32,7 @@ from vibemq_server.adapters.mqtt.codec import (
     _Reader,
     decode_remaining_length,
     encode_remaining_length,
+    first_byte_check,
 )
 from vibemq_server.adapters.mqtt.packets import PacketType, Pingreq, Pingresp
 from vibemq_server.adapters.mqtt.packets5 import (
@@ -658,21 +659,7 @@ _LEAST_LENGTHS: dict[int, int] = {
 }
 
 
-def _check_first_byte(first: int) -> None:
-    packet_type = first >> 4
-    flags = first & 0x0F
-    if packet_type not in _DECODERS:
-        raise _fail(E.RESERVED_PACKET_TYPE, f"reserved packet type {packet_type}")
-    expected = _FIXED_FLAGS.get(packet_type)
-    if expected is not None:
-        if flags != expected:
-            raise _fail(E.INVALID_FLAGS, f"packet type {packet_type} flags {flags:#06b}")
-        return
-    qos = (flags & 0x06) >> 1
-    if qos == 3:
-        raise _fail(E.INVALID_QOS, "PUBLISH with QoS 3")
-    if qos == 0 and flags & 0x08:
-        raise _fail(E.INVALID_FLAGS, "PUBLISH with DUP set on QoS 0")
+_check_first_byte = first_byte_check(_FIXED_FLAGS)
 
 
 class Mqtt5Parser:

@@ -435,30 +435,31 @@ class MqttConnection:
     # -- packet handlers -----------------------------------------------------------------------
 
     def on_connect(self, packet: Connect) -> None:
+        if self.server.use_identity_as_username and self.link.over_tls:
+            packet = dataclasses.replace(packet, username=self.link.peer_identity, password=None)
+        self._login(packet, lambda login: self._accept_or_refuse(packet, login))
+
+    def _login(self, credentials: Connect, decide: Callable[[Login], None]) -> None:
+        """The login of a CONNECT (3.1.1 or 5.0: ``credentials`` in 3.1.1 form), then
+        ``decide(login)``: at once, or once the password's hash is verified off the loop
+        (reading paused meanwhile; the packets that came after the CONNECT, held in
+        ``_held``, are handled after the decision)."""
         server = self.server
-        identity = self.link.peer_identity
+
+        def verdict(login: Login) -> None:
+            resumed, self._authenticating = self._authenticating, False
+            decide(login)
+            if resumed and self._state is State.CONNECTED:
+                self.link.resume_reading()
+                self._resume_held()
+
         if server.use_identity_as_username and self.link.over_tls:
             # Mosquitto's use_identity_as_username: the verified certificate is the login;
             # without one the client is not authorized whatever it sends.
-            packet = dataclasses.replace(packet, username=identity, password=None)
-            self._connect_verdict(packet, server.certificate_login(identity, packet.client_id))
-        elif not server.authenticate(
-            packet,
-            self.link.peer_host,
-            lambda login: self._connect_verdict(packet, login),
-            self.link.offload,
-        ):
-            # The password's hash is verified off the loop; what follows waits for it.
+            verdict(server.certificate_login(self.link.peer_identity, credentials.client_id))
+        elif not server.authenticate(credentials, self.link.peer_host, verdict, self.link.offload):
             self._authenticating = True
             self.link.pause_reading()
-
-    def _connect_verdict(self, packet: Connect, login: Login) -> None:
-        resumed, self._authenticating = self._authenticating, False
-        self._accept_or_refuse(packet, login)
-        if resumed and self._state is State.CONNECTED:
-            # the packets that came after the CONNECT (its read's rest, in _held)
-            self.link.resume_reading()
-            self._resume_held()
 
     def _accept_or_refuse(self, packet: Connect, login: Login) -> None:
         server = self.server

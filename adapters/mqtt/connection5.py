@@ -268,25 +268,7 @@ class Mqtt5Connection(MqttConnection):
             username=packet.username,
             password=packet.password,
         )
-        server = self.server
-        if server.use_identity_as_username and self.link.over_tls:
-            identity = self.link.peer_identity
-            self._accept_or_refuse5(packet, server.certificate_login(identity, packet.client_id))
-        elif not server.authenticate(
-            legacy,
-            self.link.peer_host,
-            lambda login: self._verdict5(packet, login),
-            self.link.offload,
-        ):
-            self._authenticating = True
-            self.link.pause_reading()
-
-    def _verdict5(self, packet: Connect5, login: Login) -> None:
-        resumed, self._authenticating = self._authenticating, False
-        self._accept_or_refuse5(packet, login)
-        if resumed and self._state is State.CONNECTED:
-            self.link.resume_reading()
-            self._resume_held()
+        self._login(legacy, lambda login: self._accept_or_refuse5(packet, login))
 
     def _accept_or_refuse5(self, packet: Connect5, login: Login) -> None:
         server = self.server
