@@ -81,6 +81,7 @@ from bench.common import (
     BenchError,
     BlockingConn,
     cpu_seconds,
+    expect_report,
     install_sigterm_exit,
     percentiles_us,
     raise_nofile_limit,
@@ -729,15 +730,6 @@ class ScenarioResult:
     errors: list[str] = field(default_factory=list)
 
 
-def _expect(pipe: Connection, what: str, timeout: float) -> Any:
-    if not pipe.poll(timeout):
-        raise BenchError(f"no '{what}' from a worker within {timeout:.0f}s")
-    kind, value = pipe.recv()
-    if kind != what:
-        raise BenchError(f"worker said {kind!r}, expected {what!r}")
-    return value
-
-
 def run_scenario(
     scen: Scenario, opts: Options, messages: int, broker_pids: list[int] | None = None
 ) -> ScenarioResult:
@@ -766,9 +758,9 @@ def run_scenario(
         cpu0 = cpu_seconds(broker_pids) if broker_pids else None
         sub_pipe.send(("go", None))
         pub_pipe.send(("go", None))
-        pub_st = PubStats(**_expect(pub_pipe, "done", wait))
+        pub_st = PubStats(**expect_report(pub_pipe, "done", wait))
         sub_pipe.send(("abort", None) if pub_st.error else ("pub_done", None))
-        sub_st = SubStats(**_expect(sub_pipe, "done", wait))
+        sub_st = SubStats(**expect_report(sub_pipe, "done", wait))
         if broker_pids and cpu0 is not None:
             res.broker_cpu_s = round(cpu_seconds(broker_pids) - cpu0, 2)
     except BenchError as exc:

@@ -593,7 +593,9 @@ def _subscriber_main(driver: Driver, total: int, timeout: float, pipe: Connectio
         pipe.send(("error", f"subscriber: {exc!r}"))
 
 
-def _expect(pipe: Connection, what: str, timeout: float) -> Any:
+def expect_report(pipe: Connection, what: str, timeout: float) -> Any:
+    """The value of a worker's next report, which must be ``what`` (a report ``error``, or
+    none within ``timeout`` seconds: BenchError)."""
     if not pipe.poll(timeout):
         raise BenchError(f"no '{what}' from worker within {timeout:.0f}s")
     kind, value = pipe.recv()
@@ -646,15 +648,15 @@ def run_throughput(
     procs = [sub, pub]
     try:
         sub.start()
-        _expect(sub_rx, "ready", 30)
+        expect_report(sub_rx, "ready", 30)
         cpu0 = cpu_seconds(broker_pids()) if broker_pids else None
         pub.start()
-        _expect(pub_rx, "ready", 60)
-        pub_stats = PubStats(**_expect(pub_rx, "done", timeout + 30))
+        expect_report(pub_rx, "ready", 60)
+        pub_stats = PubStats(**expect_report(pub_rx, "done", timeout + 30))
         # a publisher that failed will not feed the subscriber: do not wait out its timeout
         sub_wait = 10.0 if pub_stats.error else timeout + 30
         try:
-            sub_stats = SubStats(**_expect(sub_rx, "done", sub_wait))
+            sub_stats = SubStats(**expect_report(sub_rx, "done", sub_wait))
         except BenchError as exc:
             sub_stats = SubStats(error=str(exc))
         if broker_pids and cpu0 is not None:

@@ -45,10 +45,10 @@ if __package__ in (None, ""):
 from bench.brokers import VibeMQBroker
 from bench.common import (
     BenchError,
-    _expect,
     consume_counting,
     cpu_seconds,
     encode_batches,
+    expect_report,
     install_sigterm_exit,
     publish_pipelined,
     raise_nofile_limit,
@@ -176,12 +176,12 @@ def measure(count: int, a: argparse.Namespace) -> dict[str, Any]:
             pipes.append(rx)
         t_setup = time.monotonic()
         for rx in pipes:
-            _expect(rx, "ready", a.timeout)
+            expect_report(rx, "ready", a.timeout)
         out["setup_s"] = round(time.monotonic() - t_setup, 2)
         cpu0 = cpu_seconds(broker.pids())
         for rx in pipes:
             rx.send(("go", None))
-        results = [_expect(rx, "done", a.timeout + 60) for rx in pipes]
+        results = [expect_report(rx, "done", a.timeout + 60) for rx in pipes]
         cpu = cpu_seconds(broker.pids()) - cpu0
         out["broker_rss_kib"] = broker.rss_kib()
     except BenchError as exc:

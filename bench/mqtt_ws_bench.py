@@ -45,6 +45,7 @@ from bench.common import (
     BenchError,
     BlockingConn,
     cpu_seconds,
+    expect_report,
     install_sigterm_exit,
     raise_nofile_limit,
 )
@@ -276,15 +277,6 @@ class Run:
     errors: list[str] = field(default_factory=list)
 
 
-def _expect(pipe: Connection, what: str, timeout: float) -> Any:
-    if not pipe.poll(timeout):
-        raise BenchError(f"no {what!r} within {timeout:.0f}s")
-    kind, value = pipe.recv()
-    if kind != what:
-        raise BenchError(f"expected {what!r}, got {kind!r}: {value}")
-    return value
-
-
 def run_once(
     name: str, broker: Broker, port: int, ws: bool, rnd: int, args: argparse.Namespace
 ) -> Run:
@@ -307,14 +299,14 @@ def run_once(
     try:
         sub.start()
         pub.start()
-        _expect(sub_pipe, "ready", 60)
-        _expect(pub_pipe, "ready", 60)
+        expect_report(sub_pipe, "ready", 60)
+        expect_report(pub_pipe, "ready", 60)
         cpu0 = cpu_seconds(broker.pids())
         sub_pipe.send(("go", None))
         pub_pipe.send(("go", None))
-        pub_st = Side(**_expect(pub_pipe, "done", 330))
+        pub_st = Side(**expect_report(pub_pipe, "done", 330))
         sub_pipe.send(("pub_done", None))
-        sub_st = Side(**_expect(sub_pipe, "done", 330))
+        sub_st = Side(**expect_report(sub_pipe, "done", 330))
         run.broker_cpu_s = round(cpu_seconds(broker.pids()) - cpu0, 2)
         if sub_st.delivered:
             run.cpu_us = round(run.broker_cpu_s / sub_st.delivered * 1e6, 2)

@@ -64,10 +64,10 @@ from bench.common import (
     Driver,
     PubStats,
     _adopt,
-    _expect,
     _SubProtocol,
     cpu_seconds,
     encode_batches,
+    expect_report,
     install_sigterm_exit,
     publish_pipelined,
     raise_nofile_limit,
@@ -233,13 +233,13 @@ def run_native_fanout(
     out: dict[str, Any] = {"errors": []}
     try:
         sub.start()
-        _expect(sub_rx, "ready", 60)
+        expect_report(sub_rx, "ready", 60)
         cpu0 = cpu_seconds(broker.pids())
         pub.start()
-        _expect(pub_rx, "ready", 60)
-        pub_st = PubStats(**_expect(pub_rx, "done", a.timeout + 30))
+        expect_report(pub_rx, "ready", 60)
+        pub_st = PubStats(**expect_report(pub_rx, "done", a.timeout + 30))
         sub_rx.send(("pub_done", None))
-        sub_st = _expect(sub_rx, "done", a.timeout + a.drain + 30)
+        sub_st = expect_report(sub_rx, "done", a.timeout + a.drain + 30)
         broker_cpu = cpu_seconds(broker.pids()) - cpu0
     except BenchError as exc:
         out["errors"].append(str(exc))
