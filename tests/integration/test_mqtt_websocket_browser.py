@@ -1,8 +1,8 @@
 """MQTT over WebSockets from a real browser: a page served by the test loads mqtt.js (the npm
 package, installed by the test setup into a cache directory) in headless Chromium
-(browserkit), subscribes and publishes through the broker over ws and wss; paho clients on
-plain MQTT publish to it and read what it publishes, and the test reads the page back. A
-screenshot of each run goes to tests/artifacts/mqtt-websocket/."""
+(browserkit), subscribes and publishes through the broker over ws (MQTT 3.1.1 and 5.0) and
+wss; paho clients on plain MQTT publish to it and read what it publishes, and the test reads
+the page back. A screenshot of each run goes to tests/artifacts/mqtt-websocket/."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import paho.mqtt.client as mqtt
 import pytest
 from browserkit import ARTIFACTS, Watched, chromium, watched_page
 from certs import Pki, make_pki, tls_settings
@@ -46,14 +47,17 @@ const params = new URLSearchParams(location.search);
 const url = params.get("url");
 document.getElementById("url").textContent = url;
 window.received = [];
+const version = Number(params.get("v") || "4");
 const client = mqtt.connect(url, {
-  protocolVersion: 4, clientId: "chromium-" + Math.random().toString(16).slice(2),
+  protocolVersion: version, clientId: "chromium-" + Math.random().toString(16).slice(2),
   reconnectPeriod: 0, connectTimeout: 10000,
 });
 client.on("connect", () => {
   client.subscribe("browser/in/#", { qos: 1 }, (err) => {
     if (err) { document.getElementById("state").textContent = "subscribe failed"; return; }
-    client.publish("browser/out", "hello from chromium", { qos: 1 }, () => {
+    const options = { qos: 1 };
+    if (version === 5) options.properties = { userProperties: { from: "chromium" } };
+    client.publish("browser/out", "hello from chromium", options, () => {
       document.getElementById("state").textContent = "subscribed";
     });
   });
@@ -125,18 +129,25 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
-def round_trip(page: Watched, site: str, url: str, clients: Clients, mqtt_port: int) -> None:
-    """The page subscribes and publishes over ``url``; a plain-MQTT paho client gets what it
-    published and publishes to it; the page shows what it got."""
-    reader = clients.paho(mqtt_port).connected()
+def round_trip(
+    page: Watched, site: str, url: str, clients: Clients, mqtt_port: int, version: int = 4
+) -> None:
+    """The page subscribes and publishes over ``url`` at MQTT ``version`` (4: 3.1.1, 5:
+    5.0, with a user property on its PUBLISH); a plain-MQTT paho client (of the same version)
+    gets what it published and publishes to it; the page shows what it got."""
+    protocol = mqtt.MQTTv5 if version == 5 else mqtt.MQTTv311
+    reader = clients.paho(mqtt_port, protocol=protocol).connected()
     assert reader.subscribe(("browser/out", 1)) == [1]
-    page.page.goto(f"{site}?url={url}")
+    page.page.goto(f"{site}?url={url}&v={version}")
     try:
         expect(page.page.locator("#state")).to_have_text("subscribed")
     except AssertionError:
         raise AssertionError(f"{page.console} {page.errors}") from None
     msg = reader.get()
     assert (msg.topic, msg.payload) == ("browser/out", b"hello from chromium")
+    if version == 5:
+        assert msg.properties is not None
+        assert msg.properties.UserProperty == [("from", "chromium")]
     reader.publish("browser/in/greeting", "héllo from paho".encode(), 1)
     reader.publish("browser/in/json", json.dumps({"n": 42}).encode(), 0)
     expect(page.page.locator("#got li")).to_have_count(2)
@@ -146,15 +157,21 @@ def round_trip(page: Watched, site: str, url: str, clients: Clients, mqtt_port: 
     ]
 
 
+@pytest.mark.parametrize("version", [4, 5])
 def test_mqttjs_in_chromium_over_ws(
-    make_mqtt_broker: MakeBroker, mqtt_clients: Clients, browser: Browser, site: str
+    make_mqtt_broker: MakeBroker,
+    mqtt_clients: Clients,
+    browser: Browser,
+    site: str,
+    version: int,
 ) -> None:
     broker = make_mqtt_broker(mqtt={"port": 0, "ws_port": 0})
     port = broker.call(lambda b: b.ready())["mqtt_ws"]
+    url = f"ws://127.0.0.1:{port}/mqtt"
     with watched_page(browser) as page:
-        round_trip(page, site, f"ws://127.0.0.1:{port}/mqtt", mqtt_clients, broker.mqtt_port)
+        round_trip(page, site, url, mqtt_clients, broker.mqtt_port, version)
         SHOTS.mkdir(parents=True, exist_ok=True)
-        page.page.screenshot(path=str(SHOTS / "mqttjs-ws.png"), full_page=True)
+        page.page.screenshot(path=str(SHOTS / f"mqttjs-ws-v{version}.png"), full_page=True)
         page.assert_clean()
 
 
