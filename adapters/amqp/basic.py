@@ -224,7 +224,10 @@ class BasicMethods(ConnectionBase):
         else:
             channel.unacked[tag] = (sub, msg.id)
         properties, body, exchange, routing_key = self.server.mapper.for_delivery(
-            msg.payload, msg.headers, name
+            msg.payload,
+            msg.headers,
+            name,
+            max(1, msg.expires_at - self.manager.clock()) if msg.expires_at else 0,
         )
         self.server.stats.messages_sent += 1
         encoder = channel.get_ok

@@ -183,7 +183,10 @@ class Channel:
         conn = self.conn
         server = conn.server
         properties, body, exchange, key = server.mapper.for_delivery(
-            msg.payload, msg.headers, sub.queue.name
+            msg.payload,
+            msg.headers,
+            sub.queue.name,
+            max(1, msg.expires_at - conn.manager.clock()) if msg.expires_at else 0,
         )
         server.stats.messages_sent += 1
         self.link.send(

@@ -115,17 +115,25 @@ class MessageMapper:
         return encode_properties(props_obj), body
 
     def for_delivery(
-        self, payload: bytes, headers: Mapping[str, str], queue: str
+        self, payload: bytes, headers: Mapping[str, str], queue: str, left_ms: int = 0
     ) -> tuple[bytes, bytes, str, str]:
         """(properties, body, exchange, routing key) of a message for basic.deliver or
         get-ok: :meth:`from_core` and :meth:`origin` at once. What a headers dict implies is
-        cached by the dict (they are shared by similar messages, see to_core)."""
+        cached by the dict (they are shared by similar messages, see to_core).
+
+        ``left_ms``: what is left of the message's own time to live (an MQTT 5 Message
+        Expiry Interval, a VibeMQ publish's TTL); a message that did not come from an AMQP
+        publisher (whose properties go out as they came) carries it as its ``expiration``."""
         entry = self._deliveries.get(id(headers))
         if entry is None or entry[0] is not headers:
             entry = self._delivery(headers)
         _headers, properties, b64, exchange, routing_key = entry
         if properties is None:
             properties, body = self.from_core(payload, headers)
+            if left_ms:
+                props = decode_properties(properties)
+                props.expiration = str(left_ms)
+                properties = encode_properties(props)
         elif not b64:
             body = payload
         elif payload[:1] == b'"' and payload[-1:] == b'"':

@@ -99,6 +99,8 @@ def test_v5_properties_reach_an_amqp_consumer(
     assert body == b"payload"
     assert props.headers is not None and props.headers["tenant"] == "acme"
     assert props.content_type == "text/plain"
+    # the Message Expiry Interval as the AMQP expiration: what is left of it, ms
+    assert props.expiration is not None and 0 < int(props.expiration) <= 60_000
 
 
 def _expiry_left_ms(amqp: AmqpBroker, queue: str) -> list[int]:
