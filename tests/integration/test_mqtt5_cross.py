@@ -36,6 +36,14 @@ from vibemq_server.adapters.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
+from vibemq_server.adapters.mqtt.packets5 import (
+    Properties,
+    Puback5,
+    Publish5,
+    Suback5,
+    SubOptions,
+    Subscribe5,
+)
 from vibemq_server.client import Client
 
 pytestmark = pytest.mark.timeout(60)
@@ -311,6 +319,33 @@ def test_a_member_that_unsubscribes_gives_its_unacked_messages_to_another(
     assert got == [b"task-0", b"task-1", b"task-2"]
     pub.publish("work", b"after", 1)  # the group goes on with the one member left
     assert other.get().payload == b"after"
+
+
+def test_a_member_with_a_full_window_gets_the_rest_from_the_queue_in_order(
+    amqp: AmqpBroker, paho5: Callable[..., Paho]
+) -> None:
+    """A member whose window (Receive Maximum 2) is full sends the group's next messages to
+    its queue; its PUBACKs let the queue hand them over, in publish order, never more than two
+    unacknowledged, until every message has come."""
+    raw = RawMqtt(amqp.mqtt_port, v5=True)
+    try:
+        assert raw.connect5(properties=Properties(receive_maximum=2)).reason_code == 0
+        raw.send(Subscribe5(1, (("$share/g5/jobs", SubOptions(1)),)))
+        raw.expect(Suback5)
+        pub = paho5()
+        for i in range(6):
+            pub.publish("jobs", f"job-{i}".encode(), 1)
+        got: list[bytes] = []
+        while len(got) < 6:
+            first, second = raw.expect(Publish5), raw.expect(Publish5)
+            assert raw.barrier() == []  # a third waits for a PUBACK
+            for msg in (first, second):
+                got.append(msg.payload)
+                assert msg.packet_id is not None
+                raw.send(Puback5(msg.packet_id))
+        assert got == [f"job-{i}".encode() for i in range(6)]
+    finally:
+        raw.close()
 
 
 async def test_a_shared_group_is_a_vibemq_round_robin_queue(
