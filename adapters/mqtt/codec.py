@@ -252,6 +252,21 @@ def encode_publish(
     return b"".join((bytes((first,)), length, head, payload))
 
 
+def topic_field(topic: str) -> bytes:
+    """A PUBLISH's topic name as it goes on the wire: its length, then its UTF-8 bytes (for
+    :func:`encode_publish_qos0`; a publisher repeats its topics, so callers keep these)."""
+    raw = topic.encode()
+    return len(raw).to_bytes(2, "big") + raw
+
+
+def encode_publish_qos0(field: bytes, payload: bytes) -> bytes:
+    """A QoS 0 PUBLISH (no DUP, no RETAIN) from its ``topic_field`` and payload: what
+    :func:`encode_publish` makes, without encoding the topic again."""
+    size = len(field) + len(payload)
+    length = _REMAINING_LENGTHS[size] if size < 16_384 else encode_remaining_length(size)
+    return b"".join((b"\x30", length, field, payload))
+
+
 def _check_packet_id(packet_id: int) -> bytes:
     if not 1 <= packet_id <= MAX_PACKET_ID:
         raise ValueError(f"packet id {packet_id} outside 1..{MAX_PACKET_ID}")

@@ -29,7 +29,7 @@ from typing import cast
 
 import structlog
 
-from vibemq_server.adapters.mqtt.codec import encode_publish
+from vibemq_server.adapters.mqtt.codec import encode_publish, encode_publish_qos0, topic_field
 from vibemq_server.adapters.mqtt.codec5 import encode_publish5, property_block
 from vibemq_server.adapters.mqtt.connection import Login
 from vibemq_server.adapters.mqtt.connection5 import MqttEntry
@@ -110,6 +110,8 @@ class MqttServer:
         #: shared subscriptions: (group, filter) -> the filter's pattern
         self.shared_router: TopicRouter[tuple[str, str]] = TopicRouter()
         self._share_members: dict[tuple[str, str], set[MqttSession]] = {}
+        #: topic -> its encoded name in a PUBLISH (QoS 0 deliveries, ``deliver``)
+        self._topic_fields: dict[str, bytes] = {}
         #: group -> where its direct round robin goes on (``_share_direct``)
         self._share_rr: dict[str, int] = {}
         #: address -> (the v5 router's match, its deliveries per session) (``_per_session``)
@@ -667,7 +669,12 @@ class MqttServer:
             effective = granted if granted < qos else qos
             if effective == 0:
                 if qos0 is None:
-                    qos0 = encode_publish(topic.encode(), payload)
+                    field = self._topic_fields.get(topic)
+                    if field is None:
+                        if len(self._topic_fields) > 10_000:
+                            self._topic_fields.clear()
+                        field = self._topic_fields[topic] = topic_field(topic)
+                    qos0 = encode_publish_qos0(field, payload)
                 session.send_qos0(qos0)
             elif session.enqueue(topic, payload, effective):
                 durable = True

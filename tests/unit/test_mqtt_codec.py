@@ -46,7 +46,7 @@ from vibemq_server.adapters.mqtt import (
     encode,
     encode_remaining_length,
 )
-from vibemq_server.adapters.mqtt.codec import encode_publish
+from vibemq_server.adapters.mqtt.codec import encode_publish, encode_publish_qos0, topic_field
 
 E = MqttErrorCode
 
@@ -1008,3 +1008,5 @@ def test_fast_publish_encoder_equals_the_codec(
     dup = dup and qos > 0  # DUP is only defined with a packet id
     fast = encode_publish(topic.encode(), payload, qos, pid, retain=retain, dup=dup)
     assert fast == encode(Publish(topic, payload, qos, retain, dup, pid if qos else None))
+    if qos == 0 and not retain:
+        assert encode_publish_qos0(topic_field(topic), payload) == fast
