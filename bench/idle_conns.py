@@ -322,7 +322,19 @@ class Point:
     rss_after_kib: int = 0
     bytes_per_conn: float = 0.0
     roundtrip_ms: float | None = None
+    #: the kernel's slab memory growth per connection, machine-wide, both ends of each
+    #: loopback connection (and whatever else ran meanwhile): a rough figure, not RSS
+    kernel_slab_per_conn: float = 0.0
     errors: list[str] = field(default_factory=list)
+
+
+def _slab_kib() -> int:
+    """The kernel's slab memory (/proc/meminfo ``Slab``), KiB: where socket structures live."""
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("Slab:"):
+                return int(line.split()[1])
+    return 0
 
 
 def _settle_rss(broker: Broker, wait: float = 1.0) -> int:
@@ -342,6 +354,7 @@ def measure(
 ) -> Point:
     point = Point(name, protocol, count)
     point.rss_before_kib = _settle_rss(broker, 0.5)
+    slab_before = _slab_kib()
     ctx = mp.get_context("spawn")
     pipes: list[Connection] = []
     children = []
@@ -375,6 +388,7 @@ def measure(
         point.connect_s = max(r["t1"] for r in reports) - min(r["t0"] for r in reports)
         point.connects_per_s = point.opened / point.connect_s if point.connect_s else 0.0
         point.rss_after_kib = _settle_rss(broker)
+        point.kernel_slab_per_conn = (_slab_kib() - slab_before) * 1024 / max(1, point.opened)
         if point.opened:
             point.bytes_per_conn = (
                 (point.rss_after_kib - point.rss_before_kib) * 1024 / point.opened
@@ -450,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"({point.failed} failed) in {point.connect_s:.2f}s = "
                     f"{point.connects_per_s:,.0f} conn/s; RSS +"
                     f"{(point.rss_after_kib - point.rss_before_kib) / 1024:.1f} MiB = "
-                    f"{point.bytes_per_conn:,.0f} B/conn; fresh round trip {rt}"
+                    f"{point.bytes_per_conn:,.0f} B/conn; fresh round trip {rt}; kernel slab "
+                    f"{point.kernel_slab_per_conn:,.0f} B/conn (both ends)"
                     + (f"; errors {point.errors}" if point.errors else ""),
                     flush=True,
                 )
