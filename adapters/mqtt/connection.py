@@ -544,7 +544,7 @@ class MqttConnection:
         present = resumed and packet.protocol_level == PROTOCOL_LEVEL_V311
         self.link.send(encode(Connack(ConnackCode.ACCEPTED, present)))
         session.user = access.user
-        session.attach(self.link, self.taken_over)
+        session.attach(self.link, self)
         session.start_delivery()
         self.log.debug("connected", clean=packet.clean_session, resumed=resumed)
 

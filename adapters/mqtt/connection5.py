@@ -372,7 +372,7 @@ class Mqtt5Connection(MqttConnection):
             )
         )
         session.user = access.user
-        session.attach(self.link, self.taken_over)
+        session.attach(self.link, self)
         session.start_delivery()
         self.log.debug("connected", version=5, clean_start=packet.clean_start, resumed=resumed)
 

@@ -111,6 +111,13 @@ class Link(Protocol):
     def send(self, data: bytes) -> None: ...
 
 
+class Holder(Protocol):
+    """The connection holding a session: ``taken_over`` makes it let go (a new CONNECT
+    with the same client id)."""
+
+    def taken_over(self) -> None: ...
+
+
 @runtime_checkable
 class OperatorClose(Protocol):
     """A connection an operator can close (``StreamTransport``, through the management API)."""
@@ -247,7 +254,7 @@ class MqttSession:
         self.link: Link | None = None
         # What makes the connection holding this session give it up (a new CONNECT with
         # the same client id takes it over).
-        self._on_takeover: Callable[[], None] | None = None
+        self._on_takeover: Holder | None = None
         self.sub: Subscription | None = None
         #: topic filter -> granted QoS
         self.filters: dict[str, int] = NO_ENTRIES
@@ -317,11 +324,12 @@ class MqttSession:
     def connected(self) -> bool:
         return self.link is not None
 
-    def attach(self, link: Link, on_takeover: Callable[[], None]) -> None:
+    def attach(self, link: Link, holder: Holder) -> None:
         """Bind to a new connection; PUBRELs still owed go out before anything else.
-        ``on_takeover``: how ``take_over`` makes that connection let go of the session."""
+        ``holder``: the connection, whose ``taken_over`` makes it let go of the session
+        (held as itself, not as a bound method: one object less per session)."""
         self.link = link
-        self._on_takeover = on_takeover
+        self._on_takeover = holder
         for pid in sorted(self.pubrel):
             link.send(b"\x62\x02" + pid.to_bytes(2, "big"))
         if self.packet_ids:
@@ -357,9 +365,9 @@ class MqttSession:
     def take_over(self) -> None:
         """Another connection CONNECTed with this client id: the one holding the session (if
         any) closes and leaves it (detached, or ended if clean)."""
-        on_takeover = self._on_takeover
-        if self.link is not None and on_takeover is not None:
-            on_takeover()
+        holder = self._on_takeover
+        if self.link is not None and holder is not None:
+            holder.taken_over()
 
     def detach(self) -> None:
         """The connection is gone: unacknowledged deliveries go back to the queue front."""

@@ -20,7 +20,6 @@ any session) is turned into v5 by adding an empty property block.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from vibemq_server.adapters.mqtt.codec import (
@@ -36,6 +35,7 @@ from vibemq_server.adapters.mqtt.session import (
     QOS,
     RETAIN,
     TOPIC,
+    Holder,
     Link,
     MqttSession,
     own,
@@ -109,13 +109,13 @@ class Mqtt5Session(MqttSession):
         #: messages not sent because they were over the client's Maximum Packet Size
         self.too_large = 0
 
-    def attach(self, link: Link, on_takeover: Callable[[], None]) -> None:
+    def attach(self, link: Link, holder: Holder) -> None:
         if self.will_timer is not None:
             self.will_timer.cancel()  # back before its will delay ran out: no will
             self.will_timer = None
         self.expires_at = None
         self.aliases_out = NO_ENTRIES
-        super().attach(link, on_takeover)
+        super().attach(link, holder)
 
     # -- building a v5 PUBLISH -------------------------------------------------------------------
 
