@@ -444,7 +444,9 @@ class MqttSession:
         self.sub = None
 
     def _allocate(self) -> int:
-        used = self._used = _ids(self._used)
+        used = self._used
+        if used is _NO_IDS:
+            used = self._used = set()
         pid = self._next_pid
         # Callers check len(_used) < max_inflight <= 65,535 first, so a free id exists.
         while pid in used:
