@@ -14,7 +14,7 @@ from typing import Any
 
 from pamqp import commands
 
-from vibemq_server.adapters.amqp.base import ConnectionBase
+from vibemq_server.adapters.amqp.base import NOTHING_TO_REFILL, ConnectionBase
 from vibemq_server.adapters.amqp.channel import (
     UNLIMITED,
     AmqpConsumer,
@@ -250,7 +250,10 @@ class BasicMethods(ConnectionBase):
             channel._tags_for(tag, multiple)  # unknown tags fail now, not at commit
             channel.tx.append(lambda: self.to_refill().update(channel.ack(tag, multiple)))
             return
-        self.to_refill().update(channel.ack(tag, multiple))
+        refill = self._refill  # (inline: the ack is the hot path)
+        if refill is NOTHING_TO_REFILL:
+            refill = self._refill = set()
+        refill |= channel.ack(tag, multiple)
 
     def b_nack(self, channel: Channel, method: Any) -> None:
         tag, multiple, requeue = method.delivery_tag, bool(method.multiple), bool(method.requeue)
