@@ -174,11 +174,11 @@ class IdleClient(asyncio.Protocol):
 
 async def _open_many(
     protocol: str, host: str, port: int, first: int, count: int, inflight: int, timeout: float
-) -> tuple[list[asyncio.BaseTransport], int, list[str]]:
+) -> tuple[list[asyncio.Transport], int, list[str]]:
     script, split = PROTOCOLS[protocol]
     loop = asyncio.get_running_loop()
     sem = asyncio.Semaphore(inflight)
-    held: list[asyncio.BaseTransport] = []
+    held: list[asyncio.Transport] = []
     errors: list[str] = []
     failed = 0
 
@@ -251,7 +251,7 @@ def client_main(
 
 
 def _roundtrip_mqtt(host: str, port: int) -> None:
-    sub = mqtt.MqttDriver(host, port, "idle/check")  # type: ignore[call-arg]
+    sub = mqtt.MqttDriver(host, port, "idle/check")
     conn = sub.connect_subscriber()
     try:
         conn.send(mqtt.packet(0x32, mqtt._s(b"idle/check") + b"\x00\x07" + b"ping"))
