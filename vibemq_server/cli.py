@@ -25,6 +25,7 @@ from vibemq_server.buildinfo import stale_modules
 from vibemq_server.config import Config, load_config
 from vibemq_server.journal import JournalCorrupt
 from vibemq_server.logs import configure_logging
+from vibemq_server.server.fdlimit import connection_capacity, raise_open_files
 from vibemq_server.server.sdnotify import Notifier
 
 log = structlog.get_logger("vibemq")
@@ -210,9 +211,22 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(_GC_GEN0_THRESHOLD, 20, 20)
+    open_files, _hard = raise_open_files()
     broker = create_broker(config)
     await broker.start()
-    log.info("started", version=__version__, build=describe_build())
+    log.info(
+        "started",
+        version=__version__,
+        build=describe_build(),
+        open_files=open_files,
+        connection_capacity=connection_capacity(open_files, config.max_connections),
+    )
+    if connection_capacity(open_files, config.max_connections) < config.max_connections:
+        log.warning(
+            "the open-file limit allows fewer connections than max_connections",
+            open_files=open_files,
+            max_connections=config.max_connections,
+        )
     if stale := stale_modules():
         log.warning("compiled modules older than their source: rebuild them", modules=stale)
     ready = broker.ready()

@@ -33,7 +33,7 @@ from vibemq_server.config import AmqpConfig
 from vibemq_server.core import Queue, QueueManager, QueueOptions
 from vibemq_server.core.durable_replies import DurableReplies
 from vibemq_server.core.exchanges import Exchanges
-from vibemq_server.core.permissions import FULL_ACCESS, Access
+from vibemq_server.core.permissions import BEFORE_LOGIN, Access
 from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.transport import Link
 
@@ -93,8 +93,54 @@ class Server(Protocol):
     def connection_gone(self, conn: object) -> None: ...
 
 
+#: frames held for a login: none (shared, never mutated: a hold makes a tuple of its own)
+NOTHING_HELD: tuple[list[Frame], int, AmqpError | None] = ([], 0, None)
+#: queues to refill after a read: none (shared, never added to: ``to_refill`` makes a
+#: connection's own set; an idle connection keeps no set of 216 bytes)
+NOTHING_TO_REFILL: set[str] = frozenset()  # type: ignore[assignment]
+#: a client that said nothing of its capabilities (shared, read only)
+_NO_CAPABILITIES: dict[str, Any] = {}
+
+
 class ConnectionBase:
     """One AMQP connection's state, and the helpers its handlers share."""
+
+    # (slotted, as are the handler mixins and AmqpConnection: an idle connection costs only
+    # what it holds)
+    __slots__ = (
+        "_accepts",
+        "_confirms",
+        "_durable",
+        "_held_frames",
+        "_published",
+        "_refill",
+        "access",
+        "anonymous",
+        "awaiting_login",
+        "blocked",
+        "capabilities",
+        "channel_max",
+        "channels",
+        "client_properties",
+        "closing_since",
+        "conn_id",
+        "frame_max",
+        "heartbeat",
+        "last_heartbeat_sent",
+        "last_rx",
+        "link",
+        "log",
+        "manager",
+        "max_message_size",
+        "opened_at",
+        "parser",
+        "refused_at",
+        "send",
+        "server",
+        "state",
+        "user",
+        "username",
+    )
 
     def __init__(self, link: Link, server: Server) -> None:
         self.link = link
@@ -114,7 +160,7 @@ class ConnectionBase:
         self.channel_max = cfg.channel_max
         self.max_message_size = cfg.max_message_size  # (read per publish)
         self.heartbeat = 0
-        self.capabilities: dict[str, Any] = {}
+        self.capabilities: dict[str, Any] = _NO_CAPABILITIES  # (read only; start-ok sets it)
         #: connection.start-ok's client properties (product, version, connection_name, ...)
         self.client_properties: dict[str, Any] = {}
         self.username = ""
@@ -122,13 +168,13 @@ class ConnectionBase:
         self.user: str | None = None
         self.anonymous = False
         #: what the user may do (set at login; until then nothing on a channel can run)
-        self.access = Access(FULL_ACCESS, "")
+        self.access = BEFORE_LOGIN
         #: when a login was refused without a close method: the socket closes later
         self.refused_at: float | None = None
         #: a password hash is being verified off the loop (reading paused) ...
         self.awaiting_login = False
         #: ... and the frames of the read that came after the login, with its framing error
-        self._held_frames: tuple[list[Frame], int, AmqpError | None] = ([], 0, None)
+        self._held_frames: tuple[list[Frame], int, AmqpError | None] = NOTHING_HELD
         self.opened_at = link.time()
         self.last_rx = self.opened_at
         self.last_heartbeat_sent = self.opened_at
@@ -136,11 +182,18 @@ class ConnectionBase:
         self.blocked = False
         self._published = False  # this read published something (memory alarm)
         #: queues to dispatch once the read is done (acks, recover, a new consumer, qos)
-        self._refill: set[str] = set()
+        self._refill: set[str] = NOTHING_TO_REFILL  # (its own: to_refill)
         #: publisher confirms to send once the read is done (not waiting for the journal)
         self._confirms: dict[Channel, list[int]] = {}
         #: publisher confirms that wait for the journal, by flush epoch
         self._durable: DurableReplies[tuple[Channel, int]] | None = None
+
+    def to_refill(self) -> set[str]:
+        """The set of queues to dispatch once the read is done, this connection's own."""
+        refill = self._refill
+        if refill is NOTHING_TO_REFILL:
+            refill = self._refill = set()
+        return refill
 
     # -- the state table ---------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from pamqp import commands
 
-from vibemq_server.adapters.amqp.base import ConnectionBase
+from vibemq_server.adapters.amqp.base import NOTHING_TO_REFILL, ConnectionBase
 from vibemq_server.adapters.amqp.channel import (
     UNLIMITED,
     AmqpConsumer,
@@ -37,11 +37,13 @@ from vibemq_server.core.durable_replies import DurableReplies
 
 
 class BasicMethods(ConnectionBase):
+    __slots__ = ()
+
     def b_qos(self, channel: Channel, method: commands.Basic.Qos) -> None:
         if method.global_:
             channel.global_prefetch = method.prefetch_count
             for consumer in channel.consumers.values():
-                self._refill.add(consumer.queue)
+                self.to_refill().add(consumer.queue)
         else:
             channel.prefetch = method.prefetch_count
         self.send(encode_method(channel.number, commands.Basic.QosOk()))
@@ -75,7 +77,7 @@ class BasicMethods(ConnectionBase):
         if not method.nowait:
             self.send(encode_method(channel.number, commands.Basic.ConsumeOk(consumer_tag=tag)))
         consumer.sub = self.manager.subscribe(name, tag, consumer, prefetch, dispatch=False)
-        self._refill.add(name)
+        self.to_refill().add(name)
 
     def b_cancel(self, channel: Channel, method: commands.Basic.Cancel) -> None:
         tag = text(method.consumer_tag)
@@ -249,28 +251,31 @@ class BasicMethods(ConnectionBase):
         tag, multiple = method.delivery_tag, bool(method.multiple)
         if channel.tx is not None:
             channel._tags_for(tag, multiple)  # unknown tags fail now, not at commit
-            channel.tx.append(lambda: self._refill.update(channel.ack(tag, multiple)))
+            channel.tx.append(lambda: self.to_refill().update(channel.ack(tag, multiple)))
             return
-        self._refill |= channel.ack(tag, multiple)
+        refill = self._refill  # (inline: the ack is the hot path)
+        if refill is NOTHING_TO_REFILL:
+            refill = self._refill = set()
+        refill |= channel.ack(tag, multiple)
 
     def b_nack(self, channel: Channel, method: Any) -> None:
         tag, multiple, requeue = method.delivery_tag, bool(method.multiple), bool(method.requeue)
         if channel.tx is not None:
             channel._tags_for(tag, multiple)
-            channel.tx.append(lambda: self._refill.update(channel.nack(tag, multiple, requeue)))
+            channel.tx.append(lambda: self.to_refill().update(channel.nack(tag, multiple, requeue)))
             return
-        self._refill |= channel.nack(tag, multiple, requeue)
+        self.to_refill().update(channel.nack(tag, multiple, requeue))
 
     def b_reject(self, channel: Channel, method: Any) -> None:
         tag, requeue = method.delivery_tag, bool(method.requeue)
         if channel.tx is not None:
             channel._tags_for(tag, False)
-            channel.tx.append(lambda: self._refill.update(channel.nack(tag, False, requeue)))
+            channel.tx.append(lambda: self.to_refill().update(channel.nack(tag, False, requeue)))
             return
-        self._refill |= channel.nack(tag, False, requeue)
+        self.to_refill().update(channel.nack(tag, False, requeue))
 
     def b_recover(self, channel: Channel, method: Any) -> None:
-        self._refill |= channel.recover()
+        self.to_refill().update(channel.recover())
         if isinstance(method, commands.Basic.Recover):
             self.send(encode_method(channel.number, commands.Basic.RecoverOk()))
 

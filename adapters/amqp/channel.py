@@ -131,6 +131,30 @@ class Pending:
 
 
 class Channel:
+    # (slotted: every AMQP client opens one at least)
+    __slots__ = (
+        "_tags",
+        "accepts",
+        "confirm",
+        "confirmed_upto",
+        "conn",
+        "consumers",
+        "flow",
+        "get_ok",
+        "getters",
+        "global_prefetch",
+        "last_queue",
+        "link",
+        "next_tag",
+        "number",
+        "pending",
+        "prefetch",
+        "publish_seq",
+        "state",
+        "tx",
+        "unacked",
+    )
+
     def __init__(self, conn: Owner, number: int) -> None:
         self.conn = conn
         self.link = conn.link

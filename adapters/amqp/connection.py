@@ -26,6 +26,7 @@ from typing import Any
 from pamqp import commands
 from pamqp.base import Frame as PamqpFrame
 
+from vibemq_server.adapters.amqp.base import NOTHING_HELD, NOTHING_TO_REFILL
 from vibemq_server.adapters.amqp.basic import BasicMethods
 from vibemq_server.adapters.amqp.channel import UNLIMITED, Channel
 from vibemq_server.adapters.amqp.codec import (
@@ -88,6 +89,8 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
     """Implements the transport's ``Session`` for one AMQP client: ``AmqpConnection(link,
     server)`` (``base.ConnectionBase`` holds its state)."""
 
+    __slots__ = ()
+
     # -- input (Session) -----------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
@@ -142,7 +145,7 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
         """A login whose hash was verified off the loop: ``decide`` (accept or refuse), then the
         frames that came after it, unless the verdict closed or paused the connection."""
         self.awaiting_login = False
-        held, self._held_frames = self._held_frames, ([], 0, None)
+        held, self._held_frames = self._held_frames, NOTHING_HELD
         self.link.resume_reading()
         try:
             decide()
@@ -160,7 +163,7 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
                 self._send_confirms(channel, seqs)
             self._confirms.clear()
         if self._refill:
-            queues, self._refill = self._refill, set()
+            queues, self._refill = self._refill, NOTHING_TO_REFILL
             for name in queues:
                 queue = self.manager.queues.get(name)
                 if queue is not None:
@@ -343,7 +346,7 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
             return
         self.log.info("channel error", channel=exc.channel, code=int(exc.code), error=exc.text)
         self._flush_confirms(channel)
-        self._refill |= self._release_channel(channel)
+        self.to_refill().update(self._release_channel(channel))
         channel.fire(Event.CLOSE_SENT)
         self.send(
             encode_method(
@@ -373,7 +376,7 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
         for channel in list(self.channels.values()):
             queues |= self._release_channel(channel)
         self.channels.clear()
-        self._refill |= queues
+        self.to_refill().update(queues)
 
     # -- the rest of Session -------------------------------------------------------------------
 
@@ -488,7 +491,7 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
 
     def ch_close(self, channel: Channel, method: commands.Channel.Close) -> None:
         self._flush_confirms(channel)
-        self._refill |= self._release_channel(channel)
+        self.to_refill().update(self._release_channel(channel))
         del self.channels[channel.number]
         self.send(encode_method(channel.number, commands.Channel.CloseOk()))
 
@@ -500,7 +503,7 @@ class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
         self.send(encode_method(channel.number, commands.Channel.FlowOk(active=channel.flow)))
         if channel.flow:
             for consumer in channel.consumers.values():
-                self._refill.add(consumer.queue)
+                self.to_refill().add(consumer.queue)
 
     def ch_flow_ok(self, channel: Channel, method: commands.Channel.FlowOk) -> None:
         pass

@@ -22,6 +22,8 @@ from vibemq_server.core.permissions import Operation
 
 
 class DeclarationMethods(ConnectionBase):
+    __slots__ = ()
+
     # exchanges
 
     def ex_declare(self, channel: Channel, method: commands.Exchange.Declare) -> None:

@@ -26,6 +26,7 @@ from vibemq_server.adapters.amqp.codec import (
 )
 from vibemq_server.adapters.amqp.states import Event
 from vibemq_server.auth.authenticator import Outcome, Verdict
+from vibemq_server.server.connlog import bind_lazily
 
 #: A refused login without ``authentication_failure_close`` loses its socket after this long,
 #: with no close method (RabbitMQ's ``?SILENT_CLOSE_DELAY``: repeated guesses are slowed down).
@@ -44,6 +45,8 @@ _CAPABILITIES = {
 
 
 class HandshakeMethods(ConnectionBase):
+    __slots__ = ()
+
     def on_protocol_header(self, frame: ProtocolHeader) -> None:
         if not frame.ok:
             self.log.info("wrong protocol header", header=frame.raw.hex())
@@ -138,13 +141,17 @@ class HandshakeMethods(ConnectionBase):
         else:
             decide(verdict)
 
+    def log_extra(self) -> dict[str, object]:
+        """What this connection's log lines add once logged in (``bind_lazily``)."""
+        return {"user": self.user}
+
     def _logged_in(self, username: str, user: str, anonymous: bool) -> None:
         """``username`` as the client named itself; ``user`` whose permissions apply."""
         self.username = username
         self.user = user
         self.anonymous = anonymous
         self.access = self.server.access(user)
-        self.log = self.log.bind(user=user)
+        self.log = bind_lazily(self.link.log, self)
         cfg = self.server.cfg
         self.send(
             encode_method(

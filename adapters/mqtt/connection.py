@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from vibemq_server.adapters.mqtt.codec import MqttParser, MqttProtocolError, encode
 from vibemq_server.adapters.mqtt.packets import (
@@ -52,7 +52,8 @@ from vibemq_server.auth.authenticator import Offload
 from vibemq_server.config import MqttConfig
 from vibemq_server.core import QueueManager
 from vibemq_server.core.durable_replies import DurableReplies
-from vibemq_server.core.permissions import FULL_ACCESS, Access, Operation
+from vibemq_server.core.permissions import BEFORE_LOGIN, Access, Operation
+from vibemq_server.server.connlog import bind_lazily
 from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.transport import ConsumerInfo, Link, SessionInfo
 
@@ -136,8 +137,42 @@ class Server(Protocol):
     def call_later(self, delay: float, callback: Callable[[], None]) -> Timer: ...
 
 
+#: no session held (shared, never appended to: a hold assigns a list of its own)
+_NONE_HELD: list[Any] = []
+
+
 class MqttConnection:
     """Implements the transport's ``Session`` for one MQTT client."""
+
+    # (slotted: an idle connection costs only what it holds)
+    __slots__ = (
+        "_acked_any",
+        "_authenticating",
+        "_durable",
+        "_held",
+        "_held_error",
+        "_held_sessions",
+        "_hold_gen",
+        "_hold_timer",
+        "_holds",
+        "_published",
+        "_refusals",
+        "_state",
+        "_stats",
+        "_table",
+        "access",
+        "keep_alive",
+        "last_rx",
+        "link",
+        "log",
+        "manager",
+        "opened_at",
+        "parser",
+        "partial_since",
+        "server",
+        "session",
+        "will",
+    )
 
     def __init__(self, link: Link, server: Server) -> None:
         self.link = link
@@ -151,7 +186,7 @@ class MqttConnection:
         self.session: MqttSession | None = None
         self.will: Connect | None = None
         #: what the client's user may do (set by CONNECT)
-        self.access = Access(FULL_ACCESS, "")
+        self.access = BEFORE_LOGIN
         self.keep_alive = 0.0
         self.opened_at = link.time()
         self.last_rx = self.opened_at
@@ -164,7 +199,7 @@ class MqttConnection:
         self._holds = 0
         self._hold_gen = 0
         self._hold_timer: Timer | None = None
-        self._held_sessions: list[MqttSession] = []
+        self._held_sessions: list[MqttSession] = _NONE_HELD
         # A CONNECT's password hash is being verified off the loop (reading paused).
         self._authenticating = False
         self._refusals = 0  # publishes refused for want of write permission
@@ -293,7 +328,7 @@ class MqttConnection:
         self._resume_held()
 
     def _resume_held(self) -> None:
-        self._held_sessions = []
+        self._held_sessions = _NONE_HELD
         if self._hold_timer is not None:
             self._hold_timer.cancel()
             self._hold_timer = None
@@ -427,6 +462,14 @@ class MqttConnection:
                 will.will_topic, will.will_payload, will.will_qos, will.will_retain, pause=False
             )
 
+    def log_extra(self) -> dict[str, object]:
+        """What this connection's log lines add once it is connected (``bind_lazily``)."""
+        session = self.session
+        return {
+            "client_id": session.client_id if session is not None else None,
+            "user": self.access.user,
+        }
+
     def taken_over(self) -> None:
         """Another connection CONNECTed with our client id: it gets the session."""
         self.log.info("session taken over by a new connection")
@@ -492,7 +535,7 @@ class MqttConnection:
         session, resumed = server.open_session(client_id, packet.clean_session)
         assert access is not None
         self.access = access
-        self.log = self.log.bind(client_id=client_id, user=access.user)
+        self.log = bind_lazily(self.link.log, self)
         self.session = session
         if resumed:
             self._recheck_filters(session, access)
@@ -502,7 +545,7 @@ class MqttConnection:
         present = resumed and packet.protocol_level == PROTOCOL_LEVEL_V311
         self.link.send(encode(Connack(ConnackCode.ACCEPTED, present)))
         session.user = access.user
-        session.attach(self.link, self.taken_over)
+        session.attach(self.link, self)
         session.start_delivery()
         self.log.debug("connected", clean=packet.clean_session, resumed=resumed)
 
@@ -546,7 +589,7 @@ class MqttConnection:
         if qos == 1:
             self._acknowledge(b"\x40\x02" + pid.to_bytes(2, "big"), durable)
         elif qos == 2:
-            session.inbound_qos2.add(pid)
+            session.remember_inbound_qos2(pid)
             self._acknowledge(b"\x50\x02" + pid.to_bytes(2, "big"), durable)
 
     def _acknowledge(self, packet: bytes, durable: bool) -> None:

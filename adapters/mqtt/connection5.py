@@ -53,6 +53,7 @@ from vibemq_server.adapters.mqtt.packets5 import (
 from vibemq_server.adapters.mqtt.session5 import NEVER_EXPIRES, Mqtt5Session
 from vibemq_server.adapters.mqtt.states import TRANSITIONS5, Event, Input, State
 from vibemq_server.adapters.mqtt.topics import topic_to_address
+from vibemq_server.server.connlog import bind_lazily
 from vibemq_server.server.transport import Link, SessionInfo
 
 R = ReasonCode
@@ -93,6 +94,17 @@ def _is_utf8(payload: bytes) -> bool:
 
 class Mqtt5Connection(MqttConnection):
     """Implements the transport's ``Session`` for one MQTT 5.0 client."""
+
+    __slots__ = (
+        "_said_disconnect",
+        "alias_max_in",
+        "aliases_in",
+        "parser5",
+        "problem_info",
+        "receive_max_in",
+        "session_expiry",
+        "will5",
+    )
 
     def __init__(self, link: Link, server: Server) -> None:
         super().__init__(link, server)
@@ -307,7 +319,7 @@ class Mqtt5Connection(MqttConnection):
         assert isinstance(session, Mqtt5Session)
         assert access is not None
         self.access = access
-        self.log = self.log.bind(client_id=client_id, user=access.user)
+        self.log = bind_lazily(self.link.log, self)
         self.session = session
         session.expiry_s = expiry
         session.max_inflight = min(cfg.max_inflight, props.receive_maximum or 65_535)
@@ -342,7 +354,7 @@ class Mqtt5Connection(MqttConnection):
             )
         )
         session.user = access.user
-        session.attach(self.link, self.taken_over)
+        session.attach(self.link, self)
         session.start_delivery()
         self.log.debug("connected", version=5, clean_start=packet.clean_start, resumed=resumed)
 
@@ -400,7 +412,7 @@ class Mqtt5Connection(MqttConnection):
             self._acknowledge(_ack(0x40, pid, code), durable)
         elif qos == 2:
             if code < 0x80:
-                session.inbound_qos2.add(pid)
+                session.remember_inbound_qos2(pid)
             self._acknowledge(_ack(0x50, pid, code), durable)
 
     def on_puback5(self, packet: Puback5) -> None:

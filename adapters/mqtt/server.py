@@ -41,7 +41,12 @@ from vibemq_server.adapters.mqtt.message5 import (
 )
 from vibemq_server.adapters.mqtt.packets import ConnackCode, Connect
 from vibemq_server.adapters.mqtt.packets5 import Properties, SubOptions
-from vibemq_server.adapters.mqtt.session import MqttSession, SharedMember, session_queue_name
+from vibemq_server.adapters.mqtt.session import (
+    MqttSession,
+    SharedMember,
+    own,
+    session_queue_name,
+)
 from vibemq_server.adapters.mqtt.session5 import NEVER_EXPIRES, Mqtt5Session
 from vibemq_server.adapters.mqtt.sys_topics import SYS_PREFIX, SysTopics
 from vibemq_server.adapters.mqtt.topics import (
@@ -133,6 +138,8 @@ class MqttServer:
         self.sessions: dict[str, MqttSession] = {}
         self._ids = itertools.count(1)
         self._id_prefix = f"mqtt-{os.urandom(4).hex()}-"
+        # one bound method for every session (not a new one, 64 bytes, per session)
+        self._next_msg_id = self.next_msg_id
         self._deny_subscribe = [filter_to_pattern(f) for f in self.cfg.deny_subscribe]
         self._deny_publish = list(self.cfg.deny_publish)
         self._addresses: dict[str, str] = {}
@@ -353,7 +360,7 @@ class MqttServer:
             queue,
             self.manager,
             self.router,
-            self.next_msg_id,
+            self._next_msg_id,
             cfg.max_inflight,
             cfg.max_queued_messages,
             self.stats,
@@ -469,10 +476,12 @@ class MqttServer:
                 return 0x8F if session.v5 else 0x80
             self._join_share(session, topic_filter, share, pattern, qos, sub_id)
         elif isinstance(session, Mqtt5Session):
+            session.options5 = own(session.options5)
             session.options5[topic_filter] = (options or SubOptions(qos), sub_id)
             self.router5.add((session, topic_filter), pattern, qos)
         else:
             self.router.add(session, pattern, qos)
+        session.filters = own(session.filters)
         session.filters[topic_filter] = qos
         self._extra = bool(self.router5) or bool(self.shared_router)
         self._per_cache.clear()
@@ -498,6 +507,7 @@ class MqttServer:
         members.add(session)
         member = session.shared.get(topic_filter)
         if member is None:
+            session.shared = own(session.shared)
             member = session.shared[topic_filter] = SharedMember(
                 session, group, topic_filter, qos, self._give_back
             )

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from vibemq_server.adapters.mqtt.codec import encode_publish
 from vibemq_server.adapters.mqtt.topics import address_to_topic
@@ -42,6 +42,64 @@ RETAIN = "mqttRetain"
 
 MAX_PACKET_ID = 65_535
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+class _NoIds(set[int]):
+    """The empty packet-id set every session starts with, shared: an idle session allocates
+    no set (216 bytes each) until it has ids to keep (``_ids``). Adding to it is a bug."""
+
+    __slots__ = ()
+
+    def add(self, item: int) -> None:
+        raise AssertionError("the shared empty set: replace it before adding (_ids)")
+
+
+class _NoItems(deque[Any]):
+    """The empty deque every session starts with, shared (a deque is 760 bytes even empty):
+    replaced by its own before the first append (``_items``). Appending to it is a bug."""
+
+    __slots__ = ()
+
+    def append(self, item: Any) -> None:
+        raise AssertionError("the shared empty deque: replace it before appending (_items)")
+
+
+class _NoEntries(dict[Any, Any]):
+    """The empty dict every session's maps start as, shared: replaced by its own before
+    the first entry (``own``). Adding to it is a bug."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise AssertionError("the shared empty dict: replace it before adding (own)")
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        raise AssertionError("the shared empty dict: replace it before adding (own)")
+
+
+_NO_IDS: set[int] = _NoIds()
+#: no publisher waiting (shared; a session makes its own list for the first one)
+_NO_WAITERS: list[Any] = []
+NO_ENTRIES: dict[Any, Any] = _NoEntries()
+_NO_ITEMS: deque[Any] = _NoItems()
+
+
+def _ids(current: set[int]) -> set[int]:
+    """``current``, or a set of its own in place of the shared empty one."""
+    return set() if current is _NO_IDS else current
+
+
+def own(current: dict[_K, _V]) -> dict[_K, _V]:
+    """``current``, or a dict of its own in place of the shared empty one."""
+    return {} if current is NO_ENTRIES else current
+
+
+def _items(current: deque[Any]) -> deque[Any]:
+    """``current``, or a deque of its own in place of the shared empty one."""
+    return deque() if current is _NO_ITEMS else current
+
 
 class Link(Protocol):
     """What a session needs of its current connection's socket (``StreamTransport`` is one):
@@ -51,6 +109,13 @@ class Link(Protocol):
     def writable(self) -> bool: ...
 
     def send(self, data: bytes) -> None: ...
+
+
+class Holder(Protocol):
+    """The connection holding a session: ``taken_over`` makes it let go (a new CONNECT
+    with the same client id)."""
+
+    def taken_over(self) -> None: ...
 
 
 @runtime_checkable
@@ -147,6 +212,45 @@ class MqttSession:
     #: an MQTT 5.0 session (``session5.Mqtt5Session``)
     v5 = False
 
+    # Slotted, and its sets and deques shared empty ones until used: thousands of idle
+    # sessions hold only what they must (docs/performance.md, "Idle connections").
+    __slots__ = (
+        "_backlog",
+        "_drain_waiters",
+        "_headers",
+        "_next_msg_id",
+        "_next_pid",
+        "_on_takeover",
+        "_pending",
+        "_queue_high",
+        "_topics",
+        "_used",
+        "clean",
+        "client_id",
+        "direct",
+        "drop_log",
+        "dropped_qos0",
+        "dropped_queued",
+        "filters",
+        "inbound_qos2",
+        "link",
+        "manager",
+        "max_backlog",
+        "max_inflight",
+        "outbound",
+        "packet_ids",
+        "pubrel",
+        "queue",
+        "router",
+        "shared",
+        "shared_direct",
+        "shared_out",
+        "stalled",
+        "stats",
+        "sub",
+        "user",
+    )
+
     def __init__(
         self,
         client_id: str,
@@ -175,43 +279,43 @@ class MqttSession:
         self.link: Link | None = None
         # What makes the connection holding this session give it up (a new CONNECT with
         # the same client id takes it over).
-        self._on_takeover: Callable[[], None] | None = None
+        self._on_takeover: Holder | None = None
         self.sub: Subscription | None = None
         #: topic filter -> granted QoS
-        self.filters: dict[str, int] = {}
+        self.filters: dict[str, int] = NO_ENTRIES
         #: packet id -> message sent and awaiting PUBACK (QoS 1) or PUBREC (QoS 2)
-        self.outbound: dict[int, StoredMessage] = {}
+        self.outbound: dict[int, StoredMessage] = NO_ENTRIES
         #: packet id -> QoS of a clean session's delivery sent without the core queue
-        self.direct: dict[int, int] = {}
+        self.direct: dict[int, int] = NO_ENTRIES
         #: packet ids of QoS 2 deliveries that got PUBREC and now await PUBCOMP
-        self.pubrel: set[int] = set()
+        self.pubrel: set[int] = _NO_IDS
         #: packet ids of QoS 2 publishes received and awaiting the client's PUBREL
-        self.inbound_qos2: set[int] = set()
+        self.inbound_qos2: set[int] = _NO_IDS
         #: message id -> packet id, for every message sent and not yet acknowledged: a
         #: redelivery after a reconnect reuses the id
-        self.packet_ids: dict[str, int] = {}
-        self._used: set[int] = set()
+        self.packet_ids: dict[str, int] = NO_ENTRIES
+        self._used: set[int] = _NO_IDS
         self._next_pid = 1
-        self._backlog: deque[bytes] = deque()
+        self._backlog: deque[bytes] = _NO_ITEMS
         # Publishers paused until the QoS 0 backlog has drained.
-        self._drain_waiters: list[Callable[[], None]] = []
+        self._drain_waiters: list[Callable[[], None]] = _NO_WAITERS
         self._queue_high = max(1, max_backlog // 2)
         # Made a publisher wait the longest pause without catching up: a stuck client
         # (connected, not reading or not acking) must not slow every publisher down, so it
         # pauses nobody until it has drained; meanwhile its bounds drop messages.
         self.stalled = False
-        self._headers: dict[tuple[str, int, bool], dict[str, str]] = {}
-        self._topics: dict[str, bytes] = {}
+        self._headers: dict[tuple[str, int, bool], dict[str, str]] = NO_ENTRIES
+        self._topics: dict[str, bytes] = NO_ENTRIES
         # A clean session's QoS 1/2 messages waiting for the in-flight window.
         # (A v5 session's entries carry its properties too.)
-        self._pending: deque[tuple[Any, ...]] = deque()
+        self._pending: deque[tuple[Any, ...]] = _NO_ITEMS
         #: shared subscriptions (``$share/{group}/{filter}``) -> their member in the group
-        self.shared: dict[str, SharedMember] = {}
+        self.shared: dict[str, SharedMember] = NO_ENTRIES
         #: packet id -> (subscription, message) of a shared subscription's delivery
-        self.shared_out: dict[int, tuple[Subscription, StoredMessage, int]] = {}
+        self.shared_out: dict[int, tuple[Subscription, StoredMessage, int]] = NO_ENTRIES
         #: packet id -> (member, topic, payload, QoS) of a shared delivery the server's
         #: direct round robin made (``MqttServer._share_direct``), awaiting PUBACK
-        self.shared_direct: dict[int, tuple[SharedMember, str, bytes, int]] = {}
+        self.shared_direct: dict[int, tuple[SharedMember, str, bytes, int]] = NO_ENTRIES
         self.dropped_qos0 = 0
         self.dropped_queued = 0
         #: who the last connection holding the session logged in as (in memory only: None
@@ -248,11 +352,12 @@ class MqttSession:
     def connected(self) -> bool:
         return self.link is not None
 
-    def attach(self, link: Link, on_takeover: Callable[[], None]) -> None:
+    def attach(self, link: Link, holder: Holder) -> None:
         """Bind to a new connection; PUBRELs still owed go out before anything else.
-        ``on_takeover``: how ``take_over`` makes that connection let go of the session."""
+        ``holder``: the connection, whose ``taken_over`` makes it let go of the session
+        (held as itself, not as a bound method: one object less per session)."""
         self.link = link
-        self._on_takeover = on_takeover
+        self._on_takeover = holder
         for pid in sorted(self.pubrel):
             link.send(b"\x62\x02" + pid.to_bytes(2, "big"))
         if self.packet_ids:
@@ -288,9 +393,9 @@ class MqttSession:
     def take_over(self) -> None:
         """Another connection CONNECTed with this client id: the one holding the session (if
         any) closes and leaves it (detached, or ended if clean)."""
-        on_takeover = self._on_takeover
-        if self.link is not None and on_takeover is not None:
-            on_takeover()
+        holder = self._on_takeover
+        if self.link is not None and holder is not None:
+            holder.taken_over()
 
     def detach(self) -> None:
         """The connection is gone: unacknowledged deliveries go back to the queue front."""
@@ -337,7 +442,9 @@ class MqttSession:
         pid = self.packet_ids.get(msg.id)
         if pid is None:
             pid = self._allocate()
+            self.packet_ids = own(self.packet_ids)
             self.packet_ids[msg.id] = pid
+        self.outbound = own(self.outbound)
         self.outbound[pid] = msg
         headers = msg.headers
         self.stats.messages_sent += 1
@@ -357,6 +464,7 @@ class MqttSession:
         if raw is None:
             if len(self._topics) >= 1024:
                 self._topics.clear()
+            self._topics = own(self._topics)
             raw = self._topics[topic] = topic.encode()
         return raw
 
@@ -365,6 +473,8 @@ class MqttSession:
 
     def _allocate(self) -> int:
         used = self._used
+        if used is _NO_IDS:
+            used = self._used = set()
         pid = self._next_pid
         # Callers check len(_used) < max_inflight <= 65,535 first, so a free id exists.
         while pid in used:
@@ -423,6 +533,7 @@ class MqttSession:
             self.manager.ack(sub, msg.id, dispatch=False)
             return
         pid = self._allocate()
+        self.shared_out = own(self.shared_out)
         self.shared_out[pid] = (sub, msg, qos)
         link.send(self.shared_packet(topic, payload, qos, pid, msg))
 
@@ -441,6 +552,7 @@ class MqttSession:
             self._used.discard(pid)
             return
         if qos:
+            self.shared_direct = own(self.shared_direct)
             self.shared_direct[pid] = (member, topic, payload, qos)
             member.direct += 1
         link.send(packet)
@@ -478,13 +590,28 @@ class MqttSession:
             if msg is None or msg.headers.get(QOS) != "2":
                 if not (self.shared_out and self._shared_ack(pid, 2)):
                     return
-                self._used.add(pid)
-                self.pubrel.add(pid)
+                self._await_pubcomp(pid)
                 return
             del self.outbound[pid]
             self._settle(pid, msg)
+        self._await_pubcomp(pid)
+
+    def _await_pubcomp(self, pid: int) -> None:
+        """PUBREC came: ``pid`` stays in use until PUBCOMP."""
+        self._used = _ids(self._used)
         self._used.add(pid)
+        self.pubrel = _ids(self.pubrel)
         self.pubrel.add(pid)
+
+    def own_pending(self) -> deque[tuple[Any, ...]]:
+        """The pending deque, a session's own (made before its first append)."""
+        self._pending = _items(self._pending)
+        return self._pending
+
+    def remember_inbound_qos2(self, pid: int) -> None:
+        """A QoS 2 publish from the client: its packet id is kept until PUBREL."""
+        self.inbound_qos2 = _ids(self.inbound_qos2)
+        self.inbound_qos2.add(pid)
 
     def pubcomp(self, pid: int) -> None:
         if pid in self.pubrel:
@@ -525,6 +652,7 @@ class MqttSession:
             self.stats.messages_sent += 1
             link.send(packet)
         elif len(self._backlog) < self.max_backlog:
+            self._backlog = _items(self._backlog)
             self._backlog.append(packet)
         else:
             self.dropped_qos0 += 1
@@ -551,6 +679,8 @@ class MqttSession:
 
     def when_drained(self, waiter: Callable[[], None]) -> None:
         if self.congested:
+            if self._drain_waiters is _NO_WAITERS:
+                self._drain_waiters = []
             self._drain_waiters.append(waiter)
         else:
             waiter()
@@ -562,7 +692,7 @@ class MqttSession:
                 self._release_publishers()
 
     def _release_publishers(self) -> None:
-        waiters, self._drain_waiters = self._drain_waiters, []
+        waiters, self._drain_waiters = self._drain_waiters, _NO_WAITERS
         for waiter in waiters:
             waiter()
 
@@ -580,6 +710,7 @@ class MqttSession:
             headers = {TOPIC: topic, QOS: "2" if qos == 2 else "1"}
             if retain:
                 headers[RETAIN] = "1"
+            self._headers = own(self._headers)
             self._headers[key] = headers
         outcome = self.manager.publish(
             self.queue.name, self._next_msg_id(), payload, headers, route=False
@@ -596,6 +727,7 @@ class MqttSession:
         if not pending and self.writable:
             self._send_direct(topic, payload, qos, retain)
         elif len(pending) < self.max_backlog:
+            self._pending = pending = _items(pending)
             pending.append((topic, payload, qos, retain))
         else:
             self.dropped_queued += 1
@@ -605,7 +737,10 @@ class MqttSession:
     def _send_direct(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
         assert self.link is not None
         pid = self._allocate()
-        self.direct[pid] = qos
+        direct = self.direct
+        if direct is NO_ENTRIES:
+            direct = self.direct = {}
+        direct[pid] = qos
         self.stats.messages_sent += 1
         self.link.send(encode_publish(self._topic_bytes(topic), payload, qos, pid, retain=retain))
 

@@ -20,7 +20,6 @@ any session) is turned into v5 by adding an empty property block.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from vibemq_server.adapters.mqtt.codec import (
@@ -32,12 +31,15 @@ from vibemq_server.adapters.mqtt.codec5 import encode_publish5, property_block
 from vibemq_server.adapters.mqtt.message5 import SUBSCRIPTION_IDS, header_entries
 from vibemq_server.adapters.mqtt.packets5 import SubOptions
 from vibemq_server.adapters.mqtt.session import (
+    NO_ENTRIES,
     QOS,
     RETAIN,
     TOPIC,
+    Holder,
     Link,
     MqttSession,
     SharedMember,
+    own,
 )
 from vibemq_server.core import PublishOutcome, StoredMessage, Subscription
 
@@ -81,10 +83,21 @@ class Mqtt5Session(MqttSession):
 
     v5 = True
 
+    __slots__ = (
+        "alias_max_out",
+        "aliases_out",
+        "expires_at",
+        "expiry_s",
+        "max_packet_out",
+        "options5",
+        "too_large",
+        "will_timer",
+    )
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: topic filter -> (options, subscription identifier or 0)
-        self.options5: dict[str, tuple[SubOptions, int]] = {}
+        self.options5: dict[str, tuple[SubOptions, int]] = NO_ENTRIES
         #: Session Expiry Interval (s): 0 = ends with its connection
         self.expiry_s = 0
         #: when a detached session expires (the server's clock, s), None: not counting
@@ -92,18 +105,18 @@ class Mqtt5Session(MqttSession):
         #: the client's Maximum Packet Size and Topic Alias Maximum (this connection's)
         self.max_packet_out = MAX_PACKET_SIZE
         self.alias_max_out = 0
-        self.aliases_out: dict[str, int] = {}
+        self.aliases_out: dict[str, int] = NO_ENTRIES
         self.will_timer: Timer | None = None
         #: messages not sent because they were over the client's Maximum Packet Size
         self.too_large = 0
 
-    def attach(self, link: Link, on_takeover: Callable[[], None]) -> None:
+    def attach(self, link: Link, holder: Holder) -> None:
         if self.will_timer is not None:
             self.will_timer.cancel()  # back before its will delay ran out: no will
             self.will_timer = None
         self.expires_at = None
-        self.aliases_out = {}
-        super().attach(link, on_takeover)
+        self.aliases_out = NO_ENTRIES
+        super().attach(link, holder)
 
     # -- building a v5 PUBLISH -------------------------------------------------------------------
 
@@ -148,6 +161,7 @@ class Mqtt5Session(MqttSession):
                 raw, payload, qos, pid, _block(entries), retain=retain, dup=dup
             )
             if alias is not None and len(packet) <= self.max_packet_out:
+                self.aliases_out = own(self.aliases_out)
                 self.aliases_out[topic] = alias
         if len(packet) > self.max_packet_out:
             self.too_large += 1
@@ -229,6 +243,7 @@ class Mqtt5Session(MqttSession):
             if not pending and self.writable:
                 self._send_direct(topic, payload, qos, retain, entries, expires_at, sub_ids)
             elif len(pending) < self.max_backlog:
+                self._pending = pending = self.own_pending()
                 pending.append((topic, payload, qos, retain, entries, expires_at, sub_ids))
             else:
                 self.dropped_queued += 1
@@ -283,6 +298,7 @@ class Mqtt5Session(MqttSession):
         if packet is None:
             self._used.discard(pid)
             return
+        self.direct = own(self.direct)
         self.direct[pid] = qos
         self.stats.messages_sent += 1
         self.link.send(packet)
@@ -296,6 +312,7 @@ class Mqtt5Session(MqttSession):
         pid = self.packet_ids.get(msg.id)
         if pid is None:
             pid = self._allocate()
+            self.packet_ids = own(self.packet_ids)
             self.packet_ids[msg.id] = pid
         ids = headers.get(SUBSCRIPTION_IDS)
         sub_ids = tuple(int(i) for i in ids.split(",")) if ids else ()
@@ -316,6 +333,7 @@ class Mqtt5Session(MqttSession):
             self._used.discard(pid)
             self.manager.ack(sub, msg.id, dispatch=False)
             return
+        self.outbound = own(self.outbound)
         self.outbound[pid] = msg
         self.stats.messages_sent += 1
         link.send(packet)

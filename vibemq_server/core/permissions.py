@@ -14,7 +14,7 @@ user the new patterns, so the next operation of an open connection is judged by 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import IntEnum
 
 
@@ -57,11 +57,16 @@ class Access:
     def update(self, permissions: Mapping[str, str]) -> None:
         """Judge from now on by ``permissions`` (the cached decisions are forgotten)."""
         self.everything = all(permissions.get(op.label) == ".*" for op in Operation)
+        if self.everything:
+            # (most connections: nothing to match or cache, so no lists per connection)
+            self._patterns: Sequence[re.Pattern[str] | None] = ()
+            self._cache: Sequence[dict[str, bool]] = ()
+            return
         self._patterns = [
             _compile(permissions.get(op.label, ""), self.user, self.client_id) for op in Operation
         ]
         #: per operation: address -> decision
-        self._cache: list[dict[str, bool]] = [{} for _ in Operation]
+        self._cache = [{} for _ in Operation]
 
     def allowed(self, operation: Operation, address: str) -> bool:
         if self.everything:
@@ -75,6 +80,11 @@ class Access:
                 cache.clear()
             cache[address] = decision
         return decision
+
+
+#: what a connection may do before it has logged in (the sessions' placeholder until their
+#: login decides: one shared object, never updated, instead of one per connection)
+BEFORE_LOGIN = Access(FULL_ACCESS, "")
 
 
 def check_patterns(permissions: Mapping[str, str]) -> None:

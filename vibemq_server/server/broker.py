@@ -93,6 +93,7 @@ class Broker:
         #: hosted next to the listeners (the HTTP listener), by the composition root
         self.services: list[Service] = []
         self._housekeeping: asyncio.Task[None] | None = None
+        self._refusal = self._native_refusal  # (one bound method for every connection)
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -176,12 +177,6 @@ class Broker:
         """The transport of one accepted native connection, driving a native ``Session``."""
         conn_id = f"srv_{next(_conn_ids)}"
         manager, config, auth, stats = self.manager, self.config, self.auth, self.native_stats
-        refusal = Message(
-            CommandType.ERROR,
-            conn_id,
-            error_code=ErrorCode.CONNECTION_LIMIT,
-            error_message=f"at most {config.max_connections} connections",
-        )
         return StreamTransport(
             lambda link: Session(link, manager, config, auth, stats),
             conn_id=conn_id,
@@ -190,10 +185,21 @@ class Broker:
             batch=self.read_batch,
             register=self.register,
             unregister=self.unregister,
-            refusal=encode(refusal),
+            refusal=self._refusal,
             tls=tls,
             handshake_timeout=config.tls.handshake_timeout_s,
             stats=stats,
+        )
+
+    def _native_refusal(self, conn_id: str) -> bytes:
+        """The Error frame a native connection over the limit gets (built only then)."""
+        return encode(
+            Message(
+                CommandType.ERROR,
+                conn_id,
+                error_code=ErrorCode.CONNECTION_LIMIT,
+                error_message=f"at most {self.config.max_connections} connections",
+            )
         )
 
     def register(self, conn: Link) -> bool:

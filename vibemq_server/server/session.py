@@ -35,7 +35,7 @@ from vibemq_server.core import (
     Subscription,
 )
 from vibemq_server.core.durable_replies import DurableReplies
-from vibemq_server.core.permissions import FULL_ACCESS, Access, Operation
+from vibemq_server.core.permissions import BEFORE_LOGIN, Operation
 from vibemq_server.protocol import (
     CommandType,
     ErrorCode,
@@ -104,8 +104,49 @@ _OPTION_HEADERS = frozenset(
 )
 
 
+#: the deque of held-back publishes every session starts with, shared and never appended
+#: to (a deque is 760 bytes even empty): a session makes its own at its first one
+_NO_DEFERRED: deque[Message] = deque()
+
+
 class Session:
     """One client's protocol session: authentication, subscriptions, publisher flow control."""
+
+    # (slotted: an idle connection costs only what it holds; compiled, it is anyway)
+    __slots__ = (
+        "_acked",
+        "_after_auth",
+        "_authenticating",
+        "_batching",
+        "_burst",
+        "_deferred",
+        "_durable",
+        "_error_seq",
+        "_errors_logged",
+        "_handlers",
+        "_holders",
+        "_holders_limit",
+        "_last_rx",
+        "_memory_paused",
+        "_partial_since",
+        "_rate",
+        "_refilled",
+        "_state",
+        "_tokens",
+        "access",
+        "auth",
+        "client_version",
+        "config",
+        "conn_id",
+        "decoder",
+        "limits",
+        "link",
+        "log",
+        "manager",
+        "stats",
+        "subs",
+        "user",
+    )
 
     def __init__(
         self,
@@ -125,7 +166,7 @@ class Session:
         self.user: str | None = None
         #: the clientVersion header of Connect (what the client says it is)
         self.client_version: str | None = None
-        self.access = Access(FULL_ACCESS, "")
+        self.access = BEFORE_LOGIN
         self.conn_id = link.conn_id
         self.log = link.log
         self._state = State.AWAITING_CONNECT
@@ -144,7 +185,7 @@ class Session:
         self._holders: dict[str, Subscription] | None = None
         self._holders_limit = 1024
         # Publishes held back while a BlockPublisher queue is full, in arrival order.
-        self._deferred: deque[Message] = deque()
+        self._deferred: deque[Message] = _NO_DEFERRED  # (its own made at the first one)
         # Queues whose subscribers acks freed during a batch of frames, refilled after it.
         self._acked: dict[str, Queue] = {}
         self._batching = False
@@ -533,7 +574,7 @@ class Session:
             self.send_error(msg.id, ErrorCode.QUEUE_FULL, f"queue {msg.queue!r} is full")
             return True
         if not self._deferred:
-            self._deferred.append(msg)
+            self._deferred = deque((msg,))  # (not the shared empty one)
         self.link.pause_reading()
         self.manager.wait_for_room(msg.queue, lambda: self.link.call_soon(self._retry_deferred))
         return False

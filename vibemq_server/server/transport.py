@@ -26,6 +26,7 @@ from typing import Protocol, TypeVar, cast
 
 import structlog
 
+from vibemq_server.server.connlog import ConnLog, as_logger
 from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.tls import describe, peer_identity
 
@@ -211,7 +212,48 @@ class Link(Protocol):
 class StreamTransport(asyncio.Protocol):
     """The one asyncio protocol of every stream listener, whatever it speaks: it owns the
     socket, the output buffer, flow control and the per-read batch, and hands bytes to the
-    protocol's sans-IO ``Session`` (made by ``make_session`` once the socket is accepted)."""
+    protocol's sans-IO ``Session`` (made by ``make_session`` once the socket is accepted).
+
+    Slotted and lean: an idle connection costs what its attributes hold, nothing more
+    (docs/performance.md, "Idle connections"). No timer or task per connection: the TLS
+    handshake deadline is checked by the broker's once-a-second sweep (``check_timers``),
+    the logger is bound only when the connection logs something (``ConnLog``)."""
+
+    __slots__ = (
+        "_batch",
+        "_bio_in",
+        "_bio_out",
+        "_closing",
+        "_counted",
+        "_flush_scheduled",
+        "_handshake_timeout",
+        "_make_session",
+        "_out",
+        "_out_limit",
+        "_out_size",
+        "_reading_paused",
+        "_refusal",
+        "_register",
+        "_sniff",
+        "_ssl",
+        "_tls",
+        "_unregister",
+        "_write_paused",
+        "_yielding",
+        "bytes_received",
+        "bytes_sent",
+        "conn_id",
+        "connected_at",
+        "log",
+        "loop",
+        "over_tls",
+        "peer_host",
+        "peer_identity",
+        "peer_port",
+        "session",
+        "stats",
+        "transport",
+    )
 
     def __init__(
         self,
@@ -223,17 +265,19 @@ class StreamTransport(asyncio.Protocol):
         batch: ReadBatch,
         register: Callable[[StreamTransport], bool],
         unregister: Callable[[StreamTransport], None],
-        refusal: bytes = b"",
+        refusal: bytes | Callable[[str], bytes] = b"",
         tls: ssl.SSLContext | None = None,
         handshake_timeout: float = 10.0,
         stats: ProtocolStats | None = None,
     ) -> None:
         """``stats``: the listener's protocol counters, shared by its transports (bytes in
-        and out, connections); None: counted nowhere shared."""
+        and out, connections); None: counted nowhere shared. ``refusal``: what to write
+        before closing a connection over the limit, or a function of the connection id that
+        makes it (only then: nothing is built per accepted connection)."""
         self.loop = asyncio.get_running_loop()
         self.stats = stats if stats is not None else ProtocolStats("")
         self._counted = False  # counted as an open connection in stats
-        self._make_session = make_session
+        self._make_session: Callable[[StreamTransport], Session] | None = make_session
         self.conn_id = conn_id
         self.log = log
         self._batch = batch
@@ -264,7 +308,6 @@ class StreamTransport(asyncio.Protocol):
         self._ssl: ssl.SSLObject | None = None
         self._bio_in: ssl.MemoryBIO | None = None
         self._bio_out: ssl.MemoryBIO | None = None
-        self._handshake_timer: asyncio.TimerHandle | None = None
         # A plain listener looks once at the first bytes for a TLS ClientHello.
         self._sniff = tls is None
 
@@ -279,12 +322,15 @@ class StreamTransport(asyncio.Protocol):
         self.peer_host = str(peer[0]) if peer else ""
         self.peer_port = int(peer[1]) if peer else 0
         self.connected_at = time.time()
-        self.log = self.log.bind(conn_id=self.conn_id, peer=f"{peer[0]}:{peer[1]}" if peer else "")
+        self.log = as_logger(ConnLog(self.log, self))
         self.transport.set_write_buffer_limits(high=self._out_limit)
         if not self._register(self):
             self.log.warning("connection refused: limit reached")
-            if self._refusal and self._tls is None:
-                self.transport.write(self._refusal)
+            refusal = self._refusal
+            if refusal and self._tls is None:
+                self.transport.write(
+                    refusal if isinstance(refusal, bytes) else refusal(self.conn_id)
+                )
             self._closing = True
             self.transport.close()
             return
@@ -297,11 +343,8 @@ class StreamTransport(asyncio.Protocol):
             # The session starts once the handshake is done (and the peer known).
             self._bio_in, self._bio_out = ssl.MemoryBIO(), ssl.MemoryBIO()
             self._ssl = self._tls.wrap_bio(self._bio_in, self._bio_out, server_side=True)
-            self._handshake_timer = self.loop.call_later(
-                self._handshake_timeout, self._handshake_timed_out
-            )
-            return
-        self.session = self._make_session(self)
+            return  # (its deadline: check_timers)
+        self._start_session()
 
     def data_received(self, data: bytes) -> None:
         session = self.session
@@ -338,8 +381,7 @@ class StreamTransport(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
-        if self._handshake_timer is not None:
-            self._handshake_timer.cancel()
+        self._make_session = None
         self._unregister(self)
         if self._counted:
             self._counted = False
@@ -358,8 +400,29 @@ class StreamTransport(asyncio.Protocol):
     # -- what the broker drives (its Link) ---------------------------------------------------------
 
     def check_timers(self, now: float, keepalive: float, frame_timeout: float) -> None:
-        if self.session is not None and not self._closing:
+        """The broker's sweep, about once a second: the session's own timers, or, during a
+        TLS handshake, its deadline."""
+        if self._closing:
+            return
+        if self.session is not None:
             self.session.check_timers(now, keepalive, frame_timeout)
+        elif self._ssl is not None and time.time() - self.connected_at > self._handshake_timeout:
+            self._handshake_timed_out()
+
+    def log_context(self) -> dict[str, object]:
+        """What this connection's log lines carry (``ConnLog`` binds it on first use)."""
+        context: dict[str, object] = {
+            "conn_id": self.conn_id,
+            "peer": f"{self.peer_host}:{self.peer_port}" if self.peer_host else "",
+        }
+        if self.peer_identity is not None:
+            context["identity"] = self.peer_identity
+        return context
+
+    def _start_session(self) -> None:
+        make_session, self._make_session = self._make_session, None
+        assert make_session is not None
+        self.session = make_session(self)
 
     def shutdown(self, reason: str) -> None:
         if self.session is not None and not self._closing:
@@ -508,9 +571,6 @@ class StreamTransport(asyncio.Protocol):
             self._send_records()  # the alert, so the client knows why
             self._tls_failed("TLS handshake failed", exc)
             return
-        if self._handshake_timer is not None:
-            self._handshake_timer.cancel()
-            self._handshake_timer = None
         self._send_records()  # the server's last flight (and TLS 1.3 session tickets)
         self.peer_identity = peer_identity(self._ssl.getpeercert())
         self.log.debug(
@@ -519,9 +579,7 @@ class StreamTransport(asyncio.Protocol):
             cipher=(self._ssl.cipher() or ("",))[0],
             identity=self.peer_identity,
         )
-        if self.peer_identity is not None:
-            self.log = self.log.bind(identity=self.peer_identity)
-        self.session = self._make_session(self)
+        self._start_session()
         if self._bio_in.pending:
             self.data_received(b"")  # application data that came with the handshake
 
@@ -573,7 +631,6 @@ class StreamTransport(asyncio.Protocol):
             self.transport.close()  # after the alert is written
 
     def _handshake_timed_out(self) -> None:
-        self._handshake_timer = None
         if self.session is None and not self._closing:
             self.log.warning("TLS handshake timed out", after_s=self._handshake_timeout)
             self.abort()
