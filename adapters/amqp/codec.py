@@ -55,6 +55,8 @@ from typing import Any, Final, TypeAlias
 from pamqp import base, commands
 from pamqp import frame as _pamqp_frame
 
+from vibemq_server.protocol.held import HeldInput
+
 PROTOCOL_HEADER: Final = b"AMQP\x00\x00\x09\x01"
 HEARTBEAT: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 #: The smallest frame-max a peer may negotiate (spec: FRAME-MIN-SIZE).
@@ -562,8 +564,9 @@ class FrameParser:
     """
 
     __slots__ = (
-        "_buf",
         "_failure",
+        "_header",
+        "_held",
         "_last",
         "_need",
         "_state",
@@ -581,7 +584,8 @@ class FrameParser:
         # for the body: its head is reused without parsing (a stream of publishes to one
         # queue with one set of properties and one body size is the common case).
         self._last: tuple[bytes, PublishHead, int, int] = (b"", _NO_HEAD, 0, 0)
-        self._buf = bytearray()
+        self._header = bytearray()  # the protocol header, while it is cut
+        self._held = HeldInput()  # the frames' bytes held over between reads
         self._need = 7  # bytes needed (in _FRAMES) before parsing can make progress
         self._state = _AWAIT_HEADER
         self._failure: AmqpError | None = None
@@ -593,16 +597,13 @@ class FrameParser:
         """
         if self._state != _FRAMES:
             return self._feed_other(data)
-        buf = self._buf
-        if buf:
-            buf += data
-            if len(buf) < self._need:
+        held = self._held
+        if held.size:
+            # A frame cut over reads: its chunks are joined once, when all of it is in.
+            joined = held.add(data)
+            if joined is None:
                 return []
-            view = bytes(buf)
-            buf.clear()
-        elif len(data) < self._need:
-            buf += data
-            return []
+            view = joined
         else:
             # The common case: nothing pending, parse straight out of the caller's bytes.
             view = data if type(data) is bytes else bytes(data)
@@ -663,7 +664,7 @@ class FrameParser:
             self._state = _FAILED
             raise
         if pos < end:
-            buf += memoryview(view)[pos:]
+            held.hold(view, pos, self._need)
         return frames
 
     def _feed_other(self, data: bytes | bytearray | memoryview) -> list[Frame]:
@@ -675,7 +676,7 @@ class FrameParser:
             )
         if self._state == _REFUSED:
             return []
-        buf = self._buf
+        buf = self._header
         buf += data
         if len(buf) < len(PROTOCOL_HEADER):
             return []

@@ -47,6 +47,30 @@ _TLS_RECORD = b"\x16\x03"
 _RECORD_MAX = 32_768
 
 
+#: Output of at most this much is joined into one buffer before it is written (cheaper than
+#: a writev of many small pieces); more is written as a list (``_coalesce``).
+_JOIN_ALL = 64 * 1024
+#: A piece of output at least this large is written as it is, never copied into a join.
+_PASS_THROUGH = 16 * 1024
+
+
+def _coalesce(out: list[bytes]) -> list[bytes]:
+    """``out`` with each run of small pieces joined and the large ones passed through."""
+    pieces: list[bytes] = []
+    run: list[bytes] = []
+    for piece in out:
+        if len(piece) >= _PASS_THROUGH:
+            if run:
+                pieces.append(b"".join(run) if len(run) > 1 else run[0])
+                run = []
+            pieces.append(piece)
+        else:
+            run.append(piece)
+    if run:
+        pieces.append(b"".join(run) if len(run) > 1 else run[0])
+    return pieces
+
+
 class Flushable(Protocol):
     """What a read batch holds: a connection whose output waits for the end of the read
     (``StreamTransport``; a test's link that stands in for one). A protocol, not the class:
@@ -436,15 +460,26 @@ class StreamTransport(asyncio.Protocol):
         self._flush_scheduled = False
         if not self._out or self.transport is None or self._closing:
             return  # (closing: close() flushed already; a lost connection's output is void)
-        self.bytes_sent += self._out_size
-        was_full = self._out_size >= self._out_limit
+        size = self._out_size
+        self.bytes_sent += size
+        self.stats.bytes_sent += size
+        was_full = size >= self._out_limit
         out, self._out, self._out_size = self._out, [], 0
-        data = b"".join(out) if len(out) > 1 else out[0]
-        self.stats.bytes_sent += len(data)
-        if self._ssl is not None:
-            self._encrypt(data)
+        if len(out) == 1:
+            pieces = out
+        elif size <= _JOIN_ALL:
+            pieces = [b"".join(out)]
         else:
-            self.transport.write(data)
+            pieces = _coalesce(out)
+        if self._ssl is not None:
+            for piece in pieces:  # (SSLObject copies into its records anyway)
+                self._encrypt(piece)
+        elif len(pieces) == 1:
+            self.transport.write(pieces[0])
+        else:
+            # One writev of the small pieces joined and the large ones as they are: a
+            # 1 MB payload is not copied to be glued to its 10-byte header.
+            self.transport.writelines(pieces)
         if was_full and self.writable:
             self._writable_again()
 
