@@ -24,12 +24,12 @@ from struct import Struct
 from typing import Any
 
 from vibemq_server.adapters.mqtt.codec import (
+    _VIEW_BODY,
     MAX_PACKET_ID,
     MAX_PACKET_SIZE,
     MAX_STRING_BYTES,
     MqttErrorCode,
     MqttProtocolError,
-    _VIEW_BODY,
     _Reader,
     decode_remaining_length,
     encode_remaining_length,

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, cast
 
@@ -54,10 +54,10 @@ _JOIN_ALL = 64 * 1024
 _PASS_THROUGH = 16 * 1024
 
 
-def _coalesce(out: list[bytes]) -> list[bytes]:
+def _coalesce(out: list[bytes | memoryview]) -> list[bytes | memoryview]:
     """``out`` with each run of small pieces joined and the large ones passed through."""
-    pieces: list[bytes] = []
-    run: list[bytes] = []
+    pieces: list[bytes | memoryview] = []
+    run: list[bytes | memoryview] = []
     for piece in out:
         if len(piece) >= _PASS_THROUGH:
             if run:
@@ -213,6 +213,10 @@ class Link(Protocol):
 
     def send(self, data: bytes) -> None: ...
 
+    def send_parts(self, parts: Sequence[bytes | memoryview]) -> None:
+        """Send ``parts`` in order, the large ones written as they are (no join: a large
+        message's body between its frame headers)."""
+
     def close(self) -> None: ...
 
     def abort(self) -> None: ...
@@ -266,7 +270,7 @@ class StreamTransport(asyncio.Protocol):
         self._refusal = refusal
         self.session: Session | None = None
         self.transport: asyncio.Transport | None = None
-        self._out: list[bytes] = []
+        self._out: list[bytes | memoryview] = []
         self._out_size = 0
         self._out_limit = out_limit
         self._flush_scheduled = False
@@ -456,6 +460,19 @@ class StreamTransport(asyncio.Protocol):
             else:
                 self.loop.call_soon(self._flush)
 
+    def send_parts(self, parts: Sequence[bytes | memoryview]) -> None:
+        if self._closing:
+            return
+        self._out.extend(parts)
+        self._out_size += sum(map(len, parts))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            batch = self._batch
+            if batch.reading:
+                batch.dirty.append(self)
+            else:
+                self.loop.call_soon(self._flush)
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         if not self._out or self.transport is None or self._closing:
@@ -587,7 +604,7 @@ class StreamTransport(asyncio.Protocol):
             return chunks[0]
         return b"".join(chunks)
 
-    def _encrypt(self, data: bytes) -> None:
+    def _encrypt(self, data: bytes | memoryview) -> None:
         assert self._ssl is not None
         try:
             self._ssl.write(data)
