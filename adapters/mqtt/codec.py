@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import Enum
 from struct import Struct
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from vibemq_server.adapters.mqtt.packets import (
     MAX_CLIENT_ID_LENGTH_V31,
@@ -62,7 +62,7 @@ from vibemq_server.adapters.mqtt.packets import (
 )
 from vibemq_server.adapters.mqtt.packets5 import ReasonCode
 from vibemq_server.adapters.mqtt.topics import topic_filter_error, topic_name_error
-from vibemq_server.protocol.held import HeldInput
+from vibemq_server.protocol.held import Buffer, HeldInput, join_range, prefix
 
 MAX_REMAINING_LENGTH = 268_435_455
 MAX_REMAINING_LENGTH_BYTES = 4
@@ -767,6 +767,47 @@ def _check_first_byte(first: int) -> None:
         raise _fail(MqttErrorCode.INVALID_FLAGS, "PUBLISH with DUP set on QoS 0")
 
 
+class _Payloaded(Protocol):
+    payload: bytes
+
+
+_P = TypeVar("_P", bound=_Payloaded)
+
+
+def publish_from_parts(
+    parts: list[Buffer], decode: Callable[[int, bytes], _P], *, properties: bool
+) -> _P | None:
+    """A large PUBLISH held over reads (``parts``: exactly its bytes, its first byte and
+    length checked), decoded without joining them: the variable header from a small copy of
+    its start, the payload joined straight from the reads (its one copy). ``properties``:
+    MQTT 5 (a property block follows the packet id). None when the variable header runs
+    past the packet: the caller decodes the joined bytes, which names the fault."""
+    total = sum(map(len, parts))
+    head = prefix(parts, 7)
+    decoded = decode_remaining_length(head, 1)
+    if decoded is None:
+        return None
+    header = 1 + decoded[1]
+    if len(head) < header + 2:
+        return None
+    end = header + 2 + ((head[header] << 8) | head[header + 1]) + (2 if head[0] & 0x06 else 0)
+    if properties:
+        head = prefix(parts, end + 4)
+        try:
+            block = decode_remaining_length(head, end)
+        except MqttProtocolError:
+            return None  # (the usual path refuses it in MQTT 5's words)
+        if block is None:
+            return None
+        end += block[1] + block[0]
+    if end > total:
+        return None
+    head = prefix(parts, end)
+    packet = decode(head[0] & 0x0F, head[header:end])  # (its payload: empty)
+    packet.payload = join_range(parts, end, total)
+    return packet
+
+
 class MqttParser:
     """Incremental MQTT decoder: feed it bytes as they arrive, get whole packets back.
 
@@ -797,15 +838,28 @@ class MqttParser:
                 self._error.code, f"parser already failed: {self._error.message}"
             )
         held = self._held
+        packets: list[Packet] = []
         if held.size:
-            joined = held.add(data)  # the packet's bytes joined once, when all are in
-            if joined is None:
+            if not held.add_part(data):
                 return []
-            buf = joined
+            if held.need >= _VIEW_BODY and held.first_byte() >> 4 == 3:
+                # A large PUBLISH: its payload is copied once, straight out of the reads.
+                parts, rest = held.cut()
+                try:
+                    publish = publish_from_parts(parts, _decode_publish, properties=False)
+                except MqttProtocolError as exc:
+                    self._error = exc
+                    raise
+                if publish is None:  # (malformed: the usual path names the fault)
+                    buf = b"".join([*parts, rest])
+                else:
+                    packets.append(publish)
+                    buf = rest
+            else:
+                buf = held.take()  # the packet's bytes joined once, when all are in
         else:
             buf = bytes(data)  # no copy when data is bytes already
         size = len(buf)
-        packets: list[Packet] = []
         append = packets.append
         max_size = self.max_packet_size
         pos = 0

@@ -33,6 +33,7 @@ from vibemq_server.adapters.mqtt.codec import (
     _Reader,
     decode_remaining_length,
     encode_remaining_length,
+    publish_from_parts,
 )
 from vibemq_server.adapters.mqtt.packets import PacketType, Pingreq, Pingresp
 from vibemq_server.adapters.mqtt.packets5 import (
@@ -714,15 +715,28 @@ class Mqtt5Parser:
                 self._error.code, f"parser already failed: {self._error.message}"
             )
         held = self._held
+        packets: list[Packet5] = []
         if held.size:
-            joined = held.add(data)  # the packet's bytes joined once, when all are in
-            if joined is None:
+            if not held.add_part(data):
                 return []
-            buf = joined
+            if held.need >= _VIEW_BODY and held.first_byte() >> 4 == 3:
+                # A large PUBLISH: its payload is copied once, straight out of the reads.
+                parts, rest = held.cut()
+                try:
+                    publish = publish_from_parts(parts, _decode_publish, properties=True)
+                except MqttProtocolError as exc:
+                    self._error = exc
+                    raise
+                if publish is None:  # (malformed: the usual path names the fault)
+                    buf = b"".join([*parts, rest])
+                else:
+                    packets.append(publish)
+                    buf = rest
+            else:
+                buf = held.take()  # the packet's bytes joined once, when all are in
         else:
             buf = bytes(data)  # no copy when data is bytes already
         size = len(buf)
-        packets: list[Packet5] = []
         pos = 0
         need = 0
         try:

@@ -252,3 +252,20 @@ async def test_transport_writes_header_and_payload_intact() -> None:
         server.close()
     assert hashlib.sha256(got).hexdigest() == hashlib.sha256(expected).hexdigest()
     assert json.loads(got[6 : 6 + len(payload)]) == json.loads(payload)
+
+
+@pytest.mark.parametrize("make", [MqttParser, Mqtt5Parser])
+def test_mqtt_malformed_large_publish_cut_fails_as_whole(make: Callable[[], Any]) -> None:
+    """A large PUBLISH whose topic length runs past the packet: refused alike whole or cut
+    (the cut path hands such a packet to the usual decoder, which names the fault)."""
+    from vibemq_server.adapters.mqtt.codec import MqttProtocolError, encode_remaining_length
+
+    body = b"\xff\xff" + b"t" * 6000
+    stream = b"\x32" + encode_remaining_length(len(body)) + body
+    with pytest.raises(MqttProtocolError) as whole:
+        make().feed(stream)
+    for cut in (1, 2, 3, 4, 5, 100, 5000):
+        parser = make()
+        with pytest.raises(MqttProtocolError) as split:
+            _feed_all(parser.feed, [stream[:cut], stream[cut:]])
+        assert split.value.code == whole.value.code

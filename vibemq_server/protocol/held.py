@@ -39,17 +39,70 @@ class HeldInput:
     def add(self, data: Buffer) -> bytes | None:
         """Append a read; the held bytes joined (one copy) once ``need`` of them are in, and
         then nothing is held any more; None while more are needed."""
+        return self.take() if self.add_part(data) else None
+
+    def take(self) -> bytes:
+        """Every byte held, joined (one copy); nothing is held any more."""
+        joined = b"".join(self._parts)
+        self.clear()
+        return joined
+
+    def add_part(self, data: Buffer) -> bool:
+        """Append a read; True once ``need`` bytes are held (then :meth:`add` would join
+        them, or :meth:`cut` hands them over unjoined)."""
         if type(data) is not bytes:
             data = bytes(data)  # a caller's mutable buffer may change after the call
         self._parts.append(data)
         self.size += len(data)
-        if self.size < self._need:
-            return None
-        joined = b"".join(self._parts)
+        return self.size >= self._need
+
+    @property
+    def need(self) -> int:
+        return self._need
+
+    def cut(self) -> tuple[list[Buffer], bytes]:
+        """The first ``need`` bytes held, as views of the reads (no copy), and the bytes
+        after them (a copy of the last read's tail); nothing is held any more. For a decoder
+        that copies a large payload straight out of the reads."""
+        parts, over = self._parts, self.size - self._need
         self.clear()
-        return joined
+        last = parts[-1]
+        if over <= 0:
+            return parts, b""
+        keep = len(last) - over
+        parts[-1] = memoryview(last)[:keep]
+        return parts, bytes(memoryview(last)[keep:])
+
+    def first_byte(self) -> int:
+        """The first byte held (some are)."""
+        return self._parts[0][0]
 
     def clear(self) -> None:
         self._parts = []
         self.size = 0
         self._need = 0
+
+
+def prefix(parts: list[Buffer], n: int) -> bytes:
+    """The first ``n`` bytes of ``parts`` (all, when fewer): a small copy, to read a header."""
+    out = bytearray()
+    for part in parts:
+        out += part[: n - len(out)]
+        if len(out) >= n:
+            break
+    return bytes(out)
+
+
+def join_range(parts: list[Buffer], start: int, stop: int) -> bytes:
+    """Bytes ``start:stop`` of ``parts`` joined: the one copy made of a large payload."""
+    pieces: list[Buffer] = []
+    at = 0
+    for part in parts:
+        end = at + len(part)
+        if end > start and at < stop:
+            lo, hi = max(start - at, 0), min(stop, end) - at
+            pieces.append(part if lo == 0 and hi == len(part) else memoryview(part)[lo:hi])
+        at = end
+        if at >= stop:
+            break
+    return b"".join(pieces)
