@@ -21,7 +21,7 @@ from struct import error as StructError
 import orjson
 
 from vibemq_server.protocol.errors import ErrorCode, ProtocolError
-from vibemq_server.protocol.held import HeldInput
+from vibemq_server.protocol.held import HeldInput, join_range
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
@@ -485,17 +485,20 @@ class FrameDecoder:
         if self.error is not None:
             raise self.error
         held = self._held
+        bodies: list[bytes] = []
         if held.size:
-            # A frame cut over reads: its chunks are joined once, when all of it is in.
-            joined = held.add(data)
-            if joined is None:
+            # A frame cut over reads: held as the reads, copied once when all of it is in.
+            if not held.add_part(data):
                 return []
-            src = joined
+            if held.need >= 4096:  # (a length known: the body joined straight from the reads)
+                parts, src = held.cut()
+                bodies.append(join_range(parts, 4, sum(map(len, parts))))
+            else:
+                src = held.take()
         else:
             # Nothing held over (the usual case): slice the frames out of ``data`` itself, one
             # copy each, and keep only an incomplete tail.
             src = data if type(data) is bytes else bytes(data)
-        bodies: list[bytes] = []
         pos = 0
         end = len(src)
         limit = self._max
