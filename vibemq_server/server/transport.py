@@ -26,6 +26,7 @@ from typing import Protocol, TypeVar, cast
 
 import structlog
 
+from vibemq_server.core.buffers import JOIN_ALL, coalesce
 from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.tls import describe, peer_identity
 
@@ -45,30 +46,6 @@ _TLS_RECORD = b"\x16\x03"
 #: A read returns at most one TLS record (16 KiB of plaintext); a larger buffer would only
 #: cost an allocation (and a large one an mmap) per record.
 _RECORD_MAX = 32_768
-
-
-#: Output of at most this much is joined into one buffer before it is written (cheaper than
-#: a writev of many small pieces); more is written as a list (``_coalesce``).
-_JOIN_ALL = 64 * 1024
-#: A piece of output at least this large is written as it is, never copied into a join.
-_PASS_THROUGH = 16 * 1024
-
-
-def _coalesce(out: list[bytes | memoryview]) -> list[bytes | memoryview]:
-    """``out`` with each run of small pieces joined and the large ones passed through."""
-    pieces: list[bytes | memoryview] = []
-    run: list[bytes | memoryview] = []
-    for piece in out:
-        if len(piece) >= _PASS_THROUGH:
-            if run:
-                pieces.append(b"".join(run) if len(run) > 1 else run[0])
-                run = []
-            pieces.append(piece)
-        else:
-            run.append(piece)
-    if run:
-        pieces.append(b"".join(run) if len(run) > 1 else run[0])
-    return pieces
 
 
 class Flushable(Protocol):
@@ -484,10 +461,10 @@ class StreamTransport(asyncio.Protocol):
         out, self._out, self._out_size = self._out, [], 0
         if len(out) == 1:
             pieces = out
-        elif size <= _JOIN_ALL:
+        elif size <= JOIN_ALL:
             pieces = [b"".join(out)]
         else:
-            pieces = _coalesce(out)
+            pieces = coalesce(out)
         if self._ssl is not None:
             for piece in pieces:  # (SSLObject copies into its records anyway)
                 self._encrypt(piece)
