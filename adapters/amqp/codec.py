@@ -936,9 +936,23 @@ class DeliverEncoder(_ContentEncoder):
         body: bytes,
     ) -> bytes:
         """The frames in one buffer (a body over one frame is joined too: see parts)."""
-        method, content = self._pieces(exchange, routing_key, properties, len(body))
-        tag = self._tag(delivery_tag, redelivered)
-        if len(body) > self.frame_max - 8:
+        size = len(body)
+        # (the usual case inline: the same origin and shape objects as the last delivery)
+        origin, shape = self._origin, self._shape
+        if (
+            exchange is origin[0]
+            and routing_key is origin[1]
+            and properties is shape[0]
+            and size == shape[1]
+        ):
+            method, content = self._method, self._content
+        else:
+            method, content = self._pieces(exchange, routing_key, properties, size)
+        try:
+            tag = _DELIVER_TAG.pack(delivery_tag, redelivered)
+        except struct.error as exc:
+            raise ValueError(f"basic.deliver argument out of range: {exc}") from exc
+        if size > self.frame_max - 8:
             return b"".join(self._parts(method[0] + tag + method[1], content, body))
         return b"".join((method[0], tag, method[1], content, body, _FRAME_END_BYTE))
 
