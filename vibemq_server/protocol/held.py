@@ -8,7 +8,8 @@ reads: a 64 MB frame copied some 8 GB.
 
 The decoder says how many bytes it needs before parsing can make progress (the whole frame
 once its header is read; one more byte while the header itself is cut), and gets the joined
-bytes back only then.
+bytes back only then (``add``/``take``), or, for a large payload, the reads themselves
+(``cut``) to copy just the payload out of them (``join_range``).
 """
 
 from __future__ import annotations
