@@ -250,7 +250,7 @@ def make_cases(args: argparse.Namespace, started: list[Broker]) -> list[Case]:
             )
     ours("vibemq", None)
     if args.baseline:
-        ours("baseline", args.baseline)
+        ours(args.baseline_label, args.baseline)
     return cases
 
 
@@ -297,15 +297,14 @@ def summarize(samples: list[Sample]) -> dict[tuple[str, int], dict[str, float | 
     }
 
 
-#: (ours, theirs) pairs whose ratio of deliveries/s is reported
-RATIOS = (
-    ("vibemq-mqtt", "mosquitto"),
-    ("vibemq-amqp", "rabbitmq"),
-    ("vibemq-native", "vibemq-mqtt"),
-    ("vibemq-mqtt", "baseline-mqtt"),
-    ("vibemq-amqp", "baseline-amqp"),
-    ("vibemq-native", "baseline-native"),
-)
+def ratios(baseline: str) -> list[tuple[str, str]]:
+    """The (ours, theirs) pairs whose ratio of deliveries/s is reported."""
+    return [
+        ("vibemq-mqtt", "mosquitto"),
+        ("vibemq-amqp", "rabbitmq"),
+        ("vibemq-native", "vibemq-mqtt"),
+        *((f"vibemq-{p}", f"{baseline}-{p}") for p in ("mqtt", "amqp", "native")),
+    ]
 
 
 def _size_name(size: int) -> str:
@@ -316,7 +315,9 @@ def _size_name(size: int) -> str:
     return f"{size} B"
 
 
-def print_table(summary: dict[tuple[str, int], dict[str, float | None]], sizes: list[int]) -> None:
+def print_table(
+    summary: dict[tuple[str, int], dict[str, float | None]], sizes: list[int], baseline: str
+) -> None:
     names = sorted({k[0] for k in summary})
     print("\n| size | case | msg/s | MB/s | broker CPU ms/MB |")
     print("|---|---|---:|---:|---:|")
@@ -333,7 +334,7 @@ def print_table(summary: dict[tuple[str, int], dict[str, float | None]], sizes: 
     print("\n| size | ours / theirs | msg/s ratio | CPU/MB ratio (theirs / ours) |")
     print("|---|---|---:|---:|")
     for size in sizes:
-        for mine, theirs in RATIOS:
+        for mine, theirs in ratios(baseline):
             a, b = summary.get((mine, size)), summary.get((theirs, size))
             if not a or not b or not a["msg_s"] or not b["msg_s"]:
                 continue
@@ -359,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-bytes", type=int, default=8 * MIB, help="bytes in flight")
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--baseline", help="also run VibeMQ with PYTHONPATH=BASELINE")
+    parser.add_argument(
+        "--baseline-label", default="baseline", help="its name in the tables (e.g. compiled)"
+    )
     parser.add_argument("--json", type=Path, help="write every sample here")
     args = parser.parse_args(argv)
     install_sigterm_exit()
@@ -388,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         for broker in started:
             broker.stop()
     summary = summarize(samples)
-    print_table(summary, sizes)
+    print_table(summary, sizes, args.baseline_label)
     if args.json:
         data: dict[str, Any] = {
             "samples": [s.__dict__ for s in samples],
