@@ -126,7 +126,7 @@ class Pending:
         self.mandatory = mandatory
         self.body_size = -1  # until the content header
         self.properties = b""
-        self.chunks: list[bytes] = []
+        self.chunks: list[bytes | memoryview] = []
         self.received = 0
 
 
@@ -213,9 +213,13 @@ class Channel:
             max(1, msg.expires_at - conn.manager.clock()) if msg.expires_at else 0,
         )
         server.stats.messages_sent += 1
-        self.link.send(
-            consumer.frames.encode(tag, msg.attempts > 1, exchange, key, properties, body)
-        )
+        frames = consumer.frames
+        if len(body) > frames.frame_max - 8:  # body frames around views of the body: no copy
+            self.link.send_parts(
+                frames.parts(tag, msg.attempts > 1, exchange, key, properties, body)
+            )
+        else:
+            self.link.send(frames.encode(tag, msg.attempts > 1, exchange, key, properties, body))
         if consumer.no_ack:
             conn.manager.ack(sub, msg.id, dispatch=False)
         else:
@@ -326,7 +330,7 @@ class Channel:
         pending.properties = properties
         return body_size == 0
 
-    def content_body(self, data: bytes) -> bool:
+    def content_body(self, data: bytes | memoryview) -> bool:
         pending = self.pending
         if pending is None or pending.body_size < 0:
             raise AmqpError(

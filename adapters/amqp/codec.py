@@ -55,6 +55,8 @@ from typing import Any, Final, TypeAlias
 from pamqp import base, commands
 from pamqp import frame as _pamqp_frame
 
+from vibemq_server.protocol.held import HeldInput
+
 PROTOCOL_HEADER: Final = b"AMQP\x00\x00\x09\x01"
 HEARTBEAT: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 #: The smallest frame-max a peer may negotiate (spec: FRAME-MIN-SIZE).
@@ -174,10 +176,11 @@ class HeaderFrame:
 
 @dataclass(slots=True)
 class BodyFrame:
-    """A slice of a message body."""
+    """A slice of a message body: a view of the read when large (the body's chunks are
+    copied once, when they are joined into the message)."""
 
     channel: int
-    data: bytes
+    data: bytes | memoryview
 
 
 @dataclass(slots=True)
@@ -521,7 +524,14 @@ def _fuse_publish(
 
 
 def _decode_body(channel: int, view: bytes, start: int, stop: int) -> BodyFrame:
+    if stop - start >= _VIEW_BODY:
+        return BodyFrame(channel, memoryview(view)[start:stop])
     return BodyFrame(channel, view[start:stop])
+
+
+#: A body frame at least this long is a view of the read, not a copy (smaller ones are
+#: cheaper to copy than to view).
+_VIEW_BODY = 4096
 
 
 def _decode_heartbeat(channel: int, view: bytes, start: int, stop: int) -> Heartbeat:
@@ -562,8 +572,9 @@ class FrameParser:
     """
 
     __slots__ = (
-        "_buf",
         "_failure",
+        "_header",
+        "_held",
         "_last",
         "_need",
         "_state",
@@ -581,7 +592,8 @@ class FrameParser:
         # for the body: its head is reused without parsing (a stream of publishes to one
         # queue with one set of properties and one body size is the common case).
         self._last: tuple[bytes, PublishHead, int, int] = (b"", _NO_HEAD, 0, 0)
-        self._buf = bytearray()
+        self._header = bytearray()  # the protocol header, while it is cut
+        self._held = HeldInput()  # the frames' bytes held over between reads
         self._need = 7  # bytes needed (in _FRAMES) before parsing can make progress
         self._state = _AWAIT_HEADER
         self._failure: AmqpError | None = None
@@ -593,16 +605,13 @@ class FrameParser:
         """
         if self._state != _FRAMES:
             return self._feed_other(data)
-        buf = self._buf
-        if buf:
-            buf += data
-            if len(buf) < self._need:
+        held = self._held
+        if held.size:
+            # A frame cut over reads: its chunks are joined once, when all of it is in.
+            joined = held.add(data)
+            if joined is None:
                 return []
-            view = bytes(buf)
-            buf.clear()
-        elif len(data) < self._need:
-            buf += data
-            return []
+            view = joined
         else:
             # The common case: nothing pending, parse straight out of the caller's bytes.
             view = data if type(data) is bytes else bytes(data)
@@ -663,7 +672,7 @@ class FrameParser:
             self._state = _FAILED
             raise
         if pos < end:
-            buf += memoryview(view)[pos:]
+            held.hold(view, pos, self._need)
         return frames
 
     def _feed_other(self, data: bytes | bytearray | memoryview) -> list[Frame]:
@@ -675,7 +684,7 @@ class FrameParser:
             )
         if self._state == _REFUSED:
             return []
-        buf = self._buf
+        buf = self._header
         buf += data
         if len(buf) < len(PROTOCOL_HEADER):
             return []
@@ -786,12 +795,15 @@ _DELIVER_TAG = struct.Struct(">QB")  # delivery-tag, redelivered
 _CACHE_MAX = 256
 
 
-class DeliverEncoder:
-    """basic.deliver + content header + body for one consumer (channel and consumer tag
-    fixed), from cached pieces: the method's bytes before the delivery tag, those after it
-    per (exchange, routing key), and the content header with the body frame's header per
-    (properties, body size). A message costs one pack of its tag and one join; the bytes are
-    those of :func:`encode_deliver` (a body over one frame goes through it)."""
+class _ContentEncoder:
+    """What :class:`DeliverEncoder` and :class:`GetOkEncoder` share: a method frame with a
+    message's content, from cached pieces. The method's bytes before its delivery tag and
+    after it per (exchange, routing key) (``_method_pieces``, per method), and the content
+    header with the body frame's header per (properties, body size); the last of each is
+    checked by identity first (a consumer's messages mostly come with the very same
+    exchange, key and properties objects: the mapper's caches). A message costs one pack of
+    its tag and one join. A body over one frame is not joined at all: :meth:`_parts` gives
+    the frame headers and views of the body for ``Link.send_parts``."""
 
     __slots__ = (
         "_content",
@@ -801,118 +813,195 @@ class DeliverEncoder:
         "_origin",
         "_shape",
         "channel",
-        "consumer_tag",
         "frame_max",
     )
 
-    def __init__(self, channel: int, consumer_tag: bytes, frame_max: int) -> None:
+    #: the method, for the errors (basic.deliver, basic.get-ok)
+    what = ""
+
+    def __init__(self, channel: int, frame_max: int) -> None:
         self.channel = channel
-        self.consumer_tag = consumer_tag
         self.frame_max = frame_max
         #: (exchange, routing key) -> (method frame up to the tag, after the tag)
         self._methods: dict[tuple[str, str], tuple[bytes, bytes]] = {}
         #: (properties, body size) -> method frame-end, header frame, body frame header
         self._contents: dict[tuple[bytes, int], bytes] = {}
-        # The last of each, checked by identity first: a consumer's messages mostly come
-        # with the very same exchange, key and properties objects (the mapper's caches).
         self._origin: tuple[str, str] = ("", "")
-        self._method = self._method_pieces("", "")
+        self._method = self._new_method("", "")
         self._shape: tuple[bytes, int] = (b"", -1)
         self._content = b""
 
-    def encode(
-        self,
-        delivery_tag: int,
-        redelivered: bool,
-        exchange: str,
-        routing_key: str,
-        properties: bytes,
-        body: bytes,
-    ) -> bytes:
-        size = len(body)
-        if size > self.frame_max - 8:
-            return encode_deliver(
-                self.channel,
-                self.consumer_tag,
-                delivery_tag,
-                redelivered,
-                exchange.encode(),
-                routing_key.encode(),
-                properties,
-                body,
-                self.frame_max,
-            )
+    def _method_pieces(self, ex: bytes, rk: bytes) -> tuple[bytes, bytes]:
+        """The method frame's bytes before the delivery tag and after it (up to the
+        method-specific fields the caller appends)."""
+        raise NotImplementedError
+
+    def _pieces(
+        self, exchange: str, routing_key: str, properties: bytes, size: int
+    ) -> tuple[tuple[bytes, bytes], bytes]:
         origin = self._origin
         if exchange is origin[0] and routing_key is origin[1]:
             method = self._method
         else:
-            cached = self._methods.get((exchange, routing_key))
-            method = cached or self._method_pieces(exchange, routing_key)
+            method = self._methods.get((exchange, routing_key)) or self._new_method(
+                exchange, routing_key
+            )
             self._origin, self._method = (exchange, routing_key), method
         shape = self._shape
         if properties is shape[0] and size == shape[1]:
-            content = self._content
-        else:
-            found = self._contents.get((properties, size))
-            content = self._content_pieces(properties, size) if found is None else found
-            self._shape, self._content = (properties, size), content
-        try:
-            tag = _DELIVER_TAG.pack(delivery_tag, redelivered)
-        except struct.error as exc:
-            raise ValueError(f"basic.deliver argument out of range: {exc}") from exc
-        return b"".join((method[0], tag, method[1], content, body, _FRAME_END_BYTE))
+            return method, self._content
+        content = self._contents.get((properties, size))
+        if content is None:
+            content = self._content_pieces(properties, size)
+        self._shape, self._content = (properties, size), content
+        return method, content
 
-    def _method_pieces(self, exchange: str, routing_key: str) -> tuple[bytes, bytes]:
-        ex, rk = exchange.encode(), routing_key.encode()
-        tag = self.consumer_tag
-        size = 16 + len(tag) + len(ex) + len(rk)
+    def _new_method(self, exchange: str, routing_key: str) -> tuple[bytes, bytes]:
         try:
-            head = _DELIVER_HEAD.pack(FRAME_METHOD, self.channel, size, _IDX_DELIVER, len(tag))
-            tail = _SHORT_LEN[len(ex)] + ex + _SHORT_LEN[len(rk)] + rk
+            pieces = self._method_pieces(exchange.encode(), routing_key.encode())
         except (struct.error, IndexError) as exc:
-            raise ValueError(f"basic.deliver argument out of range: {exc}") from exc
-        head += tag
+            raise ValueError(f"{self.what} argument out of range: {exc}") from exc
         if len(self._methods) >= _CACHE_MAX:
             self._methods.clear()
-        pieces = self._methods[(exchange, routing_key)] = (head, tail)
+        self._methods[(exchange, routing_key)] = pieces
         return pieces
 
     def _content_pieces(self, properties: bytes, size: int) -> bytes:
+        chunk = self.frame_max - 8
         parts: list[bytes | memoryview] = []
-        _append_content(parts, self.channel, properties, b"\x00" * size, self.frame_max)
-        # Without the body and its frame-end (or, for an empty body, the header's): encode
-        # adds them.
+        # (a body over one frame: only its first frame's header is kept, see _parts)
+        _append_content(parts, self.channel, properties, b"\x00" * min(size, chunk), chunk + 8)
+        # Without the body and its frame-end (or, for an empty body, the header's): the
+        # encoder adds them.
         content = b"".join(parts[:-2] if size else parts[:-1])
+        if size > chunk:  # the header frame announces the whole body
+            content = _with_body_size(content, size)
         if len(self._contents) >= _CACHE_MAX:
             self._contents.clear()
         self._contents[(properties, size)] = content
         return content
 
+    def _frames(self, method_bytes: bytes, content: bytes, body: bytes) -> bytes:
+        return b"".join((method_bytes, content, body, _FRAME_END_BYTE))
 
-class GetOkEncoder:
+    def _parts(self, method_bytes: bytes, content: bytes, body: bytes) -> list[bytes | memoryview]:
+        """The frames of a body over one frame: the method and header frames and the first
+        body frame's header, then views of the body between the other frames' headers."""
+        chunk = self.frame_max - 8
+        view = memoryview(body)
+        parts: list[bytes | memoryview] = [method_bytes + content, view[:chunk]]
+        pack = _END_BODY_FRAME.pack
+        channel = self.channel
+        for offset in range(chunk, len(body), chunk):
+            piece = view[offset : offset + chunk]
+            parts.append(pack(FRAME_END, FRAME_BODY, channel, len(piece)))
+            parts.append(piece)
+        parts.append(_FRAME_END_BYTE)
+        return parts
+
+
+def _with_body_size(content: bytes, size: int) -> bytes:
+    """``content`` (method frame-end, header frame, first body frame's header) with the
+    body size of the header frame set to ``size``: the header frame's body-size field sits
+    after the frame-end (1), frame header (7), class and weight (4)."""
+    return content[:12] + size.to_bytes(8, "big") + content[20:]
+
+
+class DeliverEncoder(_ContentEncoder):
+    """basic.deliver + content header + body for one consumer (channel and consumer tag
+    fixed), from cached pieces (:class:`_ContentEncoder`). The bytes are those of
+    :func:`encode_deliver`."""
+
+    __slots__ = ("consumer_tag",)
+
+    what = "basic.deliver"
+
+    def __init__(self, channel: int, consumer_tag: bytes, frame_max: int) -> None:
+        self.consumer_tag = consumer_tag  # (before the base's __init__ builds a method)
+        super().__init__(channel, frame_max)
+
+    def _method_pieces(self, ex: bytes, rk: bytes) -> tuple[bytes, bytes]:
+        tag = self.consumer_tag
+        size = 16 + len(tag) + len(ex) + len(rk)
+        head = _DELIVER_HEAD.pack(FRAME_METHOD, self.channel, size, _IDX_DELIVER, len(tag))
+        return head + tag, _SHORT_LEN[len(ex)] + ex + _SHORT_LEN[len(rk)] + rk
+
+    def encode(
+        self,
+        delivery_tag: int,
+        redelivered: bool,
+        exchange: str,
+        routing_key: str,
+        properties: bytes,
+        body: bytes,
+    ) -> bytes:
+        """The frames in one buffer (a body over one frame is joined too: see parts)."""
+        size = len(body)
+        # (the usual case inline: the same origin and shape objects as the last delivery)
+        origin, shape = self._origin, self._shape
+        if (
+            exchange is origin[0]
+            and routing_key is origin[1]
+            and properties is shape[0]
+            and size == shape[1]
+        ):
+            method, content = self._method, self._content
+        else:
+            method, content = self._pieces(exchange, routing_key, properties, size)
+        try:
+            tag = _DELIVER_TAG.pack(delivery_tag, redelivered)
+        except struct.error as exc:
+            raise ValueError(f"basic.deliver argument out of range: {exc}") from exc
+        if size > self.frame_max - 8:
+            return b"".join(self._parts(method[0] + tag + method[1], content, body))
+        return b"".join((method[0], tag, method[1], content, body, _FRAME_END_BYTE))
+
+    def parts(
+        self,
+        delivery_tag: int,
+        redelivered: bool,
+        exchange: str,
+        routing_key: str,
+        properties: bytes,
+        body: bytes,
+    ) -> list[bytes | memoryview]:
+        """The frames of a body over one frame, for ``Link.send_parts`` (the body is not
+        copied)."""
+        method, content = self._pieces(exchange, routing_key, properties, len(body))
+        tag = self._tag(delivery_tag, redelivered)
+        return self._parts(method[0] + tag + method[1], content, body)
+
+    @staticmethod
+    def _tag(delivery_tag: int, redelivered: bool) -> bytes:
+        try:
+            return _DELIVER_TAG.pack(delivery_tag, redelivered)
+        except struct.error as exc:
+            raise ValueError(f"basic.deliver argument out of range: {exc}") from exc
+
+
+class GetOkEncoder(_ContentEncoder):
     """basic.get-ok + content header + body for one channel, from cached pieces as
-    :class:`DeliverEncoder` builds deliveries: the method frame's head and its exchange and
-    routing key per (exchange, routing key), the content header per (properties, body
-    size). The bytes are those of :func:`encode_get_ok`."""
+    :class:`DeliverEncoder` builds deliveries. The bytes are those of :func:`encode_get_ok`."""
 
-    __slots__ = ("_contents", "_last", "_methods", "channel", "frame_max")
+    __slots__ = ()
 
-    def __init__(self, channel: int, frame_max: int) -> None:
-        self.channel = channel
-        self.frame_max = frame_max
-        #: (exchange, routing key) -> (method frame up to the tag, exchange and key)
-        self._methods: dict[tuple[str, str], tuple[bytes, bytes]] = {}
-        #: (properties, body size) -> method frame-end, header frame, body frame header
-        self._contents: dict[tuple[bytes, int], bytes] = {}
-        #: the last get-ok's exchange, key, properties, size and pieces (compared by identity)
-        self._last: tuple[str, str, bytes, int, tuple[bytes, bytes], bytes] = (
-            "",
-            "",
-            b"",
-            -1,
-            (b"", b""),
-            b"",
-        )
+    what = "basic.get-ok"
+
+    def _method_pieces(self, ex: bytes, rk: bytes) -> tuple[bytes, bytes]:
+        size = 19 + len(ex) + len(rk)
+        head = _GET_OK_HEAD.pack(FRAME_METHOD, self.channel, size, _IDX_GET_OK, 0, 0, 0)
+        # (the tag and redelivered are packed per message: the head ends before them)
+        return head[:11], _SHORT_LEN[len(ex)] + ex + _SHORT_LEN[len(rk)] + rk
+
+    def _method_bytes(
+        self, delivery_tag: int, redelivered: bool, message_count: int, method: tuple[bytes, bytes]
+    ) -> bytes:
+        try:
+            tag = _DELIVER_TAG.pack(delivery_tag, redelivered)
+            count = _U32.pack(message_count)
+        except struct.error as exc:
+            raise ValueError(f"basic.get-ok argument out of range: {exc}") from exc
+        return b"".join((method[0], tag, method[1], count))
 
     def encode(
         self,
@@ -924,38 +1013,14 @@ class GetOkEncoder:
         properties: bytes,
         body: bytes,
     ) -> bytes:
-        size = len(body)
-        last = self._last
-        if (
-            exchange is last[0]
-            and routing_key is last[1]
-            and properties is last[2]
-            and size == last[3]
-        ):
-            method, content = last[4], last[5]
-        else:
-            cached = self._methods.get((exchange, routing_key))
-            found = self._contents.get((properties, size))
-            if size > self.frame_max - 8 or cached is None or found is None:
-                return self._encode_slow(
-                    delivery_tag,
-                    redelivered,
-                    exchange,
-                    routing_key,
-                    message_count,
-                    properties,
-                    body,
-                )
-            method, content = cached, found
-            self._last = (exchange, routing_key, properties, size, method, content)
-        try:
-            tag = _DELIVER_TAG.pack(delivery_tag, redelivered)
-            count = _U32.pack(message_count)
-        except struct.error as exc:
-            raise ValueError(f"basic.get-ok argument out of range: {exc}") from exc
-        return b"".join((method[0], tag, method[1], count, content, body, _FRAME_END_BYTE))
+        """The frames in one buffer (a body over one frame is joined too: see parts)."""
+        return b"".join(
+            self.parts(
+                delivery_tag, redelivered, exchange, routing_key, message_count, properties, body
+            )
+        )
 
-    def _encode_slow(
+    def parts(
         self,
         delivery_tag: int,
         redelivered: bool,
@@ -964,35 +1029,13 @@ class GetOkEncoder:
         message_count: int,
         properties: bytes,
         body: bytes,
-    ) -> bytes:
-        """encode_get_ok itself, and the pieces it was made of cached for the next one."""
-        ex, rk = exchange.encode(), routing_key.encode()
-        data = encode_get_ok(
-            self.channel,
-            delivery_tag,
-            redelivered,
-            ex,
-            rk,
-            message_count,
-            properties,
-            body,
-            self.frame_max,
-        )
-        size = len(body)
-        if size <= self.frame_max - 8:
-            if len(self._methods) >= _CACHE_MAX:
-                self._methods.clear()
-            if len(self._contents) >= _CACHE_MAX:
-                self._contents.clear()
-            method_size = 19 + len(ex) + len(rk)  # (the payload, as encode_get_ok counts it)
-            self._methods[(exchange, routing_key)] = (
-                data[:11],  # type, channel, size, class and method ids
-                data[20 : 7 + method_size - 4],  # exchange and routing key with their lengths
-            )
-            # After the method's payload: its frame-end, the header frame, the body's header.
-            start = 7 + method_size
-            self._contents[(properties, size)] = data[start : len(data) - 1 - size]
-        return data
+    ) -> list[bytes | memoryview]:
+        """The frames, for ``Link.send_parts`` (a body over one frame is not copied)."""
+        method, content = self._pieces(exchange, routing_key, properties, len(body))
+        head = self._method_bytes(delivery_tag, redelivered, message_count, method)
+        if len(body) > self.frame_max - 8:
+            return self._parts(head, content, body)
+        return [head, content, body, _FRAME_END_BYTE]
 
 
 def encode_get_ok(

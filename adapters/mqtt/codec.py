@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from enum import Enum
 from struct import Struct
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from vibemq_server.adapters.mqtt.packets import (
     MAX_CLIENT_ID_LENGTH_V31,
@@ -62,6 +62,7 @@ from vibemq_server.adapters.mqtt.packets import (
 )
 from vibemq_server.adapters.mqtt.packets5 import ReasonCode
 from vibemq_server.adapters.mqtt.topics import topic_filter_error, topic_name_error
+from vibemq_server.protocol.held import Buffer, HeldInput, join_range, prefix
 
 MAX_REMAINING_LENGTH = 268_435_455
 MAX_REMAINING_LENGTH_BYTES = 4
@@ -69,6 +70,10 @@ MAX_REMAINING_LENGTH_BYTES = 4
 MAX_PACKET_SIZE = 1 + MAX_REMAINING_LENGTH_BYTES + MAX_REMAINING_LENGTH
 MAX_PACKET_ID = 65_535
 MAX_STRING_BYTES = 65_535
+#: A PUBLISH body at least this long is handed to its decoder as a view of the read (only
+#: its payload is copied); a shorter one as a bytes slice (cheaper than a view for a few
+#: bytes). Other packet types are small and always get bytes.
+_VIEW_BODY = 4096
 
 _U16 = Struct(">H")
 
@@ -265,6 +270,29 @@ def encode_publish_qos0(field: bytes, payload: bytes) -> bytes:
     size = len(field) + len(payload)
     length = _REMAINING_LENGTHS[size] if size < 16_384 else encode_remaining_length(size)
     return b"".join((b"\x30", length, field, payload))
+
+
+#: A payload at least this large is written after its PUBLISH header as a buffer of its own
+#: (:func:`publish_head`), not copied into one packet with it.
+LARGE_PAYLOAD = 16 * 1024
+
+
+def publish_head(
+    topic: bytes,
+    payload_size: int,
+    qos: int = 0,
+    packet_id: int = 0,
+    *,
+    retain: bool = False,
+    dup: bool = False,
+) -> bytes:
+    """The bytes of a PUBLISH before its payload of ``payload_size`` bytes: what
+    :func:`encode_publish` gives, less the payload (a large one is sent as it is)."""
+    first = 0x30 | (qos << 1) | (8 if dup else 0) | (1 if retain else 0)
+    head = len(topic).to_bytes(2, "big") + topic
+    if qos:
+        head += packet_id.to_bytes(2, "big")
+    return bytes((first,)) + encode_remaining_length(len(head) + payload_size) + head
 
 
 def _check_packet_id(packet_id: int) -> bytes:
@@ -588,7 +616,9 @@ _TOPICS: dict[bytes, str] = {}
 _TOPICS_MAX = 4096
 
 
-def _decode_publish(flags: int, body: bytes) -> Publish:
+def _decode_publish(flags: int, body: bytes | memoryview) -> Publish:
+    """``body``: bytes, or a view of the read for a large packet (the payload is then the
+    one copy made of it: ``bytes`` of a bytes slice is that slice itself)."""
     # QoS 3 and DUP on QoS 0 were refused with the first byte (_check_first_byte).
     qos = (flags & _PF_QOS_MASK) >> _PF_QOS_SHIFT
     size = len(body)
@@ -598,10 +628,10 @@ def _decode_publish(flags: int, body: bytes) -> Publish:
     # Checked before the cache: a cut topic's bytes may equal a shorter cached topic.
     if end > size:
         raise _fail(MqttErrorCode.MALFORMED, "PUBLISH truncated in topic name")
-    raw = body[2:end]
+    raw = bytes(body[2:end])
     topic = _TOPICS.get(raw)
     if topic is None:
-        topic = _Reader(body, "PUBLISH").topic_name("topic name")
+        topic = _Reader(bytes(body[:end]), "PUBLISH").topic_name("topic name")
         if len(_TOPICS) >= _TOPICS_MAX:
             _TOPICS.clear()
         _TOPICS[raw] = topic
@@ -612,9 +642,14 @@ def _decode_publish(flags: int, body: bytes) -> Publish:
         if packet_id == 0:
             raise _fail(MqttErrorCode.INVALID_PACKET_ID, "PUBLISH has packet id 0")
         return Publish(
-            topic, body[end + 2 :], qos, bool(flags & _PF_RETAIN), bool(flags & _PF_DUP), packet_id
+            topic,
+            bytes(body[end + 2 :]),
+            qos,
+            bool(flags & _PF_RETAIN),
+            bool(flags & _PF_DUP),
+            packet_id,
         )
-    return Publish(topic, body[end:], 0, bool(flags & _PF_RETAIN), False, None)
+    return Publish(topic, bytes(body[end:]), 0, bool(flags & _PF_RETAIN), False, None)
 
 
 def _packet_id_decoder(
@@ -765,6 +800,47 @@ def _type_name(packet_type: int) -> str:
 _check_first_byte = first_byte_check(_FIXED_FLAGS)
 
 
+class _Payloaded(Protocol):
+    payload: bytes
+
+
+_P = TypeVar("_P", bound=_Payloaded)
+
+
+def publish_from_parts(
+    parts: list[Buffer], decode: Callable[[int, bytes], _P], *, properties: bool
+) -> _P | None:
+    """A large PUBLISH held over reads (``parts``: exactly its bytes, its first byte and
+    length checked), decoded without joining them: the variable header from a small copy of
+    its start, the payload joined straight from the reads (its one copy). ``properties``:
+    MQTT 5 (a property block follows the packet id). None when the variable header runs
+    past the packet: the caller decodes the joined bytes, which names the fault."""
+    total = sum(map(len, parts))
+    head = prefix(parts, 7)
+    decoded = decode_remaining_length(head, 1)
+    if decoded is None:
+        return None
+    header = 1 + decoded[1]
+    if len(head) < header + 2:
+        return None
+    end = header + 2 + ((head[header] << 8) | head[header + 1]) + (2 if head[0] & 0x06 else 0)
+    if properties:
+        head = prefix(parts, end + 4)
+        try:
+            block = decode_remaining_length(head, end)
+        except MqttProtocolError:
+            return None  # (the usual path refuses it in MQTT 5's words)
+        if block is None:
+            return None
+        end += block[1] + block[0]
+    if end > total:
+        return None
+    head = prefix(parts, end)
+    packet = decode(head[0] & 0x0F, head[header:end])  # (its payload: empty)
+    packet.payload = join_range(parts, end, total)
+    return packet
+
+
 class MqttParser:
     """Incremental MQTT decoder: feed it bytes as they arrive, get whole packets back.
 
@@ -774,19 +850,19 @@ class MqttParser:
     parser is spent: every later :meth:`feed` raises again.
     """
 
-    __slots__ = ("_buffer", "_error", "max_packet_size")
+    __slots__ = ("_error", "_held", "max_packet_size")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE) -> None:
         if max_packet_size < 2:
             raise ValueError("max_packet_size must be at least 2 (the smallest packet)")
         self.max_packet_size = max_packet_size
-        self._buffer = bytearray()
+        self._held = HeldInput()
         self._error: MqttProtocolError | None = None
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet part of a returned packet."""
-        return len(self._buffer)
+        return self._held.size
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
         """Append ``data``; return every packet now complete, in order (possibly none)."""
@@ -794,16 +870,33 @@ class MqttParser:
             raise MqttProtocolError(
                 self._error.code, f"parser already failed: {self._error.message}"
             )
-        if self._buffer:
-            self._buffer += data
-            buf = bytes(self._buffer)
+        held = self._held
+        packets: list[Packet] = []
+        if held.size:
+            if not held.add_part(data):
+                return []
+            if held.need >= _VIEW_BODY and held.first_byte() >> 4 == 3:
+                # A large PUBLISH: its payload is copied once, straight out of the reads.
+                parts, rest = held.cut()
+                try:
+                    publish = publish_from_parts(parts, _decode_publish, properties=False)
+                except MqttProtocolError as exc:
+                    self._error = exc
+                    raise
+                if publish is None:  # (malformed: the usual path names the fault)
+                    buf = b"".join([*parts, rest])
+                else:
+                    packets.append(publish)
+                    buf = rest
+            else:
+                buf = held.take()  # the packet's bytes joined once, when all are in
         else:
             buf = bytes(data)  # no copy when data is bytes already
         size = len(buf)
-        packets: list[Packet] = []
         append = packets.append
         max_size = self.max_packet_size
         pos = 0
+        need = 0
         try:
             while pos < size:
                 first = buf[pos]
@@ -817,6 +910,7 @@ class MqttParser:
                 else:
                     decoded = decode_remaining_length(buf, pos + 1)
                     if decoded is None:
+                        need = size - pos + 1
                         break
                     length, length_size = decoded
                     header = 1 + length_size
@@ -835,13 +929,21 @@ class MqttParser:
                         f"packet of {total} bytes exceeds the limit of {max_size}",
                     )
                 if size - pos < total:
+                    need = total
                     break
-                append(_DECODERS[packet_type](first & 0x0F, buf[pos + header : pos + total]))
+                if length >= _VIEW_BODY and packet_type == 3:
+                    # A large PUBLISH is decoded from a view of the read: only its payload is
+                    # copied out (a bytes slice of the body would copy it twice).
+                    view = memoryview(buf)[pos + header : pos + total]
+                    append(_decode_publish(first & 0x0F, view))
+                else:
+                    append(_DECODERS[packet_type](first & 0x0F, buf[pos + header : pos + total]))
                 pos += total
         except MqttProtocolError as exc:
             exc.packets = tuple(packets)
             self._error = exc
-            self._buffer = bytearray()
+            held.clear()
             raise
-        self._buffer = bytearray(buf[pos:]) if pos < size else bytearray()
+        if pos < size:
+            held.hold(buf, pos, need)
         return packets

@@ -24,6 +24,7 @@ from struct import Struct
 from typing import Any
 
 from vibemq_server.adapters.mqtt.codec import (
+    _VIEW_BODY,
     MAX_PACKET_ID,
     MAX_PACKET_SIZE,
     MAX_STRING_BYTES,
@@ -33,6 +34,7 @@ from vibemq_server.adapters.mqtt.codec import (
     decode_remaining_length,
     encode_remaining_length,
     first_byte_check,
+    publish_from_parts,
 )
 from vibemq_server.adapters.mqtt.packets import PacketType, Pingreq, Pingresp
 from vibemq_server.adapters.mqtt.packets5 import (
@@ -64,6 +66,7 @@ from vibemq_server.adapters.mqtt.packets5 import (
     Unsubscribe5,
 )
 from vibemq_server.adapters.mqtt.topics import topic_filter_error, topic_name_error
+from vibemq_server.protocol.held import HeldInput
 
 E = MqttErrorCode
 MAX_VARINT = 268_435_455
@@ -484,24 +487,34 @@ _TOPICS: dict[bytes, str] = {}
 _TOPICS_MAX = 4096
 
 
-def _decode_publish(flags: int, body: bytes) -> Publish5:
+def _decode_publish(flags: int, body: bytes | memoryview) -> Publish5:
+    """``body``: bytes, or a view of the read for a large packet (the payload is then the
+    one copy made of it: ``bytes`` of a bytes slice is that slice itself)."""
     qos = (flags & 0x06) >> 1
     size = len(body)
     # Fast path (most publishes): a known topic and no properties.
     if size >= 3:
         end = 2 + ((body[0] << 8) | body[1])
-        known = _TOPICS.get(body[2:end]) if end <= size else None
+        known = _TOPICS.get(bytes(body[2:end])) if end <= size else None
         if known is not None:
             if not qos:
                 if end < size and body[end] == 0:
-                    return Publish5(known, body[end + 1 :], 0, bool(flags & 1), False, None, _EMPTY)
+                    payload = bytes(body[end + 1 :])
+                    return Publish5(known, payload, 0, bool(flags & 1), False, None, _EMPTY)
             elif end + 2 < size and body[end + 2] == 0:
                 pid = (body[end] << 8) | body[end + 1]
                 if pid:
                     return Publish5(
-                        known, body[end + 3 :], qos, bool(flags & 1), bool(flags & 8), pid, _EMPTY
+                        known,
+                        bytes(body[end + 3 :]),
+                        qos,
+                        bool(flags & 1),
+                        bool(flags & 8),
+                        pid,
+                        _EMPTY,
                     )
-    r = _Reader5(body, "PUBLISH")
+    # (with properties, a large body is copied once more here: the reader wants bytes)
+    r = _Reader5(bytes(body), "PUBLISH")
     topic = r.string("topic name")
     if topic:
         error = topic_name_error(topic)
@@ -670,32 +683,49 @@ class Mqtt5Parser:
     After an error the parser is spent.
     """
 
-    __slots__ = ("_buffer", "_error", "max_packet_size")
+    __slots__ = ("_error", "_held", "max_packet_size")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE) -> None:
         if max_packet_size < 2:
             raise ValueError("max_packet_size must be at least 2")
         self.max_packet_size = max_packet_size
-        self._buffer = bytearray()
+        self._held = HeldInput()
         self._error: MqttProtocolError | None = None
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer)
+        return self._held.size
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Packet5]:
         if self._error is not None:
             raise MqttProtocolError(
                 self._error.code, f"parser already failed: {self._error.message}"
             )
-        if self._buffer:
-            self._buffer += data
-            buf = bytes(self._buffer)
-        else:
-            buf = bytes(data)
-        size = len(buf)
+        held = self._held
         packets: list[Packet5] = []
+        if held.size:
+            if not held.add_part(data):
+                return []
+            if held.need >= _VIEW_BODY and held.first_byte() >> 4 == 3:
+                # A large PUBLISH: its payload is copied once, straight out of the reads.
+                parts, rest = held.cut()
+                try:
+                    publish = publish_from_parts(parts, _decode_publish, properties=True)
+                except MqttProtocolError as exc:
+                    self._error = exc
+                    raise
+                if publish is None:  # (malformed: the usual path names the fault)
+                    buf = b"".join([*parts, rest])
+                else:
+                    packets.append(publish)
+                    buf = rest
+            else:
+                buf = held.take()  # the packet's bytes joined once, when all are in
+        else:
+            buf = bytes(data)  # no copy when data is bytes already
+        size = len(buf)
         pos = 0
+        need = 0
         try:
             while pos < size:
                 first = buf[pos]
@@ -709,6 +739,7 @@ class Mqtt5Parser:
                 else:
                     decoded = decode_remaining_length(buf, pos + 1)
                     if decoded is None:
+                        need = size - pos + 1
                         break
                     length, length_size = decoded
                 if packet_type != 3:
@@ -727,17 +758,25 @@ class Mqtt5Parser:
                         f"packet of {total} bytes exceeds the limit of {self.max_packet_size}",
                     )
                 if size - pos < total:
+                    need = total
                     break
-                packets.append(
-                    _DECODERS[packet_type](first & 0x0F, buf[pos + header : pos + total])
-                )
+                if length >= _VIEW_BODY and packet_type == 3:
+                    # A large PUBLISH is decoded from a view of the read: only its payload is
+                    # copied out (a bytes slice of the body would copy it twice).
+                    view = memoryview(buf)[pos + header : pos + total]
+                    packets.append(_decode_publish(first & 0x0F, view))
+                else:
+                    packets.append(
+                        _DECODERS[packet_type](first & 0x0F, buf[pos + header : pos + total])
+                    )
                 pos += total
         except MqttProtocolError as exc:
             exc.packets = tuple(packets)  # type: ignore[arg-type]
             self._error = exc
-            self._buffer = bytearray()
+            held.clear()
             raise
-        self._buffer = bytearray(buf[pos:]) if pos < size else bytearray()
+        if pos < size:
+            held.hold(buf, pos, need)
         return packets
 
 

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from vibemq_server.adapters.mqtt.codec import encode_publish
+from vibemq_server.adapters.mqtt.codec import LARGE_PAYLOAD, encode_publish, publish_head
 from vibemq_server.adapters.mqtt.topics import address_to_topic
 from vibemq_server.core import PublishOutcome, Queue, QueueManager, StoredMessage, Subscription
 from vibemq_server.core.drops import DropLog
@@ -123,6 +123,25 @@ class OperatorClose(Protocol):
     """A connection an operator can close (``StreamTransport``, through the management API)."""
 
     def close_by_operator(self, reason: str) -> None: ...
+
+
+def send_publish(
+    link: Link,
+    topic: bytes,
+    payload: bytes,
+    qos: int,
+    pid: int,
+    *,
+    retain: bool = False,
+    dup: bool = False,
+) -> None:
+    """Send a PUBLISH; a large payload as a buffer of its own after the header (the
+    transport writes both with one writev), not copied into one packet with it."""
+    if len(payload) < LARGE_PAYLOAD:
+        link.send(encode_publish(topic, payload, qos, pid, retain=retain, dup=dup))
+    else:
+        link.send(publish_head(topic, len(payload), qos, pid, retain=retain, dup=dup))
+        link.send(payload)
 
 
 def session_queue_name(client_id: str) -> str:
@@ -448,15 +467,14 @@ class MqttSession:
         self.outbound[pid] = msg
         headers = msg.headers
         self.stats.messages_sent += 1
-        link.send(
-            encode_publish(
-                self._topic_bytes(headers[TOPIC]),
-                msg.payload,
-                2 if headers.get(QOS) == "2" else 1,
-                pid,
-                retain=RETAIN in headers,
-                dup=msg.attempts > 1,
-            )
+        send_publish(
+            link,
+            self._topic_bytes(headers[TOPIC]),
+            msg.payload,
+            2 if headers.get(QOS) == "2" else 1,
+            pid,
+            retain=RETAIN in headers,
+            dup=msg.attempts > 1,
         )
 
     def _topic_bytes(self, topic: str) -> bytes:
@@ -742,7 +760,7 @@ class MqttSession:
             direct = self.direct = {}
         direct[pid] = qos
         self.stats.messages_sent += 1
-        self.link.send(encode_publish(self._topic_bytes(topic), payload, qos, pid, retain=retain))
+        send_publish(self.link, self._topic_bytes(topic), payload, qos, pid, retain=retain)
 
     def _pump(self) -> None:
         link = self.link

@@ -15,6 +15,7 @@ Properties:
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -71,6 +72,10 @@ class RecordingLink:
             self.sent_after_close += data
         else:
             self.out += data
+
+    def send_parts(self, parts: Sequence[bytes | memoryview]) -> None:
+        for part in parts:
+            self.send(bytes(part))
 
     def close(self) -> None:
         self.closed = True

@@ -7,7 +7,7 @@ sees nothing after it."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -56,6 +56,10 @@ class Wire:
     def send(self, data: bytes) -> None:
         assert not self.closed, "sent after close"
         self.out += data
+
+    def send_parts(self, parts: Sequence[bytes | memoryview]) -> None:
+        for part in parts:
+            self.send(bytes(part))
 
     def take(self) -> bytes:
         data, self.out = bytes(self.out), bytearray()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from vibemq_server.core.buffers import JOIN_ALL, coalesce
 from vibemq_server.core.clock import Clock, wall_clock_ms
 from vibemq_server.core.manager import options_to_dict
 from vibemq_server.core.message import StoredMessage
@@ -48,6 +49,8 @@ Waiter = Callable[[Exception | None], None]
 
 # Live messages few enough to copy forward at once when they pin older segments.
 _SMALL_LIVE = 1000
+#: buffers per os.writev (Linux's IOV_MAX)
+_IOV_MAX = 1024
 
 
 class FsyncPolicy(StrEnum):
@@ -307,7 +310,7 @@ class Journal:
             records, self._buf = self._buf, []
             publishes, self._batch_publishes = self._batch_publishes, []
             try:
-                self._write(b"".join(records))
+                self._write_all(records)
             except OSError as exc:
                 self._withdraw(records, publishes)
                 self._fail(exc, b"".join(records))
@@ -335,6 +338,34 @@ class Journal:
                 self.bytes_written += n
         except OSError:
             # Half a batch on disk would put a torn record before later good ones: cut it.
+            self._size = start
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, start)
+            raise
+        self._dirty = True
+
+    def _write_all(self, records: list[bytes]) -> None:
+        """Write a batch of records: joined when small; else with ``os.writev``, runs of
+        small records joined and large ones (a large message's) as they are, not copied
+        into the batch."""
+        if sum(map(len, records)) <= JOIN_ALL:
+            self._write(b"".join(records))
+            return
+        pieces = coalesce(records)
+        start = self._size
+        try:
+            first = 0
+            while first < len(pieces):
+                n = os.writev(self._fd, pieces[first : first + _IOV_MAX])
+                self._size += n
+                self.bytes_written += n
+                while first < len(pieces) and n >= len(pieces[first]):
+                    n -= len(pieces[first])
+                    first += 1
+                if n:  # a piece written in part: the rest of it next
+                    pieces[first] = memoryview(pieces[first])[n:]
+        except OSError:
+            # as in _write: no torn record before later good ones
             self._size = start
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, start)

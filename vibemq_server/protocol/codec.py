@@ -21,6 +21,7 @@ from struct import error as StructError
 import orjson
 
 from vibemq_server.protocol.errors import ErrorCode, ProtocolError
+from vibemq_server.protocol.held import HeldInput, join_range
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
@@ -111,6 +112,19 @@ def encode_deliver(
     """A Deliver frame, built directly from pieces encoded once: the hot path of every
     delivery. The queue name (length-prefixed) and the ``deliveryAttempts`` header of the
     usual attempt counts come from caches; the rest is one struct pack and one join."""
+    head, tail = deliver_around(msg_id, queue, len(payload), headers, attempts)
+    return b"".join((head, payload, tail))
+
+
+#: A payload at least this large is written between the bytes :func:`deliver_around` gives
+#: as a buffer of its own, not copied into one frame with them.
+LARGE_PAYLOAD = 16 * 1024
+
+
+def deliver_around(
+    msg_id: str, queue: str, plen: int, headers: Mapping[str, str], attempts: int
+) -> tuple[bytes, bytes]:
+    """The bytes of a Deliver frame before and after its payload of ``plen`` bytes."""
     i = msg_id.encode()
     q = _QUEUE_PIECES.get(queue)
     if q is None:
@@ -122,17 +136,10 @@ def encode_deliver(
             extra.append(tail[2:])
             tail = _U16.pack(len(extra)) + b"".join(extra)
     n = len(i)
-    plen = len(payload)
-    return b"".join(
-        (
-            _DELIVER_HEAD.pack(8 + n + len(q) + plen + len(tail), 1, 26, n),
-            i,
-            q,
-            _U32.pack(plen),
-            payload,
-            tail,
-        )
+    head = b"".join(
+        (_DELIVER_HEAD.pack(8 + n + len(q) + plen + len(tail), 1, 26, n), i, q, _U32.pack(plen))
     )
+    return head, tail
 
 
 def _queue_piece(queue: str) -> bytes:
@@ -462,50 +469,55 @@ class FrameDecoder:
     *fatal* ProtocolError, and every later ``feed`` raises it.
     """
 
-    __slots__ = ("_buf", "_max", "error")
+    __slots__ = ("_held", "_max", "error")
 
     def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
-        self._buf = bytearray()
+        self._held = HeldInput()
         self._max = max_message_size
         self.error: ProtocolError | None = None
 
     @property
     def buffered(self) -> int:
         """Bytes held that do not yet form a complete frame."""
-        return len(self._buf)
+        return self._held.size
 
     def feed(self, data: bytes) -> list[bytes]:
         if self.error is not None:
             raise self.error
-        buf = self._buf
-        if buf:
-            buf += data
-            src: bytes | bytearray = buf
+        held = self._held
+        bodies: list[bytes] = []
+        if held.size:
+            # A frame cut over reads: held as the reads, copied once when all of it is in.
+            if not held.add_part(data):
+                return []
+            if held.need >= 4096:  # (a length known: the body joined straight from the reads)
+                parts, src = held.cut()
+                bodies.append(join_range(parts, 4, sum(map(len, parts))))
+            else:
+                src = held.take()
         else:
             # Nothing held over (the usual case): slice the frames out of ``data`` itself, one
             # copy each, and keep only an incomplete tail.
-            src = data
-        bodies: list[bytes] = []
+            src = data if type(data) is bytes else bytes(data)
         pos = 0
         end = len(src)
         limit = self._max
         unpack = _U32.unpack_from
+        need = 4
         while end - pos >= 4:
             (n,) = unpack(src, pos)
             if n == 0 or n > limit:
                 what = "zero frame length" if n == 0 else f"frame of {n} bytes exceeds {limit}"
                 self.error = ProtocolError(ErrorCode.INVALID_MESSAGE, what, fatal=True)
-                buf.clear()
+                held.clear()
                 if not bodies:
                     raise self.error
                 return bodies
             if end - pos - 4 < n:
+                need = 4 + n
                 break
-            bodies.append(bytes(src[pos + 4 : pos + 4 + n]))
+            bodies.append(src[pos + 4 : pos + 4 + n])
             pos += 4 + n
-        if src is buf:
-            if pos:
-                del buf[:pos]
-        elif pos < end:
-            buf += data[pos:] if pos else data
+        if pos < end:
+            held.hold(src, pos, need)
         return bodies

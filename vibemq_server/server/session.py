@@ -47,7 +47,13 @@ from vibemq_server.protocol import (
     encode,
     validate_json,
 )
-from vibemq_server.protocol.codec import encode_deliver, encode_publish_ack, peek_ack_target
+from vibemq_server.protocol.codec import (
+    LARGE_PAYLOAD,
+    deliver_around,
+    encode_deliver,
+    encode_publish_ack,
+    peek_ack_target,
+)
 from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.transport import ConsumerInfo, Link, SessionInfo
@@ -744,7 +750,14 @@ class Session:
         self.stats.messages_sent += 1
         if self._holders is not None:
             self._holders[msg.id] = sub
-        self.link.send(encode_deliver(msg.id, msg.queue, msg.payload, msg.headers, msg.attempts))
+        payload = msg.payload
+        if len(payload) < LARGE_PAYLOAD:
+            self.link.send(encode_deliver(msg.id, msg.queue, payload, msg.headers, msg.attempts))
+        else:  # the payload as its own buffer: the transport writes it without a copy
+            head, tail = deliver_around(msg.id, msg.queue, len(payload), msg.headers, msg.attempts)
+            self.link.send(head)
+            self.link.send(payload)
+            self.link.send(tail)
 
     def deliver_many(self, sub: Subscription, msgs: list[StoredMessage]) -> None:
         """A run of a FanOutWithoutAck queue: the same list for each of its subscribers, so

@@ -20,12 +20,13 @@ import asyncio
 import contextlib
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, cast
 
 import structlog
 
+from vibemq_server.core.buffers import JOIN_ALL, coalesce
 from vibemq_server.server.connlog import ConnLog, as_logger
 from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.tls import describe, peer_identity
@@ -190,6 +191,10 @@ class Link(Protocol):
 
     def send(self, data: bytes) -> None: ...
 
+    def send_parts(self, parts: Sequence[bytes | memoryview]) -> None:
+        """Send ``parts`` in order, the large ones written as they are (no join: a large
+        message's body between its frame headers)."""
+
     def close(self) -> None: ...
 
     def abort(self) -> None: ...
@@ -286,7 +291,7 @@ class StreamTransport(asyncio.Protocol):
         self._refusal = refusal
         self.session: Session | None = None
         self.transport: asyncio.Transport | None = None
-        self._out: list[bytes] = []
+        self._out: list[bytes | memoryview] = []
         self._out_size = 0
         self._out_limit = out_limit
         self._flush_scheduled = False
@@ -495,19 +500,43 @@ class StreamTransport(asyncio.Protocol):
             else:
                 self.loop.call_soon(self._flush)
 
+    def send_parts(self, parts: Sequence[bytes | memoryview]) -> None:
+        if self._closing:
+            return
+        self._out.extend(parts)
+        self._out_size += sum(map(len, parts))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            batch = self._batch
+            if batch.reading:
+                batch.dirty.append(self)
+            else:
+                self.loop.call_soon(self._flush)
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         if not self._out or self.transport is None or self._closing:
             return  # (closing: close() flushed already; a lost connection's output is void)
-        self.bytes_sent += self._out_size
-        was_full = self._out_size >= self._out_limit
+        size = self._out_size
+        self.bytes_sent += size
+        self.stats.bytes_sent += size
+        was_full = size >= self._out_limit
         out, self._out, self._out_size = self._out, [], 0
-        data = b"".join(out) if len(out) > 1 else out[0]
-        self.stats.bytes_sent += len(data)
-        if self._ssl is not None:
-            self._encrypt(data)
+        if len(out) == 1:
+            pieces = out
+        elif size <= JOIN_ALL:
+            pieces = [b"".join(out)]
         else:
-            self.transport.write(data)
+            pieces = coalesce(out)
+        if self._ssl is not None:
+            for piece in pieces:  # (SSLObject copies into its records anyway)
+                self._encrypt(piece)
+        elif len(pieces) == 1:
+            self.transport.write(pieces[0])
+        else:
+            # One writev of the small pieces joined and the large ones as they are: a
+            # 1 MB payload is not copied to be glued to its 10-byte header.
+            self.transport.writelines(pieces)
         if was_full and self.writable:
             self._writable_again()
 
@@ -610,7 +639,7 @@ class StreamTransport(asyncio.Protocol):
             return chunks[0]
         return b"".join(chunks)
 
-    def _encrypt(self, data: bytes) -> None:
+    def _encrypt(self, data: bytes | memoryview) -> None:
         assert self._ssl is not None
         try:
             self._ssl.write(data)

@@ -496,15 +496,18 @@ class WebSocketSession:
         """``data`` as one binary frame (a server's frames are not masked: its header is the
         opcode byte and the length)."""
         size = len(data)
-        if size < 126:
-            head = _HEAD7[size]
-        elif size < 65_536:
-            head = _HEAD16.pack(_BINARY_WHOLE, 126, size)
-        else:
-            head = _HEAD64.pack(_BINARY_WHOLE, 127, size)
+        head = _binary_head(size)
         self.link.send(head + data if size < 8192 else head)
         if size >= 8192:
             self.link.send(data)  # (no copy of a large one)
+
+    def send_parts(self, parts: Sequence[bytes | memoryview]) -> None:
+        """The protocol's bytes in parts, as one binary frame (the parts are not joined;
+        what was gathered before them goes first)."""
+        if self._open:
+            if self._gather:
+                self._flush()
+            self.link.send_parts([_binary_head(sum(map(len, parts))), *parts])
 
     def close(self) -> None:
         """The protocol's session closes the connection: a close frame, then the socket."""
@@ -529,6 +532,15 @@ _FRAMES: dict[Opcode, Callable[[WebSocketSession, Frame], None] | None] = {
 }
 
 
+def _binary_head(size: int) -> bytes:
+    """The header of a server's (unmasked) binary frame of ``size`` bytes."""
+    if size < 126:
+        return _HEAD7[size]
+    if size < 65_536:
+        return _HEAD16.pack(_BINARY_WHOLE, 126, size)
+    return _HEAD64.pack(_BINARY_WHOLE, 127, size)
+
+
 class WebSocketLink:
     """The ``Link`` the protocol's session gets: the transport's, except that what it sends
     is framed and that closing it closes the WebSocket first."""
@@ -543,6 +555,7 @@ class WebSocketLink:
         self.peer_identity = outer.peer_identity
         self.over_tls = outer.over_tls
         self.send = ws.send
+        self.send_parts = ws.send_parts
         self.close = ws.close
         self.abort = outer.abort
         self.pause_reading = outer.pause_reading

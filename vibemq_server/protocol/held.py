@@ -1,0 +1,109 @@
+"""Input held over between reads, shared by the incremental decoders of every protocol.
+
+A frame that arrives in many reads (a 1 MB publish comes in 4 to 16 reads of up to 256 KB)
+is kept as the reads' own objects and joined once, when the frame's announced length is in:
+one copy per frame, whatever the number of reads. Appending every read to a ``bytearray``
+and copying that out again per read (``bytes(buffer)``) was quadratic in the number of
+reads: a 64 MB frame copied some 8 GB.
+
+The decoder says how many bytes it needs before parsing can make progress (the whole frame
+once its header is read; one more byte while the header itself is cut), and gets the joined
+bytes back only then (``add``/``take``), or, for a large payload, the reads themselves
+(``cut``) to copy just the payload out of them (``join_range``).
+"""
+
+from __future__ import annotations
+
+Buffer = bytes | bytearray | memoryview
+
+
+class HeldInput:
+    """The tail of earlier reads that does not yet make a frame, as a list of chunks."""
+
+    __slots__ = ("_need", "_parts", "size")
+
+    def __init__(self) -> None:
+        self._parts: list[Buffer] = []
+        #: bytes held
+        self.size = 0
+        self._need = 0
+
+    def hold(self, data: bytes, start: int, need: int) -> None:
+        """Keep ``data[start:]`` (a view: no copy) until ``need`` bytes are held in all.
+
+        ``data`` must be immutable (bytes): the view outlives the call."""
+        tail = memoryview(data)[start:] if start else data
+        self._parts = [tail]
+        self.size = len(tail)
+        self._need = need
+
+    def add(self, data: Buffer) -> bytes | None:
+        """Append a read; the held bytes joined (one copy) once ``need`` of them are in, and
+        then nothing is held any more; None while more are needed."""
+        return self.take() if self.add_part(data) else None
+
+    def take(self) -> bytes:
+        """Every byte held, joined (one copy); nothing is held any more."""
+        joined = b"".join(self._parts)
+        self.clear()
+        return joined
+
+    def add_part(self, data: Buffer) -> bool:
+        """Append a read; True once ``need`` bytes are held (then :meth:`add` would join
+        them, or :meth:`cut` hands them over unjoined)."""
+        if type(data) is not bytes:
+            data = bytes(data)  # a caller's mutable buffer may change after the call
+        self._parts.append(data)
+        self.size += len(data)
+        return self.size >= self._need
+
+    @property
+    def need(self) -> int:
+        return self._need
+
+    def cut(self) -> tuple[list[Buffer], bytes]:
+        """The first ``need`` bytes held, as views of the reads (no copy), and the bytes
+        after them (a copy of the last read's tail); nothing is held any more. For a decoder
+        that copies a large payload straight out of the reads."""
+        parts, over = self._parts, self.size - self._need
+        self.clear()
+        last = parts[-1]
+        if over <= 0:
+            return parts, b""
+        keep = len(last) - over
+        parts[-1] = memoryview(last)[:keep]
+        return parts, bytes(memoryview(last)[keep:])
+
+    def first_byte(self) -> int:
+        """The first byte held (some are)."""
+        return self._parts[0][0]
+
+    def clear(self) -> None:
+        self._parts = []
+        self.size = 0
+        self._need = 0
+
+
+def prefix(parts: list[Buffer], n: int) -> bytes:
+    """The first ``n`` bytes of ``parts`` (all, when fewer): a small copy, to read a header."""
+    out = bytearray()
+    for part in parts:
+        out += part[: n - len(out)]
+        if len(out) >= n:
+            break
+    return bytes(out)
+
+
+def join_range(parts: list[Buffer], start: int, stop: int) -> bytes:
+    """Bytes ``start:stop`` of ``parts`` joined: the one copy made of a large payload."""
+    pieces: list[Buffer] = []
+    at = 0
+    for part in parts:
+        end = at + len(part)
+        if end > start and at < stop:
+            lo, hi = max(start - at, 0), min(stop, end) - at
+            pieces.append(part if lo == 0 and hi == len(part) else memoryview(part)[lo:hi])
+        at = end
+        if at >= stop:
+            break
+    return b"".join(pieces)
