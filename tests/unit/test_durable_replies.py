@@ -232,3 +232,64 @@ async def test_with_the_journal_a_failed_write_waits_behind_the_fsync_before_it(
         fake.fail_writes = False
         journal.maintain()
         await journal.close()
+
+
+class GatedFsyncOs:
+    """The ``os`` module as the journal sees it, each fsync held until the test opens its
+    own gate (in the order the fsyncs started); everything else is the real module."""
+
+    def __init__(self) -> None:
+        self.gates: list[threading.Event] = []
+        self.lock = threading.Lock()
+        self.open_all = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    def fsync(self, fd: int) -> None:
+        gate = threading.Event()
+        with self.lock:
+            self.gates.append(gate)
+            if self.open_all:
+                gate.set()
+        assert gate.wait(10), "fsync never released"
+        os.fsync(fd)
+
+    def release_all(self) -> None:
+        with self.lock:
+            self.open_all = True
+            for gate in self.gates:
+                gate.set()
+
+
+async def test_with_the_journal_a_second_fsync_runs_while_the_first_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pipelined group commit: a batch written while an fsync runs gets its own fsync at
+    once; when that one ends first, it completes the older batch too (its bytes were written
+    before it started), and the replies still come back oldest first."""
+    fake = GatedFsyncOs()
+    monkeypatch.setattr(journal_mod, "os", fake)
+    fake.open_all = True  # opening a segment syncs at once
+    manager, journal = open_journal(tmp_path / "journal", fsync=FsyncPolicy.ALWAYS)
+    fake.open_all = False
+    opened = len(fake.gates)
+    batches: list[tuple[list[str], Exception | None]] = []
+    replies: DurableReplies[str] = DurableReplies(journal, lambda i, e: batches.append((i, e)))
+    try:
+        manager.publish("d", "a", b"{}", {})
+        replies.add("a")
+        await wait_for(lambda: len(fake.gates) == opened + 1, what="the first batch's fsync")
+        manager.publish("d", "b", b"{}", {})
+        replies.add("b")
+        await wait_for(lambda: len(fake.gates) == opened + 2, what="the second batch's fsync")
+        assert batches == []
+        fake.gates[opened + 1].set()  # the second fsync ends first
+        await wait_for(lambda: not replies.waiting, what="both batches")
+        assert batches == [(["a"], None), (["b"], None)]
+        fake.gates[opened].set()  # the first ends late: nothing left for it to complete
+        await wait_for(lambda: not journal._syncing, what="the first fsync")
+        assert len(batches) == 2
+    finally:
+        fake.release_all()
+        await journal.close()

@@ -121,18 +121,9 @@ class FanOutMessage(StoredMessage):
         priority: Priority = Priority.NORMAL,
         attempts: int = 0,
     ) -> None:
-        # (the base's assignments repeated rather than a super() call: copies are made
-        # per subscriber per message)
-        self.id = msg_id
-        self.queue = queue
-        self.payload = payload
-        self.headers = headers
-        self.published_at = published_at
-        self.expires_at = expires_at
-        self.priority = priority
-        self.attempts = attempts
-        self.seq = 0
-        self.seg = 0
+        super().__init__(
+            msg_id, queue, payload, headers, published_at, expires_at, priority, attempts
+        )
         self.group = None
         self.target = None
 

@@ -12,25 +12,30 @@ well-delimited frame only spoils that one message and the stream can go on.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from struct import Struct
 from struct import error as StructError
+from typing import Final
 
 import orjson
 
 from vibemq_server.protocol.errors import ErrorCode, ProtocolError
 from vibemq_server.protocol.held import HeldInput, join_range
 
-PROTOCOL_VERSION = 1
-DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
-DEFAULT_MAX_HEADERS = 50
-DEFAULT_MAX_HEADER_VALUE = 4096
+# (Final: the compiled build reads these as constants, not from the module's dict per use)
+PROTOCOL_VERSION: Final = 1
+DEFAULT_MAX_MESSAGE_SIZE: Final = 1024 * 1024
+DEFAULT_MAX_HEADERS: Final = 50
+DEFAULT_MAX_HEADER_VALUE: Final = 4096
 
-_U16 = Struct(">H")
-_U32 = Struct(">I")
-_TYPE_HDR = Struct(">BB")
+_U16: Final = Struct(">H")
+_U32: Final = Struct(">I")
+_TYPE_HDR: Final = Struct(">BB")
+#: bound once: a ``Struct`` method called by name is looked up on every call
+_PACK_U16: Final[Callable[..., bytes]] = _U16.pack
+_PACK_U32: Final[Callable[..., bytes]] = _U32.pack
 
 
 class CommandType(IntEnum):
@@ -56,8 +61,8 @@ class CommandType(IntEnum):
     ERROR = 99
 
 
-_KNOWN_TYPES = frozenset(int(t) for t in CommandType)
-_EMPTY_HEADERS: Mapping[str, str] = {}
+_KNOWN_TYPES: Final = frozenset(int(t) for t in CommandType)
+_EMPTY_HEADERS: Final[Mapping[str, str]] = {}
 
 
 @dataclass(slots=True)
@@ -73,6 +78,28 @@ class Message:
     error_message: str = ""
     version: int = PROTOCOL_VERSION
 
+    # Written out, not generated: the compiled build runs dataclasses' generated __init__
+    # as interpreted code (3,000 instructions a Message, a tenth of a publish's path).
+    def __init__(
+        self,
+        type: CommandType,
+        id: str,
+        queue: str = "",
+        payload: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+        error_code: str = "",
+        error_message: str = "",
+        version: int = PROTOCOL_VERSION,
+    ) -> None:
+        self.type = type
+        self.id = id
+        self.queue = queue
+        self.payload = payload
+        self.headers = {} if headers is None else headers
+        self.error_code = error_code
+        self.error_message = error_message
+        self.version = version
+
     def json(self) -> object:
         """The payload parsed as JSON, or None when there is no payload."""
         return json.loads(self.payload) if self.payload else None
@@ -83,7 +110,7 @@ def _s(value: str) -> bytes:
     if not value:
         return b"\x00\x00"
     raw = value.encode()
-    return _U16.pack(len(raw)) + raw
+    return _PACK_U16(len(raw)) + raw
 
 
 def encode_body(msg: Message) -> bytes:
@@ -111,9 +138,9 @@ def encode_deliver(
 ) -> bytes:
     """A Deliver frame, built directly from pieces encoded once: the hot path of every
     delivery. The queue name (length-prefixed) and the ``deliveryAttempts`` header of the
-    usual attempt counts come from caches; the rest is one struct pack and one join."""
-    head, tail = deliver_around(msg_id, queue, len(payload), headers, attempts)
-    return b"".join((head, payload, tail))
+    usual attempt counts come from caches; the rest comes from small caches and one join."""
+    head, i, q, size, tail = _deliver_pieces(msg_id, queue, len(payload), headers, attempts)
+    return b"".join((head, i, q, size, payload, tail))
 
 
 #: A payload at least this large is written between the bytes :func:`deliver_around` gives
@@ -125,6 +152,15 @@ def deliver_around(
     msg_id: str, queue: str, plen: int, headers: Mapping[str, str], attempts: int
 ) -> tuple[bytes, bytes]:
     """The bytes of a Deliver frame before and after its payload of ``plen`` bytes."""
+    head, i, q, size, tail = _deliver_pieces(msg_id, queue, plen, headers, attempts)
+    return b"".join((head, i, q, size)), tail
+
+
+def _deliver_pieces(
+    msg_id: str, queue: str, plen: int, headers: Mapping[str, str], attempts: int
+) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+    """A Deliver frame's pieces around its payload: the packed head, the id, the queue, the
+    payload's length, and the headers after it."""
     i = msg_id.encode()
     q = _QUEUE_PIECES.get(queue)
     if q is None:
@@ -134,12 +170,27 @@ def deliver_around(
         extra = [_s(k) + _s(v) for k, v in headers.items() if k != "deliveryAttempts" and k and v]
         if extra:
             extra.append(tail[2:])
-            tail = _U16.pack(len(extra)) + b"".join(extra)
+            tail = _PACK_U16(len(extra)) + b"".join(extra)
     n = len(i)
-    head = b"".join(
-        (_DELIVER_HEAD.pack(8 + n + len(q) + plen + len(tail), 1, 26, n), i, q, _U32.pack(plen))
-    )
-    return head, tail
+    # The packed head and payload length from small caches: a dict lookup by int costs a
+    # third of a struct pack, and a stream's sizes repeat.
+    total = 8 + n + len(q) + plen + len(tail)
+    key = total << 16 | n
+    head = _DELIVER_HEADS.get(key)
+    if head is None:
+        head = _cache(_DELIVER_HEADS, key, _PACK_DELIVER_HEAD(total, 1, 26, n))
+    size = _U32_PIECES.get(plen)
+    if size is None:
+        size = _cache(_U32_PIECES, plen, _PACK_U32(plen))
+    return head, i, q, size, tail
+
+
+def _cache(cache: dict[int, bytes], key: int, value: bytes) -> bytes:
+    """Remember ``value`` under ``key`` in one of the bounded caches of packed ints."""
+    if len(cache) >= _MAX_PACKED:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 def _queue_piece(queue: str) -> bytes:
@@ -155,16 +206,24 @@ def _attempts_tail(attempts: int) -> bytes:
     return b"\x00\x01" + _s("deliveryAttempts") + _s(str(attempts))
 
 
-_QUEUE_PIECES: dict[str, bytes] = {}
-_MAX_QUEUE_PIECES = 65_536  # (more than 4,096 thrashed with 10,000 busy queues)
-_CACHED_ATTEMPTS = 64
-_ATTEMPTS_TAIL = [_attempts_tail(a) for a in range(_CACHED_ATTEMPTS)]
+_QUEUE_PIECES: Final[dict[str, bytes]] = {}
+#: packed Deliver heads by frame length << 16 | id length, payload lengths, PublishAck
+#: heads by frame length (bounded: cleared when full)
+_DELIVER_HEADS: Final[dict[int, bytes]] = {}
+_U32_PIECES: Final[dict[int, bytes]] = {}
+_PUBLISH_ACK_HEADS: Final[dict[int, bytes]] = {}
+_MAX_PACKED: Final = 4096
+#: the u16 length prefix of the usual short id
+_SHORT_U16: Final = [bytes((0, k)) for k in range(256)]
+_MAX_QUEUE_PIECES: Final = 65_536  # (more than 4,096 thrashed with 10,000 busy queues)
+_CACHED_ATTEMPTS: Final = 64
+_ATTEMPTS_TAIL: Final = [_attempts_tail(a) for a in range(_CACHED_ATTEMPTS)]
 
 
 # length prefix, version 1, type Deliver (26), id length
-_DELIVER_HEAD = Struct(">IBBH")
-_PUBLISH_ACK_HEADERS = b"\x00\x00\x00\x00\x00\x02" + _s("messageId")
-_QUEUE_NAME_KEY = _s("queueName")
+_PACK_DELIVER_HEAD: Final[Callable[..., bytes]] = Struct(">IBBH").pack
+_PUBLISH_ACK_HEADERS: Final = b"\x00\x00\x00\x00\x00\x02" + _s("messageId")
+_QUEUE_NAME_KEY: Final = _s("queueName")
 
 
 def encode_publish_ack(msg_id: str, queue: str) -> bytes:
@@ -175,10 +234,14 @@ def encode_publish_ack(msg_id: str, queue: str) -> bytes:
     if q is None:
         q = _queue_piece(queue)
     n = len(i)
-    sid = _U16.pack(n) + i
+    sid = (_SHORT_U16[n] if n < 256 else _PACK_U16(n)) + i
+    total = _PUBLISH_ACK_FIXED + 2 * (n + len(q))
+    head = _PUBLISH_ACK_HEADS.get(total)
+    if head is None:
+        head = _cache(_PUBLISH_ACK_HEADS, total, _PACK_PUBLISH_ACK_HEAD(total, 1, 21))
     return b"".join(
         (
-            _PUBLISH_ACK_HEAD.pack(_PUBLISH_ACK_FIXED + 2 * (n + len(q)), 1, 21),
+            head,
             sid,
             q,
             _PUBLISH_ACK_HEADERS,
@@ -190,8 +253,8 @@ def encode_publish_ack(msg_id: str, queue: str) -> bytes:
 
 
 # length prefix, version 1, type PublishAck (21); the body's bytes besides id and queue
-_PUBLISH_ACK_HEAD = Struct(">IBB")
-_PUBLISH_ACK_FIXED = 2 + 2 + len(_PUBLISH_ACK_HEADERS) + 2 + len(_QUEUE_NAME_KEY)
+_PACK_PUBLISH_ACK_HEAD: Final[Callable[..., bytes]] = Struct(">IBB").pack
+_PUBLISH_ACK_FIXED: Final = 2 + 2 + len(_PUBLISH_ACK_HEADERS) + 2 + len(_QUEUE_NAME_KEY)
 
 
 def encode(msg: Message) -> bytes:
@@ -201,7 +264,7 @@ def encode(msg: Message) -> bytes:
 
 def frame(body: bytes) -> bytes:
     """Prefix an already encoded body with its length."""
-    return _U32.pack(len(body)) + body
+    return _PACK_U32(len(body)) + body
 
 
 class _Reader:
@@ -264,8 +327,7 @@ def _peek_id(body: bytes) -> str:
         return ""
 
 
-_HEAD = Struct(">BBH")
-_TYPES: dict[int, CommandType] = {int(t): t for t in CommandType}
+_TYPES: Final[dict[int, CommandType]] = {int(t): t for t in CommandType}
 
 
 def _fast_decode(body: bytes, limits: Limits) -> Message | None:
@@ -274,21 +336,26 @@ def _fast_decode(body: bytes, limits: Limits) -> Message | None:
     position landing exactly on the end of the body. (u16 lengths are read by byte index:
     cheaper than struct calls; an index past the end raises IndexError.)"""
     try:
-        version, type_byte, n = _HEAD.unpack_from(body, 0)
+        # (every length read by byte index: ints the compiled build keeps unboxed)
+        version = body[0]
+        type_byte = body[1]
+        n = body[2] << 8 | body[3]
         pos = 4 + n
         msg_id = body[4:pos].decode()
         n = body[pos] << 8 | body[pos + 1]
         pos += 2
         queue = body[pos : pos + n].decode() if n else ""
         pos += n
-        (plen,) = _U32.unpack_from(body, pos)
+        plen = body[pos] << 24 | body[pos + 1] << 16 | body[pos + 2] << 8 | body[pos + 3]
         pos += 4
         payload = body[pos : pos + plen] if plen else b""
         pos += plen
         count = body[pos] << 8 | body[pos + 1]
         pos += 2
-        headers: dict[str, str] = {}
+        headers: Mapping[str, str] = _EMPTY_HEADERS  # (shared: a Message's are read-only)
         if count:
+            found: dict[str, str] = {}
+            headers = found
             max_value = limits.max_header_value
             for _ in range(count):
                 n = body[pos] << 8 | body[pos + 1]
@@ -300,7 +367,7 @@ def _fast_decode(body: bytes, limits: Limits) -> Message | None:
                 if n > max_value and len(value) > max_value:
                     return None
                 if key and value:
-                    headers[key] = value
+                    found[key] = value
         error_code = error_message = ""
         if pos < len(body):
             n = body[pos] << 8 | body[pos + 1]
@@ -323,8 +390,8 @@ def _fast_decode(body: bytes, limits: Limits) -> Message | None:
     return Message(kind, msg_id, queue, payload, headers, error_code, error_message, version)
 
 
-_ACK = int(CommandType.ACK)  # (a plain int: comparing with the enum member costs more)
-_MESSAGE_ID_KEY = b"\x00\x09messageId"
+_ACK: Final = 30  # CommandType.ACK (a plain int: comparing with the enum member costs more)
+_MESSAGE_ID_KEY: Final = b"\x00\x09messageId"
 
 
 def peek_ack_target(body: bytes, limits: Limits = DEFAULT_LIMITS) -> str | None:
@@ -345,7 +412,7 @@ def peek_ack_target(body: bytes, limits: Limits = DEFAULT_LIMITS) -> str | None:
         if n:
             body[pos : pos + n].decode()  # the queue must be UTF-8 too
             pos += n
-        (plen,) = _U32.unpack_from(body, pos)
+        plen = body[pos] << 24 | body[pos + 1] << 16 | body[pos + 2] << 8 | body[pos + 3]
         pos += 4 + plen
         count = body[pos] << 8 | body[pos + 1]
         pos += 2
@@ -358,13 +425,12 @@ def peek_ack_target(body: bytes, limits: Limits = DEFAULT_LIMITS) -> str | None:
                 return None
             own_id = own.decode()
             return body[pos + 13 :].decode() or own_id
-        u16 = _U16.unpack_from
         target = ""
         for _ in range(count):
-            (n,) = u16(body, pos)
+            n = body[pos] << 8 | body[pos + 1]
             key = body[pos + 2 : pos + 2 + n].decode()
             pos += 2 + n
-            (n,) = u16(body, pos)
+            n = body[pos] << 8 | body[pos + 1]
             if n > limits.max_header_value:
                 return None
             value = body[pos + 2 : pos + 2 + n].decode()

@@ -13,7 +13,7 @@ import json
 from collections import deque
 from collections.abc import Callable, Mapping
 from enum import Enum
-from typing import Any
+from typing import Any, Final
 
 from orjson import JSONDecodeError
 from orjson import loads as _json_loads
@@ -58,8 +58,9 @@ from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.transport import ConsumerInfo, Link, SessionInfo
 
-_LOUD_ERRORS = 10
-_ACK_TYPE = bytes([CommandType.ACK])
+# (Final: the compiled build reads these as constants, not from the module's dict per use)
+_LOUD_ERRORS: Final = 10
+_ACK_TYPE: Final = bytes([CommandType.ACK])
 
 
 class State(Enum):
@@ -69,10 +70,10 @@ class State(Enum):
 
 
 # Hot paths compare against these: an Enum member looked up on its class costs ~10x a global.
-_OPEN = State.OPEN
-_CLOSED = State.CLOSED
-_ACCEPTED = PublishOutcome.ACCEPTED
-_ACCEPTED_DURABLE = PublishOutcome.ACCEPTED_DURABLE
+_OPEN: Final = State.OPEN
+_CLOSED: Final = State.CLOSED
+_ACCEPTED: Final = PublishOutcome.ACCEPTED
+_ACCEPTED_DURABLE: Final = PublishOutcome.ACCEPTED_DURABLE
 
 
 # Which core error becomes which wire error code.
@@ -838,7 +839,7 @@ class _LastRun:
 
 
 # Shared by every native session: the subscribers of a fan-out are different sessions.
-_LAST_RUN = _LastRun()
+_LAST_RUN: Final = _LastRun()
 
 
 def _json(value: object) -> bytes:
