@@ -46,7 +46,6 @@ from vibemq_server.client.errors import (
 )
 from vibemq_server.client.subscription import ReceivedMessage, Subscription
 from vibemq_server.protocol.codec import (
-    DEFAULT_MAX_MESSAGE_SIZE,
     CommandType,
     Message,
     decode_body,
@@ -61,6 +60,9 @@ log = logging.getLogger("vibemq.client")
 
 DEFAULT_PORT = 2925
 CLIENT_VERSION = "0.1.0"
+#: The largest frame the client accepts from the server: a 64 MiB binary message published over
+#: MQTT or AMQP reaches a VibeMQ consumer as base64 (4/3 of it), so twice the broker's limit.
+CLIENT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
 _READ_CHUNK = 256 * 1024
 # Auth refusals will not fix themselves by retrying; anything else (limits, restarts) might.
 _PERMANENT_CODES = frozenset({"AUTH_FAILED", "AUTH_REQUIRED", "NOT_AUTHORIZED"})
@@ -305,7 +307,7 @@ class Client:
         connect_timeout: float = 10.0,
         request_timeout: float | None = 30.0,
         keepalive_interval: float | None = 20.0,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        max_message_size: int = CLIENT_MAX_MESSAGE_SIZE,
         tls: bool = False,
         ssl_context: ssl.SSLContext | None = None,
         server_hostname: str | None = None,
@@ -377,7 +379,7 @@ class Client:
         connect_timeout: float = 10.0,
         request_timeout: float | None = 30.0,
         keepalive_interval: float | None = 20.0,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        max_message_size: int = CLIENT_MAX_MESSAGE_SIZE,
         tls: bool = False,
         ssl_context: ssl.SSLContext | None = None,
         server_hostname: str | None = None,
