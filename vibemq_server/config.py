@@ -256,7 +256,9 @@ class Config(BaseModel):
 
     max_connections: int = Field(10_000, ge=1)
     max_message_size: int = Field(
-        64 * 1024 * 1024 + 64 * 1024, ge=64, description="frame body: a 64 MiB payload + 64 KiB"
+        86 * 1024 * 1024,
+        ge=64,
+        description="frame body: a 64 MiB binary payload as base64, id, queue and headers",
     )
     max_headers: int = Field(50, ge=0)
     max_header_value: int = Field(4096, ge=1)
