@@ -14,6 +14,7 @@ import base64
 import hashlib
 import queue
 import random
+import time
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -61,10 +62,15 @@ class MqttEnd:
         assert self.paho.subscribe((address_to_topic(address), 1)) == [1]
 
     def send(self, address: str, payload: bytes) -> None:
-        """QoS 1; returns once the PUBACK arrived."""
+        """QoS 1; returns once the PUBACK arrived. Raises ConnectionError if the connection
+        is lost first (paho would wait on)."""
         info = self.paho.client.publish(address_to_topic(address), payload, 1)
         assert info.rc == mqtt.MQTT_ERR_SUCCESS
-        info.wait_for_publish(BIG_WAIT)
+        deadline = time.monotonic() + BIG_WAIT
+        while not info.is_published() and time.monotonic() < deadline:
+            if not self.paho.disconnects.empty():
+                raise ConnectionError("MQTT connection lost before the PUBACK")
+            info.wait_for_publish(0.2)
         assert info.is_published(), "no PUBACK for the big message"
 
     def receive(self) -> bytes:
