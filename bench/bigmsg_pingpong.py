@@ -54,14 +54,15 @@ def big_payload(size: int, seq: int) -> bytes:
 
 def _mqtt_flow(port: int, size: int, count: int, timeout: float) -> int:
     import paho.mqtt.client as paho
+    from paho.mqtt.enums import CallbackAPIVersion
 
     got: queue_mod.Queue[int] = queue_mod.Queue()
-    sub = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="big-sub")
+    sub = paho.Client(CallbackAPIVersion.VERSION2, client_id="big-sub")
     sub.on_message = lambda _c, _u, msg: got.put(len(msg.payload))
     sub.connect(HOST, port, keepalive=600)
     sub.loop_start()
-    sub.subscribe(BIG_ADDRESS, 1)[1]
-    pub = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="big-pub")
+    sub.subscribe(BIG_ADDRESS, 1)
+    pub = paho.Client(CallbackAPIVersion.VERSION2, client_id="big-pub")
     pub.connect(HOST, port, keepalive=600)
     pub.loop_start()
     time.sleep(0.5)  # the subscription is in place (paho's SUBACK is asynchronous)
