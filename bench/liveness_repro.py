@@ -38,7 +38,6 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -55,7 +54,7 @@ from bench.amqp_driver import (
     method,
     shortstr,
 )
-from bench.brokers import RabbitMQBroker
+from bench.brokers import RabbitMQBroker, VibeMQBroker
 from bench.common import BlockingConn
 
 PREFETCH = 1000
@@ -82,44 +81,6 @@ class Outcome:
     gap_at: int = 0
     #: the consumer connection's TCP state at a stall (both ends)
     tcp: str = ""
-
-
-def start_server(
-    data_dir: Path, env_extra: dict[str, str]
-) -> tuple[subprocess.Popen[bytes], int, int]:
-    ready = data_dir / "ready.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VIBEMQ_")}
-    env.update(env_extra)
-    args = [
-        sys.executable,
-        "-m",
-        "vibemq_server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--mqtt-port",
-        "0",
-        "--amqp-port",
-        "0",
-        "--http-port",
-        "0",
-        "--ready-file",
-        str(ready),
-        "--data-dir",
-        str(data_dir / "data"),
-        "--log-level",
-        "warning",
-    ]
-    proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("the server did not start")
-        time.sleep(0.02)
-    info = json.loads(ready.read_text())  # written whole (renamed into place)
-    return proc, int(info["amqp"]), int(info["vibemq"])
 
 
 def ready_count(port: int, queue: bytes) -> int:
@@ -278,17 +239,14 @@ class Target:
 
 @contextlib.contextmanager
 def vibemq(env: dict[str, str]) -> Iterator[Target]:
-    with tempfile.TemporaryDirectory(prefix="vibemq-repro-") as tmp:
-        proc, port, native_port = start_server(Path(tmp), env)
-        try:
-            yield Target(port, native_port, proc.pid)
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    """A fresh ``python -m vibemq_server`` with AMQP (bench.brokers: any free port, a temporary
+    directory, stopped whatever happens)."""
+    broker = VibeMQBroker([sys.executable, "-m", "vibemq_server"], amqp=True, env=env)
+    broker.start()
+    try:
+        yield Target(broker.amqp_port, broker.port, broker.main_pid or 0)
+    finally:
+        broker.stop()
 
 
 def main() -> int:

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 TIMEOUT = 5.0
 
@@ -30,3 +34,29 @@ async def wait_for(cond: Callable[[], bool], timeout: float = TIMEOUT, what: str
     while not cond():
         assert loop.time() < deadline, f"condition not met in {timeout}s: {what or cond}"
         await asyncio.sleep(0.001)
+
+
+def read_until_closed(
+    read: Callable[[float], None],
+    pending: deque[T],
+    closed: type[BaseException],
+    timeout: float = TIMEOUT,
+) -> list[T]:
+    """A raw client's ``wait_closed``: call ``read(deadline)`` (it appends what arrives to
+    ``pending``, raises ``closed`` once the broker has closed the socket, AssertionError on
+    timeout) until the broker closes; return everything that arrived first, ``pending``
+    emptied."""
+    deadline = time.monotonic() + timeout
+    received = list(pending)
+    pending.clear()
+    while True:
+        try:
+            read(deadline)
+        except closed:
+            return received
+        except AssertionError:
+            raise AssertionError(
+                f"the broker did not close the connection within {timeout}s"
+            ) from None
+        received.extend(pending)
+        pending.clear()

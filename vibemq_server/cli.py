@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fsync-interval", type=int, dest="fsync_interval_ms", metavar="MS")
     p.add_argument("--segment-size", type=int, dest="segment_size_bytes", metavar="BYTES")
     p.add_argument("--max-connections", type=int)
-    p.add_argument("--max-message-size", type=int, help="bytes (default 1 MiB)")
+    p.add_argument("--max-message-size", type=int, help="frame body bytes (default 86 MiB)")
     p.add_argument("--publish-rate-limit", type=float, help="publishes/s per client (0 = off)")
     p.add_argument("--keepalive-timeout", type=float, dest="keepalive_timeout_s", metavar="S")
     p.add_argument("--drain-timeout", type=float, dest="drain_timeout_s", metavar="S")

@@ -65,7 +65,12 @@ class MqttConfig(BaseModel):
         le=65535,
         description="MQTT over secure WebSockets (needs tls.cert_file); 0 = any; None = off",
     )
-    max_packet_size: int = Field(1024 * 1024 + 1024, ge=64, le=268_435_460)
+    max_packet_size: int = Field(
+        64 * 1024 * 1024 + 64 * 1024,
+        ge=64,
+        le=268_435_460,
+        description="a 64 MiB payload plus room for topic and properties (docs/operations.md)",
+    )
     max_inflight: int = Field(1000, ge=1, le=65_535, description="QoS 1/2 deliveries unacked")
     max_queued_messages: int = Field(
         1000, ge=1, description="per session, beyond those in flight; newer ones are dropped"
@@ -116,7 +121,9 @@ class AmqpConfig(BaseModel):
     frame_max: int = Field(131_072, ge=4096, le=1024 * 1024)
     channel_max: int = Field(2047, ge=1, le=65_535)
     heartbeat_s: int = Field(60, ge=0, le=65_535, description="proposed in connection.tune")
-    max_message_size: int = Field(16 * 1024 * 1024, ge=1024)
+    max_message_size: int = Field(
+        64 * 1024 * 1024, ge=1024, description="body bytes; larger: channel error 406"
+    )
     handshake_timeout_s: float = Field(10.0, gt=0)
 
 
@@ -248,7 +255,11 @@ class Config(BaseModel):
     connection_rate_burst: int = Field(20, ge=1)
 
     max_connections: int = Field(10_000, ge=1)
-    max_message_size: int = Field(1024 * 1024, ge=64)
+    max_message_size: int = Field(
+        86 * 1024 * 1024,
+        ge=64,
+        description="frame body: a 64 MiB binary payload as base64, id, queue and headers",
+    )
     max_headers: int = Field(50, ge=0)
     max_header_value: int = Field(4096, ge=1)
     publish_rate_limit: float = Field(0.0, ge=0, description="publishes/s per client; 0 = off")

@@ -318,9 +318,10 @@ class Channel:
                 0,
             )
         if body_size > limit:
+            # RabbitMQ's words (rabbit_channel: check_msg_size).
             raise AmqpError(
                 ReplyCode.PRECONDITION_FAILED,
-                f"PRECONDITION_FAILED - message size {body_size} is larger than the configured "
+                f"PRECONDITION_FAILED - message size {body_size} is larger than configured "
                 f"max size {limit}",
                 self.number,
                 BASIC_CLASS,

@@ -54,6 +54,7 @@ from vibemq_server.core import QueueManager
 from vibemq_server.core.durable_replies import DurableReplies
 from vibemq_server.core.permissions import BEFORE_LOGIN, Access, Operation
 from vibemq_server.server.connlog import bind_lazily
+from vibemq_server.server.stall import StallClock
 from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.transport import ConsumerInfo, Link, SessionInfo
 
@@ -168,9 +169,9 @@ class MqttConnection:
         "manager",
         "opened_at",
         "parser",
-        "partial_since",
         "server",
         "session",
+        "stall",
         "will",
     )
 
@@ -190,7 +191,7 @@ class MqttConnection:
         self.keep_alive = 0.0
         self.opened_at = link.time()
         self.last_rx = self.opened_at
-        self.partial_since: float | None = None
+        self.stall = StallClock()  # an incomplete packet without progress (stall.py)
         self._acked_any = False
         # Packets not yet handled while a subscriber drains (see _process).
         self._held: tuple[list[Packet], int] | None = None
@@ -276,11 +277,7 @@ class MqttConnection:
         if error is not None and self._state in RUNNING:
             self._malformed(error)
             return
-        if self.parser.buffered:
-            if progressed or self.partial_since is None:
-                self.partial_since = self.last_rx
-        else:
-            self.partial_since = None
+        self.stall.after_read(self.parser.buffered, progressed, self.last_rx)
         # Over the memory high watermark only connections that publish stop being read: a
         # subscriber's PUBACKs are what frees memory, so pausing it would never end.
         published, self._published = self._published, False
@@ -409,7 +406,7 @@ class MqttConnection:
                 self.log.info("no CONNECT in time")
                 self._drop("connect_timeout")
             return
-        if self.partial_since is not None and now - self.partial_since > frame_timeout:
+        if self.stall.stalled(now, frame_timeout):
             self.log.warning("incomplete packet timed out", buffered=self.parser.buffered)
             self._drop("packet_timeout")
         elif self.keep_alive and now - self.last_rx > self.keep_alive * 1.5:

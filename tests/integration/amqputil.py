@@ -43,6 +43,7 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
 from waits import TIMEOUT as WAIT
+from waits import read_until_closed
 
 from vibemq_server.server import Broker
 
@@ -573,20 +574,7 @@ class RawAmqp:
 
     def wait_closed(self, timeout: float = WAIT) -> list[tuple[int, AnyFrame]]:
         """Read until the broker closes the socket; the frames that came first."""
-        deadline = time.monotonic() + timeout
-        received = list(self.pending)
-        self.pending.clear()
-        while True:
-            try:
-                self._read(deadline)
-            except Closed:
-                return received
-            except AssertionError:
-                raise AssertionError(
-                    f"the broker did not close the connection within {timeout}s"
-                ) from None
-            received.extend(self.pending)
-            self.pending.clear()
+        return read_until_closed(self._read, self.pending, Closed, timeout)
 
     def expect_connection_close(
         self, code: int, timeout: float = WAIT

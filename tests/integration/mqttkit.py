@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from serverproc import clean_env, server_args
-from waits import wait_for
+from waits import read_until_closed, wait_for
 
 from vibemq_server.adapters.mqtt.codec import MqttParser, encode
 from vibemq_server.adapters.mqtt.codec5 import Mqtt5Parser, encode5
@@ -168,20 +168,7 @@ class RawMqtt:
 
     def wait_closed(self, timeout: float = TIMEOUT) -> list[Any]:
         """Read until the broker closes; the packets that came first. Fails on timeout."""
-        deadline = time.monotonic() + timeout
-        received = list(self.pending)
-        self.pending.clear()
-        while True:
-            try:
-                self._read(deadline)
-            except Closed:
-                return received
-            except AssertionError:
-                raise AssertionError(
-                    f"the broker did not close the connection within {timeout}s"
-                ) from None
-            received.extend(self.pending)
-            self.pending.clear()
+        return read_until_closed(self._read, self.pending, Closed, timeout)
 
     def disconnect_and_wait(self) -> None:
         """DISCONNECT, then wait until the broker closes the connection: by then it has

@@ -102,19 +102,21 @@ class ServerProcess:
         self.data_dir = data_dir
         self.proc: subprocess.Popen[bytes] | None = None
         self.amqp_port = 0
+        self.ports: dict[str, Any] = {}  # what the ready file says (vibemq, mqtt, amqp, ...)
         self.starts = 0
 
-    def start(self) -> ServerProcess:
+    def start(self, *flags: str, **env: str) -> ServerProcess:
+        """``flags``: more command-line flags; ``env``: ``VIBEMQ_*`` settings."""
         self.starts += 1
         ready = self.workdir / f"ready{self.starts}.json"
         log = self.workdir / f"server{self.starts}.log"
         with log.open("wb") as log_file:
             self.proc = subprocess.Popen(
-                server_args(self.data_dir, ready),
+                server_args(self.data_dir, ready, *flags),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=log_file,
-                env=clean_env(),
+                env=clean_env(**env),
                 cwd=self.workdir,
             )
         proc = self.proc
@@ -123,8 +125,17 @@ class ServerProcess:
         if not ready.exists():
             self.kill()
             raise AssertionError(f"server did not start:\n{log.read_text()}")
-        self.amqp_port = json.loads(ready.read_text())["amqp"]
+        self.ports = json.loads(ready.read_text())
+        self.amqp_port = self.ports["amqp"]
         return self
+
+    def peak_rss_mib(self) -> float:
+        """The process's peak resident set (VmHWM) so far, in MiB."""
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmHWM in /proc/PID/status")
 
     def stop(self) -> None:
         """SIGTERM and wait (bounded) for a clean exit."""

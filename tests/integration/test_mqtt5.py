@@ -371,9 +371,14 @@ def test_packet_over_the_maximum_gets_0x95(
     mqtt_clients: Clients,
 ) -> None:
     broker = make_mqtt_broker(mqtt={"max_packet_size": 1024})
+    bystander = v5(mqtt_clients, broker)
+    assert bystander.subscribe(("big", 1)) == [1]
     raw = _connected_raw(broker, mqtt_clients)
     raw.send(Publish5("big", b"x" * 2000))
     assert _disconnect_reason(raw) == 0x95
+    # nothing else disturbed, and a packet at the limit still goes through
+    bystander.publish("big", b"y" * 900, 1)
+    assert bystander.get().payload == b"y" * 900
 
 
 def test_receive_maximum_exceeded_gets_0x93(

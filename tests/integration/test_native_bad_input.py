@@ -17,7 +17,7 @@ import pytest
 from rawclient import Closed, RawClient, assert_error, assert_ok, new_id
 
 from vibemq_server.protocol import CommandType, Message, encode_body
-from vibemq_server.protocol.codec import frame
+from vibemq_server.protocol.codec import DEFAULT_MAX_MESSAGE_SIZE, frame
 
 BrokerFactory = Callable[..., Awaitable[Any]]
 T = CommandType
@@ -103,7 +103,7 @@ async def assert_still_open(c: RawClient) -> None:
 
 async def test_oversized_frame_length_is_invalid_message_then_closed(world: World) -> None:
     c = await world.bad_client()
-    c.send_raw(struct.pack(">I", 1024 * 1024 + 1) + b"\x01\x14")
+    c.send_raw(struct.pack(">I", DEFAULT_MAX_MESSAGE_SIZE + 1) + b"\x01\x14")
     left = await c.wait_closed()
     assert len(left) == 1
     assert_error(left[0], "INVALID_MESSAGE")

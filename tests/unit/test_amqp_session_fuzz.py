@@ -2,8 +2,8 @@
 
 A real broker is started (journal in a temporary directory); the protocol factory its AMQP
 listener gave ``loop.create_server`` is captured, and each client connection is one protocol
-from that factory over ``FuzzSocket``, a stand-in transport that records what the broker
-writes. Only the ``asyncio.Protocol`` boundary is used (``connection_made``,
+from that factory over ``FakeSocket`` (fakesocket.py), a stand-in transport that records what
+the broker writes. Only the ``asyncio.Protocol`` boundary is used (``connection_made``,
 ``data_received``, ``pause_writing``/``resume_writing``, ``connection_lost``), so the test
 does not depend on how the AMQP adapter is built inside.
 
@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from fakesocket import FakeSocket
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from listenerspy import start_broker as start_with_factories
@@ -73,106 +74,6 @@ from vibemq_server.server.transport import ReadBatch
 HEADER = b"AMQP\x00\x00\x09\x01"
 SERVER_FRAME_MAX = 131_072
 INTERNAL_ERROR = 541
-
-# -- the socket ------------------------------------------------------------------------------------
-
-
-class FuzzSocket(asyncio.Transport):
-    """One client's socket as the broker's protocol sees it. Everything written is kept
-    (``out``); the peer's bytes wait while reading is paused; the test says when the peer
-    stops and starts reading again (``pause_writing``/``resume_writing``) and when it goes."""
-
-    def __init__(self, protocol: asyncio.Protocol, peer: int) -> None:
-        super().__init__()
-        self.protocol = protocol
-        self.peer = peer
-        self.out = bytearray()
-        self.late = 0  # bytes written after close()/abort()
-        self.closed = False  # by the broker
-        self.lost = False  # connection_lost delivered
-        self.write_paused = False
-        self.reading_paused = False
-        self.inbox: list[bytes] = []
-
-    # -- what the broker calls ---------------------------------------------------------------
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", self.peer) if name == "peername" else default
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self.closed or self.lost:
-            self.late += len(data)
-            return
-        self.out += data
-
-    def writelines(self, list_of_data: Any) -> None:
-        for data in list_of_data:
-            self.write(data)
-
-    def pause_reading(self) -> None:
-        self.reading_paused = True
-
-    def resume_reading(self) -> None:
-        if self.reading_paused:
-            self.reading_paused = False
-            asyncio.get_running_loop().call_soon(self.deliver_inbox)
-
-    def is_reading(self) -> bool:
-        return not self.reading_paused
-
-    def is_closing(self) -> bool:
-        return self.closed or self.lost
-
-    def close(self) -> None:
-        self._lose(None)
-
-    def abort(self) -> None:
-        self._lose(None)
-
-    def _lose(self, exc: Exception | None) -> None:
-        if not self.closed:
-            self.closed = True
-            asyncio.get_running_loop().call_soon(self._connection_lost, exc)
-
-    def _connection_lost(self, exc: Exception | None) -> None:
-        if not self.lost:
-            self.lost = True
-            self.protocol.connection_lost(exc)
-
-    # -- what the peer does ------------------------------------------------------------------
-
-    def peer_sends(self, data: bytes) -> None:
-        if self.closed or self.lost or not data:
-            return
-        if self.reading_paused or self.inbox:
-            self.inbox.append(data)
-        else:
-            self.protocol.data_received(data)
-
-    def deliver_inbox(self) -> None:
-        while self.inbox and not self.reading_paused and not (self.closed or self.lost):
-            self.protocol.data_received(self.inbox.pop(0))
-
-    def peer_stops_reading(self) -> None:
-        if not self.write_paused and not self.is_closing():
-            self.write_paused = True
-            self.protocol.pause_writing()
-
-    def peer_reads_again(self) -> None:
-        if self.write_paused and not self.is_closing():
-            self.write_paused = False
-            self.protocol.resume_writing()
-
-    def peer_goes(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._connection_lost(exc)
-
 
 # -- client frames -----------------------------------------------------------------------------
 
@@ -718,11 +619,11 @@ class ServerStream:
 
 
 class Client:
-    """One client connection: the broker's own protocol object over a FuzzSocket."""
+    """One client connection: the broker's own protocol object over a FakeSocket."""
 
     def __init__(self, protocol: asyncio.Protocol, peer: int, frame_max: int) -> None:
         self.protocol = protocol
-        self.socket = FuzzSocket(protocol, peer)
+        self.socket = FakeSocket(protocol, peer)
         self.stream = ServerStream(frame_max)
         self.held = b""  # the end of a cut frame, waiting for the next send
         self.opening: set[int] = set()  # channel.open sent, open-ok not seen yet
@@ -1136,3 +1037,27 @@ def test_no_connection_blocked_follows_connection_close() -> None:
     answers = _frames_after(read, memory=2048)
     assert answers[-1] == (0, "Connection.Close")
     assert (0, "Connection.Blocked") not in answers
+
+
+# -- issue 16: a large message cut anywhere ----------------------------------------------------
+
+#: ~200 KB: two body frames at the broker's frame_max (131,072).
+BIG_BODY = bytes(range(256)) * 800
+BIG_PUBLISH = marshal(commands.Basic.Publish(exchange="", routing_key="tq"), 1) + content(
+    1, BIG_BODY, commands.Basic.Properties(delivery_mode=1), 131_072
+)
+_NEAR_EDGES = st.integers(1, 40) | st.integers(-40, -1).map(lambda d: len(BIG_PUBLISH) + d)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(1, len(BIG_PUBLISH) - 1) | _NEAR_EDGES, max_size=30))
+def test_a_large_message_cut_anywhere_is_confirmed_and_got_whole(cuts: list[int]) -> None:
+    """basic.publish + a content header + two body frames, cut at any offsets (the frame
+    edges among them often): confirmed, then basic.get finds it (the fuzz's own checks,
+    the journal's replay included, hold throughout)."""
+    edges = [0, *sorted({c for c in cuts if 0 < c < len(BIG_PUBLISH)}), len(BIG_PUBLISH)]
+    reads = [BIG_PUBLISH[a:b] for a, b in itertools.pairwise(edges)]
+    get = marshal(commands.Basic.Get(queue="tq", no_ack=True), 1)
+    answers = _frames_after(*reads, get)
+    body_frames = [(1, "ContentBody")] * 2  # at the broker's frame_max, as it arrived
+    assert answers == [(1, "Basic.Ack"), (1, "Basic.GetOk"), (1, "ContentHeader"), *body_frames]

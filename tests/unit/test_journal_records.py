@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from vibemq_server.core.persistence import SettleReason
 from vibemq_server.journal.records import (
+    MAX_RECORD,
     SEGMENT_HEADER_SIZE,
     Deliver,
     JournalError,
@@ -170,7 +171,7 @@ def test_invalid_lengths() -> None:
     short = struct.pack(">II", 8, 0) + b"\x00" * 8
     with pytest.raises(JournalError, match="invalid record length"):
         decode_record(short)
-    huge = struct.pack(">II", 64 * 1024 * 1024 + 1, 0) + b"\x00" * 32
+    huge = struct.pack(">II", MAX_RECORD + 1, 0) + b"\x00" * 32
     with pytest.raises(JournalError, match="invalid record length"):
         decode_record(huge)
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fakesocket import FakeSocket
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from listenerspy import start_broker
@@ -55,90 +56,6 @@ WINDOW = 50
 HIGH = 4096
 QUEUE = "live"
 QUEUE2 = "live2"  # amqp-global's second queue
-
-
-class FakeSocket(asyncio.Transport):
-    """What a connection sees of its socket: writes buffer until the peer reads them."""
-
-    def __init__(self, protocol: asyncio.Protocol, peer: int) -> None:
-        super().__init__()
-        self.protocol = protocol
-        self.peer = peer
-        self.buffer = bytearray()
-        self.high = 64 * 1024
-        self.low = 16 * 1024
-        self.write_paused = False
-        self.reading_paused = False
-        self.inbox: list[bytes] = []  # sent by the peer while reading was paused
-        self.closed = False
-
-    # -- what the connection calls --------------------------------------------------------------
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", self.peer) if name == "peername" else default
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self.high = high if high is not None else 64 * 1024
-        self.low = low if low is not None else self.high // 4
-
-    def get_write_buffer_size(self) -> int:
-        return len(self.buffer)
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        assert not self.closed, "write after close"
-        self.buffer += data
-        if not self.write_paused and len(self.buffer) > self.high:
-            self.write_paused = True
-            self.protocol.pause_writing()
-
-    def writelines(self, list_of_data: Any) -> None:
-        for data in list_of_data:
-            self.write(data)
-
-    def pause_reading(self) -> None:
-        self.reading_paused = True
-
-    def resume_reading(self) -> None:
-        if self.reading_paused:
-            self.reading_paused = False
-            asyncio.get_running_loop().call_soon(self._deliver_inbox)
-
-    def is_reading(self) -> bool:
-        return not self.reading_paused
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self._lost()
-
-    def abort(self) -> None:
-        self._lost()
-
-    def _lost(self) -> None:
-        if not self.closed:
-            self.closed = True
-            asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
-
-    # -- what the peer does ---------------------------------------------------------------------
-
-    def peer_sends(self, data: bytes) -> None:
-        if self.reading_paused or self.inbox:
-            self.inbox.append(data)
-        else:
-            self.protocol.data_received(data)
-
-    def _deliver_inbox(self) -> None:
-        while self.inbox and not self.reading_paused and not self.closed:
-            self.protocol.data_received(self.inbox.pop(0))
-
-    def peer_reads(self, n: int) -> bytes:
-        data = bytes(self.buffer[:n])
-        del self.buffer[:n]
-        if self.write_paused and len(self.buffer) <= self.low:
-            self.write_paused = False
-            self.protocol.resume_writing()
-        return data
 
 
 # -- the three protocols' clients (the bench's raw load generators' frames) -----------------------
@@ -325,8 +242,8 @@ class Scenario:
         factory = factories[client.listener]
         self.pub_proto = factory()
         self.sub_proto = factory()
-        self.pub = FakeSocket(self.pub_proto, 40001)
-        self.sub = FakeSocket(self.sub_proto, 40002)
+        self.pub = FakeSocket(self.pub_proto, 40001, flow=True)
+        self.sub = FakeSocket(self.sub_proto, 40002, flow=True)
         self.pub_proto.connection_made(self.pub)
         self.sub_proto.connection_made(self.sub)
         self.published = 0

@@ -1051,13 +1051,21 @@ def durable_state(server: MqttServer) -> dict[str, Any]:
 # -- 3: chunking does not change the output ----------------------------------------------------
 
 
-async def _run_single(packets: list[Packet], how: str, journal: bool) -> tuple[list[Packet], bool]:
+async def _run_single(
+    packets: list[Packet], how: str, journal: bool, cuts: list[int] | None = None
+) -> tuple[list[Packet], bool]:
+    """``how``: the input in one read, a read per byte, or cut at ``cuts`` (offsets)."""
     async with broker(journal=journal) as (world, errors):
         client = world.connect()
         world.note_sent(client, packets)
         data = client.wire(packets)
         if how == "whole":
             world.feed(client, [data])
+        elif how == "cuts":
+            edges = [0, *sorted(c for c in set(cuts or ()) if 0 < c < len(data)), len(data)]
+            for a, b in itertools.pairwise(edges):
+                world.feed(client, [data[a:b]])
+                await settle(world, 1)
         else:
             for i in range(len(data)):
                 world.feed(client, [data[i : i + 1]])
@@ -1119,6 +1127,40 @@ async def test_chunking_does_not_change_the_output(
         assert single_acks[: len(whole_acks)] == whole_acks
     else:
         assert whole_acks == single_acks
+
+
+#: A large PUBLISH (issue 16): ~200 KB, a 3-byte remaining length.
+BIG_PAYLOAD = bytes(range(256)) * 800
+#: Where the PUBLISH starts in the wire of [CONNECT, SUBSCRIBE, PUBLISH] below, and its length.
+_BIG_AT = len(encode(Connect("big"))) + len(encode(Subscribe(1, (("big/x", 2),))))
+_BIG_LEN = len(encode(Publish("big/x", BIG_PAYLOAD, 1, packet_id=7)))
+_EDGES = st.integers(-8, 8).map(lambda d: _BIG_AT + d) | st.integers(-8, 8).map(
+    lambda d: _BIG_AT + _BIG_LEN + d
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cuts=st.lists(st.integers(1, _BIG_AT + _BIG_LEN - 1) | _EDGES, max_size=30),
+    qos=st.sampled_from([0, 1, 2]),
+    journal=st.booleans(),
+)
+async def test_a_large_publish_cut_anywhere_gives_the_same_output(
+    cuts: list[int], qos: int, journal: bool
+) -> None:
+    """Issue 16: a ~200 KB PUBLISH cut at any offsets (its header and its end often among
+    them) gives the same output as in one read: its acknowledgement and its delivery, whole."""
+    sequence: list[Packet] = [
+        Connect("big"),
+        Subscribe(1, (("big/x", 2),)),
+        Publish("big/x", BIG_PAYLOAD, qos, packet_id=7 if qos else None),
+    ]
+    whole, whole_closed = await _run_single(sequence, "whole", journal)
+    cut, cut_closed = await _run_single(sequence, "cuts", journal, cuts)
+    assert not whole_closed and not cut_closed
+    assert sorted(map(repr, whole)) == sorted(map(repr, cut))
+    delivered = [p for p in cut if isinstance(p, Publish)]
+    assert [p.payload for p in delivered] == [BIG_PAYLOAD]
 
 
 # -- 4: a malformed packet closes its connection only ------------------------------------------

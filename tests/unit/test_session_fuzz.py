@@ -5,6 +5,7 @@ and time passing, only ever produces server frames from a session: no exception 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import tempfile
 from collections.abc import Callable
@@ -391,3 +392,80 @@ async def _replay_equals_live(script: list[Step], ticks: list[int], drops: set[i
         Journal(directory, clock=clock).recover(recovered)
         assert _live_ids(recovered) == expected
         assert all(q.options.durable for q in recovered.queues.values())
+
+
+# -- issue 16: a large frame cut anywhere, and the stall clock ------------------------------------
+
+#: ~200 KB of JSON, and the frame of a Publish of it.
+BIG_JSON = b'"' + b"0123456789abcdef" * 12_500 + b'"'
+BIG_FRAME = frame(encode_body(Message(CommandType.PUBLISH, "big1", "big", BIG_JSON)))
+_NEAR_EDGES = st.integers(1, 16) | st.integers(-16, -1).map(lambda d: len(BIG_FRAME) + d)
+
+
+def _big_world(frame_timeout: float = 10.0) -> tuple[Client, Client]:
+    """A publisher and a subscriber (prefetch 1) of the queue ``big``."""
+    config = Config(keepalive_timeout_s=600, frame_timeout_s=frame_timeout)
+    manager = QueueManager(config.queue_defaults, ManualClock())
+    pub, sub = Client("p", manager, config, False), Client("s", manager, config, False)
+    create = Message(CommandType.CREATE_QUEUE, "cq", "big", b"{}")
+    sub.step("frame", encode_body(create), 1 << 20)
+    subscribe = Message(CommandType.SUBSCRIBE, "s", "big", headers={"prefetch": "1"})
+    sub.step("frame", encode_body(subscribe), 1 << 20)
+    return pub, sub
+
+
+def _received(link: Link) -> list[Message]:
+    decoder = FrameDecoder(2 * len(BIG_FRAME))  # (a Deliver is a little longer)
+    return [decode_body(body) for body in decoder.feed(b"".join(link.out))]
+
+
+def _feed_cut(client: Client, data: bytes, cuts: list[int]) -> None:
+    edges = [0, *sorted({c for c in cuts if 0 < c < len(data)}), len(data)]
+    for a, b in itertools.pairwise(edges):
+        client.session.data_received(data[a:b])
+        client.run_soon()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(1, len(BIG_FRAME) - 1) | _NEAR_EDGES, max_size=40))
+def test_a_large_publish_cut_anywhere_is_delivered_whole(cuts: list[int]) -> None:
+    pub, sub = _big_world()
+    _feed_cut(pub, BIG_FRAME, cuts)
+    sub.run_soon()
+    acks = [m for m in _received(pub.link) if m.type is CommandType.PUBLISH_ACK]
+    assert [m.id for m in acks] == ["big1"]
+    deliveries = [m for m in _received(sub.link) if m.type is CommandType.DELIVER]
+    assert [m.payload for m in deliveries] == [BIG_JSON]
+    assert not pub.link.closed
+
+
+def _arrive_slowly(piece: int, every: float) -> tuple[Client, Client]:
+    """The big Publish in pieces of ``piece`` bytes, ``every`` seconds apart, the session's
+    timers checked in between (frame_timeout_s 10)."""
+    pub, sub = _big_world(frame_timeout=10.0)
+    cfg = pub.config
+    for at in range(0, len(BIG_FRAME), piece):
+        if pub.link.closed:
+            break
+        pub.session.data_received(BIG_FRAME[at : at + piece])
+        pub.link.now += every
+        pub.session.check_timers(pub.link.now, cfg.keepalive_timeout_s, cfg.frame_timeout_s)
+        pub.run_soon()
+    sub.run_soon()
+    return pub, sub
+
+
+def test_a_large_frame_that_keeps_arriving_is_not_a_stalled_one() -> None:
+    """64 KiB every 9 s: the frame takes 36 s, longer than frame_timeout_s, but progresses."""
+    pub, sub = _arrive_slowly(64 * 1024, 9.0)
+    assert not pub.link.closed
+    assert [m.payload for m in _received(sub.link) if m.type is CommandType.DELIVER] == [BIG_JSON]
+
+
+def test_a_dribbled_frame_still_times_out() -> None:
+    """1 KiB every 3 s is no progress: the connection is closed with INVALID_MESSAGE."""
+    pub, sub = _arrive_slowly(1024, 3.0)
+    assert pub.link.closed
+    errors = [m for m in _received(pub.link) if m.type is CommandType.ERROR]
+    assert [m.error_code for m in errors] == ["INVALID_MESSAGE"]
+    assert not [m for m in _received(sub.link) if m.type is CommandType.DELIVER]

@@ -46,7 +46,6 @@ from vibemq_server.client.errors import (
 )
 from vibemq_server.client.subscription import ReceivedMessage, Subscription
 from vibemq_server.protocol.codec import (
-    DEFAULT_MAX_MESSAGE_SIZE,
     CommandType,
     Message,
     decode_body,
@@ -61,7 +60,12 @@ log = logging.getLogger("vibemq.client")
 
 DEFAULT_PORT = 2925
 CLIENT_VERSION = "0.1.0"
+#: The largest frame the client accepts from the server: a 64 MiB binary message published over
+#: MQTT or AMQP reaches a VibeMQ consumer as base64 (4/3 of it), so twice the broker's limit.
+CLIENT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
 _READ_CHUNK = 256 * 1024
+#: A frame longer than this is gathered read by read and joined once (Link.take/keep).
+_BIG_FRAME = 1024 * 1024
 # Auth refusals will not fix themselves by retrying; anything else (limits, restarts) might.
 _PERMANENT_CODES = frozenset({"AUTH_FAILED", "AUTH_REQUIRED", "NOT_AUTHORIZED"})
 # Acks held back (while more deliveries wait) are written at least this often, so the broker
@@ -97,10 +101,13 @@ class _Link:
         "backlog",
         "congested",
         "generation",
+        "have",
         "inbuf",
         "loop",
         "max_size",
+        "need",
         "out",
+        "parts",
         "reader",
         "transport",
         "writer",
@@ -119,6 +126,11 @@ class _Link:
         self.generation = generation
         # Bytes of a frame not yet complete (the stream is split by ``split`` or the pump).
         self.inbuf = b""
+        # A big frame still arriving: its reads so far (joined once when complete, instead
+        # of copying everything held on every read), how many bytes they hold and it needs.
+        self.parts: list[bytes] = []
+        self.have = 0
+        self.need = 0
         # Frames already split off the stream but not yet dispatched (the handshake may read
         # past the ConnectAck).
         self.backlog: deque[bytes] = deque()
@@ -129,10 +141,40 @@ class _Link:
         #: True when the kernel is not keeping up: senders should ``drain``.
         self.congested = False
 
+    def take(self, data: bytes) -> bytes | None:
+        """What to parse after reading ``data``: the bytes held plus ``data``, or None while
+        a big frame is still arriving."""
+        if self.need:
+            self.parts.append(data)
+            self.have += len(data)
+            if self.have < self.need:
+                return None
+            buf = b"".join(self.parts)
+            self.parts = []
+            self.need = self.have = 0
+            return buf
+        return self.inbuf + data if self.inbuf else data
+
+    def keep(self, buf: bytes, pos: int) -> None:
+        """Hold ``buf[pos:]``, the start of a frame not yet complete (its length valid)."""
+        rest = len(buf) - pos
+        if rest >= 4:
+            (n,) = _U32.unpack_from(buf, pos)
+            if n > _BIG_FRAME and n + 4 > rest:
+                self.parts = [buf[pos:]]
+                self.have = rest
+                self.need = n + 4
+                self.inbuf = b""
+                return
+        self.inbuf = buf[pos:]
+
     def split(self, data: bytes) -> list[bytes]:
-        """The bodies of the frames completed by ``data``; the rest waits in ``inbuf``."""
-        buf = self.inbuf + data if self.inbuf else data
+        """The bodies of the frames completed by ``data``; the rest is held (``keep``)."""
         bodies: list[bytes] = []
+        got = self.take(data)
+        if got is None:
+            return bodies
+        buf = got
         pos = 0
         end = len(buf)
         while end - pos >= 4:
@@ -142,7 +184,7 @@ class _Link:
                 break
             bodies.append(buf[pos + 4 : pos + 4 + n])
             pos += 4 + n
-        self.inbuf = buf[pos:]
+        self.keep(buf, pos)
         return bodies
 
     def check_length(self, n: int) -> None:
@@ -305,7 +347,7 @@ class Client:
         connect_timeout: float = 10.0,
         request_timeout: float | None = 30.0,
         keepalive_interval: float | None = 20.0,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        max_message_size: int = CLIENT_MAX_MESSAGE_SIZE,
         tls: bool = False,
         ssl_context: ssl.SSLContext | None = None,
         server_hostname: str | None = None,
@@ -377,7 +419,7 @@ class Client:
         connect_timeout: float = 10.0,
         request_timeout: float | None = 30.0,
         keepalive_interval: float | None = 20.0,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        max_message_size: int = CLIENT_MAX_MESSAGE_SIZE,
         tls: bool = False,
         ssl_context: ssl.SSLContext | None = None,
         server_hostname: str | None = None,
@@ -1062,7 +1104,10 @@ class Client:
     def _scan(self, link: _Link, data: bytes) -> None:
         """Handle every frame ``data`` completes. PublishAcks are settled straight from the
         buffer (no body copy, no decode): they are half of a publisher's traffic."""
-        buf = link.inbuf + data if link.inbuf else data
+        got = link.take(data)
+        if got is None:
+            return  # a big frame still arriving
+        buf = got
         pos = 0
         end = len(buf)
         unpack = _U32.unpack_from
@@ -1091,7 +1136,7 @@ class Client:
                 self._dispatch(link, buf[pos + 4 : stop])
                 pos = stop
         finally:
-            link.inbuf = buf[pos:]
+            link.keep(buf, pos)
 
     def _dispatch(self, link: _Link, body: bytes) -> None:
         kind = body[1] if len(body) > 3 else -1

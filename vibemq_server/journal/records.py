@@ -27,7 +27,10 @@ SEGMENT_HEADER = Struct(">4sHHQ")
 SEGMENT_HEADER_SIZE = SEGMENT_HEADER.size  # 16
 RECORD_PREFIX = Struct(">II")  # length, crc32
 RECORD_HEAD = Struct(">BQ")  # type, timestamp_ms
-MAX_RECORD = 64 * 1024 * 1024
+#: A sanity bound on a record's length (a larger one is corruption). A 64 MiB binary message
+#: is stored as base64 (4/3 of it) and the protocols' size limits go up to 256 MiB, hence room
+#: for the base64 of 256 MiB and its headers. The Spark scanner (_colscan.c) has the same bound.
+MAX_RECORD = 384 * 1024 * 1024
 
 _U8 = Struct(">B")
 _U16 = Struct(">H")

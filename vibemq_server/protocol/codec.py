@@ -26,7 +26,9 @@ from vibemq_server.protocol.held import HeldInput, join_range
 
 # (Final: the compiled build reads these as constants, not from the module's dict per use)
 PROTOCOL_VERSION: Final = 1
-DEFAULT_MAX_MESSAGE_SIZE: Final = 1024 * 1024
+#: A 64 MiB binary payload travels as base64 (85.3 MiB), plus room for the id, queue name and
+#: headers: 86 MiB (docs/operations.md, "Message size limits").
+DEFAULT_MAX_MESSAGE_SIZE: Final = 86 * 1024 * 1024
 DEFAULT_MAX_HEADERS: Final = 50
 DEFAULT_MAX_HEADER_VALUE: Final = 4096
 

@@ -55,6 +55,7 @@ from vibemq_server.protocol.codec import (
     peek_ack_target,
 )
 from vibemq_server.protocol.names import valid_queue_name
+from vibemq_server.server.stall import StallClock
 from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.transport import ConsumerInfo, Link, SessionInfo
 
@@ -135,9 +136,9 @@ class Session:
         "_holders_limit",
         "_last_rx",
         "_memory_paused",
-        "_partial_since",
         "_rate",
         "_refilled",
+        "_stall",
         "_state",
         "_tokens",
         "access",
@@ -181,8 +182,8 @@ class Session:
         self.limits = Limits(config.max_message_size, config.max_headers, config.max_header_value)
         self.decoder = FrameDecoder(config.max_message_size)
         self._last_rx = link.time()
-        # Since when a frame has been incomplete without any frame completing (None: none is).
-        self._partial_since: float | None = None
+        # Since when a frame has been incomplete without progress (stall.py).
+        self._stall = StallClock()
         self.subs: dict[str, Subscription] = {}
         # With more than one subscription: which one each delivery went to, by message id,
         # so that an Ack finds its subscription without asking every one in turn (a client
@@ -246,12 +247,7 @@ class Session:
         if decoder.error is not None:
             self.reply_error(decoder.error)
             return
-        if decoder.buffered:
-            # A stall is no progress at all: a frame completing restarts the clock.
-            if progressed or self._partial_since is None:
-                self._partial_since = now
-        else:
-            self._partial_since = None
+        self._stall.after_read(decoder.buffered, progressed, now)
 
     def check_timers(self, now: float, keepalive: float, frame_timeout: float) -> None:
         """Close a client that went silent, or that stalled halfway through a frame."""
@@ -260,7 +256,7 @@ class Session:
         if self.link.reading_paused:
             self._last_rx = now  # we stopped reading, so its silence is ours
             return
-        if self._partial_since is not None and now - self._partial_since > frame_timeout:
+        if self._stall.stalled(now, frame_timeout):
             self.log.warning("incomplete frame timed out", buffered=self.decoder.buffered)
             self.send_error("", ErrorCode.INVALID_MESSAGE, "incomplete frame timed out")
             self.close()

@@ -44,6 +44,7 @@ from websockets.protocol import Event, State
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
+from vibemq_server.server.stall import StallClock
 from vibemq_server.server.transport import Link, ReadBatch, Session, SessionInfo
 
 try:  # the library's C routine (a wheel has it built); its Python one else
@@ -134,7 +135,7 @@ class WebSocketSession:
         self._handshake_bytes = 0
         self._tail = b""  # the end of the handshake read so far (see _split_head)
         self._rest = b""  # the start of a frame still arriving (see _frames)
-        self._rest_since = 0.0  # since when (loop time)
+        self._stall = StallClock()  # ... without progress since when (stall.py)
         self._in_message = False  # a fragmented message is open: its frames go to the library
         #: the connection is open for data frames (the library's state, kept at hand for the
         #: hot paths; updated after every call that may close it)
@@ -243,8 +244,8 @@ class WebSocketSession:
             self._deliver(chunks)
         if pos < end:
             self._rest = buf[pos:]
-            if pos or not had:  # a new frame has begun
-                self._rest_since = self.link.time()
+        # A frame that completed, or 64 KiB more of the one arriving, restarts the clock.
+        self._stall.after_read(len(self._rest), pos > 0, self.link.time())
 
     def _library_frame(self, frame: bytes, first: int) -> None:
         """One whole frame (or the start of one over the size limit) through the library,
@@ -285,7 +286,7 @@ class WebSocketSession:
             self.session.connection_lost(exc)
 
     def check_timers(self, now: float, keepalive: float, frame_timeout: float) -> None:
-        stalled = self._rest and now - self._rest_since > frame_timeout
+        stalled = self._rest and self._stall.stalled(now, frame_timeout)
         if stalled and self._open and not self.link.reading_paused:
             # as the protocol's own stalled packet (MQTT: frame_timeout_s)
             self.link.log.warning("incomplete websocket frame timed out", buffered=len(self._rest))

@@ -19,7 +19,7 @@
 #include <string.h>
 #include <zlib.h>
 
-#define MAX_RECORD (64u * 1024u * 1024u)
+#define MAX_RECORD (384u * 1024u * 1024u) /* as journal/records.py */
 #define NCOLS 20
 
 enum { ST_FULL = 0, ST_END = 1, ST_INCOMPLETE = 2, ST_BAD = 3 };
