@@ -668,7 +668,7 @@ MALFORMED = [
     b"\x36\x00",  # PUBLISH QoS 3
     b"\x38\x03\x00\x01a",  # DUP on QoS 0
     b"\x30\xff\xff\xff\xff\x01",  # a 5th length byte
-    b"\x30\xff\xff\x7f",  # over max_packet_size
+    b"\x30\xff\xff\xff\x7f",  # over max_packet_size (256 MiB - 1 announced)
     b"\x30\x05\x00\x03a/#",  # wildcard in a topic name
     b"\x30\x04\x00\x02\xff\xfe",  # topic not UTF-8
     b"\x30\x05\x00\x03a\x00b",  # U+0000 in a topic
