@@ -41,7 +41,10 @@ def _outcome(spark: Any, fmt: str, data: Path, where: Any, columns: list[str] | 
         return "rows", [tuple(r) for r in df.collect()]
     except Exception as exc:  # noqa: BLE001 - a Python worker's or the JVM's failure
         # (str() of PySpark's captured exception may itself fail: its description is kept)
-        text = str(getattr(exc, "_desc", None) or getattr(exc, "desc", None) or repr(exc))
+        try:
+            text = str(exc)
+        except Exception:  # noqa: BLE001
+            text = str(getattr(exc, "_desc", ""))
         found = re.search(r"at offset (\d+)", text)
         assert found, text[:2000]
         return "error", int(found.group(1))
