@@ -39,11 +39,11 @@ def _outcome(spark: Any, fmt: str, data: Path, where: Any, columns: list[str] | 
         df = df.select(*columns)
     try:
         return "rows", [tuple(r) for r in df.collect()]
-    except Exception as exc:  # noqa: BLE001 - a Python worker's or the JVM's failure
+    except Exception as exc:  # a Python worker's or the JVM's failure
         # (str() of PySpark's captured exception may itself fail: its description is kept)
         try:
             text = str(exc)
-        except Exception:  # noqa: BLE001
+        except Exception:
             text = str(getattr(exc, "_desc", ""))
         found = re.search(r"at offset (\d+)", text)
         assert found, text[:2000]
