@@ -18,7 +18,7 @@ out=vibemq_server/spark/jars
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$out"
-"$javac" --release 17 -nowarn -encoding UTF-8 -cp "$jars/*" -d "$work" $(find "$src" -name '*.java' | sort)
+"$javac" --release 17 -Xlint:all -Xlint:-serial -Xlint:-processing -Xlint:-path -encoding UTF-8 -cp "$jars/*" -d "$work" $(find "$src" -name '*.java' | sort)
 cp -r "$src/META-INF" "$work/"
 jar=${JAR:-$(dirname "$javac")/jar}
 [ -x "$jar" ] || jar=jar

@@ -46,6 +46,7 @@ public final class JournalSource implements TableProvider, DataSourceRegister {
     }
 
     @Override
+    @SuppressWarnings("deprecation") // Spark's file sources still implement schema() too
     public StructType schema() {
       return Columns.SCHEMA;
     }

@@ -6,6 +6,7 @@
 package io.vibemq.spark;
 
 import java.io.File;
+import java.io.FileNotFoundException;
 import java.io.IOException;
 import java.io.RandomAccessFile;
 import java.util.ArrayList;
@@ -49,8 +50,12 @@ final class Segments {
     for (Segment seg : list(dataDir)) {
       if (filter.hasTime()) {
         File f = new File(seg.path());
-        if (!f.exists()) continue;
-        Long first = firstRecordMs(seg.path());
+        Long first;
+        try {
+          first = firstRecordMs(seg.path());
+        } catch (FileNotFoundException e) {
+          continue; // reclaimed by a running broker while listing
+        }
         long last = f.lastModified() + 1;
         if (!filter.mayHold(first, last)) continue;
       }
