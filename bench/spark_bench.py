@@ -10,11 +10,13 @@ about 3.2 records per message, 64 MiB segments):
 
 1. the session reads it once with ``format("vibemq")`` and writes the very same records out as
    Parquet and as JSON lines;
-2. ``--rounds`` alternating rounds (the order rotates every round) of three readers -- ours,
-   ``spark.read.parquet``, ``spark.read.json`` with the schema given -- and two queries: the
+2. ``--rounds`` alternating rounds (the order rotates every round) of four readers -- ours
+   (the Python source ``vibemq`` and the JVM one ``vibemq.jvm``, when its jar is built:
+   ``scripts/build_jar.sh``), ``spark.read.parquet``, ``spark.read.json`` with the schema
+   given -- and two queries: the
    issue's ``count(*), sum(length(payload))`` (Parquet reads only the payload column for it),
    and ``all``: the same plus an ``xxhash64`` of every column, so every reader materialises
-   every column (the hash must agree: a check that all three hold the same records). Medians.
+   every column (the hash must agree: a check that all of them hold the same records). Medians.
 
 Curves: ``--messages`` (payloads about 100 B), ``--payloads`` (message sizes; the number of
 messages is chosen to keep about ``--payload-mb`` of journal). ``--pushdown-messages``: ten
@@ -41,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vibemq_server.spark import columnar
+from vibemq_server.spark import columnar, jvm
 from vibemq_server.spark.generate import generate
 
 ALL_COLUMNS = (
@@ -60,8 +62,9 @@ def session(master: str = "local[2]") -> Any:
 
     from vibemq_server.spark import register
 
+    builder = jvm.configure(SparkSession.builder)
     spark = (
-        SparkSession.builder.master(master)
+        builder.master(master)
         .appName("vibemq-spark-bench")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -96,6 +99,8 @@ def side_by_side(spark: Any, journal: Path, work: Path, rounds: int) -> dict[str
         "parquet": lambda: spark.read.parquet(str(pq)),
         "json": lambda: spark.read.schema(schema).json(str(js)),
     }
+    if jvm.loaded(spark):
+        readers["jvm"] = lambda: spark.read.format(jvm.NAME).load(str(journal))
     names = list(readers)
     times: dict[str, dict[str, list[float]]] = {q: {n: [] for n in names} for q in QUERIES}
     answers: dict[str, dict[str, Any]] = {q: {} for q in QUERIES}
@@ -119,6 +124,9 @@ def side_by_side(spark: Any, journal: Path, work: Path, rounds: int) -> dict[str
             "vs_json": round(med["json"] / med["vibemq"], 2),
             "vs_parquet": round(med["parquet"] / med["vibemq"], 2),
         }
+        if "jvm" in med:
+            out[query]["jvm_vs_json"] = round(med["json"] / med["jvm"], 2)
+            out[query]["jvm_vs_parquet"] = round(med["parquet"] / med["jvm"], 2)
     return out
 
 
@@ -133,6 +141,11 @@ def pushdown(spark: Any, journal: Path, rounds: int) -> dict[str, Any]:
             spark.read.format("vibemq").load(str(journal)).where(col("queue") == "q3")
         ),
     }
+    if jvm.loaded(spark):
+        cases["jvm_full"] = lambda: spark.read.format(jvm.NAME).load(str(journal))
+        cases["jvm_filter"] = lambda: (
+            spark.read.format(jvm.NAME).load(str(journal)).where(col("queue") == "q3")
+        )
     times: dict[str, list[float]] = {n: [] for n in cases}
     rows: dict[str, int] = {}
     for make in cases.values():
@@ -220,10 +233,14 @@ def _ints(text: str) -> list[int]:
 def _print_side(label: str, r: dict[str, Any]) -> None:
     for query in QUERIES:
         q = r[query]
-        cells = ", ".join(f"{n} {q[n]['rows_per_s']:,}/s" for n in ("vibemq", "parquet", "json"))
+        names = [n for n in ("vibemq", "jvm", "parquet", "json") if n in q]
+        cells = ", ".join(f"{n} {q[n]['rows_per_s']:,}/s" for n in names)
+        jvm_ratio = (
+            f"; jvm {q['jvm_vs_json']}x JSON, {q['jvm_vs_parquet']}x Parquet" if "jvm" in q else ""
+        )
         print(
             f"{label} [{query}] {r['rows']:,} rows: {cells}; ours {q['vs_json']}x JSON, "
-            f"{q['vs_parquet']}x Parquet{'' if q['agree'] else ' (ANSWERS DIFFER)'}",
+            f"{q['vs_parquet']}x Parquet{jvm_ratio}{'' if q['agree'] else ' (ANSWERS DIFFER)'}",
             flush=True,
         )
 

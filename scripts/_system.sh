@@ -70,9 +70,11 @@ system_need_test() {
       os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null; then
     pkgs+=(python3-dev)
   fi
-  # The Spark step (pyspark from PyPI) needs a Java 17 runtime.
-  if ! command -v java >/dev/null && [ -z "${JAVA_HOME:-}" ]; then
-    pkgs+=(openjdk-17-jre-headless)
+  # The Spark step (pyspark from PyPI) needs a Java 17 runtime, and the JVM reader of the
+  # journal (scripts/build_jar.sh) the compiler: a JDK.
+  if ! command -v javac >/dev/null \
+      && ! { [ -n "${JAVA_HOME:-}" ] && [ -x "$JAVA_HOME/bin/javac" ]; }; then
+    pkgs+=(openjdk-17-jdk-headless)
   fi
   if [ "${#pkgs[@]}" -gt 0 ]; then
     system_apt_install "${pkgs[@]}"

@@ -18,11 +18,14 @@ from typing import Any
 def register(spark: Any) -> None:
     """Register the ``vibemq`` data source with a SparkSession, and turn on the Python data
     source filter pushdown it implements (Spark refuses a reader with ``pushFilters`` while
-    ``spark.sql.python.filterPushdown.enabled`` is off)."""
+    ``spark.sql.python.filterPushdown.enabled`` is off). When the JVM reader's jar is built
+    it is added to the session too: ``format("vibemq.jvm")`` (:mod:`.jvm`)."""
+    from vibemq_server.spark import jvm
     from vibemq_server.spark.datasource import VibeMQDataSource
 
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(VibeMQDataSource)
+    jvm.add_to_session(spark)
 
 
 __all__ = ["register"]

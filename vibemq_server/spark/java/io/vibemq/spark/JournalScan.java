@@ -1,0 +1,115 @@
+/*
+ * The scan of a journal: filters on queue and timestamp pushed down (exactly: Spark does not
+ * evaluate them again), columns pruned to those the query reads, one partition per segment
+ * or per range of about 16 MiB of a bigger one (datasource.py's planning).
+ */
+package io.vibemq.spark;
+
+import java.io.FileNotFoundException;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.util.ArrayList;
+import java.util.List;
+import org.apache.spark.sql.connector.read.Batch;
+import org.apache.spark.sql.connector.read.InputPartition;
+import org.apache.spark.sql.connector.read.PartitionReaderFactory;
+import org.apache.spark.sql.connector.read.Scan;
+import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.connector.read.SupportsPushDownFilters;
+import org.apache.spark.sql.connector.read.SupportsPushDownRequiredColumns;
+import org.apache.spark.sql.sources.Filter;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.util.CaseInsensitiveStringMap;
+
+final class JournalScan
+    implements ScanBuilder, SupportsPushDownFilters, SupportsPushDownRequiredColumns, Scan, Batch {
+  static final long RANGE_BYTES = 16L * 1024 * 1024;
+
+  private final String dataDir;
+  private RowFilter filter;
+  private Filter[] pushed = new Filter[0];
+  private StructType schema = Columns.SCHEMA;
+
+  JournalScan(CaseInsensitiveStringMap options) {
+    String path = options.get("path");
+    if (path == null || path.isEmpty()) {
+      throw new IllegalArgumentException(
+          "give the data directory: spark.read.format(\"vibemq.jvm\").load(data_dir)");
+    }
+    this.dataDir = path;
+    this.filter = RowFilter.fromOptions(options);
+  }
+
+  @Override
+  public Filter[] pushFilters(Filter[] filters) {
+    Object[] out = RowFilter.push(filter, filters);
+    filter = (RowFilter) out[0];
+    Filter[] rest = (Filter[]) out[1];
+    List<Filter> taken = new ArrayList<>();
+    for (Filter f : filters) {
+      boolean left = false;
+      for (Filter r : rest) left |= r == f;
+      if (!left) taken.add(f);
+    }
+    pushed = taken.toArray(new Filter[0]);
+    return rest;
+  }
+
+  @Override
+  public Filter[] pushedFilters() {
+    return pushed;
+  }
+
+  @Override
+  public void pruneColumns(StructType required) {
+    schema = required;
+  }
+
+  @Override
+  public Scan build() {
+    return this;
+  }
+
+  @Override
+  public StructType readSchema() {
+    return schema;
+  }
+
+  @Override
+  public String description() {
+    return "vibemq journal " + dataDir + " [" + filter + "]";
+  }
+
+  @Override
+  public Batch toBatch() {
+    return this;
+  }
+
+  @Override
+  public InputPartition[] planInputPartitions() {
+    List<InputPartition> out = new ArrayList<>();
+    try {
+      for (Segments.Segment seg : Segments.forFilter(dataDir, filter)) {
+        List<Long> bounds = new ArrayList<>();
+        bounds.add((long) Segments.HEADER);
+        try {
+          bounds.addAll(Segments.recordCuts(seg.path(), RANGE_BYTES));
+        } catch (FileNotFoundException e) {
+          // reclaimed while planning: its one partition reads nothing, like the Python source
+        }
+        bounds.add(-1L);
+        for (int i = 0; i + 1 < bounds.size(); i++) {
+          out.add(new JournalPartition(seg.number(), seg.path(), bounds.get(i), bounds.get(i + 1)));
+        }
+      }
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    }
+    return out.toArray(new InputPartition[0]);
+  }
+
+  @Override
+  public PartitionReaderFactory createReaderFactory() {
+    return new JournalReaderFactory(schema, filter);
+  }
+}
