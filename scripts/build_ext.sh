@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the compiled parts in place (vibemq_server/spark/_colscan.c, the Spark source's
-# columnar scanner) for a checkout run with PYTHONPATH instead of an editable install, which
+# columnar scanner; vibemq_server/protocol/_jsoncheck.c, the native protocol's JSON check) for a checkout run with PYTHONPATH instead of an editable install, which
 # builds them itself (`pip install -e .`). Needs a C compiler, Python's headers and zlib's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,9 +11,12 @@ from setuptools.command.build_ext import build_ext
 
 from setuptools import Extension
 
-dist = Distribution({"ext_modules": [Extension(
-    "vibemq_server.spark._colscan", ["vibemq_server/spark/_colscan.c"], libraries=["z"]
-)]})
+dist = Distribution({"ext_modules": [
+    Extension(
+        "vibemq_server.spark._colscan", ["vibemq_server/spark/_colscan.c"], libraries=["z"]
+    ),
+    Extension("vibemq_server.protocol._jsoncheck", ["vibemq_server/protocol/_jsoncheck.c"]),
+]})
 cmd = build_ext(dist)
 cmd.inplace = True
 cmd.ensure_finalized()

@@ -19,10 +19,9 @@ from struct import Struct
 from struct import error as StructError
 from typing import Final
 
-import orjson
-
 from vibemq_server.protocol.errors import ErrorCode, ProtocolError
 from vibemq_server.protocol.held import HeldInput, join_range
+from vibemq_server.protocol.jsoncheck import valid as json_valid
 
 # (Final: the compiled build reads these as constants, not from the module's dict per use)
 PROTOCOL_VERSION: Final = 1
@@ -506,27 +505,13 @@ def _decode_body(body: bytes, limits: Limits) -> Message:
     )
 
 
-def _reject_constant(name: str) -> object:
-    raise ValueError(f"{name} is not JSON")
-
-
 def validate_json(payload: bytes, message_id: str = "") -> None:
-    """Raise INVALID_PAYLOAD unless the payload is UTF-8 JSON (empty means no payload)."""
-    if not payload:
-        return
-    try:
-        orjson.loads(payload)
-        return
-    except orjson.JSONDecodeError:
-        pass
-    # orjson is stricter than the JSON grammar (huge exponents, lone surrogate escapes):
-    # let the standard parser, minus its NaN/Infinity extension, have the last word.
-    try:
-        json.loads(payload, parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError):
+    """Raise INVALID_PAYLOAD unless the payload is UTF-8 JSON (empty means no payload).
+    What counts as JSON: :mod:`vibemq_server.protocol.jsoncheck`."""
+    if payload and not json_valid(payload):
         raise ProtocolError(
             ErrorCode.INVALID_PAYLOAD, "payload is not valid UTF-8 JSON", message_id=message_id
-        ) from None
+        )
 
 
 class FrameDecoder:

@@ -15,9 +15,6 @@ from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any, Final
 
-from orjson import JSONDecodeError
-from orjson import loads as _json_loads
-
 from vibemq_server import __version__
 from vibemq_server.auth import Authenticator
 from vibemq_server.auth.authenticator import Outcome, Verdict
@@ -54,6 +51,9 @@ from vibemq_server.protocol.codec import (
     encode_publish_ack,
     peek_ack_target,
 )
+from vibemq_server.protocol.jsoncheck import COMPILED as _JSON_OFF_LOOP
+from vibemq_server.protocol.jsoncheck import OFFLOAD_FROM as _JSON_OFFLOAD_FROM
+from vibemq_server.protocol.jsoncheck import valid as _json_valid
 from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.server.stall import StallClock
 from vibemq_server.server.stats import ProtocolStats
@@ -440,7 +440,13 @@ class Session:
         if not resumed or self._state is _CLOSED:
             return
         # The password was verified off the loop: the frames that came after the Connect.
-        self.link.resume_reading()
+        self._resume()
+
+    def _resume(self) -> None:
+        """After work off the loop (a login, a big payload's check): reading resumes (unless
+        the memory watermark or a full queue holds it) and the frames held meanwhile run."""
+        if not self._memory_paused and not self._deferred:
+            self.link.resume_reading()
         held, self._after_auth = self._after_auth, []
         if held:
             self._handle_bodies(held)
@@ -449,7 +455,7 @@ class Session:
         self._after_frames(bool(held), self.link.time())
 
     def _halted(self) -> bool:
-        """Closed, or (again) waiting for a login's verdict."""
+        """Closed, or (again) waiting for a login's verdict or a big payload's check."""
         return self._state is _CLOSED or self._authenticating
 
     def _apply_verdict(self, msg: Message, verdict: Verdict) -> None:
@@ -539,11 +545,36 @@ class Session:
             self._permit_auto_create(msg, queue)
         payload = msg.payload
         if payload:
-            # validate_json, its usual outcome inlined: orjson accepts the payload.
-            try:
-                _json_loads(payload)
-            except JSONDecodeError:
-                validate_json(payload, msg.id)  # the careful parser decides
+            if _JSON_OFF_LOOP and len(payload) >= _JSON_OFFLOAD_FROM:
+                self._check_off_loop(msg)
+                return
+            if not _json_valid(payload):
+                validate_json(payload, msg.id)  # (raises INVALID_PAYLOAD)
+        self._publish_checked(msg)
+
+    def _check_off_loop(self, msg: Message) -> None:
+        """A big payload's JSON check runs in a worker thread (it releases the GIL: the
+        other connections go on). This one's later frames wait for it, as for a login's
+        verdict: held in ``_after_auth``, reading paused, so their order is kept."""
+        payload = msg.payload
+        self._authenticating = True
+        self.link.pause_reading()
+        self.link.offload(lambda: _json_valid(payload), lambda ok: self._checked(msg, ok))
+
+    def _checked(self, msg: Message, ok: bool) -> None:
+        self._authenticating = False
+        try:
+            if not ok:
+                validate_json(msg.payload, msg.id)  # (raises INVALID_PAYLOAD)
+            self._publish_checked(msg)
+        except ProtocolError as exc:
+            self.reply_error(exc)
+        if self._state is _CLOSED:
+            return
+        self._resume()
+
+    def _publish_checked(self, msg: Message) -> None:
+        """The rest of a Publish, once its payload is known to be JSON."""
         if self._rate and not self._take_token():
             raise ProtocolError(
                 ErrorCode.RATE_LIMITED,

@@ -1,0 +1,304 @@
+/* Validate a JSON text (RFC 8259, UTF-8) without building anything: the native protocol's
+ * payload check (vibemq_server/protocol/jsoncheck.py says what it accepts and why).
+ *
+ * One pass, no allocation: the nesting is a bit stack (1 = inside an object), bounded at
+ * MAX_DEPTH as orjson is. Large inputs are checked with the GIL released, so a 64 MiB payload
+ * can be checked in a worker thread while the event loop serves other connections.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_DEPTH 1024
+/* below this the GIL's release and re-take costs more than it lets others do */
+#define NOGIL_FROM (64 * 1024)
+
+typedef struct {
+    const unsigned char *p;
+    const unsigned char *end;
+} cursor;
+
+static inline void skip_ws(cursor *c) {
+    while (c->p < c->end) {
+        unsigned char b = *c->p;
+        if (b != ' ' && b != '\n' && b != '\r' && b != '\t')
+            return;
+        c->p++;
+    }
+}
+
+static inline int is_hex(unsigned char b) {
+    return (b >= '0' && b <= '9') || ((b | 0x20) >= 'a' && (b | 0x20) <= 'f');
+}
+
+/* One UTF-8 sequence starting at a byte >= 0x80 (strict: no overlong forms, no encoded
+ * surrogates, nothing above U+10FFFF). */
+static inline int utf8_seq(cursor *c) {
+    const unsigned char *p = c->p;
+    Py_ssize_t left = c->end - p;
+    unsigned char b0 = p[0];
+    if (b0 >= 0xC2 && b0 <= 0xDF) {
+        if (left < 2 || (p[1] & 0xC0) != 0x80)
+            return 0;
+        c->p += 2;
+        return 1;
+    }
+    if (b0 >= 0xE0 && b0 <= 0xEF) {
+        if (left < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80)
+            return 0;
+        if (b0 == 0xE0 && p[1] < 0xA0)
+            return 0; /* overlong */
+        if (b0 == 0xED && p[1] >= 0xA0)
+            return 0; /* U+D800..U+DFFF */
+        c->p += 3;
+        return 1;
+    }
+    if (b0 >= 0xF0 && b0 <= 0xF4) {
+        if (left < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 ||
+            (p[3] & 0xC0) != 0x80)
+            return 0;
+        if (b0 == 0xF0 && p[1] < 0x90)
+            return 0; /* overlong */
+        if (b0 == 0xF4 && p[1] >= 0x90)
+            return 0; /* above U+10FFFF */
+        c->p += 4;
+        return 1;
+    }
+    return 0;
+}
+
+/* A string, the opening quote already consumed. */
+static int string(cursor *c) {
+    const unsigned char *end = c->end;
+    for (;;) {
+        /* the common case: eight plain ASCII bytes at a time */
+        while (end - c->p >= 8) {
+            uint64_t w;
+            memcpy(&w, c->p, 8);
+            /* any byte >= 0x80, < 0x20, '"' or '\\' stops the fast path */
+            uint64_t high = w & 0x8080808080808080ULL;
+            uint64_t ctrl = (w - 0x2020202020202020ULL) & ~w & 0x8080808080808080ULL;
+            uint64_t q = w ^ 0x2222222222222222ULL;
+            uint64_t quote = (q - 0x0101010101010101ULL) & ~q & 0x8080808080808080ULL;
+            uint64_t s = w ^ 0x5C5C5C5C5C5C5C5CULL;
+            uint64_t slash = (s - 0x0101010101010101ULL) & ~s & 0x8080808080808080ULL;
+            if (high | ctrl | quote | slash)
+                break;
+            c->p += 8;
+        }
+        if (c->p >= end)
+            return 0;
+        unsigned char b = *c->p;
+        if (b == '"') {
+            c->p++;
+            return 1;
+        }
+        if (b == '\\') {
+            if (end - c->p < 2)
+                return 0;
+            unsigned char e = c->p[1];
+            if (e == 'u') {
+                if (end - c->p < 6 || !is_hex(c->p[2]) || !is_hex(c->p[3]) ||
+                    !is_hex(c->p[4]) || !is_hex(c->p[5]))
+                    return 0;
+                c->p += 6; /* any code unit, a lone surrogate too: the grammar allows it */
+                continue;
+            }
+            if (e == '"' || e == '\\' || e == '/' || e == 'b' || e == 'f' || e == 'n' ||
+                e == 'r' || e == 't') {
+                c->p += 2;
+                continue;
+            }
+            return 0;
+        }
+        if (b < 0x20)
+            return 0;
+        if (b < 0x80) {
+            c->p++;
+            continue;
+        }
+        if (!utf8_seq(c))
+            return 0;
+    }
+}
+
+static inline int digits(cursor *c) {
+    const unsigned char *start = c->p;
+    while (c->p < c->end && *c->p >= '0' && *c->p <= '9')
+        c->p++;
+    return c->p > start;
+}
+
+/* -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? of any length (big numbers are valid) */
+static int number(cursor *c) {
+    if (*c->p == '-')
+        c->p++;
+    if (c->p >= c->end)
+        return 0;
+    if (*c->p == '0')
+        c->p++;
+    else if (!digits(c))
+        return 0;
+    if (c->p < c->end && *c->p == '.') {
+        c->p++;
+        if (!digits(c))
+            return 0;
+    }
+    if (c->p < c->end && (*c->p == 'e' || *c->p == 'E')) {
+        c->p++;
+        if (c->p < c->end && (*c->p == '+' || *c->p == '-'))
+            c->p++;
+        if (!digits(c))
+            return 0;
+    }
+    return 1;
+}
+
+static inline int literal(cursor *c, const char *word, Py_ssize_t n) {
+    if (c->end - c->p < n || memcmp(c->p, word, (size_t)n) != 0)
+        return 0;
+    c->p += n;
+    return 1;
+}
+
+static int check(const unsigned char *data, Py_ssize_t size) {
+    cursor c = {data, data + size};
+    unsigned char stack[MAX_DEPTH / 8];
+    int depth = 0;
+    /* a UTF-8 byte order mark may be ignored (RFC 8259 section 8.1) */
+    if (size >= 3 && data[0] == 0xEF && data[1] == 0xBB && data[2] == 0xBF)
+        c.p += 3;
+
+value:
+    skip_ws(&c);
+    if (c.p >= c.end)
+        return 0;
+    switch (*c.p) {
+    case '{':
+        if (depth == MAX_DEPTH)
+            return 0;
+        stack[depth >> 3] |= (unsigned char)(1u << (depth & 7));
+        depth++;
+        c.p++;
+        skip_ws(&c);
+        if (c.p < c.end && *c.p == '}') {
+            c.p++;
+            depth--;
+            goto after;
+        }
+        goto key;
+    case '[':
+        if (depth == MAX_DEPTH)
+            return 0;
+        stack[depth >> 3] &= (unsigned char)~(1u << (depth & 7));
+        depth++;
+        c.p++;
+        skip_ws(&c);
+        if (c.p < c.end && *c.p == ']') {
+            c.p++;
+            depth--;
+            goto after;
+        }
+        goto value;
+    case '"':
+        c.p++;
+        if (!string(&c))
+            return 0;
+        goto after;
+    case 't':
+        if (!literal(&c, "true", 4))
+            return 0;
+        goto after;
+    case 'f':
+        if (!literal(&c, "false", 5))
+            return 0;
+        goto after;
+    case 'n':
+        if (!literal(&c, "null", 4))
+            return 0;
+        goto after;
+    default:
+        if (*c.p == '-' || (*c.p >= '0' && *c.p <= '9')) {
+            if (!number(&c))
+                return 0;
+            goto after;
+        }
+        return 0;
+    }
+
+key: /* inside an object, at a member's name (whitespace already skipped) */
+    if (c.p >= c.end || *c.p != '"')
+        return 0;
+    c.p++;
+    if (!string(&c))
+        return 0;
+    skip_ws(&c);
+    if (c.p >= c.end || *c.p != ':')
+        return 0;
+    c.p++;
+    goto value;
+
+after: /* a value ended: a separator, a closing bracket, or the end of the text */
+    skip_ws(&c);
+    if (depth == 0)
+        return c.p == c.end;
+    if (c.p >= c.end)
+        return 0;
+    {
+        int in_object = (stack[(depth - 1) >> 3] >> ((depth - 1) & 7)) & 1;
+        unsigned char b = *c.p++;
+        if (b == ',') {
+            if (in_object) {
+                skip_ws(&c);
+                goto key;
+            }
+            goto value;
+        }
+        if (b == (in_object ? '}' : ']')) {
+            depth--;
+            goto after;
+        }
+        return 0;
+    }
+}
+
+static PyObject *jsoncheck_valid(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    int ok;
+    (void)self;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (view.len >= NOGIL_FROM) {
+        /* the buffer stays exported (and so unchanged) while we read it */
+        Py_BEGIN_ALLOW_THREADS
+        ok = check((const unsigned char *)view.buf, view.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        ok = check((const unsigned char *)view.buf, view.len);
+    }
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(ok);
+}
+
+static PyMethodDef methods[] = {
+    {"valid", jsoncheck_valid, METH_O,
+     "valid(data) -> bool: whether the bytes are one UTF-8 JSON text (RFC 8259)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_jsoncheck", "A validating-only JSON checker.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__jsoncheck(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "MAX_DEPTH", MAX_DEPTH) < 0 ||
+        PyModule_AddIntConstant(m, "NOGIL_FROM", NOGIL_FROM) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
