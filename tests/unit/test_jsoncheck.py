@@ -1,0 +1,201 @@
+"""The native protocol's payload check (vibemq_server/protocol/jsoncheck.py): the compiled checker
+and the pure fallback accept exactly the JSON texts of RFC 8259 in UTF-8, compared with orjson
+and the standard parser on generated documents, mutations of them, random bytes and the known
+edge cases (where orjson is stricter than the grammar, the difference is stated)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vibemq_server.protocol import jsoncheck
+from vibemq_server.protocol.codec import validate_json
+from vibemq_server.protocol.errors import ErrorCode, ProtocolError
+
+Check = Callable[[bytes], bool]
+
+
+def _compiled(payload: bytes) -> bool:
+    from vibemq_server.protocol._jsoncheck import valid
+
+    return valid(payload)
+
+
+CHECKS: dict[str, Check] = {"compiled": _compiled, "pure": jsoncheck.valid_slow}
+
+
+def _orjson(payload: bytes) -> bool:
+    try:
+        orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return False
+    return True
+
+
+def test_the_compiled_checker_is_built() -> None:
+    assert jsoncheck.COMPILED, "build it: pip install -e . or scripts/build_ext.sh"
+
+
+#: Both accept; orjson too (the common cases).
+VALID = [
+    b"1",
+    b" 1 \n\t\r",  # trailing and leading JSON whitespace
+    b"-0",
+    b"-0.5e+10",
+    b'"a"',
+    b"true",
+    b"null",
+    b"{}",
+    b"[]",
+    b'{"a" : [1, 2, {"b": null}] , "c": "\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9"}',
+    b"123456789012345678901234567890",  # a big integer: the grammar has no bound
+    '"\u00e9t\u00e9 \u20ac \U0001f600"'.encode(),
+    b"[" * 1024 + b"]" * 1024,  # orjson's depth bound, reached
+]
+
+#: Valid JSON that orjson refuses: both checkers accept it (orjson's bounds are not the spec's).
+VALID_ORJSON_REFUSES = [
+    b"1e400",  # a number beyond a double: the grammar has no bound
+    b'"\\ud800"',  # a lone surrogate escape: the grammar allows any \uXXXX
+    b'"\\udc00\\ud800"',
+    b"\xef\xbb\xbf{}",  # a UTF-8 byte order mark, which RFC 8259 8.1 lets a parser ignore
+]
+
+INVALID = [
+    b" ",
+    b"NaN",
+    b"Infinity",
+    b"-Infinity",
+    b"[1,]",
+    b'{"a":1,}',
+    b"01",
+    b"1.",
+    b".5",
+    b"-",
+    b"+1",
+    b"1e",
+    b"tru",
+    b"true false",
+    b"[1 2]",
+    b"{1:2}",
+    b"{'a':1}",
+    b'"abc',
+    b'"\\x"',
+    b'"\\u12g4"',
+    b'"\x01"',  # a raw control character in a string
+    b"\x00",
+    b'"\xed\xa0\x80"',  # a surrogate encoded in UTF-8 (the standard parser's surrogatepass)
+    b'"\xc0\x80"',  # an overlong form
+    b'"\xf4\x90\x80\x80"',  # above U+10FFFF
+    b'"\xe2\x82"',  # a truncated sequence
+    b'"\xff"',
+    '"a"'.encode("utf-16"),  # UTF-16 (the standard parser's bytes detection takes it)
+    b"[" * 1025 + b"]" * 1025,  # deeper than 1,024
+    b"\xef\xbb\xbf",
+    b"{}\x00",
+]
+
+
+@pytest.mark.parametrize("check", CHECKS.values(), ids=CHECKS.keys())
+@pytest.mark.parametrize("payload", VALID)
+def test_valid(check: Check, payload: bytes) -> None:
+    assert _orjson(payload)
+    assert check(payload)
+
+
+@pytest.mark.parametrize("check", CHECKS.values(), ids=CHECKS.keys())
+@pytest.mark.parametrize("payload", VALID_ORJSON_REFUSES)
+def test_valid_json_orjson_refuses(check: Check, payload: bytes) -> None:
+    assert not _orjson(payload)
+    assert check(payload)
+
+
+@pytest.mark.parametrize("check", CHECKS.values(), ids=CHECKS.keys())
+@pytest.mark.parametrize("payload", INVALID)
+def test_invalid(check: Check, payload: bytes) -> None:
+    assert not check(payload)
+
+
+def test_validate_json_raises_invalid_payload() -> None:
+    validate_json(b"")  # empty: no payload
+    validate_json(b'{"a": 1}')
+    with pytest.raises(ProtocolError) as caught:
+        validate_json(b"{", "m1")
+    assert caught.value.code is ErrorCode.INVALID_PAYLOAD
+    assert caught.value.message_id == "m1"
+
+
+def test_a_large_document_and_a_memoryview() -> None:
+    doc = b"[" + b",".join([b'{"k": "v\\u00e9", "n": -1.5e3}'] * 200_000) + b"]"
+    assert len(doc) > 4 * 1024 * 1024  # the off-loop size, checked without the GIL
+    assert _compiled(doc)
+    assert _compiled(doc[:-1]) is False
+    from vibemq_server.protocol._jsoncheck import valid
+
+    assert valid(memoryview(doc)[1:-1]) is False  # "{...}, {...}": not one value
+    assert valid(memoryview(doc)[1:30])  # the first object alone
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=8), children, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@st.composite
+def json_texts(draw: st.DrawFn) -> bytes:
+    value = draw(json_values)
+    indent = draw(st.sampled_from([None, 0, 2]))
+    ascii_only = draw(st.booleans())
+    text = json.dumps(value, indent=indent, ensure_ascii=ascii_only)
+    pad = draw(st.sampled_from(["", " ", "\n", " \t\r\n "]))
+    return (pad + text + pad).encode()
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(json_texts())
+def test_generated_documents_are_accepted(doc: bytes) -> None:
+    assert _orjson(doc)
+    assert _compiled(doc)
+    assert jsoncheck.valid_slow(doc)
+
+
+@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(json_texts(), st.data())
+def test_mutated_documents_agree_with_the_reference(doc: bytes, data: st.DataObject) -> None:
+    """A byte deleted, inserted or replaced: the compiled checker says what the pure one
+    (orjson, then the standard parser on strict UTF-8) says, and accepts all orjson accepts."""
+    where = data.draw(st.integers(min_value=0, max_value=len(doc)))
+    byte = bytes([data.draw(st.integers(min_value=0, max_value=255))])
+    how = data.draw(st.sampled_from(["delete", "insert", "replace"]))
+    if how == "delete":
+        doc = doc[:where] + doc[where + 1 :]
+    elif how == "insert":
+        doc = doc[:where] + byte + doc[where:]
+    else:
+        doc = doc[:where] + byte + doc[where + 1 :]
+    compiled = _compiled(doc)
+    assert compiled == jsoncheck.valid_slow(doc)
+    if _orjson(doc):
+        assert compiled
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.binary(max_size=64))
+def test_random_bytes_agree_with_the_reference(raw: bytes) -> None:
+    compiled = _compiled(raw)
+    assert compiled == jsoncheck.valid_slow(raw)
+    if _orjson(raw):
+        assert compiled
