@@ -5,7 +5,8 @@
 Validators: orjson.loads (the check before), the compiled checker (``_jsoncheck.c``), the pure
 fallback (``jsoncheck.valid_slow``), and pysimdjson's ``Parser.parse`` when it is importable
 (``--simdjson``: a ``pip install --target`` directory put on sys.path). Documents: 1 KB, 1 MB
-and 64 MB of JSON like the big-message tests' (objects of strings and numbers). A last line
+and 64 MB of records (objects of strings and numbers), and 64 MB of one JSON string of hex
+digits (the big-message tests' payload). A last line
 says whether the compiled check lets another thread run meanwhile (it releases the GIL).
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import random
 import statistics
 import sys
 import threading
@@ -25,6 +27,8 @@ import orjson
 from vibemq_server.protocol import jsoncheck
 
 SIZES = {"1 KB": 1_000, "1 MB": 1_000_000, "64 MB": 64_000_000}
+#: the big-message tests' and bigmsg_pingpong's payload: one JSON string of hex digits
+STRING_LABEL = "64 MB string"
 
 
 def document(size: int) -> bytes:
@@ -103,16 +107,18 @@ def main() -> None:
     args = ap.parse_args()
     checks = validators(args.simdjson)
     docs = {label: document(size) for label, size in SIZES.items()}
+    docs[STRING_LABEL] = b'"' + random.Random(1).randbytes(32_000_000).hex().encode() + b'"'
     results: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.rounds):
         for label, doc in docs.items():
             budget = 0.3 if len(doc) < 10_000_000 else 1.0
             for name, check in checks.items():  # alternating within each round
                 results.setdefault((name, label), []).append(rate(check, doc, budget))
-    print(f"{'validator':<28}" + "".join(f"{label:>12}" for label in docs))
+    print(f"{'validator':<28}" + "".join(f"{label:>14}" for label in docs))
     for name in checks:
         cells = "".join(
-            f"{statistics.median(results[(name, label)]):>9,.0f} MB/s"[-12:] for label in docs
+            f"{statistics.median(results[(name, label)]):>9,.0f} MB/s"[-14:].rjust(14)
+            for label in docs
         )
         print(f"{name:<28}{cells}")
     print(gil_released(docs["64 MB"]))
