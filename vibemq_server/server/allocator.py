@@ -28,9 +28,11 @@ M_MMAP_THRESHOLD = -3
 #: so 16 MiB payloads and uvloop's 256 KiB reads reuse heap memory. Larger ones are mmap'd
 #: and unmapped on free as before (a 64 MiB message does not stay resident).
 MMAP_THRESHOLD = 32 * 1024 * 1024
-#: Free heap kept at its top before it is given back: a few large messages' worth. An idle
-#: broker after a burst keeps at most this much more than it needs.
-TRIM_THRESHOLD = 64 * 1024 * 1024
+#: Free heap kept at its top before it is given back: a window of 1 MiB messages' worth. An
+#: idle broker after a burst of large messages keeps at most this much more than it needs
+#: (measured: 61 MiB idle, 109 MiB after 16 MiB messages with 64 MiB here, 61 with glibc's
+#: adaptive default; see docs/performance.md, issue 16).
+TRIM_THRESHOLD = 32 * 1024 * 1024
 
 _ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")
 
