@@ -5,7 +5,7 @@ Every read of a large message is a fresh ``bytes`` of up to 256 KiB and every pa
 such blocks (after an mmap'd block of S bytes is freed, blocks up to S come from the heap and
 the heap's free top is given back to the kernel beyond 2·S), so with messages of a megabyte or
 so the heap top is trimmed (``brk``) and grown again all the time, and every new page is a page
-fault the copy into it pays for: py-spy and perf put 10-15 % of the broker's CPU at 1 MiB in
+fault the copy into it pays for: perf puts 10-15 % of the broker's CPU at 1 MiB in
 those faults. Fixed thresholds stop the churn: blocks up to ``MMAP_THRESHOLD`` come from the
 heap, and up to ``TRIM_THRESHOLD`` of free heap is kept for the next message instead of being
 returned. (Setting either turns glibc's adaptation off, hence both.)
