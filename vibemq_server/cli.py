@@ -25,6 +25,7 @@ from vibemq_server.buildinfo import stale_modules
 from vibemq_server.config import Config, load_config
 from vibemq_server.journal import JournalCorrupt
 from vibemq_server.logs import configure_logging
+from vibemq_server.server.allocator import tune_allocator
 from vibemq_server.server.fdlimit import connection_capacity, raise_open_files
 from vibemq_server.server.sdnotify import Notifier
 
@@ -212,6 +213,7 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
     gc.freeze()
     gc.set_threshold(_GC_GEN0_THRESHOLD, 20, 20)
     open_files, _hard = raise_open_files()
+    allocator_tuned = tune_allocator(os.environ)
     broker = create_broker(config)
     await broker.start()
     log.info(
@@ -220,6 +222,7 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
         build=describe_build(),
         open_files=open_files,
         connection_capacity=connection_capacity(open_files, config.max_connections),
+        allocator_tuned=allocator_tuned,
     )
     if connection_capacity(open_files, config.max_connections) < config.max_connections:
         log.warning(
