@@ -856,13 +856,15 @@ class MqttParser:
         if max_packet_size < 2:
             raise ValueError("max_packet_size must be at least 2 (the smallest packet)")
         self.max_packet_size = max_packet_size
-        self._held = HeldInput()
+        # made when a read first ends inside a packet (an idle connection never has one)
+        self._held: HeldInput | None = None
         self._error: MqttProtocolError | None = None
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet part of a returned packet."""
-        return self._held.size
+        held = self._held
+        return held.size if held is not None else 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
         """Append ``data``; return every packet now complete, in order (possibly none)."""
@@ -872,7 +874,7 @@ class MqttParser:
             )
         held = self._held
         packets: list[Packet] = []
-        if held.size:
+        if held is not None and held.size:
             if not held.add_part(data):
                 return []
             if held.need >= _VIEW_BODY and held.first_byte() >> 4 == 3:
@@ -942,8 +944,11 @@ class MqttParser:
         except MqttProtocolError as exc:
             exc.packets = tuple(packets)
             self._error = exc
-            held.clear()
+            if held is not None:
+                held.clear()
             raise
         if pos < size:
+            if held is None:
+                held = self._held = HeldInput()
             held.hold(buf, pos, need)
         return packets

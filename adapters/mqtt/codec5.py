@@ -689,12 +689,14 @@ class Mqtt5Parser:
         if max_packet_size < 2:
             raise ValueError("max_packet_size must be at least 2")
         self.max_packet_size = max_packet_size
-        self._held = HeldInput()
+        # made when a read first ends inside a packet (an idle connection never has one)
+        self._held: HeldInput | None = None
         self._error: MqttProtocolError | None = None
 
     @property
     def buffered(self) -> int:
-        return self._held.size
+        held = self._held
+        return held.size if held is not None else 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Packet5]:
         if self._error is not None:
@@ -703,7 +705,7 @@ class Mqtt5Parser:
             )
         held = self._held
         packets: list[Packet5] = []
-        if held.size:
+        if held is not None and held.size:
             if not held.add_part(data):
                 return []
             if held.need >= _VIEW_BODY and held.first_byte() >> 4 == 3:
@@ -773,9 +775,12 @@ class Mqtt5Parser:
         except MqttProtocolError as exc:
             exc.packets = tuple(packets)  # type: ignore[arg-type]
             self._error = exc
-            held.clear()
+            if held is not None:
+                held.clear()
             raise
         if pos < size:
+            if held is None:
+                held = self._held = HeldInput()
             held.hold(buf, pos, need)
         return packets
 

@@ -24,6 +24,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from structlog.typing import FilteringBoundLogger
+
 from vibemq_server.adapters.mqtt.codec import MqttParser, MqttProtocolError, encode
 from vibemq_server.adapters.mqtt.packets import (
     PROTOCOL_LEVEL_V311,
@@ -159,15 +161,11 @@ class MqttConnection:
         "_published",
         "_refusals",
         "_state",
-        "_stats",
         "_table",
         "access",
         "keep_alive",
         "last_rx",
         "link",
-        "log",
-        "manager",
-        "opened_at",
         "parser",
         "server",
         "session",
@@ -178,9 +176,6 @@ class MqttConnection:
     def __init__(self, link: Link, server: Server) -> None:
         self.link = link
         self.server = server
-        self.manager = server.manager
-        self._stats = server.stats
-        self.log = link.log
         self.parser = MqttParser(server.cfg.max_packet_size)
         self._state = State.AWAIT_CONNECT
         self._table = TRANSITIONS[State.AWAIT_CONNECT]
@@ -188,10 +183,14 @@ class MqttConnection:
         self.will: Connect | None = None
         #: what the client's user may do (set by CONNECT)
         self.access = BEFORE_LOGIN
-        self.keep_alive = 0.0
-        self.opened_at = link.time()
-        self.last_rx = self.opened_at
-        self.stall = StallClock()  # an incomplete packet without progress (stall.py)
+        # (an int as the client sent it: the small ones are shared objects, a float is not)
+        self.keep_alive: float = 0
+        # (also the CONNECT deadline's start: before CONNECT the only read is of the CONNECT
+        # itself, and one cut in pieces is the stall clock's)
+        self.last_rx = link.time()
+        # An incomplete packet without progress (stall.py): made when a read leaves one
+        # incomplete, dropped again when none is (nothing per idle connection).
+        self.stall: StallClock | None = None
         self._acked_any = False
         # Packets not yet handled while a subscriber drains (see _process).
         self._held: tuple[list[Packet], int] | None = None
@@ -206,6 +205,25 @@ class MqttConnection:
         self._refusals = 0  # publishes refused for want of write permission
         # Acknowledgements that wait for the journal, keyed by its flush epoch.
         self._durable: DurableReplies[bytes] | None = None
+
+    # The server's, read as before (two attributes fewer per connection).
+
+    @property
+    def manager(self) -> QueueManager:
+        return self.server.manager
+
+    @property
+    def _stats(self) -> ProtocolStats:
+        return self.server.stats
+
+    @property
+    def log(self) -> FilteringBoundLogger:
+        """The link's logger, with the client id and user once CONNECT is accepted: made on
+        each use and bound only when a line is logged, so that an idle connection keeps no
+        logger of its own."""
+        if self.access is BEFORE_LOGIN:
+            return self.link.log
+        return bind_lazily(self.link.log, self)
 
     # -- the state table -----------------------------------------------------------------------
 
@@ -277,7 +295,14 @@ class MqttConnection:
         if error is not None and self._state in RUNNING:
             self._malformed(error)
             return
-        self.stall.after_read(self.parser.buffered, progressed, self.last_rx)
+        buffered = self.parser.buffered
+        stall = self.stall
+        if not buffered:
+            self.stall = None
+        else:
+            if stall is None:
+                stall = self.stall = StallClock()
+            stall.after_read(buffered, progressed, self.last_rx)
         # Over the memory high watermark only connections that publish stop being read: a
         # subscriber's PUBACKs are what frees memory, so pausing it would never end.
         published, self._published = self._published, False
@@ -402,11 +427,12 @@ class MqttConnection:
             self.last_rx = now
             return
         if self._state is State.AWAIT_CONNECT:
-            if now - self.opened_at > self.server.cfg.connect_timeout_s:
+            if now - self.last_rx > self.server.cfg.connect_timeout_s:
                 self.log.info("no CONNECT in time")
                 self._drop("connect_timeout")
             return
-        if self.stall.stalled(now, frame_timeout):
+        stall = self.stall
+        if stall is not None and stall.stalled(now, frame_timeout):
             self.log.warning("incomplete packet timed out", buffered=self.parser.buffered)
             self._drop("packet_timeout")
         elif self.keep_alive and now - self.last_rx > self.keep_alive * 1.5:
@@ -532,12 +558,11 @@ class MqttConnection:
         session, resumed = server.open_session(client_id, packet.clean_session)
         assert access is not None
         self.access = access
-        self.log = bind_lazily(self.link.log, self)
         self.session = session
         if resumed:
             self._recheck_filters(session, access)
         self.will = packet if packet.has_will else None
-        self.keep_alive = float(packet.keep_alive)
+        self.keep_alive = packet.keep_alive
         self._fire(Event.ACCEPTED)
         present = resumed and packet.protocol_level == PROTOCOL_LEVEL_V311
         self.link.send(encode(Connack(ConnackCode.ACCEPTED, present)))

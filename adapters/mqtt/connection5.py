@@ -53,7 +53,6 @@ from vibemq_server.adapters.mqtt.packets5 import (
 from vibemq_server.adapters.mqtt.session5 import NEVER_EXPIRES, Mqtt5Session
 from vibemq_server.adapters.mqtt.states import TRANSITIONS5, Event, Input, State
 from vibemq_server.adapters.mqtt.topics import topic_to_address
-from vibemq_server.server.connlog import bind_lazily
 from vibemq_server.server.transport import Link, SessionInfo
 
 R = ReasonCode
@@ -319,7 +318,6 @@ class Mqtt5Connection(MqttConnection):
         assert isinstance(session, Mqtt5Session)
         assert access is not None
         self.access = access
-        self.log = bind_lazily(self.link.log, self)
         self.session = session
         session.expiry_s = expiry
         session.max_inflight = min(cfg.max_inflight, props.receive_maximum or 65_535)
@@ -332,7 +330,7 @@ class Mqtt5Connection(MqttConnection):
         server_keep_alive = None
         if cfg.server_keep_alive and (keep_alive == 0 or keep_alive > cfg.server_keep_alive):
             keep_alive = server_keep_alive = cfg.server_keep_alive
-        self.keep_alive = float(keep_alive)
+        self.keep_alive = keep_alive
         self._fire(Event.ACCEPTED)
         self.link.send(
             encode5(
@@ -543,28 +541,27 @@ class MqttEntry:
     level 5 (name ``MQTT``) gets an :class:`Mqtt5Connection`, anything else the 3.1.1
     ``MqttConnection`` (which refuses what it does not speak)."""
 
-    __slots__ = ("_buffer", "_decided", "conn", "link", "server")
+    # (two slots: the link and the server are the connection's, "decided" is no buffer)
+    __slots__ = ("_buffer", "conn")
 
     def __init__(self, link: Link, server: Server) -> None:
-        self.link = link
-        self.server = server
         self.conn: MqttConnection = MqttConnection(link, server)
-        self._buffer = b""
-        self._decided = False
+        self._buffer: bytes | None = b""  # None: decided
 
     def data_received(self, data: bytes) -> None:
-        if self._decided:
+        before = self._buffer
+        if before is None:
             self.conn.data_received(data)
             return
-        buf = self._buffer + data
+        buf = before + data
         version = _sniff(buf)
         if version is None:
             self._buffer = buf
             return
-        self._decided = True
-        self._buffer = b""
+        self._buffer = None
         if version == 5:
-            self.conn = Mqtt5Connection(self.link, self.server)
+            conn = self.conn
+            self.conn = Mqtt5Connection(conn.link, conn.server)
         self.conn.data_received(buf)
 
     def writable_again(self) -> None:

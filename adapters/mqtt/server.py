@@ -43,6 +43,7 @@ from vibemq_server.adapters.mqtt.packets import ConnackCode, Connect
 from vibemq_server.adapters.mqtt.packets5 import Properties, SubOptions
 from vibemq_server.adapters.mqtt.session import (
     MqttSession,
+    SessionContext,
     SharedMember,
     own,
     session_queue_name,
@@ -67,7 +68,7 @@ from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.protocol.payload import PAYLOAD_ENCODING, from_core, to_core
 from vibemq_server.server.adapter import AdapterContext
 from vibemq_server.server.listeners import Listeners
-from vibemq_server.server.transport import Link, Session, StreamTransport
+from vibemq_server.server.transport import Link, Session, StreamTransport, TransportContext
 from vibemq_server.server.websocket import Endpoint, WebSocketSession
 
 log = structlog.get_logger("vibemq.mqtt")
@@ -155,6 +156,8 @@ class MqttServer:
         self.listeners = Listeners(context.tls)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn_ids = itertools.count(1)
+        # what the connections of a listener share (one per TLS context)
+        self._contexts: dict[ssl.SSLContext | None, TransportContext] = {}
         self.port = 0
         #: output given during a read is written when the read is done (shared by protocols)
         self.batch = context.read_batch
@@ -165,6 +168,8 @@ class MqttServer:
         self.stats = context.stats.protocol("mqtt")
         #: drops beyond a clean session's bounds, told in the log by client id (rate-limited)
         self.drop_log = DropLog(self.manager.clock, "client_id")
+        #: what the sessions share (made with the first one)
+        self._session_context: SessionContext | None = None
         #: the $SYS/broker/... topics, published every ``sys_interval_s``
         self.sys = SysTopics(self)
 
@@ -229,18 +234,22 @@ class MqttServer:
         """A new socket: the shared transport, carrying an MQTT connection once the broker's
         connection limit let it in (over the limit the socket just closes: MQTT has no
         refusal before CONNECT)."""
+        context = self._contexts.get(tls)
+        if context is None:
+            context = self._contexts[tls] = TransportContext(
+                log=log,
+                out_limit=self.config.write_buffer_high_bytes,
+                batch=self.batch,
+                register=self.register,
+                unregister=self.unregister,
+                tls=tls,
+                handshake_timeout=self.config.tls.handshake_timeout_s,
+                stats=self.stats,
+            )
         return StreamTransport(
             make_session or self.new_session,
             conn_id=f"{kind}_{next(self._conn_ids)}",
-            log=log,
-            out_limit=self.config.write_buffer_high_bytes,
-            batch=self.batch,
-            register=self.register,
-            unregister=self.unregister,
-            refusal=b"",
-            tls=tls,
-            handshake_timeout=self.config.tls.handshake_timeout_s,
-            stats=self.stats,
+            context=context,
         )
 
     def new_session(self, link: Link) -> MqttEntry:
@@ -354,17 +363,18 @@ class MqttServer:
             queue = self.manager.queues.get(name)
             if queue is None:
                 queue, _ = self.manager.create_queue(name, options)
+        context = self._session_context
+        if context is None or context.max_backlog != cfg.max_queued_messages:
+            context = self._session_context = SessionContext(
+                self.manager,
+                self.router,
+                self._next_msg_id,
+                cfg.max_queued_messages,
+                self.stats,
+                self.drop_log,
+            )
         session = (Mqtt5Session if v5 else MqttSession)(
-            client_id,
-            clean,
-            queue,
-            self.manager,
-            self.router,
-            self._next_msg_id,
-            cfg.max_inflight,
-            cfg.max_queued_messages,
-            self.stats,
-            self.drop_log,
+            client_id, clean, queue, context, cfg.max_inflight
         )
         self.sessions[client_id] = session
         return session

@@ -225,6 +225,32 @@ class SharedMember:
             self.sub.queue.dispatch()
 
 
+class SessionContext:
+    """What the sessions of one MQTT server share (its queue manager, topic router, message
+    ids, backlog bound, counters and drop log): one object they point to, instead of six
+    attributes copied into every session (docs/performance.md, "Idle connections")."""
+
+    __slots__ = ("drop_log", "manager", "max_backlog", "next_msg_id", "router", "stats")
+
+    def __init__(
+        self,
+        manager: QueueManager,
+        router: TopicRouter[MqttSession],
+        next_msg_id: Callable[[], str],
+        max_backlog: int,
+        stats: ProtocolStats | None = None,
+        drop_log: DropLog | None = None,
+    ) -> None:
+        """``stats``: the MQTT counters (messages sent, drops); ``drop_log``: where drops
+        beyond a session's in-memory bounds are told (rate-limited)."""
+        self.manager = manager
+        self.router = router
+        self.next_msg_id = next_msg_id
+        self.max_backlog = max_backlog
+        self.stats = stats if stats is not None else ProtocolStats("mqtt")
+        self.drop_log = drop_log
+
+
 class MqttSession:
     """Implements the core's Consumer for its own queue."""
 
@@ -235,37 +261,31 @@ class MqttSession:
     # sessions hold only what they must (docs/performance.md, "Idle connections").
     __slots__ = (
         "_backlog",
+        "_ctx",
         "_drain_waiters",
         "_headers",
-        "_next_msg_id",
         "_next_pid",
         "_on_takeover",
         "_pending",
-        "_queue_high",
         "_topics",
         "_used",
         "clean",
         "client_id",
         "direct",
-        "drop_log",
         "dropped_qos0",
         "dropped_queued",
         "filters",
         "inbound_qos2",
         "link",
-        "manager",
-        "max_backlog",
         "max_inflight",
         "outbound",
         "packet_ids",
         "pubrel",
         "queue",
-        "router",
         "shared",
         "shared_direct",
         "shared_out",
         "stalled",
-        "stats",
         "sub",
         "user",
     )
@@ -275,26 +295,15 @@ class MqttSession:
         client_id: str,
         clean: bool,
         queue: Queue | None,
-        manager: QueueManager,
-        router: TopicRouter[MqttSession],
-        next_msg_id: Callable[[], str],
+        context: SessionContext,
         max_inflight: int,
-        max_backlog: int,
-        stats: ProtocolStats | None = None,
-        drop_log: DropLog | None = None,
     ) -> None:
-        """``stats``: the MQTT counters (messages sent, drops); ``drop_log``: where drops
-        beyond this session's in-memory bounds are told (rate-limited)."""
+        """``context``: what the server's sessions share."""
         self.client_id = client_id
-        self.stats = stats if stats is not None else ProtocolStats("mqtt")
-        self.drop_log = drop_log
+        self._ctx = context
         self.clean = clean
         self.queue = queue
-        self.manager = manager
-        self.router = router
-        self._next_msg_id = next_msg_id
         self.max_inflight = max_inflight
-        self.max_backlog = max_backlog
         self.link: Link | None = None
         # What makes the connection holding this session give it up (a new CONNECT with
         # the same client id takes it over).
@@ -318,7 +327,6 @@ class MqttSession:
         self._backlog: deque[bytes] = _NO_ITEMS
         # Publishers paused until the QoS 0 backlog has drained.
         self._drain_waiters: list[Callable[[], None]] = _NO_WAITERS
-        self._queue_high = max(1, max_backlog // 2)
         # Made a publisher wait the longest pause without catching up: a stuck client
         # (connected, not reading or not acking) must not slow every publisher down, so it
         # pauses nobody until it has drained; meanwhile its bounds drop messages.
@@ -342,6 +350,32 @@ class MqttSession:
         self.user: str | None = None
 
     # -- what the management API shows ----------------------------------------------------------
+
+    # What the server's sessions share (``SessionContext``), read as before.
+
+    @property
+    def manager(self) -> QueueManager:
+        return self._ctx.manager
+
+    @property
+    def router(self) -> TopicRouter[MqttSession]:
+        return self._ctx.router
+
+    @property
+    def _next_msg_id(self) -> Callable[[], str]:
+        return self._ctx.next_msg_id
+
+    @property
+    def max_backlog(self) -> int:
+        return self._ctx.max_backlog
+
+    @property
+    def stats(self) -> ProtocolStats:
+        return self._ctx.stats
+
+    @property
+    def drop_log(self) -> DropLog | None:
+        return self._ctx.drop_log
 
     @property
     def queued(self) -> int:
@@ -693,7 +727,7 @@ class MqttSession:
         if self._backlog:
             return True
         queued = len(self._pending) if self.queue is None else self.queue.store.count
-        return queued >= self._queue_high
+        return queued >= max(1, self.max_backlog // 2)
 
     def when_drained(self, waiter: Callable[[], None]) -> None:
         if self.congested:

@@ -39,7 +39,12 @@ from vibemq_server.protocol.codec import (
 )
 from vibemq_server.protocol.codec import encode as encode_native
 from vibemq_server.protocol.codec import encode_deliver as encode_native_deliver
-from vibemq_server.server.transport import ReadBatch, SessionInfo, StreamTransport
+from vibemq_server.server.transport import (
+    ReadBatch,
+    SessionInfo,
+    StreamTransport,
+    TransportContext,
+)
 
 SIZE = 300_000
 
@@ -228,16 +233,18 @@ async def test_transport_writes_header_and_payload_intact() -> None:
         + payload
     )
     loop = asyncio.get_running_loop()
-    log = structlog.get_logger("test")
+    context = TransportContext(
+        log=structlog.get_logger("test"),
+        out_limit=64 * 1024,
+        batch=ReadBatch(),
+        register=lambda t: True,
+        unregister=lambda t: None,
+    )
     server = await loop.create_server(
         lambda: StreamTransport(
             lambda link: _Sender(link, payload),
             conn_id="t1",
-            log=log,
-            out_limit=64 * 1024,
-            batch=ReadBatch(),
-            register=lambda t: True,
-            unregister=lambda t: None,
+            context=context,
         ),
         "127.0.0.1",
         0,

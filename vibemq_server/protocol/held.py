@@ -16,6 +16,10 @@ from __future__ import annotations
 
 Buffer = bytes | bytearray | memoryview
 
+#: what an input with nothing held points to (never appended to: ``add_part`` makes the
+#: input its own list), so that an idle connection's decoder holds no empty list of its own
+_NOTHING: list[Buffer] = []
+
 
 class HeldInput:
     """The tail of earlier reads that does not yet make a frame, as a list of chunks."""
@@ -23,7 +27,7 @@ class HeldInput:
     __slots__ = ("_need", "_parts", "size")
 
     def __init__(self) -> None:
-        self._parts: list[Buffer] = []
+        self._parts: list[Buffer] = _NOTHING
         #: bytes held
         self.size = 0
         self._need = 0
@@ -53,7 +57,11 @@ class HeldInput:
         them, or :meth:`cut` hands them over unjoined)."""
         if type(data) is not bytes:
             data = bytes(data)  # a caller's mutable buffer may change after the call
-        self._parts.append(data)
+        parts = self._parts
+        if parts is _NOTHING:
+            self._parts = [data]
+        else:
+            parts.append(data)
         self.size += len(data)
         return self.size >= self._need
 
@@ -79,7 +87,7 @@ class HeldInput:
         return self._parts[0][0]
 
     def clear(self) -> None:
-        self._parts = []
+        self._parts = _NOTHING
         self.size = 0
         self._need = 0
 

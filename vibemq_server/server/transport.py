@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,13 +49,18 @@ _TLS_RECORD = b"\x16\x03"
 #: cost an allocation (and a large one an mmap) per record.
 _RECORD_MAX = 32_768
 
+#: the output of a connection with nothing to write (never appended to: the first send makes
+#: the connection its own list), so that an idle one holds no empty list
+_NO_OUTPUT: list[bytes | memoryview] = []
+
 
 class Flushable(Protocol):
     """What a read batch holds: a connection whose output waits for the end of the read
     (``StreamTransport``; a test's link that stands in for one). A protocol, not the class:
     the compiled build checks the types of what goes in."""
 
-    log: structlog.typing.FilteringBoundLogger
+    @property
+    def log(self) -> structlog.typing.FilteringBoundLogger: ...
 
     def _flush(self) -> None: ...
 
@@ -175,7 +181,10 @@ class Link(Protocol):
     """What a session may do with its connection (``StreamTransport`` implements it)."""
 
     conn_id: str
-    log: structlog.typing.FilteringBoundLogger
+
+    @property
+    def log(self) -> structlog.typing.FilteringBoundLogger: ...
+
     #: the client's address (for authentication: loopback or not, failed logins per address)
     peer_host: str
     #: over TLS with a verified client certificate: its CN (or first SAN); else None
@@ -214,57 +223,32 @@ class Link(Protocol):
     def time(self) -> float: ...
 
 
-class StreamTransport(asyncio.Protocol):
-    """The one asyncio protocol of every stream listener, whatever it speaks: it owns the
-    socket, the output buffer, flow control and the per-read batch, and hands bytes to the
-    protocol's sans-IO ``Session`` (made by ``make_session`` once the socket is accepted).
+class TransportContext:
+    """What the connections of one listener share: its logger, limits, read batch, broker
+    hooks and counters -- one object the listener's transports point to, instead of ten
+    attributes copied into every connection (docs/performance.md, "Idle connections").
 
-    Slotted and lean: an idle connection costs what its attributes hold, nothing more
-    (docs/performance.md, "Idle connections"). No timer or task per connection: the TLS
-    handshake deadline is checked by the broker's once-a-second sweep (``check_timers``),
-    the logger is bound only when the connection logs something (``ConnLog``)."""
+    ``stats``: the listener's protocol counters (bytes in and out, connections); None:
+    counted nowhere shared. ``refusal``: what to write before closing a connection over the
+    limit, or a function of the connection id that makes it (only then: nothing is built
+    per accepted connection). Made on the loop (it keeps the running one)."""
 
     __slots__ = (
-        "_batch",
-        "_bio_in",
-        "_bio_out",
-        "_closing",
-        "_counted",
-        "_flush_scheduled",
-        "_handshake_timeout",
-        "_make_session",
-        "_out",
-        "_out_limit",
-        "_out_size",
-        "_reading_paused",
-        "_refusal",
-        "_register",
-        "_sniff",
-        "_ssl",
-        "_tls",
-        "_unregister",
-        "_write_paused",
-        "_yielding",
-        "bytes_received",
-        "bytes_sent",
-        "conn_id",
-        "connected_at",
+        "batch",
+        "handshake_timeout",
         "log",
         "loop",
-        "over_tls",
-        "peer_host",
-        "peer_identity",
-        "peer_port",
-        "session",
+        "out_limit",
+        "refusal",
+        "register",
         "stats",
-        "transport",
+        "tls",
+        "unregister",
     )
 
     def __init__(
         self,
-        make_session: Callable[[StreamTransport], Session],
         *,
-        conn_id: str,
         log: structlog.typing.FilteringBoundLogger,
         out_limit: int,
         batch: ReadBatch,
@@ -275,25 +259,71 @@ class StreamTransport(asyncio.Protocol):
         handshake_timeout: float = 10.0,
         stats: ProtocolStats | None = None,
     ) -> None:
-        """``stats``: the listener's protocol counters, shared by its transports (bytes in
-        and out, connections); None: counted nowhere shared. ``refusal``: what to write
-        before closing a connection over the limit, or a function of the connection id that
-        makes it (only then: nothing is built per accepted connection)."""
         self.loop = asyncio.get_running_loop()
+        self.log = log
+        self.out_limit = out_limit
+        self.batch = batch
+        self.register = register
+        self.unregister = unregister
+        self.refusal = refusal
+        self.tls = tls
+        self.handshake_timeout = handshake_timeout
         self.stats = stats if stats is not None else ProtocolStats("")
+
+
+class StreamTransport(asyncio.Protocol):
+    """The one asyncio protocol of every stream listener, whatever it speaks: it owns the
+    socket, the output buffer, flow control and the per-read batch, and hands bytes to the
+    protocol's sans-IO ``Session`` (made by ``make_session`` once the socket is accepted).
+
+    Slotted and lean: an idle connection costs what its attributes hold, nothing more
+    (docs/performance.md, "Idle connections"). No timer or task per connection: the TLS
+    handshake deadline is checked by the broker's once-a-second sweep (``check_timers``),
+    the logger is bound only when the connection logs something (``ConnLog``), and what
+    the listener's connections share is one ``TransportContext``."""
+
+    __slots__ = (
+        "_bio_in",
+        "_bio_out",
+        "_closing",
+        "_counted",
+        "_ctx",
+        "_flush_scheduled",
+        "_make_session",
+        "_out",
+        "_out_size",
+        "_reading_paused",
+        "_sniff",
+        "_ssl",
+        "_write_paused",
+        "_yielding",
+        "bytes_received",
+        "bytes_sent",
+        "conn_id",
+        "connected_at",
+        "over_tls",
+        "peer_host",
+        "peer_identity",
+        "peer_port",
+        "session",
+        "transport",
+    )
+
+    def __init__(
+        self,
+        make_session: Callable[[StreamTransport], Session],
+        *,
+        conn_id: str,
+        context: TransportContext,
+    ) -> None:
+        self._ctx = context
         self._counted = False  # counted as an open connection in stats
         self._make_session: Callable[[StreamTransport], Session] | None = make_session
         self.conn_id = conn_id
-        self.log = log
-        self._batch = batch
-        self._register = register
-        self._unregister = unregister
-        self._refusal = refusal
         self.session: Session | None = None
         self.transport: asyncio.Transport | None = None
-        self._out: list[bytes | memoryview] = []
+        self._out: list[bytes | memoryview] = _NO_OUTPUT
         self._out_size = 0
-        self._out_limit = out_limit
         self._flush_scheduled = False
         self._write_paused = False
         self._reading_paused = False
@@ -307,14 +337,12 @@ class StreamTransport(asyncio.Protocol):
         #: the protocol's bytes (after TLS decryption, before encryption)
         self.bytes_received = 0
         self.bytes_sent = 0
-        self._tls = tls
-        self.over_tls = tls is not None
-        self._handshake_timeout = handshake_timeout
+        self.over_tls = context.tls is not None
         self._ssl: ssl.SSLObject | None = None
         self._bio_in: ssl.MemoryBIO | None = None
         self._bio_out: ssl.MemoryBIO | None = None
         # A plain listener looks once at the first bytes for a TLS ClientHello.
-        self._sniff = tls is None
+        self._sniff = context.tls is None
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
@@ -324,15 +352,17 @@ class StreamTransport(asyncio.Protocol):
         closed)."""
         self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
-        self.peer_host = str(peer[0]) if peer else ""
+        # (interned: the many connections from one address -- a NAT, a gateway, a load
+        # balancer -- share one string)
+        self.peer_host = sys.intern(str(peer[0])) if peer else ""
         self.peer_port = int(peer[1]) if peer else 0
         self.connected_at = time.time()
-        self.log = as_logger(ConnLog(self.log, self))
-        self.transport.set_write_buffer_limits(high=self._out_limit)
-        if not self._register(self):
+        ctx = self._ctx
+        self.transport.set_write_buffer_limits(high=ctx.out_limit)
+        if not ctx.register(self):
             self.log.warning("connection refused: limit reached")
-            refusal = self._refusal
-            if refusal and self._tls is None:
+            refusal = ctx.refusal
+            if refusal and ctx.tls is None:
                 self.transport.write(
                     refusal if isinstance(refusal, bytes) else refusal(self.conn_id)
                 )
@@ -340,14 +370,14 @@ class StreamTransport(asyncio.Protocol):
             self.transport.close()
             return
         self.log.debug("connection opened")
-        stats = self.stats
+        stats = self._ctx.stats
         stats.connections += 1
         stats.connections_total += 1
         self._counted = True
-        if self._tls is not None:
+        if ctx.tls is not None:
             # The session starts once the handshake is done (and the peer known).
             self._bio_in, self._bio_out = ssl.MemoryBIO(), ssl.MemoryBIO()
-            self._ssl = self._tls.wrap_bio(self._bio_in, self._bio_out, server_side=True)
+            self._ssl = ctx.tls.wrap_bio(self._bio_in, self._bio_out, server_side=True)
             return  # (its deadline: check_timers)
         self._start_session()
 
@@ -368,8 +398,8 @@ class StreamTransport(asyncio.Protocol):
                 self.abort()
                 return
         self.bytes_received += len(data)
-        self.stats.bytes_received += len(data)
-        batch = self._batch
+        self._ctx.stats.bytes_received += len(data)
+        batch = self._ctx.batch
         batch.begin()
         try:
             session.data_received(data)
@@ -387,10 +417,10 @@ class StreamTransport(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         self._make_session = None
-        self._unregister(self)
+        self._ctx.unregister(self)
         if self._counted:
             self._counted = False
-            self.stats.connections -= 1
+            self._ctx.stats.connections -= 1
         if self.session is not None:
             self.session.connection_lost(exc)
         self.log.debug("connection closed", error=str(exc) if exc else None)
@@ -411,7 +441,9 @@ class StreamTransport(asyncio.Protocol):
             return
         if self.session is not None:
             self.session.check_timers(now, keepalive, frame_timeout)
-        elif self._ssl is not None and time.time() - self.connected_at > self._handshake_timeout:
+        elif (
+            self._ssl is not None and time.time() - self.connected_at > self._ctx.handshake_timeout
+        ):
             self._handshake_timed_out()
 
     def log_context(self) -> dict[str, object]:
@@ -451,31 +483,46 @@ class StreamTransport(asyncio.Protocol):
     # -- what the session uses (Link) --------------------------------------------------------------
 
     @property
+    def log(self) -> structlog.typing.FilteringBoundLogger:
+        """This connection's logger: made on each use, bound only when a line is logged
+        (``ConnLog``), so that an idle connection keeps none."""
+        return as_logger(ConnLog(self._ctx.log, self))
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._ctx.loop
+
+    @property
+    def stats(self) -> ProtocolStats:
+        """The listener's protocol counters (shared by its connections)."""
+        return self._ctx.stats
+
+    @property
     def writable(self) -> bool:
-        return not (self._write_paused or self._closing) and self._out_size < self._out_limit
+        return not (self._write_paused or self._closing) and self._out_size < self._ctx.out_limit
 
     @property
     def reading_paused(self) -> bool:
         return self._reading_paused
 
     def time(self) -> float:
-        return self.loop.time()
+        return self._ctx.loop.time()
 
     def call_soon(self, callback: Callable[[], None]) -> None:
-        self.loop.call_soon(callback)
+        self._ctx.loop.call_soon(callback)
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> None:
-        self.loop.call_later(delay, callback)
+        self._ctx.loop.call_later(delay, callback)
 
     def offload(self, work: Callable[[], _T], then: Callable[[_T], None]) -> None:
-        future = self.loop.run_in_executor(None, work)
+        future = self._ctx.loop.run_in_executor(None, work)
 
         def done(finished: asyncio.Future[_T]) -> None:
             if self._closing or self.session is None:
                 if not finished.cancelled():
                     finished.exception()  # retrieved: it dies with the connection
                 return
-            batch = self._batch
+            batch = self._ctx.batch
             batch.begin()
             try:
                 then(finished.result())
@@ -490,28 +537,36 @@ class StreamTransport(asyncio.Protocol):
     def send(self, data: bytes) -> None:
         if self._closing:
             return
-        self._out.append(data)
+        out = self._out
+        if out is _NO_OUTPUT:
+            self._out = [data]
+        else:
+            out.append(data)
         self._out_size += len(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            batch = self._batch
+            batch = self._ctx.batch
             if batch.reading:
                 batch.dirty.append(self)
             else:
-                self.loop.call_soon(self._flush)
+                self._ctx.loop.call_soon(self._flush)
 
     def send_parts(self, parts: Sequence[bytes | memoryview]) -> None:
         if self._closing:
             return
-        self._out.extend(parts)
+        out = self._out
+        if out is _NO_OUTPUT:
+            self._out = list(parts)
+        else:
+            out.extend(parts)
         self._out_size += sum(map(len, parts))
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            batch = self._batch
+            batch = self._ctx.batch
             if batch.reading:
                 batch.dirty.append(self)
             else:
-                self.loop.call_soon(self._flush)
+                self._ctx.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -519,9 +574,9 @@ class StreamTransport(asyncio.Protocol):
             return  # (closing: close() flushed already; a lost connection's output is void)
         size = self._out_size
         self.bytes_sent += size
-        self.stats.bytes_sent += size
-        was_full = size >= self._out_limit
-        out, self._out, self._out_size = self._out, [], 0
+        self._ctx.stats.bytes_sent += size
+        was_full = size >= self._ctx.out_limit
+        out, self._out, self._out_size = self._out, _NO_OUTPUT, 0
         if len(out) == 1:
             pieces = out
         elif size <= JOIN_ALL:
@@ -550,7 +605,7 @@ class StreamTransport(asyncio.Protocol):
             return
         self._yielding = True
         self.transport.pause_reading()
-        self.loop.call_soon(self._end_yield)
+        self._ctx.loop.call_soon(self._end_yield)
 
     def _end_yield(self) -> None:
         self._yielding = False
@@ -661,5 +716,5 @@ class StreamTransport(asyncio.Protocol):
 
     def _handshake_timed_out(self) -> None:
         if self.session is None and not self._closing:
-            self.log.warning("TLS handshake timed out", after_s=self._handshake_timeout)
+            self.log.warning("TLS handshake timed out", after_s=self._ctx.handshake_timeout)
             self.abort()
