@@ -18,7 +18,7 @@ import json
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -56,6 +56,8 @@ Waiter = Callable[[Exception | None], None]
 #: publishes. With two, its fsync starts at once (a later fsync covers every byte written
 #: before it started, so it also completes the groups of earlier ones still running).
 FSYNCS_IN_FLIGHT = 2
+#: (payload, headers) -> the (payload, headers) a publish record holds (Journal.payload_form)
+PayloadForm = Callable[[bytes, Mapping[str, str]], tuple[bytes, Mapping[str, str]]]
 
 # Live messages few enough to copy forward at once when they pin older segments.
 _SMALL_LIVE = 1000
@@ -131,6 +133,10 @@ class Journal:
         self.fsync_seconds = FixedHistogram(FSYNC_BUCKETS_S)
         self.commit_batch = FixedHistogram(BATCH_BUCKETS)
         self.recovery_seconds = 0.0
+        #: the form a message's payload and headers take in its record (set by the broker
+        #: to the protocols' payload rule: a byte protocol's raw bytes are written in the
+        #: VibeMQ form, so records and their readers stay as they were); None: as stored
+        self.payload_form: PayloadForm | None = None
 
     # -- recovery ----------------------------------------------------------------------------
 
@@ -243,6 +249,9 @@ class Journal:
             self._batch_publishes.append((len(self._buf), queue, msg))
         name = queue.name
         records = self._queue_records.get(name) or self._new_records(name)
+        payload, headers = msg.payload, msg.headers
+        if self.payload_form is not None:
+            payload, headers = self.payload_form(payload, headers)
         # The record's timestamp is the publish time itself: no second clock read.
         self._buf.append(
             records.publish(
@@ -253,8 +262,8 @@ class Journal:
                 msg.expires_at,
                 msg.priority,
                 msg.attempts,
-                msg.headers,
-                msg.payload,
+                headers,
+                payload,
             )
         )
         if not self._flush_scheduled:

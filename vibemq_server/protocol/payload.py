@@ -1,10 +1,13 @@
 """How a payload of arbitrary bytes travels in the VibeMQ protocol, whose payloads are JSON.
 
-Bytes published over a byte-oriented protocol (MQTT, ZeroMQ, AMQP) keep their exact value:
-when they are a UTF-8 JSON text (or empty) they are the payload as they are; otherwise the
-payload is a JSON string holding their base64 and the header ``payloadEncoding: base64``
-says so. :func:`from_core` gives the original bytes back; the client library offers the same
-as ``ReceivedMessage.payload_bytes``. See docs/mqtt.md.
+Bytes published over a byte-oriented protocol (MQTT, ZeroMQ, AMQP) enter the core as they
+are, marked ``payloadEncoding: raw`` (:func:`to_core`): no JSON check, no base64, so an AMQP or
+MQTT consumer gets them back (:func:`from_core`) at no cost. Only where the VibeMQ form is
+needed -- a VibeMQ consumer's Deliver, the journal record -- :func:`as_vibemq` converts them,
+once per use: a UTF-8 JSON text (or empty) is the payload as it is; anything else becomes a JSON
+string holding its base64 with the header ``payloadEncoding: base64``. :func:`from_core` gives
+the original bytes back from either form; the client library offers the same as
+``ReceivedMessage.payload_bytes``. See docs/mqtt.md.
 
 A multipart (ZeroMQ) message is one payload too: the RFC 50/MME encoding of its parts, as
 base64, with ``contentType: application/x-zmq-mme`` (:func:`multipart_to_core`,
@@ -27,6 +30,8 @@ _a2b = binascii.a2b_base64
 
 PAYLOAD_ENCODING = "payloadEncoding"
 BASE64 = "base64"
+#: the payload is a byte protocol's bytes as they came (never seen by a VibeMQ client)
+RAW = "raw"
 
 
 #: Bytes a JSON text can start with (after whitespace): anything else is not JSON, and
@@ -44,7 +49,13 @@ def is_json(payload: bytes) -> bool:
     return True
 
 
-def to_core(payload: bytes) -> tuple[bytes, str | None]:
+def to_core(payload: bytes) -> tuple[bytes, str]:
+    """The core payload for a byte protocol's ``payload`` and its ``payloadEncoding``: the
+    bytes as they are, marked :data:`RAW` (converted lazily by :func:`as_vibemq`)."""
+    return payload, RAW
+
+
+def to_vibemq(payload: bytes) -> tuple[bytes, str | None]:
     """The VibeMQ payload for ``payload`` and its ``payloadEncoding`` (None: as is)."""
     if is_json(payload):
         return payload, None
@@ -53,8 +64,41 @@ def to_core(payload: bytes) -> tuple[bytes, str | None]:
     return b'"' + _b2a(payload, newline=False) + b'"', BASE64
 
 
+#: (headers of a raw message, its headers as JSON, its headers as base64) by id(headers):
+#: adapters share one headers dict among similar messages, so the converted dicts are too
+_FORMS: dict[int, tuple[Mapping[str, str], Mapping[str, str], Mapping[str, str]]] = {}
+_FORMS_MAX = 1024
+
+
+def as_vibemq(payload: bytes, headers: Mapping[str, str]) -> tuple[bytes, Mapping[str, str]]:
+    """The VibeMQ form (payload, headers) of a core message: a :data:`RAW` one converted by
+    :func:`to_vibemq` (a multipart one always as base64), anything else as it is. Computed
+    per call: a raw message reaches a VibeMQ consumer or the journal rarely more than once."""
+    if headers.get(PAYLOAD_ENCODING) != RAW:
+        return payload, headers
+    forms = _FORMS.get(id(headers))
+    if forms is None or forms[0] is not headers:
+        forms = _forms(headers)
+    if is_multipart(headers):
+        return mme_to_core(payload), forms[2]
+    body, encoding = to_vibemq(payload)
+    return body, forms[1] if encoding is None else forms[2]
+
+
+def _forms(
+    headers: Mapping[str, str],
+) -> tuple[Mapping[str, str], Mapping[str, str], Mapping[str, str]]:
+    plain = {k: v for k, v in headers.items() if k != PAYLOAD_ENCODING}
+    forms = (headers, plain, {**plain, PAYLOAD_ENCODING: BASE64})
+    if len(_FORMS) >= _FORMS_MAX:
+        _FORMS.clear()
+    _FORMS[id(headers)] = forms
+    return forms
+
+
 def from_core(payload: bytes, headers: Mapping[str, str]) -> bytes:
-    """The original bytes of a VibeMQ payload (undoing :func:`to_core`)."""
+    """The original bytes of a core payload (undoing :func:`to_vibemq`; a :data:`RAW` one
+    is as it is)."""
     if headers.get(PAYLOAD_ENCODING) != BASE64:
         return payload
     text = payload.strip()
@@ -74,12 +118,18 @@ def from_core(payload: bytes, headers: Mapping[str, str]) -> bytes:
 
 # -- multipart (ZeroMQ) messages -------------------------------------------------------------------
 
-#: Headers of a multipart message in the core: its payload is the base64 of an RFC 50/MME
-#: encoding of the parts (always base64, even when the encoding happens to be JSON text, so a
-#: VibeMQ consumer always finds a string). Shared and read-only.
+#: Headers of a multipart message in the VibeMQ form: its payload is the base64 of an RFC
+#: 50/MME encoding of the parts (always base64, even when the encoding happens to be JSON text,
+#: so a VibeMQ consumer always finds a string). Shared and read-only.
 MULTIPART_HEADERS: Mapping[str, str] = {
     CONTENT_TYPE: MME_CONTENT_TYPE,
     PAYLOAD_ENCODING: BASE64,
+}
+#: Headers of a multipart message a byte protocol (ZeroMQ) put in the core: its payload is the
+#: MME body itself (:func:`as_vibemq` gives the :data:`MULTIPART_HEADERS` form).
+MULTIPART_RAW_HEADERS: Mapping[str, str] = {
+    CONTENT_TYPE: MME_CONTENT_TYPE,
+    PAYLOAD_ENCODING: RAW,
 }
 
 

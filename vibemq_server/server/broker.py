@@ -16,6 +16,7 @@ from vibemq_server.core import Clock, QueueManager, wall_clock_ms
 from vibemq_server.journal import FsyncPolicy, Journal
 from vibemq_server.protocol import CommandType, ErrorCode, Message, encode
 from vibemq_server.protocol.names import valid_queue_name
+from vibemq_server.protocol.payload import as_vibemq
 from vibemq_server.server.adapter import Adapter, AdapterContext, AdapterFactory, Link
 from vibemq_server.server.listeners import Listeners
 from vibemq_server.server.service import Phase, Service
@@ -56,6 +57,8 @@ class Broker:
             segment_size=self.config.segment_size_bytes,
             clock=clock,
         )
+        # Records keep the VibeMQ form: a byte protocol's raw payload is converted as written.
+        self.journal.payload_form = as_vibemq
         self.connections: set[Link] = set()
         # Every connection writes what a read produced when that read is done; the core
         # hands over what fan-out queues got during the read just before (manager.hold).
