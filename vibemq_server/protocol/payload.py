@@ -73,16 +73,32 @@ _FORMS_MAX = 1024
 def as_vibemq(payload: bytes, headers: Mapping[str, str]) -> tuple[bytes, Mapping[str, str]]:
     """The VibeMQ form (payload, headers) of a core message: a :data:`RAW` one converted by
     :func:`to_vibemq` (a multipart one always as base64), anything else as it is. Computed
-    per call: a raw message reaches a VibeMQ consumer or the journal rarely more than once."""
+    per call (no cache on the stored message: the core stays protocol-free and compact),
+    except that the last result is kept: a message fanned out to several durable queues or
+    VibeMQ consumers is converted once for all of them (the same payload object)."""
     if headers.get(PAYLOAD_ENCODING) != RAW:
         return payload, headers
+    if _LAST:
+        last_payload, last_headers, last_out = _LAST[0]
+        if last_payload is payload and last_headers is headers:
+            return last_out
     forms = _FORMS.get(id(headers))
     if forms is None or forms[0] is not headers:
         forms = _forms(headers)
     if is_multipart(headers):
-        return mme_to_core(payload), forms[2]
-    body, encoding = to_vibemq(payload)
-    return body, forms[1] if encoding is None else forms[2]
+        out = mme_to_core(payload), forms[2]
+    else:
+        body, encoding = to_vibemq(payload)
+        out = body, forms[1] if encoding is None else forms[2]
+    # Kept only when small: the memo pins the payload and its base64 until the next one.
+    _LAST[:] = [(payload, headers, out)] if len(payload) <= _MEMO_MAX else []
+    return out
+
+
+#: (payload, headers, their VibeMQ form) of the last raw message as_vibemq converted, when
+#: its payload is at most _MEMO_MAX bytes
+_MEMO_MAX = 1 << 20
+_LAST: list[tuple[bytes, Mapping[str, str], tuple[bytes, Mapping[str, str]]]] = []
 
 
 def _forms(
