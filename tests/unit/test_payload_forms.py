@@ -10,14 +10,17 @@ import pytest
 from vibemq_server.protocol import mme
 from vibemq_server.protocol.payload import (
     BASE64,
+    JOURNAL_RAW,
     MULTIPART_HEADERS,
     MULTIPART_RAW_HEADERS,
     PAYLOAD_ENCODING,
     RAW,
     as_vibemq,
     from_core,
+    from_journal,
     multipart_from_core,
     to_core,
+    to_journal,
     to_vibemq,
 )
 
@@ -78,9 +81,11 @@ def test_the_same_message_is_converted_once_for_a_fan_out() -> None:
     body = b"\x00" * 100
     headers = {PAYLOAD_ENCODING: RAW}
     first = as_vibemq(body, headers)
-    assert as_vibemq(body, headers) is first
+    again = as_vibemq(body, headers)
+    assert again[0] is first[0]
+    assert again[1] is first[1]
     other = as_vibemq(b"\x01" * 100, headers)
-    assert other is not first
+    assert other[0] is not first[0]
     assert from_core(*other) == b"\x01" * 100
 
 
@@ -90,5 +95,28 @@ def test_a_large_payload_is_not_pinned_by_the_memo() -> None:
     first = as_vibemq(big, headers)
     again = as_vibemq(big, headers)
     assert again == first
-    assert again is not first
+    assert again[0] is not first[0]
     assert from_core(*again) == big
+
+
+@pytest.mark.parametrize("body", BODIES)
+def test_the_journal_form_is_the_vibemq_form_and_comes_back_raw(body: bytes) -> None:
+    headers = {"mqttTopic": "a/b", PAYLOAD_ENCODING: RAW}
+    payload, out = to_journal(body, headers)
+    vibemq_payload, vibemq_headers = as_vibemq(body, headers)
+    assert payload == vibemq_payload
+    assert dict(out) == {**vibemq_headers, JOURNAL_RAW: "1"}
+    restored_payload, restored = from_journal(payload, dict(out))
+    assert (restored_payload, restored) == (body, headers)
+
+
+def test_other_journal_records_are_left_alone() -> None:
+    for headers in ({}, {PAYLOAD_ENCODING: BASE64}, {"k": "v"}):
+        assert to_journal(b'"AQI="', headers)[1] is headers
+        assert from_journal(b'"AQI="', headers)[1] is headers
+
+
+def test_a_multipart_message_comes_back_raw_from_the_journal() -> None:
+    body = mme.encode([b"a", b"\x00"])
+    payload, headers = to_journal(body, MULTIPART_RAW_HEADERS)
+    assert from_journal(payload, headers) == (body, dict(MULTIPART_RAW_HEADERS))

@@ -18,7 +18,7 @@ import json
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -39,7 +39,7 @@ from vibemq_server.journal.records import (
     encode_record,
     encode_segment_header,
 )
-from vibemq_server.journal.recovery import recover, segment_path
+from vibemq_server.journal.recovery import PayloadForm, recover, segment_path
 from vibemq_server.journal.stats import BATCH_BUCKETS, FSYNC_BUCKETS_S, FixedHistogram
 
 if TYPE_CHECKING:
@@ -56,8 +56,6 @@ Waiter = Callable[[Exception | None], None]
 #: publishes. With two, its fsync starts at once (a later fsync covers every byte written
 #: before it started, so it also completes the groups of earlier ones still running).
 FSYNCS_IN_FLIGHT = 2
-#: (payload, headers) -> the (payload, headers) a publish record holds (Journal.payload_form)
-PayloadForm = Callable[[bytes, Mapping[str, str]], tuple[bytes, Mapping[str, str]]]
 
 # Live messages few enough to copy forward at once when they pin older segments.
 _SMALL_LIVE = 1000
@@ -133,10 +131,12 @@ class Journal:
         self.fsync_seconds = FixedHistogram(FSYNC_BUCKETS_S)
         self.commit_batch = FixedHistogram(BATCH_BUCKETS)
         self.recovery_seconds = 0.0
-        #: the form a message's payload and headers take in its record (set by the broker
-        #: to the protocols' payload rule: a byte protocol's raw bytes are written in the
-        #: VibeMQ form, so records and their readers stay as they were); None: as stored
+        #: the form a message's payload and headers take in its record, and its inverse for
+        #: recovery (set by the broker to the protocols' payload rule: a byte protocol's raw
+        #: bytes are written in the VibeMQ form, so records and their readers stay as they
+        #: were, and come back raw); None: as stored
         self.payload_form: PayloadForm | None = None
+        self.payload_restore: PayloadForm | None = None
 
     # -- recovery ----------------------------------------------------------------------------
 
@@ -144,7 +144,7 @@ class Journal:
         """Rebuild queues and messages from the segments; cut a torn tail; refuse damage."""
         started = time.monotonic()
         self.directory.mkdir(parents=True, exist_ok=True)
-        found = recover(self.directory, manager)
+        found = recover(self.directory, manager, self.payload_restore)
         manager.next_seq = max(manager.next_seq, found.max_seq + 1)
         for number, path in found.segments:
             self.segments[number] = _Segment(

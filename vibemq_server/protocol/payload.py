@@ -64,10 +64,19 @@ def to_vibemq(payload: bytes) -> tuple[bytes, str | None]:
     return b'"' + _b2a(payload, newline=False) + b'"', BASE64
 
 
-#: (headers of a raw message, its headers as JSON, its headers as base64) by id(headers):
-#: adapters share one headers dict among similar messages, so the converted dicts are too
-_FORMS: dict[int, tuple[Mapping[str, str], Mapping[str, str], Mapping[str, str]]] = {}
+#: The journal's record of a raw message holds its VibeMQ form (what recovery and the Spark
+#: readers have always read) plus this header, so that recovery gives back the raw form.
+JOURNAL_RAW = "payloadRaw"
+
+#: Forms of a raw message's headers by id(headers): (the headers, as JSON, as base64, as JSON
+#: in the journal, as base64 in the journal). Adapters share one headers dict among similar
+#: messages, so the converted dicts are shared too.
+_Forms = tuple[
+    Mapping[str, str], Mapping[str, str], Mapping[str, str], Mapping[str, str], Mapping[str, str]
+]
+_FORMS: dict[int, _Forms] = {}
 _FORMS_MAX = 1024
+_JSON, _B64, _JOURNAL_JSON, _JOURNAL_B64 = 1, 2, 3, 4
 
 
 def as_vibemq(payload: bytes, headers: Mapping[str, str]) -> tuple[bytes, Mapping[str, str]]:
@@ -78,6 +87,31 @@ def as_vibemq(payload: bytes, headers: Mapping[str, str]) -> tuple[bytes, Mappin
     VibeMQ consumers is converted once for all of them (the same payload object)."""
     if headers.get(PAYLOAD_ENCODING) != RAW:
         return payload, headers
+    body, b64, forms = _convert(payload, headers)
+    return body, forms[_B64 if b64 else _JSON]
+
+
+def to_journal(payload: bytes, headers: Mapping[str, str]) -> tuple[bytes, Mapping[str, str]]:
+    """The (payload, headers) a journal record holds: :func:`as_vibemq`'s form, plus
+    :data:`JOURNAL_RAW` for a raw message (undone by :func:`from_journal`)."""
+    if headers.get(PAYLOAD_ENCODING) != RAW:
+        return payload, headers
+    body, b64, forms = _convert(payload, headers)
+    return body, forms[_JOURNAL_B64 if b64 else _JOURNAL_JSON]
+
+
+def from_journal(payload: bytes, headers: Mapping[str, str]) -> tuple[bytes, Mapping[str, str]]:
+    """The message a journal record stored: a raw one (:data:`JOURNAL_RAW`) as it was."""
+    if JOURNAL_RAW not in headers:
+        return payload, headers
+    raw = from_core(payload, headers)
+    restored = {k: v for k, v in headers.items() if k != JOURNAL_RAW}
+    restored[PAYLOAD_ENCODING] = RAW
+    return raw, restored
+
+
+def _convert(payload: bytes, headers: Mapping[str, str]) -> tuple[bytes, bool, _Forms]:
+    """(VibeMQ payload, whether it is base64, the headers' forms) of a raw message."""
     if _LAST:
         last_payload, last_headers, last_out = _LAST[0]
         if last_payload is payload and last_headers is headers:
@@ -86,26 +120,25 @@ def as_vibemq(payload: bytes, headers: Mapping[str, str]) -> tuple[bytes, Mappin
     if forms is None or forms[0] is not headers:
         forms = _forms(headers)
     if is_multipart(headers):
-        out = mme_to_core(payload), forms[2]
+        out = mme_to_core(payload), True, forms
     else:
         body, encoding = to_vibemq(payload)
-        out = body, forms[1] if encoding is None else forms[2]
+        out = body, encoding is not None, forms
     # Kept only when small: the memo pins the payload and its base64 until the next one.
     _LAST[:] = [(payload, headers, out)] if len(payload) <= _MEMO_MAX else []
     return out
 
 
-#: (payload, headers, their VibeMQ form) of the last raw message as_vibemq converted, when
-#: its payload is at most _MEMO_MAX bytes
+#: (payload, headers, their conversion) of the last raw message converted, when its payload
+#: is at most _MEMO_MAX bytes
 _MEMO_MAX = 1 << 20
-_LAST: list[tuple[bytes, Mapping[str, str], tuple[bytes, Mapping[str, str]]]] = []
+_LAST: list[tuple[bytes, Mapping[str, str], tuple[bytes, bool, _Forms]]] = []
 
 
-def _forms(
-    headers: Mapping[str, str],
-) -> tuple[Mapping[str, str], Mapping[str, str], Mapping[str, str]]:
+def _forms(headers: Mapping[str, str]) -> _Forms:
     plain = {k: v for k, v in headers.items() if k != PAYLOAD_ENCODING}
-    forms = (headers, plain, {**plain, PAYLOAD_ENCODING: BASE64})
+    b64 = {**plain, PAYLOAD_ENCODING: BASE64}
+    forms = (headers, plain, b64, {**plain, JOURNAL_RAW: "1"}, {**b64, JOURNAL_RAW: "1"})
     if len(_FORMS) >= _FORMS_MAX:
         _FORMS.clear()
     _FORMS[id(headers)] = forms
