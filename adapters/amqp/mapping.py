@@ -1,16 +1,17 @@
 """AMQP messages <-> the core's messages (payload bytes + string headers), losslessly.
 
-* The body becomes the core payload by the common rule (``protocol/payload.py``): a JSON
-  body as it is, anything else as a JSON string of its base64 with ``payloadEncoding:
-  base64``; an AMQP consumer always gets the original bytes back.
+* The body becomes the core payload as it is, marked ``payloadEncoding: raw``
+  (``protocol/payload.py``): no JSON check, no base64; an AMQP or MQTT consumer gets it back
+  as it is, a VibeMQ consumer in the VibeMQ form (JSON as it is, else base64).
 * The 14 basic properties travel untouched, as their encoded bytes (base64) in the header
   ``amqpProperties``; for VibeMQ consumers the string-valued entries of the AMQP ``headers``
   table are copied as plain headers, and ``content-type`` as ``contentType``.
 * ``amqpExchange`` / ``amqpRoutingKey`` keep where it was published, for basic.deliver.
 * A message published over another protocol reaches an AMQP consumer with its string headers
   as the ``headers`` table and as content-type its ``contentType`` header, else
-  ``application/json`` when its payload is JSON (a ZeroMQ multipart message: the MME bytes,
-  content-type ``application/x-zmq-mme``).
+  ``application/json`` when it came from a VibeMQ publisher with a non-empty payload (raw
+  bytes of MQTT or ZeroMQ get none: they are not checked for JSON); a ZeroMQ multipart
+  message: the MME bytes, content-type ``application/x-zmq-mme``.
 
 Headers dicts are shared by messages with the same exchange, key and properties (they are
 read-only), so a stream of similar messages costs one dict.
@@ -27,7 +28,7 @@ from pamqp import commands
 
 from vibemq_server.adapters.amqp.codec import decode_properties, encode_properties
 from vibemq_server.protocol.mme import CONTENT_TYPE
-from vibemq_server.protocol.payload import BASE64, PAYLOAD_ENCODING, from_core, to_core
+from vibemq_server.protocol.payload import BASE64, PAYLOAD_ENCODING, RAW, from_core, to_core
 
 PROPERTIES = "amqpProperties"
 EXCHANGE = "amqpExchange"
@@ -37,6 +38,8 @@ _INTERNAL = frozenset({PROPERTIES, EXCHANGE, ROUTING_KEY, PAYLOAD_ENCODING})
 _CACHE_MAX = 1024
 _SHORTSTR_MAX = 255
 _a2b = binascii.a2b_base64
+#: payload encodings whose body is not known to be JSON (no application/json content-type)
+_NOT_JSON = frozenset({BASE64, RAW})
 
 #: what a headers dict says about delivering its messages over AMQP: (the dict itself, which
 #: keeps its id from being reused while cached; the properties or None when they depend on
@@ -46,8 +49,8 @@ _Delivery = tuple[Mapping[str, str], bytes | None, bool, str | None, str | None]
 
 class MessageMapper:
     def __init__(self) -> None:
-        #: (exchange, routing key or "" for the default exchange, properties, JSON body)
-        self._headers: dict[tuple[str, str, bytes, bool], dict[str, str]] = {}
+        #: (exchange, routing key or "" for the default exchange, properties)
+        self._headers: dict[tuple[str, str, bytes], dict[str, str]] = {}
         self._properties: dict[str, bytes] = {}
         self._deliveries: dict[int, _Delivery] = {}
         self._json_properties = encode_properties(
@@ -58,7 +61,7 @@ class MessageMapper:
         self, exchange: str, routing_key: str, properties: bytes, body: bytes
     ) -> tuple[bytes, Mapping[str, str]]:
         payload, encoding = to_core(body)
-        key = (exchange, routing_key if exchange else "", properties, encoding is None)
+        key = (exchange, routing_key if exchange else "", properties)
         headers = self._headers.get(key)
         if headers is None:
             if len(self._headers) >= _CACHE_MAX:
@@ -67,12 +70,8 @@ class MessageMapper:
         return payload, headers
 
     @staticmethod
-    def _build(
-        exchange: str, routing_key: str, properties: bytes, encoding: str | None
-    ) -> dict[str, str]:
-        headers: dict[str, str] = {}
-        if encoding is not None:
-            headers[PAYLOAD_ENCODING] = encoding
+    def _build(exchange: str, routing_key: str, properties: bytes, encoding: str) -> dict[str, str]:
+        headers: dict[str, str] = {PAYLOAD_ENCODING: encoding}
         if exchange:
             headers[EXCHANGE] = exchange
             headers[ROUTING_KEY] = routing_key
@@ -106,7 +105,7 @@ class MessageMapper:
         content_type = headers.get(CONTENT_TYPE)
         if content_type is not None and len(content_type.encode()) > _SHORTSTR_MAX:
             content_type = None  # not a shortstr: it stays in the headers table only
-        if content_type is None and headers.get(PAYLOAD_ENCODING) != BASE64 and body:
+        if content_type is None and headers.get(PAYLOAD_ENCODING) not in _NOT_JSON and body:
             content_type = "application/json"
         props_obj = commands.Basic.Properties(
             content_type=content_type,

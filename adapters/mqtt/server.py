@@ -897,11 +897,9 @@ class MqttServer:
 
     @staticmethod
     def _core_form(topic: str, payload: bytes, qos: int) -> tuple[bytes, dict[str, str]]:
+        # The bytes as they are (marked raw): no JSON check, no base64 (protocol/payload.py).
         body, encoding = to_core(payload)
-        headers = {HEADER_TOPIC: topic, HEADER_QOS: str(qos)}
-        if encoding is not None:
-            headers[PAYLOAD_ENCODING] = encoding
-        return body, headers
+        return body, {HEADER_TOPIC: topic, HEADER_QOS: str(qos), PAYLOAD_ENCODING: encoding}
 
     def _retain(
         self, topic: str, payload: bytes, qos: int, props: Properties | None = None

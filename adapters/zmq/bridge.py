@@ -46,9 +46,8 @@ from vibemq_server.core.routing import AddressSink, MessageSource
 from vibemq_server.protocol import mme
 from vibemq_server.protocol.mme import MmeError
 from vibemq_server.protocol.payload import (
-    MULTIPART_HEADERS,
+    MULTIPART_RAW_HEADERS,
     from_core,
-    mme_to_core,
     multipart_from_core,
 )
 from vibemq_server.server.adapter import AdapterContext
@@ -276,7 +275,7 @@ class ZmqBridge:
                 limit=self.max_message_size,
             )
             return
-        self._own = (address, mme_to_core(body), frames)
+        self._own = (address, body, frames)  # the MME body as it is (no base64)
         self._own_msg = None
         try:
             self.manager.route(address, self._own_message, self)
@@ -293,7 +292,7 @@ class ZmqBridge:
             assert self._own is not None
             address, payload, _ = self._own
             msg_id = f"{self._id_prefix}{next(self._ids)}"
-            msg = self._own_msg = StoredMessage(msg_id, address, payload, MULTIPART_HEADERS, 0)
+            msg = self._own_msg = StoredMessage(msg_id, address, payload, MULTIPART_RAW_HEADERS, 0)
         return msg
 
     # -- PUB: the core -> ZeroMQ -------------------------------------------------------------------

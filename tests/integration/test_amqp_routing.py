@@ -14,6 +14,7 @@ restart, a ``vibemq-server`` process.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 from collections.abc import Callable
@@ -40,6 +41,10 @@ from amqputil import (
 from mqttutil import Paho
 from serverproc import ServerProcess
 from waits import wait_until
+
+from vibemq_server.client import Client
+from vibemq_server.journal.records import Publish, iter_records
+from vibemq_server.journal.recovery import list_segments
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -876,6 +881,59 @@ def test_durable_topology_and_persistent_messages_survive_restart(server: Server
     finally:
         with contextlib.suppress(Exception):
             conn.close()
+    server.stop()
+
+
+async def test_a_raw_binary_body_comes_back_after_a_restart_for_every_protocol(
+    server: ServerProcess,
+) -> None:
+    """An AMQP body is stored raw (payloadEncoding: raw) and written to the journal in the
+    VibeMQ form (marked payloadRaw): after a restart it is raw again, an AMQP consumer gets the
+    same bytes, a VibeMQ one base64 for a binary body and the JSON as it is for a JSON one."""
+    server.start()
+    body = b"\x00\xff raw \x80"
+    conn = pika.BlockingConnection(pika_params(server.amqp_port))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("d.bin", durable=True)
+    persistent = pika.BasicProperties(delivery_mode=2)
+    for payload in (body, body, b'{"ok": 1}'):
+        ch.basic_publish("", "d.bin", payload, persistent)
+    conn.close()
+    server.stop()
+    # The records hold the VibeMQ form, as they always did (recovery and Spark read them).
+    records = [
+        e.record
+        for _n, path in list_segments(server.data_dir / "journal")
+        for e in iter_records(path.read_bytes(), path=str(path))
+        if isinstance(e.record, Publish) and e.record.queue == "d.bin"
+    ]
+    b64 = b'"' + base64.b64encode(body) + b'"'
+    assert [
+        (r.headers.get("payloadEncoding"), r.headers.get("payloadRaw"), r.payload) for r in records
+    ] == [("base64", "1", b64), ("base64", "1", b64), (None, "1", b'{"ok": 1}')]
+
+    server.start()
+    conn = pika.BlockingConnection(pika_params(server.amqp_port))
+    try:
+        assert get_message(conn.channel(), "d.bin")[2] == body
+    finally:
+        conn.close()
+    client = await Client.connect(
+        "127.0.0.1", server.ports["vibemq"], reconnect=False, request_timeout=WAIT
+    )
+    try:
+        sub = await client.subscribe("d.bin")
+        msg = await sub.get(timeout=WAIT)
+        assert msg.headers.get("payloadEncoding") == "base64"
+        assert msg.payload_bytes == body
+        await msg.ack()
+        msg = await sub.get(timeout=WAIT)
+        assert "payloadEncoding" not in msg.headers
+        assert msg.payload == {"ok": 1}
+        await msg.ack()
+    finally:
+        await client.close()
     server.stop()
 
 

@@ -68,7 +68,7 @@ from vibemq_server.core.exchanges import EXCHANGE, QUEUE, Binding
 from vibemq_server.journal import Journal
 from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.server.adapter import AdapterContext
-from vibemq_server.server.broker import Broker
+from vibemq_server.server.broker import Broker, with_payload_forms
 from vibemq_server.server.transport import ReadBatch
 
 HEADER = b"AMQP\x00\x00\x09\x01"
@@ -762,7 +762,7 @@ def check_tables(manager: QueueManager) -> None:
 
 def recovered_state(config: Config) -> dict[str, Any]:
     manager = QueueManager(config.queue_defaults, name_validator=valid_queue_name)
-    Journal(config.data_dir / "journal").recover(manager)
+    with_payload_forms(Journal(config.data_dir / "journal")).recover(manager)
     amqp = AmqpServer(
         AdapterContext(
             config, manager, lambda _c: True, lambda _c: None, ReadBatch(), Authenticator(config)

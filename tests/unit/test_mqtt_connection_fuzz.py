@@ -94,6 +94,7 @@ from vibemq_server.core import QueueManager
 from vibemq_server.journal import FsyncPolicy, Journal
 from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.server.adapter import AdapterContext
+from vibemq_server.server.broker import with_payload_forms
 from vibemq_server.server.transport import ReadBatch
 
 SERVER_TO_CLIENT = (Publish, Puback, Pubrec, Pubrel, Pubcomp, Suback, Unsuback, Pingresp)
@@ -472,7 +473,9 @@ async def broker(
         )
         store: Journal | None = None
         if journal:
-            store = Journal(journal_dir or Path(tmp) / "journal", fsync=FsyncPolicy.NEVER)
+            store = with_payload_forms(
+                Journal(journal_dir or Path(tmp) / "journal", fsync=FsyncPolicy.NEVER)
+            )
             store.recover(manager)
             store.start(manager)
             manager.persistence = store
@@ -924,7 +927,7 @@ async def test_no_input_breaks_the_state_machine(
         if journal:  # 6: the journal replays to the live durable state
             config = make_config(auth)
             recovered = QueueManager(config.queue_defaults, name_validator=valid_queue_name)
-            Journal(journal_dir).recover(recovered)
+            with_payload_forms(Journal(journal_dir)).recover(recovered)
             assert durable_state(make_server(config, recovered)) == live
 
 

@@ -50,7 +50,7 @@ from vibemq_server.http.models import (
     Subscriber,
 )
 from vibemq_server.protocol.names import valid_queue_name
-from vibemq_server.protocol.payload import PAYLOAD_ENCODING, from_core, is_json, to_core
+from vibemq_server.protocol.payload import PAYLOAD_ENCODING, from_core, is_json, to_vibemq
 
 router = APIRouter(prefix="/api/queues", tags=["queues"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
@@ -336,7 +336,7 @@ async def publish(ctx: Ctx, request: Request, name: str, body: PublishIn) -> Pub
         )
     if body.priority is not None:
         headers["priority"] = body.priority
-    payload, encoding = to_core(raw)
+    payload, encoding = to_vibemq(raw)
     if encoding is not None:
         headers[PAYLOAD_ENCODING] = encoding
     msg_id = body.id or str(uuid.uuid4())

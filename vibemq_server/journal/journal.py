@@ -39,7 +39,7 @@ from vibemq_server.journal.records import (
     encode_record,
     encode_segment_header,
 )
-from vibemq_server.journal.recovery import recover, segment_path
+from vibemq_server.journal.recovery import PayloadForm, recover, segment_path
 from vibemq_server.journal.stats import BATCH_BUCKETS, FSYNC_BUCKETS_S, FixedHistogram
 
 if TYPE_CHECKING:
@@ -131,6 +131,12 @@ class Journal:
         self.fsync_seconds = FixedHistogram(FSYNC_BUCKETS_S)
         self.commit_batch = FixedHistogram(BATCH_BUCKETS)
         self.recovery_seconds = 0.0
+        #: the form a message's payload and headers take in its record, and its inverse for
+        #: recovery (set by the broker to the protocols' payload rule: a byte protocol's raw
+        #: bytes are written in the VibeMQ form, so records and their readers stay as they
+        #: were, and come back raw); None: as stored
+        self.payload_form: PayloadForm | None = None
+        self.payload_restore: PayloadForm | None = None
 
     # -- recovery ----------------------------------------------------------------------------
 
@@ -138,7 +144,7 @@ class Journal:
         """Rebuild queues and messages from the segments; cut a torn tail; refuse damage."""
         started = time.monotonic()
         self.directory.mkdir(parents=True, exist_ok=True)
-        found = recover(self.directory, manager)
+        found = recover(self.directory, manager, self.payload_restore)
         manager.next_seq = max(manager.next_seq, found.max_seq + 1)
         for number, path in found.segments:
             self.segments[number] = _Segment(
@@ -243,6 +249,9 @@ class Journal:
             self._batch_publishes.append((len(self._buf), queue, msg))
         name = queue.name
         records = self._queue_records.get(name) or self._new_records(name)
+        payload, headers = msg.payload, msg.headers
+        if self.payload_form is not None:
+            payload, headers = self.payload_form(payload, headers)
         # The record's timestamp is the publish time itself: no second clock read.
         self._buf.append(
             records.publish(
@@ -253,8 +262,8 @@ class Journal:
                 msg.expires_at,
                 msg.priority,
                 msg.attempts,
-                msg.headers,
-                msg.payload,
+                headers,
+                payload,
             )
         )
         if not self._flush_scheduled:

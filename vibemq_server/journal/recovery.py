@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from struct import Struct
@@ -37,6 +38,10 @@ if TYPE_CHECKING:
     from vibemq_server.core.queue import Queue
 
 log = structlog.get_logger("vibemq.journal")
+
+#: (payload, headers) -> (payload, headers): the form a message takes in its publish record
+#: (``Journal.payload_form``) or its inverse (``Journal.payload_restore``)
+PayloadForm = Callable[[bytes, Mapping[str, str]], tuple[bytes, Mapping[str, str]]]
 
 _U16 = Struct(">H")
 _U32 = Struct(">I")
@@ -111,7 +116,11 @@ def _is_torn_tail(data: bytes, offset: int) -> bool:
     return True
 
 
-def recover(directory: Path, manager: QueueManager) -> Recovered:
+def recover(
+    directory: Path, manager: QueueManager, restore: PayloadForm | None = None
+) -> Recovered:
+    """Rebuild ``manager``'s durable queues and messages from the segments in ``directory``.
+    ``restore``: the inverse of the form records hold (``Journal.payload_restore``)."""
     out = Recovered()
     queues: dict[str, tuple[bytes, int]] = {}
     # seq -> where its PUBLISH record is: segment number << 40 | offset
@@ -180,6 +189,8 @@ def recover(directory: Path, manager: QueueManager) -> Recovered:
         if queue is None:
             continue
         msg = load(data, offset, name, attempts.get(seq), paths, number)
+        if restore is not None:
+            msg.payload, msg.headers = restore(msg.payload, msg.headers)
         if msg.published_at == last_published:
             msg.published_at = last_published
         else:

@@ -16,6 +16,7 @@ from vibemq_server.core import Clock, QueueManager, wall_clock_ms
 from vibemq_server.journal import FsyncPolicy, Journal
 from vibemq_server.protocol import CommandType, ErrorCode, Message, encode
 from vibemq_server.protocol.names import valid_queue_name
+from vibemq_server.protocol.payload import from_journal, to_journal
 from vibemq_server.server.adapter import Adapter, AdapterContext, AdapterFactory, Link
 from vibemq_server.server.listeners import Listeners
 from vibemq_server.server.service import Phase, Service
@@ -30,6 +31,14 @@ conn_log = structlog.get_logger("vibemq.conn")
 
 # Connection ids are unique in the process, across brokers.
 _conn_ids = itertools.count(1)
+
+
+def with_payload_forms(journal: Journal) -> Journal:
+    """``journal`` with the broker's payload forms: its records keep the VibeMQ form (a byte
+    protocol's raw payload converted as written, marked so that recovery gives it back raw)."""
+    journal.payload_form = to_journal
+    journal.payload_restore = from_journal
+    return journal
 
 
 class Broker:
@@ -56,6 +65,7 @@ class Broker:
             segment_size=self.config.segment_size_bytes,
             clock=clock,
         )
+        with_payload_forms(self.journal)
         self.connections: set[Link] = set()
         # Every connection writes what a read produced when that read is done; the core
         # hands over what fan-out queues got during the read just before (manager.hold).

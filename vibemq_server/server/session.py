@@ -55,6 +55,7 @@ from vibemq_server.protocol.jsoncheck import COMPILED as _JSON_OFF_LOOP
 from vibemq_server.protocol.jsoncheck import OFFLOAD_FROM as _JSON_OFFLOAD_FROM
 from vibemq_server.protocol.jsoncheck import valid as _json_valid
 from vibemq_server.protocol.names import valid_queue_name
+from vibemq_server.protocol.payload import PAYLOAD_ENCODING, RAW, as_vibemq
 from vibemq_server.server.stall import StallClock
 from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.transport import ConsumerInfo, Link, SessionInfo
@@ -779,10 +780,15 @@ class Session:
         if self._holders is not None:
             self._holders[msg.id] = sub
         payload = msg.payload
+        headers = msg.headers
+        if headers and headers.get(PAYLOAD_ENCODING) == RAW:
+            # A byte protocol's bytes: their VibeMQ form, computed per delivery (a raw
+            # message reaching a VibeMQ consumer is the cross-protocol case, rarely fanned out).
+            payload, headers = as_vibemq(payload, headers)
         if len(payload) < LARGE_PAYLOAD:
-            self.link.send(encode_deliver(msg.id, msg.queue, payload, msg.headers, msg.attempts))
+            self.link.send(encode_deliver(msg.id, msg.queue, payload, headers, msg.attempts))
         else:  # the payload as its own buffer: the transport writes it without a copy
-            head, tail = deliver_around(msg.id, msg.queue, len(payload), msg.headers, msg.attempts)
+            head, tail = deliver_around(msg.id, msg.queue, len(payload), headers, msg.attempts)
             self.link.send(head)
             self.link.send(payload)
             self.link.send(tail)
@@ -794,9 +800,7 @@ class Session:
         self.stats.messages_sent += len(msgs)
         last = _LAST_RUN
         if msgs is not last.msgs:
-            last.data = b"".join(
-                [encode_deliver(m.id, m.queue, m.payload, m.headers, m.attempts) for m in msgs]
-            )
+            last.data = b"".join([_deliver_frame(m) for m in msgs])
             last.msgs = msgs
         self.link.send(last.data)
 
@@ -906,3 +910,12 @@ _HANDLERS: dict[State, list[Handler | None]] = {
     ]
     for state, row in _TRANSITIONS.items()
 }
+
+
+def _deliver_frame(m: StoredMessage) -> bytes:
+    """The Deliver frame of ``m`` in the VibeMQ form (a byte protocol's raw bytes converted)."""
+    payload = m.payload
+    headers = m.headers
+    if headers and headers.get(PAYLOAD_ENCODING) == RAW:
+        payload, headers = as_vibemq(payload, headers)
+    return encode_deliver(m.id, m.queue, payload, headers, m.attempts)
