@@ -555,10 +555,11 @@ class FrameDecoder:
         pos = 0
         end = len(src)
         limit = self._max
-        unpack = _U32.unpack_from
         need = 4
         while end - pos >= 4:
-            (n,) = unpack(src, pos)
+            # (read by byte index, not ``unpack_from``: the compiled build keeps the length
+            # and every position after it as C integers, not boxed ones added generically)
+            n = src[pos] << 24 | src[pos + 1] << 16 | src[pos + 2] << 8 | src[pos + 3]
             if n == 0 or n > limit:
                 what = "zero frame length" if n == 0 else f"frame of {n} bytes exceeds {limit}"
                 self.error = ProtocolError(ErrorCode.INVALID_MESSAGE, what, fatal=True)
