@@ -841,6 +841,22 @@ def publish_from_parts(
     return packet
 
 
+def held_packet(
+    held: HeldInput, decode: Callable[[int, bytes], _P], *, properties: bool
+) -> tuple[_P | None, bytes]:
+    """A packet held over reads, now complete: a large PUBLISH is decoded straight from the
+    reads (its payload copied once) and comes back with the bytes after it; anything else
+    (or a malformed PUBLISH, whose fault the usual path names) comes back as bytes to parse,
+    joined once. ``properties``: MQTT 5."""
+    if held.need >= _VIEW_BODY and held.first_byte() >> 4 == 3:
+        parts, rest = held.cut()
+        publish = publish_from_parts(parts, decode, properties=properties)
+        if publish is None:
+            return None, b"".join([*parts, rest])
+        return publish, rest
+    return None, held.take()
+
+
 class MqttParser:
     """Incremental MQTT decoder: feed it bytes as they arrive, get whole packets back.
 
@@ -877,21 +893,13 @@ class MqttParser:
         if held is not None and held.size:
             if not held.add_part(data):
                 return []
-            if held.need >= _VIEW_BODY and held.first_byte() >> 4 == 3:
-                # A large PUBLISH: its payload is copied once, straight out of the reads.
-                parts, rest = held.cut()
-                try:
-                    publish = publish_from_parts(parts, _decode_publish, properties=False)
-                except MqttProtocolError as exc:
-                    self._error = exc
-                    raise
-                if publish is None:  # (malformed: the usual path names the fault)
-                    buf = b"".join([*parts, rest])
-                else:
-                    packets.append(publish)
-                    buf = rest
-            else:
-                buf = held.take()  # the packet's bytes joined once, when all are in
+            try:
+                publish, buf = held_packet(held, _decode_publish, properties=False)
+            except MqttProtocolError as exc:
+                self._error = exc
+                raise
+            if publish is not None:
+                packets.append(publish)
         else:
             buf = bytes(data)  # no copy when data is bytes already
         size = len(buf)

@@ -34,7 +34,7 @@ from vibemq_server.adapters.mqtt.codec import (
     decode_remaining_length,
     encode_remaining_length,
     first_byte_check,
-    publish_from_parts,
+    held_packet,
 )
 from vibemq_server.adapters.mqtt.packets import PacketType, Pingreq, Pingresp
 from vibemq_server.adapters.mqtt.packets5 import (
@@ -708,21 +708,13 @@ class Mqtt5Parser:
         if held is not None and held.size:
             if not held.add_part(data):
                 return []
-            if held.need >= _VIEW_BODY and held.first_byte() >> 4 == 3:
-                # A large PUBLISH: its payload is copied once, straight out of the reads.
-                parts, rest = held.cut()
-                try:
-                    publish = publish_from_parts(parts, _decode_publish, properties=True)
-                except MqttProtocolError as exc:
-                    self._error = exc
-                    raise
-                if publish is None:  # (malformed: the usual path names the fault)
-                    buf = b"".join([*parts, rest])
-                else:
-                    packets.append(publish)
-                    buf = rest
-            else:
-                buf = held.take()  # the packet's bytes joined once, when all are in
+            try:
+                publish, buf = held_packet(held, _decode_publish, properties=True)
+            except MqttProtocolError as exc:
+                self._error = exc
+                raise
+            if publish is not None:
+                packets.append(publish)
         else:
             buf = bytes(data)  # no copy when data is bytes already
         size = len(buf)
