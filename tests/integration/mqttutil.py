@@ -59,7 +59,14 @@ class ThreadBroker:
             "http": {"port": 0, "tls_port": 0},
             "data_dir": data_dir,
         }
-        settings.update(overrides)
+        for key, value in overrides.items():
+            # a listener section given as a dict keeps port 0 unless it names a port: a test
+            # that sets one MQTT option must not bind the well-known port
+            default = settings.get(key)
+            if isinstance(default, dict) and isinstance(value, dict):
+                settings[key] = {**default, **value}
+            else:
+                settings[key] = value
         self.config = Config(**settings)
         self.loop = uvloop.new_event_loop()
         self.thread = threading.Thread(target=self._run, name="broker", daemon=True)
