@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from brokersettings import broker_settings
 from hypothesis import settings
 
 from vibemq_server.app import create_broker
@@ -50,16 +51,7 @@ async def broker_factory(tmp_path: Path) -> AsyncIterator[BrokerFactory]:
     started: list[Broker] = []
 
     async def make(**overrides: Any) -> Broker:
-        settings: dict[str, Any] = {
-            "host": "127.0.0.1",
-            "port": 0,
-            "drain_timeout_s": 2.0,
-            "mqtt": {"port": 0},
-            "amqp": {"port": 0},
-            "http": {"port": 0, "tls_port": 0},
-            "data_dir": tmp_path / f"data{len(started)}",
-        }
-        settings.update(overrides)
+        settings = broker_settings(tmp_path / f"data{len(started)}", overrides)
         broker = create_broker(Config(**settings))
         await broker.start()
         started.append(broker)

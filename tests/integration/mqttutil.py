@@ -29,6 +29,7 @@ from typing import Any, Literal, TypeVar
 
 import paho.mqtt.client as mqtt
 import uvloop
+from brokersettings import broker_settings
 from mqttkit import HOST, RawMqtt, unique_id
 from mqttkit import TIMEOUT as WAIT
 from paho.mqtt.reasoncodes import ReasonCode
@@ -50,23 +51,7 @@ class ThreadBroker:
     """A real broker on a thread with its own (uvloop) event loop."""
 
     def __init__(self, data_dir: Path, **overrides: Any) -> None:
-        settings: dict[str, Any] = {
-            "host": HOST,
-            "port": 0,
-            "drain_timeout_s": 2.0,
-            "mqtt": {"port": 0},
-            "amqp": {"port": 0},
-            "http": {"port": 0, "tls_port": 0},
-            "data_dir": data_dir,
-        }
-        for key, value in overrides.items():
-            # a listener section given as a dict keeps port 0 unless it names a port: a test
-            # that sets one MQTT option must not bind the well-known port
-            default = settings.get(key)
-            if isinstance(default, dict) and isinstance(value, dict):
-                settings[key] = {**default, **value}
-            else:
-                settings[key] = value
+        settings = broker_settings(data_dir, overrides)
         self.config = Config(**settings)
         self.loop = uvloop.new_event_loop()
         self.thread = threading.Thread(target=self._run, name="broker", daemon=True)
