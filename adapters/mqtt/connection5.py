@@ -76,6 +76,21 @@ _DROP_REASON: dict[str, int] = {
 }
 
 
+#: ``mqtt.server_reference_mode`` -> the CONNACK refusing every v5 CONNECT (section 4.11)
+_REDIRECT: dict[str, int] = {"use_another": R.USE_ANOTHER_SERVER, "moved": R.SERVER_MOVED}
+
+
+def response_information(template: str, client_id: str) -> str | None:
+    """The Response Information for a client (``%c``: its client id); None when there is
+    none: no template, or a client id with ``/``, ``+`` or ``#``, whose prefix would lie
+    inside another client's (``a/b`` in ``a``'s) or could not be published to."""
+    if not template:
+        return None
+    if "%c" in template and any(c in client_id for c in "/+#"):
+        return None
+    return template.replace("%c", client_id)
+
+
 def _ack(kind: int, pid: int, code: int) -> bytes:
     """PUBACK (0x40) / PUBREC (0x50) / PUBREL (0x62) / PUBCOMP (0x70): short when 0."""
     if code == 0:
@@ -171,12 +186,13 @@ class Mqtt5Connection(MqttConnection):
 
     # -- server DISCONNECT -------------------------------------------------------------------------
 
-    def _say_disconnect(self, code: int, reason: str = "") -> None:
+    def _say_disconnect(self, code: int, reason: str = "", server: str | None = None) -> None:
         if self._said_disconnect or self._state is not State.CONNECTED:
             return
         self._said_disconnect = True
-        props = Properties(reason_string=reason[:200]) if reason and self.problem_info else None
-        self.link.send(encode5(Disconnect5(code, props or Properties())))
+        text = reason[:200] if reason and self.problem_info else None
+        props = Properties(reason_string=text, server_reference=server)
+        self.link.send(encode5(Disconnect5(code, props)))
 
     def _drop(self, reason: str) -> None:
         if self._state is State.CONNECTED:
@@ -205,7 +221,13 @@ class Mqtt5Connection(MqttConnection):
         self._drop("bad_input")
 
     def shutdown(self, reason: str) -> None:
-        self._say_disconnect(R.SERVER_SHUTTING_DOWN)
+        reference = self.server.cfg.server_reference
+        if reference:
+            # Section 4.11: a Server Reference goes with 0x9C (use another server, for
+            # now), not with 0x8B; client libraries look for it only there.
+            self._say_disconnect(R.USE_ANOTHER_SERVER, server=reference)
+        else:
+            self._say_disconnect(R.SERVER_SHUTTING_DOWN)
         self.will5 = None
         super().shutdown(reason)
 
@@ -288,6 +310,15 @@ class Mqtt5Connection(MqttConnection):
         client_id = packet.client_id
         if code is ConnackCode.ACCEPTED and len(client_id) > cfg.max_client_id_length:
             code = ConnackCode.IDENTIFIER_REJECTED
+        if code is ConnackCode.ACCEPTED and cfg.server_reference:
+            redirect = _REDIRECT.get(cfg.server_reference_mode)
+            if redirect is not None:
+                self.log.info("connect redirected", code=hex(redirect), server=cfg.server_reference)
+                self._fire(Event.REFUSED)
+                reference = Properties(server_reference=cfg.server_reference)
+                self.link.send(encode5(Connack5(redirect, False, reference)))
+                self.link.close()
+                return
         if code is not ConnackCode.ACCEPTED:
             self.log.warning("connect refused", code=code.name, client_id=client_id)
             self._fire(Event.REFUSED)
@@ -347,6 +378,11 @@ class Mqtt5Connection(MqttConnection):
                         shared_subscription_available=1,
                         assigned_client_identifier=assigned,
                         server_keep_alive=server_keep_alive,
+                        response_information=(
+                            response_information(cfg.response_information, client_id)
+                            if props.request_response_information
+                            else None
+                        ),
                     ),
                 )
             )
