@@ -22,6 +22,8 @@ from mqttutil import Clients, LogEntries, MakeBroker, Paho, ThreadBroker
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 from test_mqtt_websocket import raw_http, upgrade, ws_port
+from test_permissions import permit
+from userskit import add_user
 from waits import wait_until
 
 from vibemq_server.adapters.mqtt.packets5 import (
@@ -98,6 +100,36 @@ def test_response_information_only_when_asked_and_configured(
     # a client id whose prefix would lie inside another client's gets none
     got = v5(mqtt_clients, broker, "a/b", properties=ask).connack_props
     assert not hasattr(got, "ResponseInformation")
+
+
+def test_response_information_under_permissions(
+    make_mqtt_broker: MakeBroker, mqtt_clients: Clients, tmp_path: Path
+) -> None:
+    """The broker tells the prefix and grants nothing: permissions decide as for any topic
+    (here a requester may read its own prefix only, a responder write replies only)."""
+    path = tmp_path / "users.json"
+    for name in ("req", "svc"):
+        add_user(path, name, f"{name}-pw")
+    permit(path, "req", write=r"^service\.", read=r"^reply\.%c\.")
+    permit(path, "svc", write=r"^reply\.", read=r"^service\.")
+    broker = make_mqtt_broker(
+        users_file=path, allow_anonymous=False, mqtt={"response_information": "reply/%c/"}
+    )
+
+    def login(user: str, client_id: str | None = None, **kw: Any) -> Paho:
+        client = mqtt_clients.paho(broker.mqtt_port, client_id, protocol=V5)
+        client.username_pw_set(user, f"{user}-pw")
+        return client.connected(**kw)
+
+    cid = unique_id("req")
+    ask = props(PacketTypes.CONNECT, RequestResponseInformation=1)
+    requester = login("req", cid, properties=ask)
+    prefix = requester.connack_props.ResponseInformation
+    assert prefix == f"reply/{cid}/"
+    assert requester.subscribe((prefix + "#", 1), ("reply/someone-else/#", 1)) == [1, 0x87]
+    responder = login("svc")
+    responder.publish(prefix + "r", b"answer", 1)
+    assert requester.get().payload == b"answer"
 
 
 # -- Server Reference ----------------------------------------------------------------------------
