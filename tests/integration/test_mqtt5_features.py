@@ -59,7 +59,7 @@ def v5(clients: Clients, broker: ThreadBroker, client_id: str | None = None, **k
 def test_response_information_and_a_request_answered_there(
     make_mqtt_broker: MakeBroker, mqtt_clients: Clients
 ) -> None:
-    broker = make_mqtt_broker(mqtt={"response_information": "reply/%c/"})
+    broker = make_mqtt_broker(mqtt={"port": 0, "response_information": "reply/%c/"})
     cid = unique_id("requester")
     ask = props(PacketTypes.CONNECT, RequestResponseInformation=1)
     requester = v5(mqtt_clients, broker, cid, properties=ask)
@@ -94,7 +94,7 @@ def test_response_information_only_when_asked_and_configured(
     plain = make_mqtt_broker()  # the default: none, even when asked
     got = v5(mqtt_clients, plain, properties=ask).connack_props
     assert not hasattr(got, "ResponseInformation")
-    broker = make_mqtt_broker(mqtt={"response_information": "reply/%c/"})
+    broker = make_mqtt_broker(mqtt={"port": 0, "response_information": "reply/%c/"})
     got = v5(mqtt_clients, broker).connack_props  # not asked
     assert not hasattr(got, "ResponseInformation")
     # a client id whose prefix would lie inside another client's gets none
@@ -113,7 +113,9 @@ def test_response_information_under_permissions(
     permit(path, "req", write=r"^service\.", read=r"^reply\.%c\.")
     permit(path, "svc", write=r"^reply\.", read=r"^service\.")
     broker = make_mqtt_broker(
-        users_file=path, allow_anonymous=False, mqtt={"response_information": "reply/%c/"}
+        users_file=path,
+        allow_anonymous=False,
+        mqtt={"port": 0, "response_information": "reply/%c/"},
     )
 
     def login(user: str, client_id: str | None = None, **kw: Any) -> Paho:
@@ -140,7 +142,11 @@ def test_server_reference_refuses_v5_connects(
     make_mqtt_broker: MakeBroker, mqtt_clients: Clients, mode: str, reason: int
 ) -> None:
     broker = make_mqtt_broker(
-        mqtt={"server_reference": "mqtt2.example.com:1883", "server_reference_mode": mode}
+        mqtt={
+            "port": 0,
+            "server_reference": "mqtt2.example.com:1883",
+            "server_reference_mode": mode,
+        }
     )
     raw = mqtt_clients.raw(broker.mqtt_port, v5=True)
     ack = raw.connect5()
@@ -156,7 +162,7 @@ def test_server_reference_refuses_v5_connects(
 
 def test_mosquitto_sub_is_told_the_server_moved(make_mqtt_broker: MakeBroker) -> None:
     broker = make_mqtt_broker(
-        mqtt={"server_reference": "other.example:1883", "server_reference_mode": "moved"}
+        mqtt={"port": 0, "server_reference": "other.example:1883", "server_reference_mode": "moved"}
     )
     cmd = ["mosquitto_sub", "-V", "mqttv5", "-h", HOST, "-p", str(broker.mqtt_port), "-t", "x"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
@@ -165,7 +171,7 @@ def test_mosquitto_sub_is_told_the_server_moved(make_mqtt_broker: MakeBroker) ->
 
 
 def test_server_reference_on_shutdown(make_mqtt_broker: MakeBroker, mqtt_clients: Clients) -> None:
-    broker = make_mqtt_broker(mqtt={"server_reference": "standby.example:1883"})
+    broker = make_mqtt_broker(mqtt={"port": 0, "server_reference": "standby.example:1883"})
     client = v5(mqtt_clients, broker)  # the default mode, "shutdown": connects are served
     raw = mqtt_clients.raw(broker.mqtt_port, v5=True)
     assert raw.connect5().reason_code == 0
@@ -271,7 +277,7 @@ def test_request_problem_information(
     make_mqtt_broker: MakeBroker, mqtt_clients: Clients, problem_info: int
 ) -> None:
     broker = make_mqtt_broker(
-        mqtt={"deny_publish": ["secret/#"], "deny_subscribe": ["secret/#"]},
+        mqtt={"port": 0, "deny_publish": ["secret/#"], "deny_subscribe": ["secret/#"]},
     )
     raw = mqtt_clients.raw(broker.mqtt_port, v5=True)
     asked = Properties(request_problem_information=problem_info)
@@ -321,7 +327,7 @@ def test_websocket_origin_check(
     origin: str | None,
     ok: bool,
 ) -> None:
-    mqtt_cfg: dict[str, Any] = {"ws_port": 0}
+    mqtt_cfg: dict[str, Any] = {"port": 0, "ws_port": 0}
     if allowed is not None:
         mqtt_cfg["ws_allowed_origins"] = allowed
     broker = make_mqtt_broker(mqtt=mqtt_cfg)
@@ -339,7 +345,7 @@ def test_websocket_origin_check(
 def test_paho_websockets_with_a_foreign_origin_is_refused(
     make_mqtt_broker: MakeBroker, mqtt_clients: Clients
 ) -> None:
-    broker = make_mqtt_broker(mqtt={"ws_port": 0})
+    broker = make_mqtt_broker(mqtt={"port": 0, "ws_port": 0})
     port = ws_port(broker)
     # paho sends Origin http://{host}:{port}: a loopback origin, let in by default
     ok = mqtt_clients.paho(port, protocol=V5, transport="websockets").connected()
