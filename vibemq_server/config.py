@@ -336,7 +336,8 @@ class Config(BaseModel):
         return self.users_file if self.users_file is not None else self.data_dir / "users.json"
 
 
-_LIST_FIELDS = {"auth_tokens"}
+#: list settings an environment variable gives as JSON or comma-separated (dotted paths)
+_LIST_FIELDS = {"auth_tokens", "mqtt.ws_allowed_origins"}
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -351,7 +352,7 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         parsed: Any = value
         if value.startswith("{"):
             parsed = json.loads(value)  # a table: VIBEMQ_USERS='{"alice": "pw"}'
-        elif path[0] in _LIST_FIELDS:
+        elif ".".join(path) in _LIST_FIELDS:
             parsed = (
                 json.loads(value)
                 if value.startswith("[")

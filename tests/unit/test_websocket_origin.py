@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vibemq_server.config import LOOPBACK_ORIGINS
+from vibemq_server.config import LOOPBACK_ORIGINS, load_config
 from vibemq_server.server.websocket import origin_allowed, origin_key, origin_patterns
 
 LOOPBACK = origin_patterns(LOOPBACK_ORIGINS)
@@ -70,3 +70,14 @@ def test_a_configured_list() -> None:
     assert not origin_allowed("https://example.org.evil.example", patterns)
     assert origin_allowed("null", patterns)
     assert origin_allowed("https://anything.example", origin_patterns(["*"]))
+
+
+def test_the_allow_list_from_the_environment() -> None:
+    env = {"VIBEMQ_MQTT__WS_ALLOWED_ORIGINS": "https://app.example.com, http://localhost:*"}
+    assert load_config(None, env).mqtt.ws_allowed_origins == [
+        "https://app.example.com",
+        "http://localhost:*",
+    ]
+    env = {"VIBEMQ_MQTT__WS_ALLOWED_ORIGINS": '["*"]'}
+    assert load_config(None, env).mqtt.ws_allowed_origins == ["*"]
+    assert load_config(None, {}).mqtt.ws_allowed_origins == list(LOOPBACK_ORIGINS)
