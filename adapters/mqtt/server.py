@@ -930,7 +930,9 @@ class MqttServer:
             return self.manager.persistence is not None
         limit = self.cfg.max_retained
         if topic not in table and len(table) >= limit:
-            self._retained_due = table.drop_expired()
+            due = self._retained_due
+            if due and due <= self.manager.clock():  # (no sweep per publish while full)
+                self._retained_due = table.drop_expired()
         if topic not in table and len(table) >= limit:
             log.warning("retained message not stored: limit reached", limit=limit)
             return False

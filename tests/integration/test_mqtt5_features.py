@@ -225,6 +225,24 @@ def test_retained_message_expires(
     assert _retained_expiry(broker, "rexp/short") == 0  # forgotten, not only skipped
 
 
+def test_expired_retained_messages_leave_room_under_the_limit(
+    make_mqtt_broker: MakeBroker, mqtt_clients: Clients, broker_log: LogEntries
+) -> None:
+    broker = make_mqtt_broker(
+        housekeeping_interval_ms=3_600_000, mqtt={"port": 0, "max_retained": 1}
+    )
+    pub = v5(mqtt_clients, broker)
+    pub.publish("full/a", b"a", 1, retain=True, properties=props(MessageExpiryInterval=1))
+    _clock_past(broker, _retained_expiry(broker, "full/a"))
+    pub.publish("full/b", b"b", 1, retain=True)
+    sub = v5(mqtt_clients, broker)
+    assert sub.subscribe(("full/#", 1)) == [1]
+    assert sub.get().payload == b"b"
+    assert not any("limit reached" in str(e["event"]) for e in broker_log)
+    pub.publish("full/c", b"c", 1, retain=True)  # the limit still holds for live ones
+    assert any("limit reached" in str(e["event"]) for e in broker_log)
+
+
 def test_retained_expiry_survives_a_restart(tmp_path: Path, mqtt_clients: Clients) -> None:
     data = tmp_path / "data"
     first = ThreadBroker(data).start()

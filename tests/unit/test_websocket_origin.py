@@ -81,3 +81,9 @@ def test_the_allow_list_from_the_environment() -> None:
     env = {"VIBEMQ_MQTT__WS_ALLOWED_ORIGINS": '["*"]'}
     assert load_config(None, env).mqtt.ws_allowed_origins == ["*"]
     assert load_config(None, {}).mqtt.ws_allowed_origins == list(LOOPBACK_ORIGINS)
+
+
+def test_star_is_the_only_wildcard() -> None:
+    assert not origin_allowed("https://ab.example", origin_patterns(["https://a?.example"]))
+    assert not origin_allowed("https://a.example", origin_patterns(["https://[a].example"]))
+    assert origin_allowed("https://ab.example", origin_patterns(["https://a*.example"]))

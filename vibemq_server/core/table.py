@@ -76,7 +76,7 @@ class DurableTable:
     ) -> StoredMessage:
         """Set an entry (recorded in the journal before this returns). ``expires_at`` (the
         manager's clock, ms; 0 = never) is only kept, with the entry and in the journal: the
-        table's user decides what an expired entry means (``expired``, ``delete``)."""
+        table's user decides when an entry has expired (``drop_expired``)."""
         manager = self.manager
         now = manager.clock()
         msg = StoredMessage(key, self.queue.name, payload, headers, now, expires_at)

@@ -119,7 +119,8 @@ def origin_patterns(entries: Sequence[str]) -> tuple[str, ...]:
         port = _DEFAULT_PORTS.get(scheme)
         if sep and port is not None and ":" not in netloc.rpartition("]")[2]:
             pattern = f"{pattern}:{port}"
-        patterns.append(pattern.replace("[", "[[]"))  # an IPv6 host's bracket, not a set
+        # an IPv6 host's bracket is no set, and "?" no wildcard: "*" is the only one
+        patterns.append(pattern.replace("[", "[[]").replace("?", "[?]"))
     return tuple(patterns)
 
 
