@@ -10,7 +10,9 @@ state table (``states.TRANSITIONS5``) and v5 handlers: CONNACK with what the bro
 reason codes on every acknowledgement, topic aliases from the client, Receive Maximum on the
 client's QoS 2 publishes, session expiry, will delay, subscription options, and a server
 DISCONNECT with a reason code before every close it decides (``_drop``): 0x8E takeover, 0x8B
-shutdown, 0x98 operator, 0x8D keep-alive, 0x81/0x82/0x93/0x94/0x95 for bad input.
+shutdown, 0x98 operator, 0x8D keep-alive, 0x81/0x82/0x93/0x94/0x95 for bad input. The
+broker's redirection (``mqtt.server_reference``) is a CONNACK 0x9C / 0x9D, or 0x9C instead
+of 0x8B at shutdown; Response Information (``mqtt.response_information``) goes in CONNACK.
 """
 
 from __future__ import annotations
