@@ -48,6 +48,15 @@ class QueueDefaults(BaseModel):
     durable: bool = True
 
 
+#: the default of ``mqtt.ws_allowed_origins``: pages served from this machine's loopback
+#: names only, so that a page of another site open in a browser here cannot drive the broker
+LOOPBACK_ORIGINS = tuple(
+    f"{scheme}://{host}:*"
+    for host in ("localhost", "127.0.0.1", "[::1]")
+    for scheme in ("http", "https")
+)
+
+
 class MqttConfig(BaseModel):
     """The MQTT 3.1 / 3.1.1 listener (see docs/mqtt.md)."""
 
@@ -87,6 +96,29 @@ class MqttConfig(BaseModel):
     )
     server_keep_alive: int = Field(
         0, ge=0, le=65_535, description="MQTT 5: longest keep-alive (s) a client gets; 0 = its own"
+    )
+    response_information: str = Field(
+        "",
+        max_length=1024,
+        description="MQTT 5: the Response Information a client asking for it gets, "
+        "'%c' replaced by its client id (e.g. 'reply/%c/'); '' = none",
+    )
+    server_reference: str = Field(
+        "",
+        max_length=1024,
+        description="MQTT 5: another server for clients (e.g. 'mqtt2.example.com:1883'); '' = none",
+    )
+    server_reference_mode: Literal["shutdown", "use_another", "moved"] = Field(
+        "shutdown",
+        description="MQTT 5, with server_reference: 'shutdown' = DISCONNECT 0x9C with it when "
+        "the broker stops; 'use_another' / 'moved' = refuse every v5 CONNECT with CONNACK "
+        "0x9C / 0x9D and it",
+    )
+    ws_allowed_origins: list[str] = Field(
+        default_factory=lambda: list(LOOPBACK_ORIGINS),
+        description="WebSocket handshakes whose Origin matches one of these patterns "
+        "('scheme://host:port', fnmatch: '*' = any run; '*' alone = every origin; 'null'); "
+        "others get 403. A request without Origin (not a browser) is always let in",
     )
     max_retained: int = Field(100_000, ge=0)
     connect_timeout_s: float = Field(10.0, gt=0)
@@ -304,7 +336,8 @@ class Config(BaseModel):
         return self.users_file if self.users_file is not None else self.data_dir / "users.json"
 
 
-_LIST_FIELDS = {"auth_tokens"}
+#: list settings an environment variable gives as JSON or comma-separated (dotted paths)
+_LIST_FIELDS = {"auth_tokens", "mqtt.ws_allowed_origins"}
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -319,7 +352,7 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         parsed: Any = value
         if value.startswith("{"):
             parsed = json.loads(value)  # a table: VIBEMQ_USERS='{"alice": "pw"}'
-        elif path[0] in _LIST_FIELDS:
+        elif ".".join(path) in _LIST_FIELDS:
             parsed = (
                 json.loads(value)
                 if value.startswith("[")

@@ -10,7 +10,9 @@ state table (``states.TRANSITIONS5``) and v5 handlers: CONNACK with what the bro
 reason codes on every acknowledgement, topic aliases from the client, Receive Maximum on the
 client's QoS 2 publishes, session expiry, will delay, subscription options, and a server
 DISCONNECT with a reason code before every close it decides (``_drop``): 0x8E takeover, 0x8B
-shutdown, 0x98 operator, 0x8D keep-alive, 0x81/0x82/0x93/0x94/0x95 for bad input.
+shutdown, 0x98 operator, 0x8D keep-alive, 0x81/0x82/0x93/0x94/0x95 for bad input. The
+broker's redirection (``mqtt.server_reference``) is a CONNACK 0x9C / 0x9D, or 0x9C instead
+of 0x8B at shutdown; Response Information (``mqtt.response_information``) goes in CONNACK.
 """
 
 from __future__ import annotations
@@ -74,6 +76,21 @@ _DROP_REASON: dict[str, int] = {
     "packet_timeout": R.MALFORMED_PACKET,
     "protocol_violation": R.PROTOCOL_ERROR,
 }
+
+
+#: ``mqtt.server_reference_mode`` -> the CONNACK refusing every v5 CONNECT (section 4.11)
+_REDIRECT: dict[str, int] = {"use_another": R.USE_ANOTHER_SERVER, "moved": R.SERVER_MOVED}
+
+
+def response_information(template: str, client_id: str) -> str | None:
+    """The Response Information for a client (``%c``: its client id); None when there is
+    none: no template, or a client id with ``/``, ``+`` or ``#``, whose prefix would lie
+    inside another client's (``a/b`` in ``a``'s) or could not be published to."""
+    if not template:
+        return None
+    if "%c" in template and any(c in client_id for c in "/+#"):
+        return None
+    return template.replace("%c", client_id)
 
 
 def _ack(kind: int, pid: int, code: int) -> bytes:
@@ -171,12 +188,13 @@ class Mqtt5Connection(MqttConnection):
 
     # -- server DISCONNECT -------------------------------------------------------------------------
 
-    def _say_disconnect(self, code: int, reason: str = "") -> None:
+    def _say_disconnect(self, code: int, reason: str = "", server: str | None = None) -> None:
         if self._said_disconnect or self._state is not State.CONNECTED:
             return
         self._said_disconnect = True
-        props = Properties(reason_string=reason[:200]) if reason and self.problem_info else None
-        self.link.send(encode5(Disconnect5(code, props or Properties())))
+        text = reason[:200] if reason and self.problem_info else None
+        props = Properties(reason_string=text, server_reference=server)
+        self.link.send(encode5(Disconnect5(code, props)))
 
     def _drop(self, reason: str) -> None:
         if self._state is State.CONNECTED:
@@ -205,7 +223,13 @@ class Mqtt5Connection(MqttConnection):
         self._drop("bad_input")
 
     def shutdown(self, reason: str) -> None:
-        self._say_disconnect(R.SERVER_SHUTTING_DOWN)
+        reference = self.server.cfg.server_reference
+        if reference:
+            # Section 4.11: a Server Reference goes with 0x9C (use another server, for
+            # now), not with 0x8B; client libraries look for it only there.
+            self._say_disconnect(R.USE_ANOTHER_SERVER, server=reference)
+        else:
+            self._say_disconnect(R.SERVER_SHUTTING_DOWN)
         self.will5 = None
         super().shutdown(reason)
 
@@ -288,6 +312,15 @@ class Mqtt5Connection(MqttConnection):
         client_id = packet.client_id
         if code is ConnackCode.ACCEPTED and len(client_id) > cfg.max_client_id_length:
             code = ConnackCode.IDENTIFIER_REJECTED
+        if code is ConnackCode.ACCEPTED and cfg.server_reference:
+            redirect = _REDIRECT.get(cfg.server_reference_mode)
+            if redirect is not None:
+                self.log.info("connect redirected", code=hex(redirect), server=cfg.server_reference)
+                self._fire(Event.REFUSED)
+                reference = Properties(server_reference=cfg.server_reference)
+                self.link.send(encode5(Connack5(redirect, False, reference)))
+                self.link.close()
+                return
         if code is not ConnackCode.ACCEPTED:
             self.log.warning("connect refused", code=code.name, client_id=client_id)
             self._fire(Event.REFUSED)
@@ -347,6 +380,11 @@ class Mqtt5Connection(MqttConnection):
                         shared_subscription_available=1,
                         assigned_client_identifier=assigned,
                         server_keep_alive=server_keep_alive,
+                        response_information=(
+                            response_information(cfg.response_information, client_id)
+                            if props.request_response_information
+                            else None
+                        ),
                     ),
                 )
             )

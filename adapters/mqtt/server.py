@@ -69,7 +69,7 @@ from vibemq_server.protocol.payload import PAYLOAD_ENCODING, from_core, to_core
 from vibemq_server.server.adapter import AdapterContext
 from vibemq_server.server.listeners import Listeners
 from vibemq_server.server.transport import Link, Session, StreamTransport, TransportContext
-from vibemq_server.server.websocket import Endpoint, WebSocketSession
+from vibemq_server.server.websocket import Endpoint, WebSocketSession, origin_patterns
 
 log = structlog.get_logger("vibemq.mqtt")
 
@@ -151,7 +151,11 @@ class MqttServer:
         # Its core form, built only when something beyond MQTT sessions takes it.
         self._own_msg: StoredMessage | None = None
         self._own_message: MessageSource = self._core_message
+        self._ws_origins = origin_patterns(self.cfg.ws_allowed_origins)
         self.retained: DurableTable | None = None
+        #: when the first retained message with a Message Expiry Interval expires (the
+        #: manager's clock, ms; 0: none): tick() sweeps the table then, not every time
+        self._retained_due = 0
         self.session_table: DurableTable | None = None
         self.listeners = Listeners(context.tls)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -178,6 +182,7 @@ class MqttServer:
     def restore(self) -> None:
         """After journal recovery: the retained messages and the persistent sessions."""
         self.retained = DurableTable(self.manager, RETAINED_TABLE)
+        self._retained_due = self.retained.drop_expired()  # expired while the broker was down
         self.session_table = DurableTable(self.manager, SESSIONS_TABLE)
         for client_id, entry in self.session_table.items():
             try:
@@ -266,6 +271,7 @@ class MqttServer:
             max_message=self.cfg.max_packet_size,
             handshake_timeout=self.cfg.connect_timeout_s,
             protocol="mqtt",
+            origins=self._ws_origins,
         )
         return self._accept(
             tls,
@@ -285,6 +291,9 @@ class MqttServer:
     def tick(self) -> None:
         # MQTT's timers are per connection (keep-alive); drops are told once a minute.
         self.drop_log.flush()
+        due = self._retained_due
+        if due and due <= self.manager.clock() and self.retained is not None:
+            self._retained_due = self.retained.drop_expired()
         if self._expiring:
             now = self.manager.clock()
             for session in [s for s in self._expiring if (s.expires_at or now + 1) <= now]:
@@ -436,6 +445,7 @@ class MqttServer:
         table = self.retained
         if table is None:
             return []
+        self._retained_due = table.drop_expired()
         found = [
             (topic, msg)
             for topic, msg in table.items()
@@ -569,19 +579,25 @@ class MqttServer:
         if self.retained is None or not len(self.retained):
             return False
         durable = False
+        now = self.manager.clock()
         for topic, msg in self.retained.items():
             if not matches(topic_filter, topic):
                 continue
+            expires = msg.expires_at
+            if expires and expires <= now:
+                # A v5 Message Expiry Interval ran out (section 3.3.2.3.3): gone for good.
+                self.retained.delete(topic)
+                continue
             qos = min(int(msg.headers.get(HEADER_QOS, "0")), granted)
             if isinstance(session, Mqtt5Session):
-                # with the properties it was published with
+                # with the properties it was published with, and the interval left
                 entries = header_entries(msg.headers)
                 if qos == 0:
-                    session.send5(topic, msg.payload, True, entries, 0, ())
+                    session.send5(topic, msg.payload, True, entries, expires, ())
                 else:
                     headers5 = {k: v for k, v in msg.headers.items() if k not in INTERNAL}
                     durable |= session.enqueue5(
-                        topic, msg.payload, qos, True, entries, 0, (), headers5
+                        topic, msg.payload, qos, True, entries, expires, (), headers5
                     )
             elif qos == 0:
                 session.send_qos0(encode_publish(topic.encode(), msg.payload, 0, retain=True))
@@ -912,13 +928,24 @@ class MqttServer:
         if not payload:
             table.delete(topic)
             return self.manager.persistence is not None
-        if topic not in table and len(table) >= self.cfg.max_retained:
-            log.warning("retained message not stored: limit reached", limit=self.cfg.max_retained)
+        limit = self.cfg.max_retained
+        if topic not in table and len(table) >= limit:
+            due = self._retained_due
+            if due and due <= self.manager.clock():  # (no sweep per publish while full)
+                self._retained_due = table.drop_expired()
+        if topic not in table and len(table) >= limit:
+            log.warning("retained message not stored: limit reached", limit=limit)
             return False
         headers = {HEADER_QOS: str(qos)}
+        expires_at = 0
         if props is not None:
             headers.update(props_to_headers(props))
-        table.put(topic, payload, headers)
+            expiry = props.message_expiry_interval
+            if expiry is not None:
+                expires_at = self.manager.clock() + expiry * 1000
+                due = self._retained_due
+                self._retained_due = expires_at if not due or expires_at < due else due
+        table.put(topic, payload, headers, expires_at)
         return self.manager.persistence is not None
 
 

@@ -2,7 +2,8 @@
 package, installed by the test setup into a cache directory) in headless Chromium
 (browserkit), subscribes and publishes through the broker over ws (MQTT 3.1.1 and 5.0) and
 wss; paho clients on plain MQTT publish to it and read what it publishes, and the test reads
-the page back. A screenshot of each run goes to tests/artifacts/mqtt-websocket/."""
+the page back; a page of an origin the broker does not list is refused (403). A screenshot
+of each run goes to tests/artifacts/mqtt-websocket/."""
 
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ from browserkit import ARTIFACTS, Watched, chromium, watched_page
 from certs import Pki, make_pki, tls_settings
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from mqttutil import Clients, MakeBroker
+from mqttutil import Clients, LogEntries, MakeBroker
 from playwright.sync_api import Browser, expect
+from waits import wait_until
 
 #: mqtt.js major version the page loads (from the npm registry)
 MQTTJS = "mqtt@5"
@@ -202,4 +204,31 @@ def test_mqttjs_in_chromium_over_wss(
         round_trip(page, site, f"wss://localhost:{port}/mqtt", mqtt_clients, broker.mqtt_port)
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.page.screenshot(path=str(SHOTS / "mqttjs-wss.png"), full_page=True)
+        page.assert_clean()
+
+
+def test_a_page_of_a_foreign_origin_is_refused(
+    make_mqtt_broker: MakeBroker,
+    mqtt_clients: Clients,
+    browser: Browser,
+    site: str,
+    broker_log: LogEntries,
+) -> None:
+    """Chromium sends the page's origin on the upgrade: a page of a site the broker does not
+    list gets 403 (mqtt.js never connects); listed exactly, the same page gets through."""
+    page_origin = site.rsplit("/", 1)[0]  # http://127.0.0.1:PORT
+    refusing = make_mqtt_broker(
+        mqtt={"port": 0, "ws_port": 0, "ws_allowed_origins": ["https://app.example.com"]}
+    )
+    refusing_port = refusing.call(lambda b: b.ready())["mqtt_ws"]
+    event = "websocket handshake refused: origin not allowed"
+    with watched_page(browser) as page:
+        page.page.goto(f"{site}?url=ws://127.0.0.1:{refusing_port}/mqtt&v=5")
+        wait_until(lambda: any(e["event"] == event for e in broker_log), "the refusal")
+        assert [e["origin"] for e in broker_log if e["event"] == event] == [page_origin]
+        expect(page.page.locator("#state")).not_to_have_text("subscribed")
+    listed = make_mqtt_broker(mqtt={"port": 0, "ws_port": 0, "ws_allowed_origins": [page_origin]})
+    port = listed.call(lambda b: b.ready())["mqtt_ws"]
+    with watched_page(browser) as page:
+        round_trip(page, site, f"ws://127.0.0.1:{port}/mqtt", mqtt_clients, listed.mqtt_port, 5)
         page.assert_clean()

@@ -293,3 +293,33 @@ async def test_deleted_entries_release_their_segments(env: Env) -> None:
     assert len(env.segments()) <= 2
     mgr2, _ = await env.restart(journal, segment_size=4096)
     assert contents(DurableTable(mgr2, TABLE)) == {"last": (b"1", {})}
+
+
+# -- entries with a deadline (MQTT 5 retained messages with a Message Expiry Interval) -------
+
+
+async def test_expiring_entries_keep_their_deadline_across_a_restart(env: Env) -> None:
+    mgr, journal = env.open()
+    table = DurableTable(mgr, TABLE)
+    now = env.clock()
+    table.put("soon", b"1", {}, now + 1_000)
+    table.put("later", b"2", {}, now + 60_000)
+    table.put("never", b"3", {})
+    assert table.drop_expired() == now + 1_000  # nothing due yet: the next deadline
+    assert await durable(journal) is None
+    mgr, journal = await env.restart(journal)
+    table = DurableTable(mgr, TABLE)
+    assert {k: m.expires_at for k, m in table.items()} == {
+        "soon": now + 1_000,
+        "later": now + 60_000,
+        "never": 0,
+    }
+    env.clock.advance(1_000)  # (the deadline itself counts as passed)
+    assert table.drop_expired() == now + 60_000
+    assert sorted(k for k, _ in table.items()) == ["later", "never"]
+    env.clock.advance(59_000)
+    assert table.drop_expired() == 0  # none left that expires
+    assert [k for k, _ in table.items()] == ["never"]
+    assert await durable(journal) is None
+    mgr, journal = await env.restart(journal)
+    assert [k for k, _ in DurableTable(mgr, TABLE).items()] == ["never"]  # deletions kept

@@ -88,6 +88,14 @@ GOLDEN: list[tuple[Packet5, bytes]] = [
         frame(0x20, b"\x01\x00\x07\x12" + s("a") + b"\x21\x00\x14"),
     ),
     (Connack5(ReasonCode.BAD_AUTHENTICATION_METHOD), b"\x20\x03\x00\x8c\x00"),
+    (
+        Connack5(0, False, Properties(response_information="r/c/")),
+        frame(0x20, b"\x00\x00\x07\x1a" + s("r/c/")),
+    ),
+    (
+        Connack5(ReasonCode.SERVER_MOVED, False, Properties(server_reference="b:1")),
+        frame(0x20, b"\x00\x9d\x06\x1c" + s("b:1")),
+    ),
     (Publish5("a/b", b"hi"), frame(0x30, s("a/b") + b"\x00hi")),
     (
         Publish5("a", b"", 1, packet_id=7, properties=Properties(message_expiry_interval=60)),
@@ -128,6 +136,14 @@ GOLDEN: list[tuple[Packet5, bytes]] = [
     (
         Disconnect5(0x04, Properties(session_expiry_interval=0)),
         b"\xe0\x07\x04\x05\x11\x00\x00\x00\x00",
+    ),
+    (
+        Disconnect5(ReasonCode.USE_ANOTHER_SERVER, Properties(server_reference="s")),
+        b"\xe0\x06\x9c\x04\x1c" + s("s"),
+    ),
+    (
+        Connect5("", keep_alive=0, properties=Properties(request_response_information=1)),
+        frame(0x10, s("MQTT") + b"\x05\x02\x00\x00\x02\x19\x01" + s("")),
     ),
     (Auth5(0x18, Properties(authentication_method="m")), frame(0xF0, b"\x18\x04\x15" + s("m"))),
 ]
@@ -322,8 +338,24 @@ _connects = st.builds(
         maximum_packet_size=st.none() | st.integers(1, 2**32 - 1),
         topic_alias_maximum=st.none() | st.integers(0, 65535),
         request_problem_information=st.none() | st.sampled_from([0, 1]),
+        request_response_information=st.none() | st.sampled_from([0, 1]),
         user_properties=_pairs,
     ),
+)
+# what the broker answers with Response Information or a Server Reference (section 4.11)
+_redirects = st.builds(
+    Properties,
+    response_information=st.none() | _text,
+    server_reference=st.none() | _text,
+    reason_string=st.none() | _text,
+)
+_connacks = st.builds(Connack5, st.just(0), st.booleans(), _redirects) | st.builds(
+    Connack5, st.sampled_from([0x9C, 0x9D]), st.just(False), _redirects
+)
+_disconnects = st.builds(
+    Disconnect5,
+    st.sampled_from([0x8B, 0x9C, 0x9D]),
+    st.builds(Properties, server_reference=st.none() | _text),
 )
 packets = st.one_of(
     publishes(),
@@ -332,6 +364,8 @@ packets = st.one_of(
     _connects,
     st.builds(Unsubscribe5, _pid, st.lists(_topic, min_size=1, max_size=3).map(tuple)),
     st.builds(Disconnect5, st.sampled_from([0, 4, 0x8E, 0x95])),
+    _connacks,
+    _disconnects,
     st.just(Pingreq()),
 )
 

@@ -71,10 +71,15 @@ class DurableTable:
     def items(self) -> Iterator[tuple[str, StoredMessage]]:
         return iter(list(self.queue.parked.items()))
 
-    def put(self, key: str, payload: bytes, headers: Mapping[str, str]) -> StoredMessage:
-        """Set an entry (recorded in the journal before this returns)."""
+    def put(
+        self, key: str, payload: bytes, headers: Mapping[str, str], expires_at: int = 0
+    ) -> StoredMessage:
+        """Set an entry (recorded in the journal before this returns). ``expires_at`` (the
+        manager's clock, ms; 0 = never) is only kept, with the entry and in the journal: the
+        table's user decides when an entry has expired (``drop_expired``)."""
         manager = self.manager
-        msg = StoredMessage(key, self.queue.name, payload, headers, manager.clock())
+        now = manager.clock()
+        msg = StoredMessage(key, self.queue.name, payload, headers, now, expires_at)
         msg.seq = manager.next_seq
         manager.next_seq += 1
         self._park(self.queue, msg)
@@ -82,6 +87,24 @@ class DurableTable:
         if self.queue.options.durable and persistence is not None:
             persistence.published(self.queue, msg)
         return msg
+
+    def drop_expired(self) -> int:
+        """Delete the entries whose ``expires_at`` has passed; the earliest ``expires_at``
+        of those left (0: none expires)."""
+        now = self.manager.clock()
+        gone: list[str] = []
+        due = 0
+        for key, msg in self.queue.parked.items():
+            expires = msg.expires_at
+            if not expires:
+                continue
+            if expires <= now:
+                gone.append(key)
+            elif not due or expires < due:
+                due = expires
+        for key in gone:
+            self.delete(key)
+        return due
 
     def delete(self, key: str) -> bool:
         msg = self.queue.parked.pop(key, None)

@@ -22,9 +22,10 @@ so its parser is always at a frame boundary), and a binary frame out is the opco
 the length in front of the bytes (``send``: a server does not mask). The tests feed the same
 streams through both paths (tests/unit/test_websocket_layer.py).
 
-What this module adds: the path and subprotocols an endpoint accepts, a bound on the
-handshake's size and time, binary frames only, a bound on a message's size (for MQTT, its
-maximum packet size), and a log line for each refusal.
+What this module adds: the path and subprotocols an endpoint accepts, the browser origins
+it lets in (403 for others), a bound on the handshake's size and time, binary frames only, a
+bound on a message's size (for MQTT, its maximum packet size), and a log line for each
+refusal.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import http
 import struct
 from collections.abc import Callable, Sequence
 from enum import Enum
+from fnmatch import fnmatchcase
 from typing import TypeVar
 from urllib.parse import urlsplit
 
@@ -98,6 +100,59 @@ class Endpoint:
     #: the protocol's name in the management API before its session exists
     protocol: str
     max_handshake_bytes: int = MAX_HANDSHAKE_BYTES
+    #: the browser origins let in (``origin_patterns``); None: not checked
+    origins: tuple[str, ...] | None = None
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
+def origin_patterns(entries: Sequence[str]) -> tuple[str, ...]:
+    """Allowed origins as ``origin_allowed`` compares them: lower case, the scheme's port
+    written out when an entry leaves it implicit (``https://a.example`` is
+    ``https://a.example:443``, as the browser's ``https://a.example`` is); ``*`` is the
+    only wildcard."""
+    patterns = []
+    for entry in entries:
+        pattern = entry.strip().lower().rstrip("/")
+        scheme, sep, netloc = pattern.partition("://")
+        port = _DEFAULT_PORTS.get(scheme)
+        if sep and port is not None and ":" not in netloc.rpartition("]")[2]:
+            pattern = f"{pattern}:{port}"
+        # an IPv6 host's bracket is no set, and "?" no wildcard: "*" is the only one
+        patterns.append(pattern.replace("[", "[[]").replace("?", "[?]"))
+    return tuple(patterns)
+
+
+def origin_key(origin: str) -> str | None:
+    """An ``Origin`` header as ``scheme://host:port`` (port always written), ``null`` as
+    itself; None for something that is not an origin."""
+    value = origin.strip().lower()
+    if value == "null":
+        return value
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        return None
+    host = parts.hostname
+    default = _DEFAULT_PORTS.get(parts.scheme)
+    if not host or default is None or parts.username is not None or parts.query:
+        return None
+    if parts.path not in ("", "/") or parts.fragment:
+        return None
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}:{port or default}"
+
+
+def origin_allowed(origin: str, patterns: Sequence[str]) -> bool:
+    """Whether a browser's ``Origin`` matches one of ``origin_patterns``' patterns
+    (``*`` matches any run of characters; ``*`` alone every origin)."""
+    if "*" in patterns:
+        return True
+    key = origin_key(origin)
+    return key is not None and any(fnmatchcase(key, pattern) for pattern in patterns)
 
 
 class WebSocketSession:
@@ -369,6 +424,17 @@ class WebSocketSession:
         if path != self.endpoint.path:
             self._refuse(http.HTTPStatus.NOT_FOUND, "unknown path", path=path[:200])
             return
+        allowed = self.endpoint.origins
+        if allowed is not None:
+            # Browsers always send Origin on a WebSocket upgrade; other clients need not
+            # (and could send any), so only a page's origin is checked: a site open in a
+            # browser here must not reach the broker with the browser's network position.
+            origins = request.headers.get_all("Origin")
+            if origins and (len(origins) > 1 or not origin_allowed(origins[0], allowed)):
+                self._refuse(
+                    http.HTTPStatus.FORBIDDEN, "origin not allowed", origin=origins[0][:200]
+                )
+                return
         response = ws.accept(request)
         ws.send_response(response)
         if response.status_code != 101:
