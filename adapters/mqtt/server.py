@@ -68,7 +68,7 @@ from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.protocol.payload import PAYLOAD_ENCODING, from_core, to_core
 from vibemq_server.server.adapter import AdapterContext
 from vibemq_server.server.listeners import Listeners
-from vibemq_server.server.transport import Link, Session, StreamTransport, TransportContext
+from vibemq_server.server.transport import Link, ListenerContexts, Session, StreamTransport
 from vibemq_server.server.websocket import Endpoint, WebSocketSession
 
 log = structlog.get_logger("vibemq.mqtt")
@@ -156,8 +156,6 @@ class MqttServer:
         self.listeners = Listeners(context.tls)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn_ids = itertools.count(1)
-        # what the connections of a listener share (one per TLS context)
-        self._contexts: dict[ssl.SSLContext | None, TransportContext] = {}
         self.port = 0
         #: output given during a read is written when the read is done (shared by protocols)
         self.batch = context.read_batch
@@ -166,6 +164,16 @@ class MqttServer:
         #: the MQTT counters (bytes, connections, messages, errors) and the broker's
         self.broker_stats = context.stats
         self.stats = context.stats.protocol("mqtt")
+        # what the connections of a listener share (one per TLS context)
+        self._contexts = ListenerContexts(
+            log=log,
+            out_limit=config.write_buffer_high_bytes,
+            batch=context.read_batch,
+            register=context.register,
+            unregister=context.unregister,
+            handshake_timeout=config.tls.handshake_timeout_s,
+            stats=self.stats,
+        )
         #: drops beyond a clean session's bounds, told in the log by client id (rate-limited)
         self.drop_log = DropLog(self.manager.clock, "client_id")
         #: what the sessions share (made with the first one)
@@ -234,22 +242,10 @@ class MqttServer:
         """A new socket: the shared transport, carrying an MQTT connection once the broker's
         connection limit let it in (over the limit the socket just closes: MQTT has no
         refusal before CONNECT)."""
-        context = self._contexts.get(tls)
-        if context is None:
-            context = self._contexts[tls] = TransportContext(
-                log=log,
-                out_limit=self.config.write_buffer_high_bytes,
-                batch=self.batch,
-                register=self.register,
-                unregister=self.unregister,
-                tls=tls,
-                handshake_timeout=self.config.tls.handshake_timeout_s,
-                stats=self.stats,
-            )
         return StreamTransport(
             make_session or self.new_session,
             conn_id=f"{kind}_{next(self._conn_ids)}",
-            context=context,
+            context=self._contexts.get(tls),
         )
 
     def new_session(self, link: Link) -> MqttEntry:

@@ -24,7 +24,7 @@ from vibemq_server.server.session import Session
 from vibemq_server.server.stats import BrokerStats
 from vibemq_server.server.tls import reload as reload_tls
 from vibemq_server.server.tls import server_context
-from vibemq_server.server.transport import ReadBatch, StreamTransport, TransportContext
+from vibemq_server.server.transport import ListenerContexts, ReadBatch, StreamTransport
 
 log = structlog.get_logger("vibemq.broker")
 conn_log = structlog.get_logger("vibemq.conn")
@@ -70,8 +70,6 @@ class Broker:
         # Every connection writes what a read produced when that read is done; the core
         # hands over what fan-out queues got during the read just before (manager.hold).
         self.read_batch = ReadBatch(self.manager.hold, self.manager.release)
-        # what the native connections of a listener share (one per TLS context)
-        self._contexts: dict[ssl.SSLContext | None, TransportContext] = {}
         #: who may connect, for every protocol (raises UsersFileError on a corrupt users file)
         self.auth = Authenticator(self.config)
         #: the TLS listeners' one context (None: no certificate); SIGHUP reloads it
@@ -79,6 +77,17 @@ class Broker:
         #: traffic counters by protocol, and the start time (read by the metrics)
         self.stats = BrokerStats()
         self.native_stats = self.stats.protocol("vibemq")
+        # what the native connections of a listener share (one per TLS context)
+        self._contexts = ListenerContexts(
+            log=conn_log,
+            out_limit=self.config.write_buffer_high_bytes,
+            batch=self.read_batch,
+            register=self.register,
+            unregister=self.unregister,
+            handshake_timeout=self.config.tls.handshake_timeout_s,
+            stats=self.native_stats,
+            refusal=self._native_refusal,
+        )
         context = AdapterContext(
             self.config,
             self.manager,
@@ -105,7 +114,6 @@ class Broker:
         #: hosted next to the listeners (the HTTP listener), by the composition root
         self.services: list[Service] = []
         self._housekeeping: asyncio.Task[None] | None = None
-        self._refusal = self._native_refusal  # (one bound method for every connection)
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -189,23 +197,10 @@ class Broker:
         """The transport of one accepted native connection, driving a native ``Session``."""
         conn_id = f"srv_{next(_conn_ids)}"
         manager, config, auth, stats = self.manager, self.config, self.auth, self.native_stats
-        context = self._contexts.get(tls)
-        if context is None:
-            context = self._contexts[tls] = TransportContext(
-                log=conn_log,
-                out_limit=config.write_buffer_high_bytes,
-                batch=self.read_batch,
-                register=self.register,
-                unregister=self.unregister,
-                refusal=self._refusal,
-                tls=tls,
-                handshake_timeout=config.tls.handshake_timeout_s,
-                stats=stats,
-            )
         return StreamTransport(
             lambda link: Session(link, manager, config, auth, stats),
             conn_id=conn_id,
-            context=context,
+            context=self._contexts.get(tls),
         )
 
     def _native_refusal(self, conn_id: str) -> bytes:

@@ -271,6 +271,62 @@ class TransportContext:
         self.stats = stats if stats is not None else ProtocolStats("")
 
 
+class ListenerContexts:
+    """The ``TransportContext`` of each TLS context a protocol's listeners accept on (None:
+    plain): what they share is given once, ``get(tls)`` makes the context on the first
+    connection of that listener (on the loop) and hands the same one to the next."""
+
+    __slots__ = (
+        "_batch",
+        "_by_tls",
+        "_handshake_timeout",
+        "_log",
+        "_out_limit",
+        "_refusal",
+        "_register",
+        "_stats",
+        "_unregister",
+    )
+
+    def __init__(
+        self,
+        *,
+        log: structlog.typing.FilteringBoundLogger,
+        out_limit: int,
+        batch: ReadBatch,
+        register: Callable[[StreamTransport], bool],
+        unregister: Callable[[StreamTransport], None],
+        handshake_timeout: float,
+        stats: ProtocolStats,
+        refusal: bytes | Callable[[str], bytes] = b"",
+    ) -> None:
+        self._log = log
+        self._out_limit = out_limit
+        self._batch = batch
+        self._register = register
+        self._unregister = unregister
+        self._handshake_timeout = handshake_timeout
+        self._stats = stats
+        self._refusal = refusal
+        self._by_tls: dict[ssl.SSLContext | None, TransportContext] = {}
+
+    def get(self, tls: ssl.SSLContext | None) -> TransportContext:
+        context = self._by_tls.get(tls)
+        if context is None:
+            context = self._by_tls[tls] = TransportContext(
+                log=self._log,
+                out_limit=self._out_limit,
+                batch=self._batch,
+                register=self._register,
+                unregister=self._unregister,
+                refusal=self._refusal,
+                tls=tls,
+                handshake_timeout=self._handshake_timeout,
+                stats=self._stats,
+            )
+        return context
+
+
 class StreamTransport(asyncio.Protocol):
     """The one asyncio protocol of every stream listener, whatever it speaks: it owns the
     socket, the output buffer, flow control and the per-read batch, and hands bytes to the
