@@ -222,6 +222,11 @@ class Link(Protocol):
 
     def time(self) -> float: ...
 
+    def replace_session(self, session: Session) -> None:
+        """From now on the connection drives ``session`` instead of the one it made (MQTT:
+        the version picker hands over to the 3.1.1 or 5.0 connection once CONNECT has
+        said which, and is dropped)."""
+
 
 class TransportContext:
     """What the connections of one listener share: its logger, limits, read batch, broker
@@ -501,6 +506,9 @@ class StreamTransport(asyncio.Protocol):
             self._ssl is not None and time.time() - self.connected_at > self._ctx.handshake_timeout
         ):
             self._handshake_timed_out()
+
+    def replace_session(self, session: Session) -> None:
+        self.session = session
 
     def log_context(self) -> dict[str, object]:
         """What this connection's log lines carry (``ConnLog`` binds it on first use)."""
