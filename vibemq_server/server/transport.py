@@ -187,10 +187,14 @@ class Link(Protocol):
 
     #: the client's address (for authentication: loopback or not, failed logins per address)
     peer_host: str
-    #: over TLS with a verified client certificate: its CN (or first SAN); else None
-    peer_identity: str | None
-    #: the connection came in on a TLS listener
-    over_tls: bool
+
+    @property
+    def peer_identity(self) -> str | None:
+        """Over TLS with a verified client certificate: its CN (or first SAN); else None."""
+
+    @property
+    def over_tls(self) -> bool:
+        """The connection came in on a TLS listener."""
 
     @property
     def writable(self) -> bool: ...
@@ -332,6 +336,20 @@ class ListenerContexts:
         return context
 
 
+class TlsChannel:
+    """The TLS side of one connection (over memory BIOs), made when its socket is accepted
+    on a TLS listener: a plain connection keeps one empty slot instead of four."""
+
+    __slots__ = ("bio_in", "bio_out", "identity", "obj")
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        self.bio_in = ssl.MemoryBIO()
+        self.bio_out = ssl.MemoryBIO()
+        self.obj = context.wrap_bio(self.bio_in, self.bio_out, server_side=True)
+        #: the verified client certificate's CN (or first SAN), once the handshake is done
+        self.identity: str | None = None
+
+
 class StreamTransport(asyncio.Protocol):
     """The one asyncio protocol of every stream listener, whatever it speaks: it owns the
     socket, the output buffer, flow control and the per-read batch, and hands bytes to the
@@ -344,8 +362,6 @@ class StreamTransport(asyncio.Protocol):
     the listener's connections share is one ``TransportContext``."""
 
     __slots__ = (
-        "_bio_in",
-        "_bio_out",
         "_closing",
         "_counted",
         "_ctx",
@@ -355,16 +371,14 @@ class StreamTransport(asyncio.Protocol):
         "_out_size",
         "_reading_paused",
         "_sniff",
-        "_ssl",
+        "_tls",
         "_write_paused",
         "_yielding",
         "bytes_received",
         "bytes_sent",
         "conn_id",
         "connected_at",
-        "over_tls",
         "peer_host",
-        "peer_identity",
         "peer_port",
         "session",
         "transport",
@@ -392,16 +406,12 @@ class StreamTransport(asyncio.Protocol):
         self._closing = False
         self.peer_host = ""
         self.peer_port = 0
-        self.peer_identity: str | None = None
         #: when the socket was accepted (Unix time, seconds)
         self.connected_at = 0.0
         #: the protocol's bytes (after TLS decryption, before encryption)
         self.bytes_received = 0
         self.bytes_sent = 0
-        self.over_tls = context.tls is not None
-        self._ssl: ssl.SSLObject | None = None
-        self._bio_in: ssl.MemoryBIO | None = None
-        self._bio_out: ssl.MemoryBIO | None = None
+        self._tls: TlsChannel | None = None
         # A plain listener looks once at the first bytes for a TLS ClientHello.
         self._sniff = context.tls is None
 
@@ -437,18 +447,17 @@ class StreamTransport(asyncio.Protocol):
         self._counted = True
         if ctx.tls is not None:
             # The session starts once the handshake is done (and the peer known).
-            self._bio_in, self._bio_out = ssl.MemoryBIO(), ssl.MemoryBIO()
-            self._ssl = ctx.tls.wrap_bio(self._bio_in, self._bio_out, server_side=True)
+            self._tls = TlsChannel(ctx.tls)
             return  # (its deadline: check_timers)
         self._start_session()
 
     def data_received(self, data: bytes) -> None:
         session = self.session
         if session is None or self._closing:
-            if self._ssl is not None and not self._closing:
+            if self._tls is not None and not self._closing:
                 self._handshake(data)
             return
-        if self._ssl is not None:
+        if self._tls is not None:
             data = self._decrypt(data)
             if not data:
                 return
@@ -503,12 +512,21 @@ class StreamTransport(asyncio.Protocol):
         if self.session is not None:
             self.session.check_timers(now, keepalive, frame_timeout)
         elif (
-            self._ssl is not None and time.time() - self.connected_at > self._ctx.handshake_timeout
+            self._tls is not None and time.time() - self.connected_at > self._ctx.handshake_timeout
         ):
             self._handshake_timed_out()
 
     def replace_session(self, session: Session) -> None:
         self.session = session
+
+    @property
+    def peer_identity(self) -> str | None:
+        tls = self._tls
+        return tls.identity if tls is not None else None
+
+    @property
+    def over_tls(self) -> bool:
+        return self._ctx.tls is not None
 
     def log_context(self) -> dict[str, object]:
         """What this connection's log lines carry (``ConnLog`` binds it on first use)."""
@@ -647,7 +665,7 @@ class StreamTransport(asyncio.Protocol):
             pieces = [b"".join(out)]
         else:
             pieces = coalesce(out)
-        if self._ssl is not None:
+        if self._tls is not None:
             for piece in pieces:  # (SSLObject copies into its records anyway)
                 self._encrypt(piece)
         elif len(pieces) == 1:
@@ -693,10 +711,10 @@ class StreamTransport(asyncio.Protocol):
             return
         self._flush()
         self._closing = True
-        if self._ssl is not None and self.session is not None:
+        if self._tls is not None and self.session is not None:
             # close_notify, so the peer knows the stream was not cut short
             with contextlib.suppress(ssl.SSLError):
-                self._ssl.unwrap()
+                self._tls.obj.unwrap()
             self._send_records()
         self.transport.close()
 
@@ -708,10 +726,11 @@ class StreamTransport(asyncio.Protocol):
     # -- TLS ---------------------------------------------------------------------------------
 
     def _handshake(self, data: bytes) -> None:
-        assert self._ssl is not None and self._bio_in is not None
-        self._bio_in.write(data)
+        tls = self._tls
+        assert tls is not None
+        tls.bio_in.write(data)
         try:
-            self._ssl.do_handshake()
+            tls.obj.do_handshake()
         except ssl.SSLWantReadError:
             self._send_records()
             return
@@ -720,22 +739,23 @@ class StreamTransport(asyncio.Protocol):
             self._tls_failed("TLS handshake failed", exc)
             return
         self._send_records()  # the server's last flight (and TLS 1.3 session tickets)
-        self.peer_identity = peer_identity(self._ssl.getpeercert())
+        tls.identity = peer_identity(tls.obj.getpeercert())
         self.log.debug(
             "TLS established",
-            version=self._ssl.version(),
-            cipher=(self._ssl.cipher() or ("",))[0],
-            identity=self.peer_identity,
+            version=tls.obj.version(),
+            cipher=(tls.obj.cipher() or ("",))[0],
+            identity=tls.identity,
         )
         self._start_session()
-        if self._bio_in.pending:
+        if tls.bio_in.pending:
             self.data_received(b"")  # application data that came with the handshake
 
     def _decrypt(self, data: bytes) -> bytes:
         """What ``data`` (and what was buffered) decrypts to; a close or an error ends the
         connection after what was decrypted before it is handled."""
-        ssl_obj, bio_in = self._ssl, self._bio_in
-        assert ssl_obj is not None and bio_in is not None
+        tls = self._tls
+        assert tls is not None
+        ssl_obj, bio_in = tls.obj, tls.bio_in
         if data:
             bio_in.write(data)
         chunks: list[bytes] = []
@@ -752,25 +772,25 @@ class StreamTransport(asyncio.Protocol):
             self.close()  # the peer's close_notify
         except ssl.SSLError as exc:
             self._tls_failed("TLS error", exc)
-        if self._bio_out is not None and self._bio_out.pending:
+        if tls.bio_out.pending:
             self._send_records()
         if len(chunks) == 1:
             return chunks[0]
         return b"".join(chunks)
 
     def _encrypt(self, data: bytes | memoryview) -> None:
-        assert self._ssl is not None
+        assert self._tls is not None
         try:
-            self._ssl.write(data)
+            self._tls.obj.write(data)
         except ssl.SSLError as exc:
             self._tls_failed("TLS error", exc)
             return
         self._send_records()
 
     def _send_records(self) -> None:
-        bio_out = self._bio_out
-        if bio_out is not None and bio_out.pending and self.transport is not None:
-            self.transport.write(bio_out.read())
+        tls = self._tls
+        if tls is not None and tls.bio_out.pending and self.transport is not None:
+            self.transport.write(tls.bio_out.read())
 
     def _tls_failed(self, what: str, exc: BaseException) -> None:
         self.log.warning(what, reason=describe(exc))
