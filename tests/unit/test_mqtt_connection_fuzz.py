@@ -840,8 +840,9 @@ def expire_holds(world: World) -> None:
     out: done here rather than by the clock, so that an example always runs the same way."""
     for client in world.clients:
         conn = client.conn
-        if conn is not None and conn._hold_timer is not None:
-            conn._hold_timer.cancel()
+        pause = conn._pause if conn is not None else None
+        if conn is not None and pause is not None and pause.timer is not None:
+            pause.timer.cancel()
             conn._hold_expired()
 
 
