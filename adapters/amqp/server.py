@@ -56,7 +56,7 @@ from vibemq_server.core.routing import AddressSink, MessageSource
 from vibemq_server.core.table import DurableTable
 from vibemq_server.server.adapter import AdapterContext
 from vibemq_server.server.listeners import Listeners
-from vibemq_server.server.transport import ListenerContexts, StreamTransport
+from vibemq_server.server.transport import StreamTransport
 
 log = structlog.get_logger("vibemq.amqp")
 
@@ -129,15 +129,7 @@ class AmqpServer:
         #: the AMQP counters (bytes, connections, messages, errors by reply code)
         self.stats = context.stats.protocol("amqp")
         # what the connections of a listener share (one per TLS context)
-        self._contexts = ListenerContexts(
-            log=log,
-            out_limit=config.write_buffer_high_bytes,
-            batch=context.read_batch,
-            register=context.register,
-            unregister=context.unregister,
-            handshake_timeout=config.tls.handshake_timeout_s,
-            stats=self.stats,
-        )
+        self._contexts = context.listener_contexts(log, self.stats)
         #: exclusive queue name -> the connection that owns it (compared by identity)
         self.exclusive: dict[str, object] = {}
         #: queue name -> its exclusive consumer

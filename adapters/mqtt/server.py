@@ -69,7 +69,7 @@ from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.protocol.payload import PAYLOAD_ENCODING, from_core, to_core
 from vibemq_server.server.adapter import AdapterContext
 from vibemq_server.server.listeners import Listeners
-from vibemq_server.server.transport import Link, ListenerContexts, Session, StreamTransport
+from vibemq_server.server.transport import Link, Session, StreamTransport
 from vibemq_server.server.websocket import Endpoint, WebSocketSession
 
 log = structlog.get_logger("vibemq.mqtt")
@@ -188,15 +188,7 @@ class MqttServer:
         self.broker_stats = context.stats
         self.stats = context.stats.protocol("mqtt")
         # what the connections of a listener share (one per TLS context)
-        self._contexts = ListenerContexts(
-            log=log,
-            out_limit=config.write_buffer_high_bytes,
-            batch=context.read_batch,
-            register=context.register,
-            unregister=context.unregister,
-            handshake_timeout=config.tls.handshake_timeout_s,
-            stats=self.stats,
-        )
+        self._contexts = context.listener_contexts(log, self.stats)
         #: drops beyond a clean session's bounds, told in the log by client id (rate-limited)
         self.drop_log = DropLog(self.manager.clock, "client_id")
         #: what the sessions share (made with the first one)

@@ -24,7 +24,7 @@ from vibemq_server.server.session import Session
 from vibemq_server.server.stats import BrokerStats
 from vibemq_server.server.tls import reload as reload_tls
 from vibemq_server.server.tls import server_context
-from vibemq_server.server.transport import ListenerContexts, ReadBatch, StreamTransport
+from vibemq_server.server.transport import ReadBatch, StreamTransport
 
 log = structlog.get_logger("vibemq.broker")
 conn_log = structlog.get_logger("vibemq.conn")
@@ -77,17 +77,6 @@ class Broker:
         #: traffic counters by protocol, and the start time (read by the metrics)
         self.stats = BrokerStats()
         self.native_stats = self.stats.protocol("vibemq")
-        # what the native connections of a listener share (one per TLS context)
-        self._contexts = ListenerContexts(
-            log=conn_log,
-            out_limit=self.config.write_buffer_high_bytes,
-            batch=self.read_batch,
-            register=self.register,
-            unregister=self.unregister,
-            handshake_timeout=self.config.tls.handshake_timeout_s,
-            stats=self.native_stats,
-            refusal=self._native_refusal,
-        )
         context = AdapterContext(
             self.config,
             self.manager,
@@ -97,6 +86,10 @@ class Broker:
             self.auth,
             self.tls,
             self.stats,
+        )
+        # what the native connections of a listener share (one per TLS context)
+        self._contexts = context.listener_contexts(
+            conn_log, self.native_stats, self._native_refusal
         )
         #: the protocol adapters, by name, built by the composition root's factories
         self.adapters: dict[str, Adapter] = {

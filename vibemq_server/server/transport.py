@@ -232,15 +232,63 @@ class Link(Protocol):
         said which, and is dropped)."""
 
 
-class TransportContext:
-    """What the connections of one listener share: its logger, limits, read batch, broker
-    hooks and counters -- one object the listener's transports point to, instead of ten
-    attributes copied into every connection (docs/performance.md, "Idle connections").
+class ListenerContexts:
+    """What the connections of one protocol's listeners share, given once: logger, output
+    limit, read batch, broker hooks, TLS handshake deadline, counters. ``get(tls)`` makes
+    the ``TransportContext`` of the listeners on one TLS context (None: plain) on the first
+    connection (on the loop) and hands the same one to the next.
 
-    ``stats``: the listener's protocol counters (bytes in and out, connections); None:
-    counted nowhere shared. ``refusal``: what to write before closing a connection over the
-    limit, or a function of the connection id that makes it (only then: nothing is built
-    per accepted connection). Made on the loop (it keeps the running one)."""
+    ``stats``: the protocol's counters (bytes in and out, connections); None: counted
+    nowhere shared. ``refusal``: what to write before closing a connection over the limit,
+    or a function of the connection id that makes it (only then: nothing is built per
+    accepted connection)."""
+
+    __slots__ = (
+        "_by_tls",
+        "batch",
+        "handshake_timeout",
+        "log",
+        "out_limit",
+        "refusal",
+        "register",
+        "stats",
+        "unregister",
+    )
+
+    def __init__(
+        self,
+        *,
+        log: structlog.typing.FilteringBoundLogger,
+        out_limit: int,
+        batch: ReadBatch,
+        register: Callable[[StreamTransport], bool],
+        unregister: Callable[[StreamTransport], None],
+        handshake_timeout: float = 10.0,
+        stats: ProtocolStats | None = None,
+        refusal: bytes | Callable[[str], bytes] = b"",
+    ) -> None:
+        self.log = log
+        self.out_limit = out_limit
+        self.batch = batch
+        self.register = register
+        self.unregister = unregister
+        self.handshake_timeout = handshake_timeout
+        self.stats = stats
+        self.refusal = refusal
+        self._by_tls: dict[ssl.SSLContext | None, TransportContext] = {}
+
+    def get(self, tls: ssl.SSLContext | None) -> TransportContext:
+        context = self._by_tls.get(tls)
+        if context is None:
+            context = self._by_tls[tls] = TransportContext(self, tls)
+        return context
+
+
+class TransportContext:
+    """What the connections of one listener share (its ``ListenerContexts``' settings and
+    its TLS context) -- one object the listener's transports point to, instead of ten
+    attributes copied into every connection (docs/performance.md, "Idle connections"). Made
+    on the loop (it keeps the running one)."""
 
     __slots__ = (
         "batch",
@@ -255,85 +303,18 @@ class TransportContext:
         "unregister",
     )
 
-    def __init__(
-        self,
-        *,
-        log: structlog.typing.FilteringBoundLogger,
-        out_limit: int,
-        batch: ReadBatch,
-        register: Callable[[StreamTransport], bool],
-        unregister: Callable[[StreamTransport], None],
-        refusal: bytes | Callable[[str], bytes] = b"",
-        tls: ssl.SSLContext | None = None,
-        handshake_timeout: float = 10.0,
-        stats: ProtocolStats | None = None,
-    ) -> None:
+    def __init__(self, listener: ListenerContexts, tls: ssl.SSLContext | None = None) -> None:
         self.loop = asyncio.get_running_loop()
-        self.log = log
-        self.out_limit = out_limit
-        self.batch = batch
-        self.register = register
-        self.unregister = unregister
-        self.refusal = refusal
+        # (copied: the transports' hot paths read one object)
+        self.log = listener.log
+        self.out_limit = listener.out_limit
+        self.batch = listener.batch
+        self.register = listener.register
+        self.unregister = listener.unregister
+        self.refusal = listener.refusal
+        self.handshake_timeout = listener.handshake_timeout
+        self.stats = listener.stats if listener.stats is not None else ProtocolStats("")
         self.tls = tls
-        self.handshake_timeout = handshake_timeout
-        self.stats = stats if stats is not None else ProtocolStats("")
-
-
-class ListenerContexts:
-    """The ``TransportContext`` of each TLS context a protocol's listeners accept on (None:
-    plain): what they share is given once, ``get(tls)`` makes the context on the first
-    connection of that listener (on the loop) and hands the same one to the next."""
-
-    __slots__ = (
-        "_batch",
-        "_by_tls",
-        "_handshake_timeout",
-        "_log",
-        "_out_limit",
-        "_refusal",
-        "_register",
-        "_stats",
-        "_unregister",
-    )
-
-    def __init__(
-        self,
-        *,
-        log: structlog.typing.FilteringBoundLogger,
-        out_limit: int,
-        batch: ReadBatch,
-        register: Callable[[StreamTransport], bool],
-        unregister: Callable[[StreamTransport], None],
-        handshake_timeout: float,
-        stats: ProtocolStats,
-        refusal: bytes | Callable[[str], bytes] = b"",
-    ) -> None:
-        self._log = log
-        self._out_limit = out_limit
-        self._batch = batch
-        self._register = register
-        self._unregister = unregister
-        self._handshake_timeout = handshake_timeout
-        self._stats = stats
-        self._refusal = refusal
-        self._by_tls: dict[ssl.SSLContext | None, TransportContext] = {}
-
-    def get(self, tls: ssl.SSLContext | None) -> TransportContext:
-        context = self._by_tls.get(tls)
-        if context is None:
-            context = self._by_tls[tls] = TransportContext(
-                log=self._log,
-                out_limit=self._out_limit,
-                batch=self._batch,
-                register=self._register,
-                unregister=self._unregister,
-                refusal=self._refusal,
-                tls=tls,
-                handshake_timeout=self._handshake_timeout,
-                stats=self._stats,
-            )
-        return context
 
 
 class TlsChannel:
