@@ -436,9 +436,20 @@ class MqttServer:
         """Every session, and every client connected without one yet (as an empty clean
         session): what the management API lists."""
         every: dict[str, MqttSession | SessionlessClient] = dict(self.sessions)
-        for client_id, conn in self.sessionless.items():
-            every[client_id] = SessionlessClient(client_id, conn.access.user, conn.link.conn_id)
+        for client_id in self.sessionless:
+            every[client_id] = self._sessionless_view(client_id)
         return every
+
+    def client_session(self, client_id: str) -> MqttSession | SessionlessClient | None:
+        """One of ``client_sessions()``, by client id."""
+        session = self.sessions.get(client_id)
+        if session is None and client_id in self.sessionless:
+            return self._sessionless_view(client_id)
+        return session
+
+    def _sessionless_view(self, client_id: str) -> SessionlessClient:
+        conn = self.sessionless[client_id]
+        return SessionlessClient(client_id, conn.access.user, conn.link.conn_id)
 
     def end_session(self, session: MqttSession) -> None:
         """Forget a session: its filters, its queue, its durable record."""

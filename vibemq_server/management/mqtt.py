@@ -66,6 +66,8 @@ class MqttState(Protocol):
         """Every session, and every clean client connected without one yet."""
         ...
 
+    def client_session(self, client_id: str) -> MqttSessionState | None: ...
+
     def end_session_by_operator(self, client_id: str, reason: str) -> bool: ...
 
     def retained_messages(
@@ -182,7 +184,7 @@ def list_sessions(
 
 
 def get_session(broker: Broker, client_id: str) -> MqttSessionOut:
-    session = mqtt_state(broker).client_sessions().get(client_id)
+    session = mqtt_state(broker).client_session(client_id)
     if session is None:
         raise NotFound(f"no MQTT session {client_id!r}")
     return _session_out(session)
@@ -192,7 +194,7 @@ def end_session(broker: Broker, client_id: str, reason: str = DEFAULT_END_REASON
     """End a session, persistent or not: its client (if connected) is disconnected without
     its will, its subscriptions and queued messages are dropped. Returns it as it was."""
     state = mqtt_state(broker)
-    session = state.client_sessions().get(client_id)
+    session = state.client_session(client_id)
     if session is None:
         raise NotFound(f"no MQTT session {client_id!r}")
     before = _session_out(session)
