@@ -56,7 +56,7 @@ from vibemq_server.core.routing import AddressSink, MessageSource
 from vibemq_server.core.table import DurableTable
 from vibemq_server.server.adapter import AdapterContext
 from vibemq_server.server.listeners import Listeners
-from vibemq_server.server.transport import StreamTransport, TransportContext
+from vibemq_server.server.transport import StreamTransport
 
 log = structlog.get_logger("vibemq.amqp")
 
@@ -128,6 +128,8 @@ class AmqpServer:
         self.mapper = MessageMapper()
         #: the AMQP counters (bytes, connections, messages, errors by reply code)
         self.stats = context.stats.protocol("amqp")
+        # what the connections of a listener share (one per TLS context)
+        self._contexts = context.listener_contexts(log, self.stats)
         #: exclusive queue name -> the connection that owns it (compared by identity)
         self.exclusive: dict[str, object] = {}
         #: queue name -> its exclusive consumer
@@ -144,8 +146,6 @@ class AmqpServer:
         self.auto_delete: set[str] = set()
         self._ids = itertools.count(1)
         self._conn_ids = itertools.count(1)
-        # what the connections of a listener share (one per TLS context)
-        self._contexts: dict[ssl.SSLContext | None, TransportContext] = {}
         self._id_prefix = f"amqp-{os.urandom(4).hex()}-"
         self.listeners = Listeners(context.tls)
         self.port = 0
@@ -198,22 +198,10 @@ class AmqpServer:
     def _accept(self, tls: ssl.SSLContext | None) -> StreamTransport:
         """A new socket: the shared transport, carrying an AMQP connection once the broker's
         connection limit let it in (over the limit the socket just closes)."""
-        context = self._contexts.get(tls)
-        if context is None:
-            context = self._contexts[tls] = TransportContext(
-                log=log,
-                out_limit=self.config.write_buffer_high_bytes,
-                batch=self.batch,
-                register=self.register,
-                unregister=self.unregister,
-                tls=tls,
-                handshake_timeout=self.config.tls.handshake_timeout_s,
-                stats=self.stats,
-            )
         return StreamTransport(
             lambda link: AmqpConnection(link, self),
             conn_id=f"amqp_{next(self._conn_ids)}",
-            context=context,
+            context=self._contexts.get(tls),
         )
 
     def close(self) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from structlog.typing import FilteringBoundLogger
 
@@ -102,6 +102,12 @@ class Server(Protocol):
         self, client_id: str, clean: bool, v5: bool = False
     ) -> tuple[MqttSession, bool]: ...
 
+    def open_sessionless(self, client_id: str, conn: MqttConnection) -> None: ...
+
+    def late_session(self, client_id: str, conn: MqttConnection) -> MqttSession: ...
+
+    def close_sessionless(self, client_id: str, conn: MqttConnection) -> None: ...
+
     def expire_later(self, session: MqttSession) -> None: ...
 
     def end_session(self, session: MqttSession) -> None: ...
@@ -140,8 +146,33 @@ class Server(Protocol):
     def call_later(self, delay: float, callback: Callable[[], None]) -> Timer: ...
 
 
-#: no session held (shared, never appended to: a hold assigns a list of its own)
-_NONE_HELD: list[Any] = []
+class PublisherPause:
+    """A publisher's wait for the subscribers its last publish backed up (``_hold``): who
+    they are, how many have not drained yet, and the timer that bounds the wait. One per
+    wait, so that a drained call of an earlier one is told by identity."""
+
+    __slots__ = ("sessions", "timer", "waiting")
+
+    def __init__(self, sessions: list[MqttSession]) -> None:
+        self.sessions = sessions
+        self.waiting = len(sessions)
+        self.timer: Timer | None = None
+
+
+#: keep-alive values as shared objects: clients of one fleet send the same few, and an int
+#: over 256 is otherwise an object of its own per connection (bounded: a client cannot make
+#: the table grow without end)
+_KEEP_ALIVES: dict[int, int] = {}
+_KEEP_ALIVES_MAX = 1024
+
+
+def shared_keep_alive(value: int) -> int:
+    shared = _KEEP_ALIVES.get(value)
+    if shared is not None:
+        return shared
+    if len(_KEEP_ALIVES) < _KEEP_ALIVES_MAX:
+        _KEEP_ALIVES[value] = value
+    return value
 
 
 class MqttConnection:
@@ -151,13 +182,11 @@ class MqttConnection:
     __slots__ = (
         "_acked_any",
         "_authenticating",
+        "_client_id",
         "_durable",
         "_held",
         "_held_error",
-        "_held_sessions",
-        "_hold_gen",
-        "_hold_timer",
-        "_holds",
+        "_pause",
         "_published",
         "_refusals",
         "_state",
@@ -179,7 +208,9 @@ class MqttConnection:
         self.parser = MqttParser(server.cfg.max_packet_size)
         self._state = State.AWAIT_CONNECT
         self._table = TRANSITIONS[State.AWAIT_CONNECT]
+        # (None for a clean 3.1.1 session until it is needed: ``_session_now``)
         self.session: MqttSession | None = None
+        self._client_id = ""  # (set by an accepted CONNECT)
         self.will: Connect | None = None
         #: what the client's user may do (set by CONNECT)
         self.access = BEFORE_LOGIN
@@ -196,10 +227,8 @@ class MqttConnection:
         self._held: tuple[list[Packet], int] | None = None
         self._held_error: MqttProtocolError | None = None
         self._published = False  # this read published something (memory alarm)
-        self._holds = 0
-        self._hold_gen = 0
-        self._hold_timer: Timer | None = None
-        self._held_sessions: list[MqttSession] = _NONE_HELD
+        # While a publish waits for slow subscribers (made per wait: see _hold).
+        self._pause: PublisherPause | None = None
         # A CONNECT's password hash is being verified off the loop (reading paused).
         self._authenticating = False
         self._refusals = 0  # publishes refused for want of write permission
@@ -317,31 +346,31 @@ class MqttConnection:
     def _hold(self, packets: list[Packet], rest: int) -> None:
         sessions, self.server.congested = self.server.congested, []
         self._held = (packets, rest)
-        self._holds = len(sessions)
+        pause = self._pause = PublisherPause(sessions)
         self.link.pause_reading()
         # Bounded: publishers and subscribers that wait on each other must not deadlock;
         # after this, messages beyond a session's bound are dropped as configured.
-        self._held_sessions = sessions
-        self._hold_timer = self.server.call_later(
+        pause.timer = self.server.call_later(
             self.server.cfg.max_publisher_pause_s, self._hold_expired
         )
-        self._hold_gen += 1
-        gen = self._hold_gen
         for session in sessions:
-            session.when_drained(lambda: self._drained(gen))
+            session.when_drained(lambda: self._drained(pause))
 
-    def _drained(self, gen: int) -> None:
-        if gen != self._hold_gen or self._held is None:
+    def _drained(self, pause: PublisherPause) -> None:
+        if pause is not self._pause or self._held is None:
             return  # a hold that already ended (timed out)
-        self._holds -= 1
-        if self._holds > 0:
+        pause.waiting -= 1
+        if pause.waiting > 0:
             return
         # Called from inside a session's flush: carry on in a loop callback of our own.
         self.link.call_soon(self._resume_held)
 
     def _hold_expired(self) -> None:
-        self._hold_timer = None
-        for session in self._held_sessions:
+        pause = self._pause
+        if pause is None:
+            return
+        pause.timer = None
+        for session in pause.sessions:
             if session.congested and not session.stalled:
                 session.stalled = True
                 self.log.info(
@@ -350,10 +379,10 @@ class MqttConnection:
         self._resume_held()
 
     def _resume_held(self) -> None:
-        self._held_sessions = _NONE_HELD
-        if self._hold_timer is not None:
-            self._hold_timer.cancel()
-            self._hold_timer = None
+        pause, self._pause = self._pause, None
+        if pause is not None and pause.timer is not None:
+            pause.timer.cancel()
+            pause.timer = None
         held, self._held = self._held, None
         if held is None or self._state is State.CLOSED:
             return
@@ -388,6 +417,8 @@ class MqttConnection:
                 self.server.end_session(session)
             else:
                 session.detach()
+        elif session is None:
+            self.server.close_sessionless(self._client_id, self)
         self.link.close()
 
     def close_by_operator(self, reason: str) -> None:
@@ -409,10 +440,14 @@ class MqttConnection:
         if session is not None:
             details["clean_session"] = session.clean
             details["inflight"] = len(session.outbound)
+        elif self._client_id:  # a clean session not made yet
+            details["clean_session"] = True
+            details["inflight"] = 0
+        client_id = session.client_id if session is not None else self._client_id or None
         return SessionInfo(
             "mqtt",
-            self.access.user if session is not None else None,
-            session.client_id if session is not None else None,
+            self.access.user if client_id is not None else None,
+            client_id,
             self._state.value,
             consumers=consumers,
             subscriptions=dict(session.filters) if session is not None else {},
@@ -472,6 +507,8 @@ class MqttConnection:
                 self.server.end_session(session)
             else:
                 session.detach()
+        elif session is None and self._client_id:
+            self.server.close_sessionless(self._client_id, self)
         if publish_will and will is not None and will.will_topic is not None:
             if self.server.publish_denied(will.will_topic) or not self.access.allowed(
                 WRITE, topic_to_address(will.will_topic)
@@ -489,7 +526,7 @@ class MqttConnection:
         """What this connection's log lines add once it is connected (``bind_lazily``)."""
         session = self.session
         return {
-            "client_id": session.client_id if session is not None else None,
+            "client_id": session.client_id if session is not None else self._client_id or None,
             "user": self.access.user,
         }
 
@@ -555,21 +592,42 @@ class MqttConnection:
         old = server.sessions.get(client_id)
         if old is not None:
             old.take_over()
-        session, resumed = server.open_session(client_id, packet.clean_session)
         assert access is not None
         self.access = access
-        self.session = session
-        if resumed:
-            self._recheck_filters(session, access)
+        self._client_id = client_id
+        session: MqttSession | None = None
+        resumed = False
+        if packet.clean_session:
+            # Made when first needed (_session_now): an idle client holds no session
+            # (docs/performance.md, "Idle connections").
+            server.open_sessionless(client_id, self)
+        else:
+            session, resumed = server.open_session(client_id, False)
+            self.session = session
+            if resumed:
+                self._recheck_filters(session, access)
         self.will = packet if packet.has_will else None
-        self.keep_alive = packet.keep_alive
+        self.keep_alive = shared_keep_alive(packet.keep_alive)
         self._fire(Event.ACCEPTED)
         present = resumed and packet.protocol_level == PROTOCOL_LEVEL_V311
         self.link.send(encode(Connack(ConnackCode.ACCEPTED, present)))
-        session.user = access.user
+        if session is not None:
+            self._attach(session)
+        self.log.debug("connected", clean=packet.clean_session, resumed=resumed)
+
+    def _attach(self, session: MqttSession) -> None:
+        session.user = self.access.user
         session.attach(self.link, self)
         session.start_delivery()
-        self.log.debug("connected", clean=packet.clean_session, resumed=resumed)
+
+    def _session_now(self) -> MqttSession:
+        """The connection's session; a clean 3.1.1 session is made here, at the first packet
+        that needs one (SUBSCRIBE, UNSUBSCRIBE, a QoS 2 PUBLISH), not at CONNECT."""
+        session = self.session
+        if session is None:
+            session = self.session = self.server.late_session(self._client_id, self)
+            self._attach(session)
+        return session
 
     def _recheck_filters(self, session: MqttSession, access: Access) -> None:
         """A resumed session's filters were granted to whoever subscribed, maybe before a
@@ -587,13 +645,15 @@ class MqttConnection:
     def on_publish(self, packet: Publish) -> None:
         self._published = True
         self._stats.messages_received += 1
-        session = self.session
-        assert session is not None
         qos = packet.qos
         pid = packet.packet_id or 0
-        if qos == 2 and pid in session.inbound_qos2:
-            self._acknowledge(b"\x50\x02" + pid.to_bytes(2, "big"), durable=False)
-            return  # a resent QoS 2 PUBLISH: routed already, exactly once
+        # (None: a clean session not made yet, which nothing of QoS 0 or 1 needs)
+        session = self.session
+        if qos == 2:
+            session = self._session_now()
+            if pid in session.inbound_qos2:
+                self._acknowledge(b"\x50\x02" + pid.to_bytes(2, "big"), durable=False)
+                return  # a resent QoS 2 PUBLISH: routed already, exactly once
         if self.server.publish_denied(packet.topic):
             self.log.debug("publish denied", topic=packet.topic)
             durable = False
@@ -610,7 +670,7 @@ class MqttConnection:
             durable = self.server.route(packet.topic, packet.payload, qos, packet.retain, session)
         if qos == 1:
             self._acknowledge(b"\x40\x02" + pid.to_bytes(2, "big"), durable)
-        elif qos == 2:
+        elif qos == 2 and session is not None:
             session.remember_inbound_qos2(pid)
             self._acknowledge(b"\x50\x02" + pid.to_bytes(2, "big"), durable)
 
@@ -636,30 +696,31 @@ class MqttConnection:
             return
         self.link.send(b"".join(batch))
 
+    # (No session yet: nothing was sent to the client, nothing it acknowledges is ours.)
+
     def on_puback(self, packet: Puback) -> None:
-        assert self.session is not None
-        if self.session.puback(packet.packet_id):
+        session = self.session
+        if session is not None and session.puback(packet.packet_id):
             self._acked_any = True
 
     def on_pubrec(self, packet: Pubrec) -> None:
-        assert self.session is not None
-        self.session.pubrec(packet.packet_id)
-        self._acked_any = True
+        if self.session is not None:
+            self.session.pubrec(packet.packet_id)
+            self._acked_any = True
         self.link.send(b"\x62\x02" + packet.packet_id.to_bytes(2, "big"))
 
     def on_pubrel(self, packet: Pubrel) -> None:
-        assert self.session is not None
-        self.session.inbound_qos2.discard(packet.packet_id)
+        if self.session is not None:
+            self.session.inbound_qos2.discard(packet.packet_id)
         self._acknowledge(b"\x70\x02" + packet.packet_id.to_bytes(2, "big"), durable=False)
 
     def on_pubcomp(self, packet: Pubcomp) -> None:
-        assert self.session is not None
-        self.session.pubcomp(packet.packet_id)
-        self._acked_any = True  # a packet id came free: the window may take the next message
+        if self.session is not None:
+            self.session.pubcomp(packet.packet_id)
+            self._acked_any = True  # a packet id came free: the window may take the next one
 
     def on_subscribe(self, packet: Subscribe) -> None:
-        session = self.session
-        assert session is not None
+        session = self._session_now()
         server = self.server
         access = self.access
         codes = tuple(
@@ -677,8 +738,7 @@ class MqttConnection:
                 self.log.info("subscription refused", filter=topic_filter)
 
     def on_unsubscribe(self, packet: Unsubscribe) -> None:
-        session = self.session
-        assert session is not None
+        session = self._session_now()
         for topic_filter in packet.topic_filters:
             self.server.unsubscribe(session, topic_filter)
         self.server.save_session(session)

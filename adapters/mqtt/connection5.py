@@ -597,10 +597,13 @@ class MqttEntry:
             self._buffer = buf
             return
         self._buffer = None
+        conn = self.conn
         if version == 5:
-            conn = self.conn
-            self.conn = Mqtt5Connection(conn.link, conn.server)
-        self.conn.data_received(buf)
+            conn = self.conn = Mqtt5Connection(conn.link, conn.server)
+        # The transport drives the connection from now on: this picker is dropped (an idle
+        # connection keeps no object for a decision taken once).
+        conn.link.replace_session(conn)
+        conn.data_received(buf)
 
     def writable_again(self) -> None:
         self.conn.writable_again()

@@ -25,13 +25,14 @@ import json
 import os
 import ssl
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from typing import cast
 
 import structlog
 
 from vibemq_server.adapters.mqtt.codec import encode_publish, encode_publish_qos0, topic_field
 from vibemq_server.adapters.mqtt.codec5 import encode_publish5, property_block
-from vibemq_server.adapters.mqtt.connection import Login
+from vibemq_server.adapters.mqtt.connection import Login, MqttConnection
 from vibemq_server.adapters.mqtt.connection5 import MqttEntry
 from vibemq_server.adapters.mqtt.message5 import (
     INTERNAL,
@@ -59,7 +60,7 @@ from vibemq_server.adapters.mqtt.topics import (
 )
 from vibemq_server.auth.authenticator import Offload, Outcome, Verdict
 from vibemq_server.config import DeliveryMode, OverflowStrategy
-from vibemq_server.core import CoreError, PublishOutcome, QueueOptions, StoredMessage
+from vibemq_server.core import CoreError, PublishOutcome, Queue, QueueOptions, StoredMessage
 from vibemq_server.core.drops import DropLog
 from vibemq_server.core.routing import AddressSink, MessageSource
 from vibemq_server.core.table import DurableTable
@@ -68,7 +69,7 @@ from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.protocol.payload import PAYLOAD_ENCODING, from_core, to_core
 from vibemq_server.server.adapter import AdapterContext
 from vibemq_server.server.listeners import Listeners
-from vibemq_server.server.transport import Link, Session, StreamTransport, TransportContext
+from vibemq_server.server.transport import Link, Session, StreamTransport
 from vibemq_server.server.websocket import Endpoint, WebSocketSession, origin_patterns
 
 log = structlog.get_logger("vibemq.mqtt")
@@ -97,6 +98,25 @@ WS_SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 
 #: A VibeMQ Publish counts as QoS 1 for MQTT subscribers: it was acknowledged to its sender.
 NATIVE_QOS = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SessionlessClient:
+    """A clean 3.1.1 client connected without a session yet, as the management API shows
+    it: an empty clean session (it is made at the client's first SUBSCRIBE or QoS 2
+    PUBLISH)."""
+
+    client_id: str
+    user: str | None
+    connection_id: str | None
+    clean: bool = True
+    connected: bool = True
+    filters: Mapping[str, int] = field(default_factory=dict)
+    queue: Queue | None = None
+    queued: int = 0
+    inflight: int = 0
+    dropped_qos0: int = 0
+    dropped_queued: int = 0
 
 
 class MqttServer:
@@ -137,6 +157,9 @@ class MqttServer:
         self._own_retain = False
         self._own_expires = 0
         self.sessions: dict[str, MqttSession] = {}
+        #: clean 3.1.1 clients connected without a session yet (made at their first SUBSCRIBE
+        #: or QoS 2 PUBLISH: an idle client holds none), by client id
+        self.sessionless: dict[str, MqttConnection] = {}
         self._ids = itertools.count(1)
         self._id_prefix = f"mqtt-{os.urandom(4).hex()}-"
         # one bound method for every session (not a new one, 64 bytes, per session)
@@ -160,8 +183,6 @@ class MqttServer:
         self.listeners = Listeners(context.tls)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn_ids = itertools.count(1)
-        # what the connections of a listener share (one per TLS context)
-        self._contexts: dict[ssl.SSLContext | None, TransportContext] = {}
         self.port = 0
         #: output given during a read is written when the read is done (shared by protocols)
         self.batch = context.read_batch
@@ -170,6 +191,8 @@ class MqttServer:
         #: the MQTT counters (bytes, connections, messages, errors) and the broker's
         self.broker_stats = context.stats
         self.stats = context.stats.protocol("mqtt")
+        # what the connections of a listener share (one per TLS context)
+        self._contexts = context.listener_contexts(log, self.stats)
         #: drops beyond a clean session's bounds, told in the log by client id (rate-limited)
         self.drop_log = DropLog(self.manager.clock, "client_id")
         #: what the sessions share (made with the first one)
@@ -239,22 +262,10 @@ class MqttServer:
         """A new socket: the shared transport, carrying an MQTT connection once the broker's
         connection limit let it in (over the limit the socket just closes: MQTT has no
         refusal before CONNECT)."""
-        context = self._contexts.get(tls)
-        if context is None:
-            context = self._contexts[tls] = TransportContext(
-                log=log,
-                out_limit=self.config.write_buffer_high_bytes,
-                batch=self.batch,
-                register=self.register,
-                unregister=self.unregister,
-                tls=tls,
-                handshake_timeout=self.config.tls.handshake_timeout_s,
-                stats=self.stats,
-            )
         return StreamTransport(
             make_session or self.new_session,
             conn_id=f"{kind}_{next(self._conn_ids)}",
-            context=context,
+            context=self._contexts.get(tls),
         )
 
     def new_session(self, link: Link) -> MqttEntry:
@@ -393,6 +404,7 @@ class MqttServer:
     ) -> tuple[MqttSession, bool]:
         """The session for a CONNECT (after any takeover); and whether one was resumed
         (only by a client of the same protocol version)."""
+        self._take_over_sessionless(client_id)
         existing = self.sessions.get(client_id)
         if existing is not None:
             if not clean and not existing.clean and existing.v5 == v5:
@@ -404,6 +416,49 @@ class MqttServer:
         if not clean:
             self.save_session(session)
         return session, False
+
+    def open_sessionless(self, client_id: str, conn: MqttConnection) -> None:
+        """A clean 3.1.1 CONNECT (after any takeover): the session it starts with is empty,
+        so none is made until the connection needs one (``late_session``); the client id is
+        held meanwhile, for the next CONNECT with it to take the connection over."""
+        existing = self.sessions.get(client_id)
+        if existing is not None:
+            self.end_session(existing)  # (a persistent one: a clean CONNECT ends it)
+        self._take_over_sessionless(client_id)
+        self.sessionless[client_id] = conn
+
+    def late_session(self, client_id: str, conn: MqttConnection) -> MqttSession:
+        """The clean session of a connection that had none until now."""
+        self.close_sessionless(client_id, conn)
+        return self._new_session(client_id, clean=True)
+
+    def close_sessionless(self, client_id: str, conn: MqttConnection) -> None:
+        if self.sessionless.get(client_id) is conn:
+            del self.sessionless[client_id]
+
+    def _take_over_sessionless(self, client_id: str) -> None:
+        conn = self.sessionless.pop(client_id, None)
+        if conn is not None:
+            conn.taken_over()
+
+    def client_sessions(self) -> dict[str, MqttSession | SessionlessClient]:
+        """Every session, and every client connected without one yet (as an empty clean
+        session): what the management API lists."""
+        every: dict[str, MqttSession | SessionlessClient] = dict(self.sessions)
+        for client_id in self.sessionless:
+            every[client_id] = self._sessionless_view(client_id)
+        return every
+
+    def client_session(self, client_id: str) -> MqttSession | SessionlessClient | None:
+        """One of ``client_sessions()``, by client id."""
+        session = self.sessions.get(client_id)
+        if session is None and client_id in self.sessionless:
+            return self._sessionless_view(client_id)
+        return session
+
+    def _sessionless_view(self, client_id: str) -> SessionlessClient:
+        conn = self.sessionless[client_id]
+        return SessionlessClient(client_id, conn.access.user, conn.link.conn_id)
 
     def end_session(self, session: MqttSession) -> None:
         """Forget a session: its filters, its queue, its durable record."""
@@ -428,7 +483,12 @@ class MqttServer:
         messages and durable record. False when there is no such session."""
         session = self.sessions.get(client_id)
         if session is None:
-            return False
+            conn = self.sessionless.get(client_id)
+            if conn is None:
+                return False
+            log.info("session ended by operator", client_id=client_id, reason=reason)
+            conn.close_by_operator(reason)  # (its clean session is nothing more)
+            return True
         log.info("session ended by operator", client_id=client_id, reason=reason)
         session.close_by_operator(reason)  # a clean session ends with its connection
         if self.sessions.get(client_id) is session:

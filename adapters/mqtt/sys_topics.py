@@ -50,6 +50,9 @@ class Server(Protocol):
     @property
     def sessions(self) -> Mapping[str, MqttSession]: ...
 
+    @property
+    def sessionless(self) -> Mapping[str, object]: ...
+
 
 RETAINED_COUNT = "$SYS/broker/retained messages/count"
 
@@ -59,14 +62,16 @@ def _values(server: Server) -> dict[str, str]:
     stats = server.stats
     broker = server.broker_stats
     sessions = server.sessions.values()
-    connected = sum(1 for s in sessions if s.connected)
+    # (clean clients without a session yet: connected, each an empty session)
+    sessionless = len(server.sessionless)
+    connected = sum(1 for s in sessions if s.connected) + sessionless
     retained = len(server.retained) if server.retained is not None else 0
     return {
         "$SYS/broker/version": f"VibeMQ version {broker.version}",
         "$SYS/broker/uptime": f"{int(broker.uptime_s)} seconds",
         "$SYS/broker/clients/connected": str(connected),
-        "$SYS/broker/clients/disconnected": str(len(sessions) - connected),
-        "$SYS/broker/clients/total": str(len(sessions)),
+        "$SYS/broker/clients/disconnected": str(len(sessions) + sessionless - connected),
+        "$SYS/broker/clients/total": str(len(sessions) + sessionless),
         "$SYS/broker/messages/received": str(stats.messages_received),
         "$SYS/broker/messages/sent": str(stats.messages_sent),
         "$SYS/broker/publish/messages/dropped": str(stats.messages_dropped),

@@ -480,7 +480,9 @@ class MqttEnv:
 
     def gone(self, client_id: str) -> bool:
         assert self.broker is not None and self.broker.adapters["mqtt"] is not None
-        return client_id not in self.broker.adapters["mqtt"].sessions
+        mqtt = self.broker.adapters["mqtt"]
+        # (a clean client that needed no session yet holds its client id all the same)
+        return client_id not in mqtt.sessions and client_id not in mqtt.sessionless
 
     async def wait_offline(self, client_id: str) -> None:
         await wait_for(lambda: self.offline(client_id), what=f"{client_id} offline")

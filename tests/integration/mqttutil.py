@@ -109,7 +109,9 @@ class ThreadBroker:
     def has_session(self, client_id: str) -> bool:
         def check(broker: Broker) -> bool:
             assert broker.adapters["mqtt"] is not None
-            return client_id in broker.adapters["mqtt"].sessions
+            mqtt = broker.adapters["mqtt"]
+            # (a clean client that needed no session yet holds its client id all the same)
+            return client_id in mqtt.sessions or client_id in mqtt.sessionless
 
         return self.call(check)
 

@@ -257,6 +257,7 @@ async def _wait_for_pending_login(broker: Broker) -> None:
 
 def _protocol_session(conn: Any) -> Any:
     """The protocol's session of a transport: an MQTT socket's first session (MqttEntry) reads
-    the CONNECT's protocol level and hands over to that version's connection (``conn``)."""
+    the CONNECT's protocol level and hands over to that version's connection (``conn``, which
+    replaces it as the transport's session)."""
     session = getattr(conn, "session", None)
     return getattr(session, "conn", None) or session

@@ -700,3 +700,45 @@ async def test_unacked_deliveries_and_unsubscribe_survive_restart(
     await raw2.send(Puback(live.packet_id))
     assert await raw2.barrier() == []
     await raw2.close()
+
+
+# -- a clean session made when first needed ---------------------------------------------------
+
+
+async def test_a_clean_client_gets_its_session_at_its_first_subscribe(mqtt_env: MqttEnv) -> None:
+    """An idle clean 3.1.1 client holds no session (docs/performance.md, "Idle connections"):
+    it publishes without one, and its first SUBSCRIBE makes it. Meanwhile its client id is
+    held all the same: the management API lists it, and a second CONNECT with it takes the
+    connection over (its will goes out)."""
+    await mqtt_env.start()
+    assert mqtt_env.broker is not None and mqtt_env.broker.adapters["mqtt"] is not None
+    server = mqtt_env.broker.adapters["mqtt"]
+    watcher = await mqtt_env.paho("lazy-watcher")
+    assert await watcher.subscribe("lazy/#", 1) == 1
+
+    idle, present = await mqtt_env.raw("lazy")
+    assert present is False
+    assert "lazy" in server.sessionless and "lazy" not in server.sessions
+    listed = server.client_sessions()["lazy"]
+    assert (listed.clean, listed.connected, listed.filters) == (True, True, {})
+    await idle.send(Publish("lazy/q1", b"no session needed", qos=1, packet_id=1))
+    assert (await idle.expect(Puback)).packet_id == 1
+    assert (await watcher.get()).payload == b"no session needed"
+    assert "lazy" not in server.sessions
+
+    # Taken over while it has no session: the old connection is closed, the new one goes on.
+    taken = await AsyncRawMqtt.open(mqtt_env.port)
+    mqtt_env.raws.append(taken)
+    connack = await taken.connect("lazy", will_topic="lazy/will", will_payload=b"gone", will_qos=1)
+    assert connack.return_code == 0
+    with pytest.raises(ConnectionError):
+        await idle.recv()
+    new, _ = await mqtt_env.raw("lazy")
+    with pytest.raises(ConnectionError):
+        await taken.recv()
+    assert (await watcher.get()).payload == b"gone"
+
+    assert await new.subscribe("lazy/sub", 1) == 1
+    assert "lazy" in server.sessions and "lazy" not in server.sessionless
+    await watcher.publish("lazy/sub", b"to the new one", qos=1)
+    assert (await new.expect(Publish)).payload == b"to the new one"

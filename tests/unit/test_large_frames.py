@@ -40,10 +40,10 @@ from vibemq_server.protocol.codec import (
 from vibemq_server.protocol.codec import encode as encode_native
 from vibemq_server.protocol.codec import encode_deliver as encode_native_deliver
 from vibemq_server.server.transport import (
+    ListenerContexts,
     ReadBatch,
     SessionInfo,
     StreamTransport,
-    TransportContext,
 )
 
 SIZE = 300_000
@@ -233,13 +233,13 @@ async def test_transport_writes_header_and_payload_intact() -> None:
         + payload
     )
     loop = asyncio.get_running_loop()
-    context = TransportContext(
+    context = ListenerContexts(
         log=structlog.get_logger("test"),
         out_limit=64 * 1024,
         batch=ReadBatch(),
         register=lambda t: True,
         unregister=lambda t: None,
-    )
+    ).get(None)
     server = await loop.create_server(
         lambda: StreamTransport(
             lambda link: _Sender(link, payload),

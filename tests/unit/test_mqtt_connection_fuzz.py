@@ -126,7 +126,8 @@ class TestLink:
         self.conn_id = f"mqtt_{port}"
         self.peer_host = "127.0.0.1"
         self.log = structlog.get_logger("vibemq.mqtt").bind(conn_id=self.conn_id)
-        self.session: MqttEntry | None = None
+        # the version picker, then (``replace_session``) the connection it picked
+        self.session: MqttEntry | MqttConnection | None = None
         self.out = bytearray()
         self.late_sends: list[bytes] = []  # sent after the link was closed
         self.closed = False  # by the connection (close/abort) or by the peer
@@ -214,6 +215,9 @@ class TestLink:
     def time(self) -> float:
         return self.loop.time()
 
+    def replace_session(self, session: MqttConnection) -> None:
+        self.session = session
+
     # -- what the socket and the broker do (as StreamTransport passes them on) ----------------
 
     def data_received(self, data: bytes) -> None:
@@ -271,8 +275,8 @@ class Client:
     @property
     def conn(self) -> MqttConnection | None:
         """None when the broker's connection limit refused the socket."""
-        entry = self.link.session
-        return entry.conn if entry is not None else None
+        session = self.link.session
+        return session.conn if isinstance(session, MqttEntry) else session
 
     def received(self) -> list[Any]:
         parser: MqttParser | Mqtt5Parser = Mqtt5Parser() if self.v5 else MqttParser()
@@ -836,8 +840,9 @@ def expire_holds(world: World) -> None:
     out: done here rather than by the clock, so that an example always runs the same way."""
     for client in world.clients:
         conn = client.conn
-        if conn is not None and conn._hold_timer is not None:
-            conn._hold_timer.cancel()
+        pause = conn._pause if conn is not None else None
+        if conn is not None and pause is not None and pause.timer is not None:
+            pause.timer.cancel()
             conn._hold_expired()
 
 

@@ -62,8 +62,11 @@ class MqttSessionState(Protocol):
 class MqttState(Protocol):
     """What this module uses of the MQTT adapter (``MqttServer``), when it runs."""
 
-    @property
-    def sessions(self) -> Mapping[str, MqttSessionState]: ...
+    def client_sessions(self) -> Mapping[str, MqttSessionState]:
+        """Every session, and every clean client connected without one yet."""
+        ...
+
+    def client_session(self, client_id: str) -> MqttSessionState | None: ...
 
     def end_session_by_operator(self, client_id: str, reason: str) -> bool: ...
 
@@ -165,7 +168,7 @@ def list_sessions(
     sessions whose client is (or is not) connected."""
     sessions = [
         s
-        for s in mqtt_state(broker).sessions.values()
+        for s in mqtt_state(broker).client_sessions().values()
         if (client_id is None or client_id in s.client_id)
         and (connected is None or s.connected == connected)
     ]
@@ -181,7 +184,7 @@ def list_sessions(
 
 
 def get_session(broker: Broker, client_id: str) -> MqttSessionOut:
-    session = mqtt_state(broker).sessions.get(client_id)
+    session = mqtt_state(broker).client_session(client_id)
     if session is None:
         raise NotFound(f"no MQTT session {client_id!r}")
     return _session_out(session)
@@ -191,7 +194,7 @@ def end_session(broker: Broker, client_id: str, reason: str = DEFAULT_END_REASON
     """End a session, persistent or not: its client (if connected) is disconnected without
     its will, its subscriptions and queued messages are dropped. Returns it as it was."""
     state = mqtt_state(broker)
-    session = state.sessions.get(client_id)
+    session = state.client_session(client_id)
     if session is None:
         raise NotFound(f"no MQTT session {client_id!r}")
     before = _session_out(session)

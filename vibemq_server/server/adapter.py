@@ -12,11 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from structlog.typing import FilteringBoundLogger
+
 from vibemq_server.auth import Authenticator
 from vibemq_server.config import Config
 from vibemq_server.core import QueueManager
-from vibemq_server.server.stats import BrokerStats
-from vibemq_server.server.transport import ReadBatch
+from vibemq_server.server.stats import BrokerStats, ProtocolStats
+from vibemq_server.server.transport import ListenerContexts, ReadBatch
 
 
 class Link(Protocol):
@@ -46,6 +48,24 @@ class AdapterContext:
     tls: ssl.SSLContext | None = None
     #: the broker's traffic counters: an adapter counts into ``stats.protocol(its name)``
     stats: BrokerStats = field(default_factory=BrokerStats)
+
+    def listener_contexts(
+        self,
+        log: FilteringBoundLogger,
+        stats: ProtocolStats,
+        refusal: bytes | Callable[[str], bytes] = b"",
+    ) -> ListenerContexts:
+        """What a protocol's connections share, from the broker's settings and hooks."""
+        return ListenerContexts(
+            log=log,
+            out_limit=self.config.write_buffer_high_bytes,
+            batch=self.read_batch,
+            register=self.register,
+            unregister=self.unregister,
+            handshake_timeout=self.config.tls.handshake_timeout_s,
+            stats=stats,
+            refusal=refusal,
+        )
 
 
 class Adapter(Protocol):

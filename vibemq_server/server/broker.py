@@ -24,7 +24,7 @@ from vibemq_server.server.session import Session
 from vibemq_server.server.stats import BrokerStats
 from vibemq_server.server.tls import reload as reload_tls
 from vibemq_server.server.tls import server_context
-from vibemq_server.server.transport import ReadBatch, StreamTransport, TransportContext
+from vibemq_server.server.transport import ReadBatch, StreamTransport
 
 log = structlog.get_logger("vibemq.broker")
 conn_log = structlog.get_logger("vibemq.conn")
@@ -70,8 +70,6 @@ class Broker:
         # Every connection writes what a read produced when that read is done; the core
         # hands over what fan-out queues got during the read just before (manager.hold).
         self.read_batch = ReadBatch(self.manager.hold, self.manager.release)
-        # what the native connections of a listener share (one per TLS context)
-        self._contexts: dict[ssl.SSLContext | None, TransportContext] = {}
         #: who may connect, for every protocol (raises UsersFileError on a corrupt users file)
         self.auth = Authenticator(self.config)
         #: the TLS listeners' one context (None: no certificate); SIGHUP reloads it
@@ -89,6 +87,10 @@ class Broker:
             self.tls,
             self.stats,
         )
+        # what the native connections of a listener share (one per TLS context)
+        self._contexts = context.listener_contexts(
+            conn_log, self.native_stats, self._native_refusal
+        )
         #: the protocol adapters, by name, built by the composition root's factories
         self.adapters: dict[str, Adapter] = {
             name: factory(context) for name, factory in (adapters or {}).items()
@@ -105,7 +107,6 @@ class Broker:
         #: hosted next to the listeners (the HTTP listener), by the composition root
         self.services: list[Service] = []
         self._housekeeping: asyncio.Task[None] | None = None
-        self._refusal = self._native_refusal  # (one bound method for every connection)
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -189,23 +190,10 @@ class Broker:
         """The transport of one accepted native connection, driving a native ``Session``."""
         conn_id = f"srv_{next(_conn_ids)}"
         manager, config, auth, stats = self.manager, self.config, self.auth, self.native_stats
-        context = self._contexts.get(tls)
-        if context is None:
-            context = self._contexts[tls] = TransportContext(
-                log=conn_log,
-                out_limit=config.write_buffer_high_bytes,
-                batch=self.read_batch,
-                register=self.register,
-                unregister=self.unregister,
-                refusal=self._refusal,
-                tls=tls,
-                handshake_timeout=config.tls.handshake_timeout_s,
-                stats=stats,
-            )
         return StreamTransport(
             lambda link: Session(link, manager, config, auth, stats),
             conn_id=conn_id,
-            context=context,
+            context=self._contexts.get(tls),
         )
 
     def _native_refusal(self, conn_id: str) -> bytes:

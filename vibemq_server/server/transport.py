@@ -187,10 +187,14 @@ class Link(Protocol):
 
     #: the client's address (for authentication: loopback or not, failed logins per address)
     peer_host: str
-    #: over TLS with a verified client certificate: its CN (or first SAN); else None
-    peer_identity: str | None
-    #: the connection came in on a TLS listener
-    over_tls: bool
+
+    @property
+    def peer_identity(self) -> str | None:
+        """Over TLS with a verified client certificate: its CN (or first SAN); else None."""
+
+    @property
+    def over_tls(self) -> bool:
+        """The connection came in on a TLS listener."""
 
     @property
     def writable(self) -> bool: ...
@@ -222,16 +226,69 @@ class Link(Protocol):
 
     def time(self) -> float: ...
 
+    def replace_session(self, session: Session) -> None:
+        """From now on the connection drives ``session`` instead of the one it made (MQTT:
+        the version picker hands over to the 3.1.1 or 5.0 connection once CONNECT has
+        said which, and is dropped)."""
+
+
+class ListenerContexts:
+    """What the connections of one protocol's listeners share, given once: logger, output
+    limit, read batch, broker hooks, TLS handshake deadline, counters. ``get(tls)`` makes
+    the ``TransportContext`` of the listeners on one TLS context (None: plain) on the first
+    connection (on the loop) and hands the same one to the next.
+
+    ``stats``: the protocol's counters (bytes in and out, connections); None: counted
+    nowhere shared. ``refusal``: what to write before closing a connection over the limit,
+    or a function of the connection id that makes it (only then: nothing is built per
+    accepted connection)."""
+
+    __slots__ = (
+        "_by_tls",
+        "batch",
+        "handshake_timeout",
+        "log",
+        "out_limit",
+        "refusal",
+        "register",
+        "stats",
+        "unregister",
+    )
+
+    def __init__(
+        self,
+        *,
+        log: structlog.typing.FilteringBoundLogger,
+        out_limit: int,
+        batch: ReadBatch,
+        register: Callable[[StreamTransport], bool],
+        unregister: Callable[[StreamTransport], None],
+        handshake_timeout: float = 10.0,
+        stats: ProtocolStats | None = None,
+        refusal: bytes | Callable[[str], bytes] = b"",
+    ) -> None:
+        self.log = log
+        self.out_limit = out_limit
+        self.batch = batch
+        self.register = register
+        self.unregister = unregister
+        self.handshake_timeout = handshake_timeout
+        self.stats = stats
+        self.refusal = refusal
+        self._by_tls: dict[ssl.SSLContext | None, TransportContext] = {}
+
+    def get(self, tls: ssl.SSLContext | None) -> TransportContext:
+        context = self._by_tls.get(tls)
+        if context is None:
+            context = self._by_tls[tls] = TransportContext(self, tls)
+        return context
+
 
 class TransportContext:
-    """What the connections of one listener share: its logger, limits, read batch, broker
-    hooks and counters -- one object the listener's transports point to, instead of ten
-    attributes copied into every connection (docs/performance.md, "Idle connections").
-
-    ``stats``: the listener's protocol counters (bytes in and out, connections); None:
-    counted nowhere shared. ``refusal``: what to write before closing a connection over the
-    limit, or a function of the connection id that makes it (only then: nothing is built
-    per accepted connection). Made on the loop (it keeps the running one)."""
+    """What the connections of one listener share (its ``ListenerContexts``' settings and
+    its TLS context) -- one object the listener's transports point to, instead of ten
+    attributes copied into every connection (docs/performance.md, "Idle connections"). Made
+    on the loop (it keeps the running one)."""
 
     __slots__ = (
         "batch",
@@ -246,29 +303,32 @@ class TransportContext:
         "unregister",
     )
 
-    def __init__(
-        self,
-        *,
-        log: structlog.typing.FilteringBoundLogger,
-        out_limit: int,
-        batch: ReadBatch,
-        register: Callable[[StreamTransport], bool],
-        unregister: Callable[[StreamTransport], None],
-        refusal: bytes | Callable[[str], bytes] = b"",
-        tls: ssl.SSLContext | None = None,
-        handshake_timeout: float = 10.0,
-        stats: ProtocolStats | None = None,
-    ) -> None:
+    def __init__(self, listener: ListenerContexts, tls: ssl.SSLContext | None = None) -> None:
         self.loop = asyncio.get_running_loop()
-        self.log = log
-        self.out_limit = out_limit
-        self.batch = batch
-        self.register = register
-        self.unregister = unregister
-        self.refusal = refusal
+        # (copied: the transports' hot paths read one object)
+        self.log = listener.log
+        self.out_limit = listener.out_limit
+        self.batch = listener.batch
+        self.register = listener.register
+        self.unregister = listener.unregister
+        self.refusal = listener.refusal
+        self.handshake_timeout = listener.handshake_timeout
+        self.stats = listener.stats if listener.stats is not None else ProtocolStats("")
         self.tls = tls
-        self.handshake_timeout = handshake_timeout
-        self.stats = stats if stats is not None else ProtocolStats("")
+
+
+class TlsChannel:
+    """The TLS side of one connection (over memory BIOs), made when its socket is accepted
+    on a TLS listener: a plain connection keeps one empty slot instead of four."""
+
+    __slots__ = ("bio_in", "bio_out", "identity", "obj")
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        self.bio_in = ssl.MemoryBIO()
+        self.bio_out = ssl.MemoryBIO()
+        self.obj = context.wrap_bio(self.bio_in, self.bio_out, server_side=True)
+        #: the verified client certificate's CN (or first SAN), once the handshake is done
+        self.identity: str | None = None
 
 
 class StreamTransport(asyncio.Protocol):
@@ -283,8 +343,6 @@ class StreamTransport(asyncio.Protocol):
     the listener's connections share is one ``TransportContext``."""
 
     __slots__ = (
-        "_bio_in",
-        "_bio_out",
         "_closing",
         "_counted",
         "_ctx",
@@ -294,16 +352,14 @@ class StreamTransport(asyncio.Protocol):
         "_out_size",
         "_reading_paused",
         "_sniff",
-        "_ssl",
+        "_tls",
         "_write_paused",
         "_yielding",
         "bytes_received",
         "bytes_sent",
         "conn_id",
         "connected_at",
-        "over_tls",
         "peer_host",
-        "peer_identity",
         "peer_port",
         "session",
         "transport",
@@ -331,16 +387,12 @@ class StreamTransport(asyncio.Protocol):
         self._closing = False
         self.peer_host = ""
         self.peer_port = 0
-        self.peer_identity: str | None = None
         #: when the socket was accepted (Unix time, seconds)
         self.connected_at = 0.0
         #: the protocol's bytes (after TLS decryption, before encryption)
         self.bytes_received = 0
         self.bytes_sent = 0
-        self.over_tls = context.tls is not None
-        self._ssl: ssl.SSLObject | None = None
-        self._bio_in: ssl.MemoryBIO | None = None
-        self._bio_out: ssl.MemoryBIO | None = None
+        self._tls: TlsChannel | None = None
         # A plain listener looks once at the first bytes for a TLS ClientHello.
         self._sniff = context.tls is None
 
@@ -376,18 +428,17 @@ class StreamTransport(asyncio.Protocol):
         self._counted = True
         if ctx.tls is not None:
             # The session starts once the handshake is done (and the peer known).
-            self._bio_in, self._bio_out = ssl.MemoryBIO(), ssl.MemoryBIO()
-            self._ssl = ctx.tls.wrap_bio(self._bio_in, self._bio_out, server_side=True)
+            self._tls = TlsChannel(ctx.tls)
             return  # (its deadline: check_timers)
         self._start_session()
 
     def data_received(self, data: bytes) -> None:
         session = self.session
         if session is None or self._closing:
-            if self._ssl is not None and not self._closing:
+            if self._tls is not None and not self._closing:
                 self._handshake(data)
             return
-        if self._ssl is not None:
+        if self._tls is not None:
             data = self._decrypt(data)
             if not data:
                 return
@@ -442,9 +493,21 @@ class StreamTransport(asyncio.Protocol):
         if self.session is not None:
             self.session.check_timers(now, keepalive, frame_timeout)
         elif (
-            self._ssl is not None and time.time() - self.connected_at > self._ctx.handshake_timeout
+            self._tls is not None and time.time() - self.connected_at > self._ctx.handshake_timeout
         ):
             self._handshake_timed_out()
+
+    def replace_session(self, session: Session) -> None:
+        self.session = session
+
+    @property
+    def peer_identity(self) -> str | None:
+        tls = self._tls
+        return tls.identity if tls is not None else None
+
+    @property
+    def over_tls(self) -> bool:
+        return self._ctx.tls is not None
 
     def log_context(self) -> dict[str, object]:
         """What this connection's log lines carry (``ConnLog`` binds it on first use)."""
@@ -583,7 +646,7 @@ class StreamTransport(asyncio.Protocol):
             pieces = [b"".join(out)]
         else:
             pieces = coalesce(out)
-        if self._ssl is not None:
+        if self._tls is not None:
             for piece in pieces:  # (SSLObject copies into its records anyway)
                 self._encrypt(piece)
         elif len(pieces) == 1:
@@ -629,10 +692,10 @@ class StreamTransport(asyncio.Protocol):
             return
         self._flush()
         self._closing = True
-        if self._ssl is not None and self.session is not None:
+        if self._tls is not None and self.session is not None:
             # close_notify, so the peer knows the stream was not cut short
             with contextlib.suppress(ssl.SSLError):
-                self._ssl.unwrap()
+                self._tls.obj.unwrap()
             self._send_records()
         self.transport.close()
 
@@ -644,10 +707,11 @@ class StreamTransport(asyncio.Protocol):
     # -- TLS ---------------------------------------------------------------------------------
 
     def _handshake(self, data: bytes) -> None:
-        assert self._ssl is not None and self._bio_in is not None
-        self._bio_in.write(data)
+        tls = self._tls
+        assert tls is not None
+        tls.bio_in.write(data)
         try:
-            self._ssl.do_handshake()
+            tls.obj.do_handshake()
         except ssl.SSLWantReadError:
             self._send_records()
             return
@@ -656,22 +720,23 @@ class StreamTransport(asyncio.Protocol):
             self._tls_failed("TLS handshake failed", exc)
             return
         self._send_records()  # the server's last flight (and TLS 1.3 session tickets)
-        self.peer_identity = peer_identity(self._ssl.getpeercert())
+        tls.identity = peer_identity(tls.obj.getpeercert())
         self.log.debug(
             "TLS established",
-            version=self._ssl.version(),
-            cipher=(self._ssl.cipher() or ("",))[0],
-            identity=self.peer_identity,
+            version=tls.obj.version(),
+            cipher=(tls.obj.cipher() or ("",))[0],
+            identity=tls.identity,
         )
         self._start_session()
-        if self._bio_in.pending:
+        if tls.bio_in.pending:
             self.data_received(b"")  # application data that came with the handshake
 
     def _decrypt(self, data: bytes) -> bytes:
         """What ``data`` (and what was buffered) decrypts to; a close or an error ends the
         connection after what was decrypted before it is handled."""
-        ssl_obj, bio_in = self._ssl, self._bio_in
-        assert ssl_obj is not None and bio_in is not None
+        tls = self._tls
+        assert tls is not None
+        ssl_obj, bio_in = tls.obj, tls.bio_in
         if data:
             bio_in.write(data)
         chunks: list[bytes] = []
@@ -688,25 +753,25 @@ class StreamTransport(asyncio.Protocol):
             self.close()  # the peer's close_notify
         except ssl.SSLError as exc:
             self._tls_failed("TLS error", exc)
-        if self._bio_out is not None and self._bio_out.pending:
+        if tls.bio_out.pending:
             self._send_records()
         if len(chunks) == 1:
             return chunks[0]
         return b"".join(chunks)
 
     def _encrypt(self, data: bytes | memoryview) -> None:
-        assert self._ssl is not None
+        assert self._tls is not None
         try:
-            self._ssl.write(data)
+            self._tls.obj.write(data)
         except ssl.SSLError as exc:
             self._tls_failed("TLS error", exc)
             return
         self._send_records()
 
     def _send_records(self) -> None:
-        bio_out = self._bio_out
-        if bio_out is not None and bio_out.pending and self.transport is not None:
-            self.transport.write(bio_out.read())
+        tls = self._tls
+        if tls is not None and tls.bio_out.pending and self.transport is not None:
+            self.transport.write(tls.bio_out.read())
 
     def _tls_failed(self, what: str, exc: BaseException) -> None:
         self.log.warning(what, reason=describe(exc))

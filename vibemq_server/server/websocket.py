@@ -641,3 +641,6 @@ class WebSocketLink:
 
     def offload(self, work: Callable[[], _T], then: Callable[[_T], None]) -> None:
         self._outer.offload(work, then)
+
+    def replace_session(self, session: Session) -> None:
+        self._ws.session = session
