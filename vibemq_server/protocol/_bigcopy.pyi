@@ -1,0 +1,6 @@
+"""Types of the compiled large-copy helper (``_bigcopy.c``)."""
+
+NOGIL_FROM: int
+
+def join_range(parts: list[bytes | bytearray | memoryview], start: int, stop: int, /) -> bytes:
+    """Bytes ``start:stop`` of the buffers in ``parts``, joined (the GIL released when large)."""
