@@ -30,18 +30,23 @@ static void copy_range(const Py_buffer *views, Py_ssize_t count, Py_ssize_t star
 }
 
 static PyObject *bigcopy_join_range(PyObject *self, PyObject *args) {
-    PyObject *parts;
+    PyObject *arg, *parts;
     Py_ssize_t start, stop;
-    if (!PyArg_ParseTuple(args, "O!nn:join_range", &PyList_Type, &parts, &start, &stop))
+    if (!PyArg_ParseTuple(args, "Onn:join_range", &arg, &start, &stop))
         return NULL;
-    Py_ssize_t count = PyList_GET_SIZE(parts);
+    parts = PySequence_Fast(arg, "join_range: parts must be a sequence of buffers");
+    if (parts == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(parts);
     Py_buffer *views = PyMem_Calloc(count ? (size_t)count : 1, sizeof(Py_buffer));
-    if (views == NULL)
+    if (views == NULL) {
+        Py_DECREF(parts);
         return PyErr_NoMemory();
+    }
     PyObject *out = NULL;
     Py_ssize_t taken = 0, total = 0, size = 0;
     for (; taken < count; taken++) {
-        if (PyObject_GetBuffer(PyList_GET_ITEM(parts, taken), &views[taken], PyBUF_SIMPLE) < 0)
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(parts, taken), &views[taken], PyBUF_SIMPLE) < 0)
             break;
         total += views[taken].len;
     }
@@ -64,12 +69,13 @@ static PyObject *bigcopy_join_range(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < taken; i++)
         PyBuffer_Release(&views[i]);
     PyMem_Free(views);
+    Py_DECREF(parts);
     return out;
 }
 
 static PyMethodDef methods[] = {
     {"join_range", bigcopy_join_range, METH_VARARGS,
-     "join_range(parts, start, stop) -> bytes: bytes start:stop of the buffers in the list "
+     "join_range(parts, start, stop) -> bytes: bytes start:stop of the buffers in the sequence "
      "parts, joined (the GIL released for a large copy)."},
     {NULL, NULL, 0, NULL},
 };

@@ -44,8 +44,7 @@ from vibemq_server.protocol import (
     encode,
     validate_json,
 )
-from vibemq_server.protocol.bigcopy import COMPILED as _JOIN_OFF_LOOP
-from vibemq_server.protocol.bigcopy import OFFLOAD_FROM as _JOIN_OFFLOAD_FROM
+from vibemq_server.protocol.bigcopy import BIG_FROM as _BIG_FROM
 from vibemq_server.protocol.bigcopy import join_range as _join_range
 from vibemq_server.protocol.codec import (
     LARGE_PAYLOAD,
@@ -67,9 +66,6 @@ from vibemq_server.server.transport import ConsumerInfo, Link, SessionInfo
 
 # (Final: the compiled build reads these as constants, not from the module's dict per use)
 _LOUD_ERRORS: Final = 10
-#: a frame body from this size has its payload joined off the loop (when the join is compiled:
-#: it releases the GIL; otherwise the thread would hold it just the same)
-_BIG_FROM: Final = _JOIN_OFFLOAD_FROM if _JOIN_OFF_LOOP else 0
 _ACK_TYPE: Final = bytes([CommandType.ACK])
 
 
@@ -81,6 +77,7 @@ class State(Enum):
 
 # Hot paths compare against these: an Enum member looked up on its class costs ~10x a global.
 _OPEN: Final = State.OPEN
+_ERROR: Final = CommandType.ERROR
 _CLOSED: Final = State.CLOSED
 _ACCEPTED: Final = PublishOutcome.ACCEPTED
 _ACCEPTED_DURABLE: Final = PublishOutcome.ACCEPTED_DURABLE
@@ -448,19 +445,26 @@ class Session:
         )
         if self._errors_logged == _LOUD_ERRORS:
             self.log.warning("further protocol errors of this connection are logged at debug")
-        self.send_error(exc.message_id, exc.code, exc.message)
+        self.send_error(exc.message_id, exc.code, exc.message, in_order=not exc.fatal)
         if exc.fatal:
             self.close()
 
-    def send_error(self, msg_id: str, code: ErrorCode, text: str) -> None:
+    def send_error(
+        self, msg_id: str, code: ErrorCode, text: str, *, in_order: bool = False
+    ) -> None:
+        """``in_order``: behind the PublishAcks waiting for the journal, if any (a frame's
+        reply must not overtake an earlier frame's: a big payload checked off the loop can
+        be refused before the publish ahead of it is on disk)."""
         self.stats.error(str(code))
         if not msg_id:
             # An Error always carries an id; when no request can be named, make one up.
             self._error_seq += 1
             msg_id = f"err_{self.conn_id}_{self._error_seq}"
-        self.link.send(
-            encode(Message(CommandType.ERROR, msg_id, error_code=code, error_message=text))
-        )
+        error = Message(CommandType.ERROR, msg_id, error_code=code, error_message=text)
+        durable = self._durable
+        if in_order and durable is not None and durable.follow(error):
+            return
+        self.link.send(encode(error))
 
     def _reply(
         self,
@@ -695,10 +699,21 @@ class Session:
     def _durable_acks(self, batch: list[Message], err: Exception | None) -> None:
         if self.state is State.CLOSED:
             return
+        # (Errors of later frames wait here too, to keep the replies' order: send_error.)
         if err is None:
-            self.link.send(b"".join([encode_publish_ack(m.id, m.queue) for m in batch]))
-        else:
-            for msg in batch:
+            self.link.send(
+                b"".join(
+                    [
+                        encode(m) if m.type is _ERROR else encode_publish_ack(m.id, m.queue)
+                        for m in batch
+                    ]
+                )
+            )
+            return
+        for msg in batch:
+            if msg.type is _ERROR:
+                self.link.send(encode(msg))
+            else:
                 self.send_error(msg.id, ErrorCode.SERVER_ERROR, f"message not stored: {err}")
 
     def _retry_deferred(self) -> None:
