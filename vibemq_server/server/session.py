@@ -291,6 +291,8 @@ class Session:
                         self._settle_acks(acks)
                         acks = []
                     self._join_off_loop(body)
+                    if self._state is _CLOSED:
+                        break
                     if self._authenticating:
                         self._after_auth = bodies[index + 1 :]
                         break
