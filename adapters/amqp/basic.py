@@ -34,6 +34,7 @@ from vibemq_server.adapters.amqp.codec import (
 )
 from vibemq_server.adapters.amqp.states import Event, State
 from vibemq_server.core.durable_replies import DurableReplies
+from vibemq_server.protocol.bigcopy import BIG_FROM, join_range
 
 
 class BasicMethods(ConnectionBase):
@@ -127,7 +128,23 @@ class BasicMethods(ConnectionBase):
         chunks = pending.chunks
         # One copy of the body: the join of its frames (views of the reads they came in).
         first = chunks[0] if len(chunks) == 1 else None
-        body = first if type(first) is bytes else b"".join(chunks)
+        if type(first) is bytes:
+            self._publish_body(channel, pending, first)
+        elif BIG_FROM and pending.received >= BIG_FROM:
+            # A big body (64 MiB: ~50 ms) is joined in a worker thread with the GIL released,
+            # so the other connections are served meanwhile; this one's later frames wait for
+            # it as for a login's verdict (reading paused, held in order: login_decided).
+            size = pending.received
+            self.awaiting_login = True
+            self.link.pause_reading()
+            self.link.offload(
+                lambda: join_range(chunks, 0, size),
+                lambda body: self.login_decided(lambda: self._publish_body(channel, pending, body)),
+            )
+        else:
+            self._publish_body(channel, pending, b"".join(chunks))
+
+    def _publish_body(self, channel: Channel, pending: Pending, body: bytes) -> None:
         seq = 0
         if channel.confirm:
             channel.publish_seq += 1

@@ -62,6 +62,7 @@ from vibemq_server.adapters.mqtt.packets import (
 )
 from vibemq_server.adapters.mqtt.packets5 import ReasonCode
 from vibemq_server.adapters.mqtt.topics import topic_filter_error, topic_name_error
+from vibemq_server.protocol.bigcopy import Unjoined
 from vibemq_server.protocol.held import Buffer, HeldInput, join_range, prefix
 
 MAX_REMAINING_LENGTH = 268_435_455
@@ -808,13 +809,19 @@ _P = TypeVar("_P", bound=_Payloaded)
 
 
 def publish_from_parts(
-    parts: list[Buffer], decode: Callable[[int, bytes], _P], *, properties: bool
-) -> _P | None:
+    parts: list[Buffer],
+    decode: Callable[[int, bytes], _P],
+    *,
+    properties: bool,
+    defer_from: int = 0,
+) -> tuple[_P, Unjoined | None] | None:
     """A large PUBLISH held over reads (``parts``: exactly its bytes, its first byte and
     length checked), decoded without joining them: the variable header from a small copy of
-    its start, the payload joined straight from the reads (its one copy). ``properties``:
-    MQTT 5 (a property block follows the packet id). None when the variable header runs
-    past the packet: the caller decodes the joined bytes, which names the fault."""
+    its start, the payload joined straight from the reads (its one copy), or, from
+    ``defer_from`` bytes, left to join (the payload empty, an :class:`Unjoined` beside it).
+    ``properties``: MQTT 5 (a property block follows the packet id). None when the
+    variable header runs past the packet: the caller decodes the joined bytes, which names
+    the fault."""
     total = sum(map(len, parts))
     head = prefix(parts, 7)
     decoded = decode_remaining_length(head, 1)
@@ -837,24 +844,27 @@ def publish_from_parts(
         return None
     head = prefix(parts, end)
     packet = decode(head[0] & 0x0F, head[header:end])  # (its payload: empty)
+    if defer_from and total - end >= defer_from:
+        return packet, Unjoined(packet, parts, end, total)
     packet.payload = join_range(parts, end, total)
-    return packet
+    return packet, None
 
 
 def held_packet(
-    held: HeldInput, decode: Callable[[int, bytes], _P], *, properties: bool
-) -> tuple[_P | None, bytes]:
+    held: HeldInput, decode: Callable[[int, bytes], _P], *, properties: bool, defer_from: int = 0
+) -> tuple[_P | None, bytes, Unjoined | None]:
     """A packet held over reads, now complete: a large PUBLISH is decoded straight from the
-    reads (its payload copied once) and comes back with the bytes after it; anything else
-    (or a malformed PUBLISH, whose fault the usual path names) comes back as bytes to parse,
-    joined once. ``properties``: MQTT 5."""
+    reads (its payload copied once, or from ``defer_from`` bytes left unjoined: the third
+    item) and comes back with the bytes after it; anything else (or a malformed PUBLISH,
+    whose fault the usual path names) comes back as bytes to parse, joined once.
+    ``properties``: MQTT 5."""
     if held.need >= _VIEW_BODY and held.first_byte() >> 4 == 3:
         parts, rest = held.cut()
-        publish = publish_from_parts(parts, decode, properties=properties)
-        if publish is None:
-            return None, b"".join([*parts, rest])
-        return publish, rest
-    return None, held.take()
+        decoded = publish_from_parts(parts, decode, properties=properties, defer_from=defer_from)
+        if decoded is None:
+            return None, b"".join([*parts, rest]), None
+        return decoded[0], rest, decoded[1]
+    return None, held.take(), None
 
 
 class MqttParser:
@@ -866,9 +876,14 @@ class MqttParser:
     parser is spent: every later :meth:`feed` raises again.
     """
 
-    __slots__ = ("_error", "_held", "max_packet_size")
+    __slots__ = ("_error", "_held", "defer_from", "max_packet_size", "unjoined")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE) -> None:
+        #: a PUBLISH payload of this many bytes or more (0: none) that came over many reads is
+        #: left unjoined: the PUBLISH comes first in what ``feed`` returns, with an empty
+        #: payload, and ``unjoined`` says where its payload lies (the caller joins it)
+        self.defer_from = 0
+        self.unjoined: Unjoined | None = None
         if max_packet_size < 2:
             raise ValueError("max_packet_size must be at least 2 (the smallest packet)")
         self.max_packet_size = max_packet_size
@@ -894,7 +909,9 @@ class MqttParser:
             if not held.add_part(data):
                 return []
             try:
-                publish, buf = held_packet(held, _decode_publish, properties=False)
+                publish, buf, self.unjoined = held_packet(
+                    held, _decode_publish, properties=False, defer_from=self.defer_from
+                )
             except MqttProtocolError as exc:
                 self._error = exc
                 raise

@@ -66,6 +66,7 @@ from vibemq_server.adapters.mqtt.packets5 import (
     Unsubscribe5,
 )
 from vibemq_server.adapters.mqtt.topics import topic_filter_error, topic_name_error
+from vibemq_server.protocol.bigcopy import Unjoined
 from vibemq_server.protocol.held import HeldInput
 
 E = MqttErrorCode
@@ -683,9 +684,12 @@ class Mqtt5Parser:
     After an error the parser is spent.
     """
 
-    __slots__ = ("_error", "_held", "max_packet_size")
+    __slots__ = ("_error", "_held", "defer_from", "max_packet_size", "unjoined")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE) -> None:
+        #: as :class:`codec.MqttParser`'s: a large PUBLISH payload left for the caller to join
+        self.defer_from = 0
+        self.unjoined: Unjoined | None = None
         if max_packet_size < 2:
             raise ValueError("max_packet_size must be at least 2")
         self.max_packet_size = max_packet_size
@@ -709,7 +713,9 @@ class Mqtt5Parser:
             if not held.add_part(data):
                 return []
             try:
-                publish, buf = held_packet(held, _decode_publish, properties=True)
+                publish, buf, self.unjoined = held_packet(
+                    held, _decode_publish, properties=True, defer_from=self.defer_from
+                )
             except MqttProtocolError as exc:
                 self._error = exc
                 raise

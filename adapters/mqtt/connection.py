@@ -55,6 +55,7 @@ from vibemq_server.config import MqttConfig
 from vibemq_server.core import QueueManager
 from vibemq_server.core.durable_replies import DurableReplies
 from vibemq_server.core.permissions import BEFORE_LOGIN, Access, Operation
+from vibemq_server.protocol.bigcopy import BIG_FROM, Unjoined
 from vibemq_server.server.connlog import bind_lazily
 from vibemq_server.server.stall import StallClock
 from vibemq_server.server.stats import ProtocolStats
@@ -206,6 +207,7 @@ class MqttConnection:
         self.link = link
         self.server = server
         self.parser = MqttParser(server.cfg.max_packet_size)
+        self.parser.defer_from = BIG_FROM  # (its payload joined off the loop: _join_off_loop)
         self._state = State.AWAIT_CONNECT
         self._table = TRANSITIONS[State.AWAIT_CONNECT]
         # (None for a clean 3.1.1 session until it is needed: ``_session_now``)
@@ -282,6 +284,9 @@ class MqttConnection:
         except MqttProtocolError as exc:
             packets = list(exc.packets)
             error = exc
+        unjoined = self.parser.unjoined
+        if unjoined is not None and self._join_off_loop(unjoined, packets, error):
+            return
         if self._authenticating and self._held is not None:
             # (reading is paused for the login; these were on their way already)
             held, rest = self._held
@@ -292,6 +297,30 @@ class MqttConnection:
             self._after_read(bool(packets), error)
         else:
             self._held_error = error
+
+    def _join_off_loop(
+        self, unjoined: Unjoined, packets: list[Packet], error: MqttProtocolError | None
+    ) -> bool:
+        """A large PUBLISH (the first of ``packets``) whose payload the parser left unjoined:
+        joined in a worker thread with the GIL released (64 MiB: ~50 ms the other connections
+        would wait), the packets held in order meanwhile, as for a login (reading paused).
+        False when it was joined here: packets already wait (a login, a congested hold)."""
+        self.parser.unjoined = None
+        if self._authenticating or self._held is not None:
+            unjoined.fill()  # (rare: then the order is simplest kept by joining now)
+            return False
+        self._authenticating = True
+        self._held = (packets, 0)
+        self._held_error = error
+        self.link.pause_reading()
+
+        def joined(payload: bytes) -> None:
+            unjoined.packet.payload = payload
+            self._authenticating = False
+            self._resume_held()
+
+        self.link.offload(unjoined.join, joined)
+        return True
 
     def _process(self, packets: list[Packet], start: int) -> bool:
         """Handle ``packets[start:]``. False when a publish found a subscriber's socket

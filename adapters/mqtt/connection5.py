@@ -55,6 +55,7 @@ from vibemq_server.adapters.mqtt.packets5 import (
 from vibemq_server.adapters.mqtt.session5 import NEVER_EXPIRES, Mqtt5Session
 from vibemq_server.adapters.mqtt.states import TRANSITIONS5, Event, Input, State
 from vibemq_server.adapters.mqtt.topics import topic_to_address
+from vibemq_server.protocol.bigcopy import BIG_FROM
 from vibemq_server.server.transport import Link, SessionInfo
 
 R = ReasonCode
@@ -126,6 +127,7 @@ class Mqtt5Connection(MqttConnection):
         super().__init__(link, server)
         cfg = server.cfg
         self.parser5 = Mqtt5Parser(cfg.max_packet_size)
+        self.parser5.defer_from = BIG_FROM  # (as for 3.1.1: _join_off_loop)
         # (check_timers and _after_read look at .buffered only)
         self.parser = self.parser5  # type: ignore[assignment]
         self._table = TRANSITIONS5[State.AWAIT_CONNECT]
@@ -155,6 +157,13 @@ class Mqtt5Connection(MqttConnection):
         except MqttProtocolError as exc:
             packets = list(exc.packets)  # type: ignore[arg-type]
             error = exc
+        unjoined = self.parser5.unjoined
+        if unjoined is not None and self._join_off_loop(
+            unjoined,
+            packets,  # type: ignore[arg-type]
+            error,
+        ):
+            return
         if self._authenticating and self._held is not None:
             held, rest = self._held
             self._held = (held + packets, rest)  # type: ignore[operator]

@@ -20,7 +20,7 @@ from struct import error as StructError
 from typing import Final
 
 from vibemq_server.protocol.errors import ErrorCode, ProtocolError
-from vibemq_server.protocol.held import HeldInput, join_range
+from vibemq_server.protocol.held import Buffer, HeldInput, join_range, prefix
 from vibemq_server.protocol.jsoncheck import valid as json_valid
 
 # (Final: the compiled build reads these as constants, not from the module's dict per use)
@@ -514,20 +514,67 @@ def validate_json(payload: bytes, message_id: str = "") -> None:
         )
 
 
+#: the most bytes before a payload: the frame's length, version, type, two u16-long strings
+#: (id and queue) and the payload's length
+_MAX_BEFORE_PAYLOAD: Final = 4 + 2 + 2 + 0xFFFF + 2 + 0xFFFF + 4
+
+
+class BigFrame:
+    """A large frame still as the reads it came in (the 4-byte length first): its payload is
+    copied out of them off the loop (``bigcopy``), the rest of the frame decoded on it."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, parts: list[Buffer]) -> None:
+        self.parts = parts
+        #: bytes in ``parts``, the frame's length field included
+        self.size = sum(map(len, parts))
+
+    def split(self) -> tuple[bytes, int, int] | None:
+        """The frame body with its payload left out (the payload's length zeroed: it decodes
+        as a payload-less message), and where the payload lies in ``parts``; None when the
+        lengths do not add up (then the whole body is decoded, to name the defect)."""
+        head = prefix(self.parts, _MAX_BEFORE_PAYLOAD)
+        try:
+            pos = 8 + (head[6] << 8 | head[7])
+            pos += 2 + (head[pos] << 8 | head[pos + 1])
+            plen = head[pos] << 24 | head[pos + 1] << 16 | head[pos + 2] << 8 | head[pos + 3]
+        except IndexError:
+            return None
+        start = pos + 4
+        stop = start + plen
+        if stop > self.size:
+            return None
+        return head[4:pos] + b"\0\0\0\0" + join_range(self.parts, stop, self.size), start, stop
+
+    def body(self) -> bytes:
+        """The whole frame body, joined."""
+        return join_range(self.parts, 4, self.size)
+
+
+#: a frame body, or a large one still in its reads
+Body = bytes | BigFrame
+
+
 class FrameDecoder:
     """Incremental splitter of a byte stream into frame bodies.
 
     ``feed`` returns every complete frame body seen so far. A length of zero or over the limit
     cannot be resynchronised: the bodies before it are still returned, ``error`` is set to a
-    *fatal* ProtocolError, and every later ``feed`` raises it.
+    *fatal* ProtocolError, and every later ``feed`` raises it. With ``big_from``, a frame body of
+    that many bytes or more is not joined: ``feed`` leaves it in ``big`` (before the bodies it
+    returns) as a :class:`BigFrame`, and the caller takes it from there.
     """
 
-    __slots__ = ("_held", "_max", "error")
+    __slots__ = ("_big_from", "_held", "_max", "big", "error")
 
-    def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
+    def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE, big_from: int = 0) -> None:
         self._held = HeldInput()
         self._max = max_message_size
+        self._big_from = big_from
         self.error: ProtocolError | None = None
+        #: the large frame that came before the bodies ``feed`` returned (with ``big_from``)
+        self.big: BigFrame | None = None
 
     @property
     def buffered(self) -> int:
@@ -543,9 +590,13 @@ class FrameDecoder:
             # A frame cut over reads: held as the reads, copied once when all of it is in.
             if not held.add_part(data):
                 return []
-            if held.need >= 4096:  # (a length known: the body joined straight from the reads)
+            need = held.need
+            if need >= 4096:  # (a length known: the body joined straight from the reads)
                 parts, src = held.cut()
-                bodies.append(join_range(parts, 4, sum(map(len, parts))))
+                if self._big_from and need - 4 >= self._big_from:
+                    self.big = BigFrame(parts)
+                else:
+                    bodies.append(join_range(parts, 4, sum(map(len, parts))))
             else:
                 src = held.take()
         else:

@@ -14,6 +14,8 @@ bytes back only then (``add``/``take``), or, for a large payload, the reads them
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 Buffer = bytes | bytearray | memoryview
 
 #: what an input with nothing held points to (never appended to: ``add_part`` makes the
@@ -102,7 +104,7 @@ def prefix(parts: list[Buffer], n: int) -> bytes:
     return bytes(out)
 
 
-def join_range(parts: list[Buffer], start: int, stop: int) -> bytes:
+def join_range(parts: Sequence[Buffer], start: int, stop: int) -> bytes:
     """Bytes ``start:stop`` of ``parts`` joined: the one copy made of a large payload."""
     pieces: list[Buffer] = []
     at = 0

@@ -13,7 +13,7 @@ import json
 from collections import deque
 from collections.abc import Callable, Mapping
 from enum import Enum
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from vibemq_server import __version__
 from vibemq_server.auth import Authenticator
@@ -44,8 +44,12 @@ from vibemq_server.protocol import (
     encode,
     validate_json,
 )
+from vibemq_server.protocol.bigcopy import BIG_FROM as _BIG_FROM
+from vibemq_server.protocol.bigcopy import join_range as _join_range
 from vibemq_server.protocol.codec import (
     LARGE_PAYLOAD,
+    BigFrame,
+    Body,
     deliver_around,
     encode_deliver,
     encode_publish_ack,
@@ -73,6 +77,7 @@ class State(Enum):
 
 # Hot paths compare against these: an Enum member looked up on its class costs ~10x a global.
 _OPEN: Final = State.OPEN
+_ERROR: Final = CommandType.ERROR
 _CLOSED: Final = State.CLOSED
 _ACCEPTED: Final = PublishOutcome.ACCEPTED
 _ACCEPTED_DURABLE: Final = PublishOutcome.ACCEPTED_DURABLE
@@ -181,7 +186,9 @@ class Session:
         self._state = State.AWAITING_CONNECT
         self._handlers = _HANDLERS[self._state]
         self.limits = Limits(config.max_message_size, config.max_headers, config.max_header_value)
-        self.decoder = FrameDecoder(config.max_message_size)
+        # (a frame of _BIG_FROM bytes or more comes as its reads: its payload is joined off
+        # the loop, see _join_off_loop)
+        self.decoder = FrameDecoder(config.max_message_size, _BIG_FROM)
         self._last_rx = link.time()
         # Since when a frame has been incomplete without progress (stall.py).
         self._stall = StallClock()
@@ -211,7 +218,7 @@ class Session:
         # While a Connect's password hash is verified off the loop: the frames of the read
         # that came after it, handled once the verdict is in (reading paused meanwhile).
         self._authenticating = False
-        self._after_auth: list[bytes] = []
+        self._after_auth: list[Body] = []
 
     @property
     def state(self) -> State:
@@ -230,10 +237,15 @@ class Session:
         decoder = self.decoder
         self._last_rx = now = self.link.time()
         try:
-            bodies = decoder.feed(data)
+            # (the list is this call's own and only read: bytes bodies, a Body list)
+            bodies = cast(list[Body], decoder.feed(data))
         except ProtocolError as exc:  # the stream is beyond repair; decoder.error says why
             bodies = []
             self.log.debug("framing error", error=str(exc))
+        big = decoder.big
+        if big is not None:  # (it came before the bodies of this read)
+            decoder.big = None
+            bodies = [big, *bodies]
         if self._authenticating:  # (reading is paused; bytes already on their way)
             self._after_auth.extend(bodies)
             return
@@ -265,7 +277,7 @@ class Session:
             self.log.info("keep-alive timeout", idle_s=round(now - self._last_rx, 1))
             self.shutdown("keepalive_timeout")
 
-    def _handle_bodies(self, bodies: list[bytes]) -> None:
+    def _handle_bodies(self, bodies: list[Body]) -> None:
         """Run the frames of one read. Acks are gathered and settled together (before the
         next frame of another kind, so the order of effects stays the frames' order) and
         only free capacity here; the queues they freed are refilled once, after the batch."""
@@ -274,6 +286,17 @@ class Session:
         limits = self.limits
         try:
             for index, body in enumerate(bodies):
+                if not isinstance(body, bytes):
+                    if acks:
+                        self._settle_acks(acks)
+                        acks = []
+                    self._join_off_loop(body)
+                    if self._state is _CLOSED:
+                        break
+                    if self._authenticating:
+                        self._after_auth = bodies[index + 1 :]
+                        break
+                    continue
                 if body[1:2] == _ACK_TYPE and self._state is _OPEN:
                     target = peek_ack_target(body, limits)
                     if target is not None:
@@ -355,6 +378,51 @@ class Session:
         except ProtocolError as exc:
             self.reply_error(exc)
 
+    def _join_off_loop(self, frame: BigFrame) -> None:
+        """A big frame: the rest of it is decoded here, its payload (the one copy of ~64 MiB,
+        ~50 ms) joined from the reads in a worker thread with the GIL released, so the other
+        connections are served meanwhile. This one's later frames wait for it, as for the
+        JSON check (``_after_auth``, reading paused), so their order is kept."""
+        cut = frame.split()
+        if cut is None:  # the lengths do not add up: the whole body decoded names the defect
+            self._handle_body(frame.body())
+            return
+        skeleton, start, stop = cut
+        try:
+            msg = decode_body(skeleton, self.limits)
+        except ProtocolError as exc:
+            self.reply_error(exc)
+            return
+        parts = frame.parts
+        self._authenticating = True
+        self.link.pause_reading()
+        self.link.offload(
+            lambda: _join_range(parts, start, stop), lambda payload: self._joined(msg, payload)
+        )
+
+    def _joined(self, msg: Message, payload: bytes) -> None:
+        self._authenticating = False
+        whole = Message(
+            msg.type,
+            msg.id,
+            msg.queue,
+            payload,
+            msg.headers,
+            msg.error_code,
+            msg.error_message,
+            msg.version,
+        )
+        try:
+            handler = self._handlers[whole.type]
+            if handler is None:
+                raise self._refusal(whole)
+            handler(self, whole)
+        except ProtocolError as exc:
+            self.reply_error(exc)
+        if self._halted():  # (closed, or the payload's JSON check went off the loop too)
+            return
+        self._resume()
+
     def _refusal(self, msg: Message) -> ProtocolError:
         if self.state is State.AWAITING_CONNECT:
             return ProtocolError(
@@ -379,19 +447,26 @@ class Session:
         )
         if self._errors_logged == _LOUD_ERRORS:
             self.log.warning("further protocol errors of this connection are logged at debug")
-        self.send_error(exc.message_id, exc.code, exc.message)
+        self.send_error(exc.message_id, exc.code, exc.message, in_order=not exc.fatal)
         if exc.fatal:
             self.close()
 
-    def send_error(self, msg_id: str, code: ErrorCode, text: str) -> None:
+    def send_error(
+        self, msg_id: str, code: ErrorCode, text: str, *, in_order: bool = False
+    ) -> None:
+        """``in_order``: behind the PublishAcks waiting for the journal, if any (a frame's
+        reply must not overtake an earlier frame's: a big payload checked off the loop can
+        be refused before the publish ahead of it is on disk)."""
         self.stats.error(str(code))
         if not msg_id:
             # An Error always carries an id; when no request can be named, make one up.
             self._error_seq += 1
             msg_id = f"err_{self.conn_id}_{self._error_seq}"
-        self.link.send(
-            encode(Message(CommandType.ERROR, msg_id, error_code=code, error_message=text))
-        )
+        error = Message(CommandType.ERROR, msg_id, error_code=code, error_message=text)
+        durable = self._durable
+        if in_order and durable is not None and durable.follow(error):
+            return
+        self.link.send(encode(error))
 
     def _reply(
         self,
@@ -626,10 +701,21 @@ class Session:
     def _durable_acks(self, batch: list[Message], err: Exception | None) -> None:
         if self.state is State.CLOSED:
             return
+        # (Errors of later frames wait here too, to keep the replies' order: send_error.)
         if err is None:
-            self.link.send(b"".join([encode_publish_ack(m.id, m.queue) for m in batch]))
-        else:
-            for msg in batch:
+            self.link.send(
+                b"".join(
+                    [
+                        encode(m) if m.type is _ERROR else encode_publish_ack(m.id, m.queue)
+                        for m in batch
+                    ]
+                )
+            )
+            return
+        for msg in batch:
+            if msg.type is _ERROR:
+                self.link.send(encode(msg))
+            else:
                 self.send_error(msg.id, ErrorCode.SERVER_ERROR, f"message not stored: {err}")
 
     def _retry_deferred(self) -> None:
