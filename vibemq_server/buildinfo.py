@@ -28,6 +28,8 @@ HOT_MODULES = (
     # alone did not pay: the interpreted journal called the compiled records generically)
     "vibemq_server.journal.journal",
     "vibemq_server.journal.records",
+    # a durable publish's PublishAck waiting for the fsync (once a publish, from the session)
+    "vibemq_server.core.durable_replies",
 )
 
 
