@@ -24,6 +24,12 @@ HOT_MODULES = (
     # message): interpreted, each cost a compiled caller a generic call or attribute access
     "vibemq_server.core.clock",
     "vibemq_server.server.stats",
+    # the durable path: the journal's per-message calls and the records they build (each
+    # alone did not pay: the interpreted journal called the compiled records generically)
+    "vibemq_server.journal.journal",
+    "vibemq_server.journal.records",
+    # a durable publish's PublishAck waiting for the fsync (once a publish, from the session)
+    "vibemq_server.core.durable_replies",
 )
 
 

@@ -232,6 +232,12 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
         )
     if stale := stale_modules():
         log.warning("compiled modules older than their source: rebuild them", modules=stale)
+    # The stop signals are ours before anyone is told we are ready: a SIGTERM sent right
+    # after the ready file appeared killed the process outright (exit -15) under load.
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     ready = broker.ready()
     if ready_file is not None:
         tmp = ready_file.with_suffix(".tmp")
@@ -257,10 +263,6 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
     notifier = Notifier()
     status = listening_status(ready)
     notifier.ready(status)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
 
     def reload() -> None:
         # SIGHUP: the users file is re-read, new TLS handshakes use the certificate files as

@@ -20,8 +20,8 @@ from waits import wait_for
 from vibemq_server.config import QueueDefaults
 from vibemq_server.core import ManualClock, PublishOutcome, QueueManager
 from vibemq_server.core.durable_replies import DurableReplies
-from vibemq_server.journal import journal as journal_mod
 from vibemq_server.journal.journal import FsyncPolicy, Journal
+from vibemq_server.journal.sysio import SystemCalls
 
 Waiter = Callable[[Exception | None], None]
 
@@ -151,16 +151,13 @@ def test_a_reply_added_while_handing_over_keeps_its_place() -> None:
 # -- with the real journal -------------------------------------------------------------------
 
 
-class SlowFsyncOs:
-    """The ``os`` module as the journal sees it: fsync waits until released, writes fail on
-    demand (a full disk); everything else is the real module."""
+class SlowFsyncOs(SystemCalls):
+    """The journal's system calls: fsync waits until released, writes fail on demand (a
+    full disk); everything else is the real call."""
 
     def __init__(self) -> None:
         self.release = threading.Event()
         self.fail_writes = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(os, name)
 
     def write(self, fd: int, data: Any) -> int:
         if self.fail_writes:
@@ -206,9 +203,8 @@ async def test_with_the_journal_a_failed_write_waits_behind_the_fsync_before_it(
     """The journal fails the newest waiters while an older batch is still in its fsync: the
     replies still come back oldest first, each with its own outcome."""
     fake = SlowFsyncOs()
-    monkeypatch.setattr(journal_mod, "os", fake)
     fake.release.set()  # opening a segment syncs at once
-    manager, journal = open_journal(tmp_path / "journal", fsync=FsyncPolicy.ALWAYS)
+    manager, journal = open_journal(tmp_path / "journal", fsync=FsyncPolicy.ALWAYS, system=fake)
     fake.release.clear()
     batches: list[tuple[list[str], Exception | None]] = []
     replies: DurableReplies[str] = DurableReplies(journal, lambda i, e: batches.append((i, e)))
@@ -234,19 +230,21 @@ async def test_with_the_journal_a_failed_write_waits_behind_the_fsync_before_it(
         await journal.close()
 
 
-class GatedFsyncOs:
-    """The ``os`` module as the journal sees it, each fsync held until the test opens its
-    own gate (in the order the fsyncs started); everything else is the real module."""
+class GatedFsyncOs(SystemCalls):
+    """The journal's system calls, each fsync held until the test opens its own gate (in the
+    order the fsyncs started); everything else is the real call. ``workers_only``: the loop
+    thread's own fsyncs (opening a segment, rotating) are not held."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, workers_only: bool = False) -> None:
         self.gates: list[threading.Event] = []
         self.lock = threading.Lock()
         self.open_all = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(os, name)
+        self.workers_only = workers_only
 
     def fsync(self, fd: int) -> None:
+        if self.workers_only and threading.current_thread() is threading.main_thread():
+            os.fsync(fd)
+            return
         gate = threading.Event()
         with self.lock:
             self.gates.append(gate)
@@ -269,9 +267,8 @@ async def test_with_the_journal_a_second_fsync_runs_while_the_first_does(
     once; when that one ends first, it completes the older batch too (its bytes were written
     before it started), and the replies still come back oldest first."""
     fake = GatedFsyncOs()
-    monkeypatch.setattr(journal_mod, "os", fake)
     fake.open_all = True  # opening a segment syncs at once
-    manager, journal = open_journal(tmp_path / "journal", fsync=FsyncPolicy.ALWAYS)
+    manager, journal = open_journal(tmp_path / "journal", fsync=FsyncPolicy.ALWAYS, system=fake)
     fake.open_all = False
     opened = len(fake.gates)
     batches: list[tuple[list[str], Exception | None]] = []
@@ -290,6 +287,46 @@ async def test_with_the_journal_a_second_fsync_runs_while_the_first_does(
         fake.gates[opened].set()  # the first ends late: nothing left for it to complete
         await wait_for(lambda: not journal._syncing, what="the first fsync")
         assert len(batches) == 2
+    finally:
+        fake.release_all()
+        await journal.close()
+
+
+async def test_with_the_journal_a_segment_is_not_rotated_under_an_fsync_still_running(
+    tmp_path: Path,
+) -> None:
+    """The later of two fsyncs ends first and completes both batches; the earlier one still
+    runs on the segment's fd. A full segment must not be rotated (its fd closed) until that
+    one returns: closed under it, the fsync failed (EBADF) and the journal refused publishes
+    ("the journal cannot be written", seen in the kill -9 loop under load)."""
+    fake = GatedFsyncOs(workers_only=True)
+    manager, journal = open_journal(
+        tmp_path / "journal", fsync=FsyncPolicy.ALWAYS, system=fake, segment_size=64
+    )
+    first_segment = journal.active
+    batches: list[tuple[list[str], Exception | None]] = []
+    replies: DurableReplies[str] = DurableReplies(journal, lambda i, e: batches.append((i, e)))
+    try:
+        manager.publish("d", "a", b"{}", {})
+        replies.add("a")
+        await wait_for(lambda: len(fake.gates) == 1, what="the first batch's fsync")
+        manager.publish("d", "b", b"{}", {})
+        replies.add("b")
+        await wait_for(lambda: len(fake.gates) == 2, what="the second batch's fsync")
+        fake.gates[1].set()  # the second fsync ends first: both batches are durable
+        await wait_for(lambda: not replies.waiting, what="both batches")
+        assert batches == [(["a"], None), (["b"], None)]
+        assert journal._syncing  # the first fsync is still running ...
+        assert journal.active == first_segment  # ... so the full segment stays open
+        fake.gates[0].set()
+        await wait_for(lambda: not journal._syncing, what="the first fsync")
+        await wait_for(lambda: journal.active > first_segment, what="the rotation")
+        assert journal.available
+        manager.publish("d", "c", b"{}", {})
+        replies.add("c")
+        fake.release_all()
+        await wait_for(lambda: not replies.waiting, what="a publish after the rotation")
+        assert batches[-1] == (["c"], None)
     finally:
         fake.release_all()
         await journal.close()

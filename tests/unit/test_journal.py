@@ -36,6 +36,7 @@ from vibemq_server.journal.records import (
     iter_records,
 )
 from vibemq_server.journal.recovery import JournalCorrupt, list_segments
+from vibemq_server.journal.sysio import SystemCalls
 
 # -- doubles and helpers ---------------------------------------------------------------------
 
@@ -84,17 +85,14 @@ class LogRecorder:
         return [(e, kw) for lv, e, kw in self.events if lv == level]
 
 
-class FaultyOs:
-    """The ``os`` module as the journal sees it, with writes that fail on demand (the OS
+class FaultyOs(SystemCalls):
+    """The journal's system calls, with writes that fail on demand (the OS
     reporting a full disk); everything else is the real module."""
 
     def __init__(self) -> None:
         self.fail_writes = False
         self.partial_first = False  # the first failing write puts half its bytes on disk
         self.calls: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(os, name)
 
     def write(self, fd: int, data: Any) -> int:
         self.calls.append("write")
@@ -446,8 +444,7 @@ async def test_when_durable_fires_with_none(
     env: Env, policy: FsyncPolicy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake = FaultyOs()
-    monkeypatch.setattr(journal_mod, "os", fake)
-    mgr, journal = env.open(fsync=policy, fsync_interval_ms=5)
+    mgr, journal = env.open(fsync=policy, fsync_interval_ms=5, system=fake)
     make(mgr, "q")
     results: list[tuple[int, Exception | None, int]] = []
     seg_path = env.segments()[-1][1]
@@ -480,8 +477,7 @@ async def test_when_durable_fires_with_none(
 
 async def test_group_commit_shares_fsyncs(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FaultyOs()
-    monkeypatch.setattr(journal_mod, "os", fake)
-    mgr, journal = env.open(fsync=FsyncPolicy.ALWAYS)
+    mgr, journal = env.open(fsync=FsyncPolicy.ALWAYS, system=fake)
     make(mgr, "q")
     await durable(journal)
     fake.calls.clear()
@@ -850,11 +846,10 @@ async def test_write_failure_refuses_durable_publishes_then_recovers(
     env: Env, monkeypatch: pytest.MonkeyPatch, partial: bool
 ) -> None:
     fake = FaultyOs()
-    monkeypatch.setattr(journal_mod, "os", fake)
     logs = LogRecorder()
     monkeypatch.setattr(journal_mod, "log", logs)
     monkeypatch.setattr(recovery_mod, "log", logs)
-    mgr, journal = env.open()
+    mgr, journal = env.open(system=fake)
     make(mgr, "d")
     make(mgr, "mem", durable=False)
     publish(mgr, "d", "m1")
@@ -899,8 +894,7 @@ async def test_write_failure_refuses_durable_publishes_then_recovers(
 
 async def test_fsync_failure_reports_to_waiters(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FaultyOs()
-    monkeypatch.setattr(journal_mod, "os", fake)
-    mgr, journal = env.open()
+    mgr, journal = env.open(system=fake)
     make(mgr, "d")
     await durable(journal)
 
