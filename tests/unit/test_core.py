@@ -10,6 +10,7 @@ from vibemq_server.core import (
     InvalidQueueOptions,
     ManualClock,
     PublishOutcome,
+    Queue,
     QueueExists,
     QueueManager,
     QueueNotFound,
@@ -244,6 +245,50 @@ def test_tick_times_out_only_attached_subscriptions(mgr: QueueManager, clock: Ma
     assert "m2" in sb.inflight and len(b.got) == 1
     assert mgr.ack(sa, "m1") and mgr.ack(sb, "m2")
     mgr.tick()
+
+
+def test_tick_times_out_each_subscription_when_its_first_deadline_passes(
+    mgr: QueueManager, clock: ManualClock
+) -> None:
+    # (tick looks at a subscription when its first deadline may have passed, not every tick)
+    make(mgr, "fast", ackTimeout=1000)
+    make(mgr, "slow", ackTimeout=3000)
+    f, s = Recorder(), Recorder()
+    sf = mgr.subscribe("fast", "f", f, 10)
+    mgr.subscribe("slow", "s", s, 10)
+    publish(mgr, "slow", "s1")
+    publish(mgr, "fast", "f1")
+    clock.advance(500)
+    publish(mgr, "fast", "f2")
+    clock.advance(500)
+    mgr.tick()  # f1's deadline: f2 is not due yet, s1 neither
+    assert f.got == [("f1", 1, {}), ("f2", 1, {}), ("f1", 2, {})]
+    assert s.got == [("s1", 1, {})]
+    assert mgr.ack(sf, "f1") and mgr.ack(sf, "f2")
+    clock.advance(1000)
+    mgr.tick()  # fast holds nothing now: nothing comes back
+    assert len(f.got) == 3
+    publish(mgr, "fast", "f3")  # watched again from its new delivery on
+    clock.advance(1000)
+    mgr.tick()
+    assert f.got[-1] == ("f3", 2, {}) and s.got[-1] == ("s1", 2, {})
+
+
+def test_ack_held_settles_each_ack_at_its_subscription(mgr: QueueManager) -> None:
+    make(mgr, "a")
+    make(mgr, "b")
+    r = Recorder()
+    sa = mgr.subscribe("a", "sa", r, 10)
+    sb = mgr.subscribe("b", "sb", r, 10)
+    publish(mgr, "a", "m1", "m2")
+    publish(mgr, "b", "m3")
+    holders = {"m1": sa, "m2": sa, "m3": sb, "m9": sb}
+    touched: dict[str, Queue] = {}
+    assert mgr.ack_held(holders, ["m3", "m1", "m7", "m9"], touched) == ["m7", "m9"]
+    assert list(sa.inflight) == ["m2"] and list(sa.deadlines) == ["m2"] and not sb.inflight
+    assert holders == {"m2": sa}
+    assert touched == {"b": sb.queue, "a": sa.queue}
+    assert (sa.queue.stats.acked, sb.queue.stats.acked) == (1, 1)
 
 
 def test_tick_sweeps_a_bounded_share_of_idle_queues(mgr: QueueManager) -> None:

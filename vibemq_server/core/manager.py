@@ -9,6 +9,7 @@ address reaches the queue of that name and every protocol's subscribers through 
 from __future__ import annotations
 
 import datetime as dt
+import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -223,8 +224,14 @@ class QueueManager:
         self.memory_blocked = False
         #: queues that can hold messages with a TTL (their option, or a message's own)
         self._expiring: dict[str, Queue] = {}
-        #: subscriptions that were handed deliveries to ack: the ack deadlines to check
+        #: subscriptions that were handed deliveries to ack, each with one entry in ``_due``
         self._timed: dict[Subscription, None] = {}
+        #: a heap of (when to look, tie-break, subscription): ``tick`` looks only at the
+        #: subscriptions whose first ack deadline may have passed, not at every one that
+        #: holds deliveries (10,000 of them with many queues, ten times a second). The time
+        #: is never later than the first deadline: deliveries append later deadlines.
+        self._due: list[tuple[int, int, Subscription]] = []
+        self._due_seq = 0
         #: the queues ``tick``'s safety net has still to dispatch in this round
         self._sweep_todo: list[Queue] = []
         #: see ``hold``: while True, FanOutWithoutAck queues wait in ``_deferred``
@@ -717,6 +724,45 @@ class QueueManager:
         queue.stats.acked += settled
         return missing
 
+    def ack_held(
+        self, holders: dict[str, Subscription], msg_ids: list[str], touched: dict[str, Queue]
+    ) -> list[str]:
+        """Settle Acks of a connection subscribed to many queues, each at the subscription
+        ``holders`` names for it (its map of delivery id -> subscription; the entries are
+        taken out), as ``ack`` with ``dispatch=False`` would one by one, in one call: a read's
+        Acks each hit another queue there, so no run per subscription. The queues settled in
+        go into ``touched`` (the caller refills them); returns the ids not settled, in order
+        (not in ``holders``, or no longer held there)."""
+        rest: list[str] = []
+        persistence = self.persistence
+        # journaled messages that are no fan-out copy, by queue: settled in one call each
+        # (by id: a queue is no dict key, and a name may outlive its queue)
+        journaled: dict[int, tuple[Queue, list[StoredMessage]]] = {}
+        for msg_id in msg_ids:
+            sub = holders.pop(msg_id, None)
+            msg = sub.inflight.pop(msg_id, None) if sub is not None else None
+            if sub is None or msg is None:
+                rest.append(msg_id)
+                continue
+            del sub.deadlines[msg_id]
+            queue = sub.queue
+            queue.stats.acked += 1
+            touched[queue.name] = queue
+            # (_settle does nothing for a message neither journaled nor one of fan-out copies)
+            if msg.group is not None:
+                self._settle(queue, msg, _ACKED)
+            elif persistence is not None and queue.options.durable:
+                run = journaled.get(id(queue))
+                if run is None:
+                    journaled[id(queue)] = (queue, [msg])
+                else:
+                    run[1].append(msg)
+        if journaled:
+            assert persistence is not None
+            for held, msgs in journaled.values():
+                persistence.settled_all(held, msgs, _ACKED)
+        return rest
+
     def detach(self, sub: Subscription) -> None:
         """Stop delivering to a subscription but leave its unacknowledged deliveries with it
         (AMQP basic.cancel: they can still be acked, or go back when the channel ends)."""
@@ -792,10 +838,11 @@ class QueueManager:
         self.memory_bytes -= len(msg.payload)
         if needs_ack:
             options = queue.options
-            if not inflight:
-                self._timed[sub] = None  # (tick checks its deadlines from now on)
+            deadline = (now or self.clock()) + options.ack_timeout_ms
+            if not inflight and sub not in self._timed:
+                self._watch(sub, deadline)  # (tick checks its deadlines from then on)
             inflight[msg_id] = msg
-            sub.deadlines[msg_id] = (now or self.clock()) + options.ack_timeout_ms
+            sub.deadlines[msg_id] = deadline
             persistence = self.persistence
             if persistence is not None and options.durable:
                 persistence.delivered(queue, msg)
@@ -964,7 +1011,7 @@ class QueueManager:
         """Expire messages, time out unacknowledged deliveries, re-check the memory bound.
 
         O(active), not O(queues): only queues that can hold expiring messages are looked
-        at for TTLs, only subscriptions that were handed deliveries for ack deadlines, and
+        at for TTLs, only subscriptions whose first ack deadline may have passed, and
         the queues either touched are dispatched. Dispatch and room waiters are otherwise
         event-driven; as a safety net for a lost wake-up, up to ``SWEEP_PER_TICK`` queues
         in turn are dispatched too (every queue each tick up to that many, else each queue
@@ -980,16 +1027,28 @@ class QueueManager:
                     self.expire(queue, msg)
                 if expired:
                     touched[name] = queue
-        for sub in list(self._timed):
+        due = self._due
+        while due and due[0][0] <= now:
+            sub = heapq.heappop(due)[2]
             deadlines = sub.deadlines
             if not deadlines:
                 del self._timed[sub]  # (it comes back with its next delivery)
                 continue
             queue = sub.queue
-            if next(iter(deadlines.values())) > now or sub not in queue.subscriptions:
-                continue  # (not in its queue: detached, its deliveries wait for their acks)
+            first = next(iter(deadlines.values()))
+            if first > now:
+                self._requeue_due(sub, first)
+                continue
+            if sub not in queue.subscriptions:
+                # Detached: its deliveries wait for their acks; looked at again later.
+                self._requeue_due(sub, now + max(queue.options.ack_timeout_ms, 1))
+                continue
             self._time_out(queue, sub, now)
             touched[queue.name] = queue
+            if deadlines:
+                self._requeue_due(sub, next(iter(deadlines.values())))
+            else:
+                del self._timed[sub]
         for queue in touched.values():
             if not queue.deleted:
                 queue.dispatch()
@@ -1001,6 +1060,15 @@ class QueueManager:
             waiters, self._memory_waiters = self._memory_waiters, []
             for waiter in waiters:
                 waiter()
+
+    def _watch(self, sub: Subscription, when: int) -> None:
+        """Have ``tick`` look at ``sub``'s ack deadlines at ``when`` (ms)."""
+        self._timed[sub] = None
+        self._requeue_due(sub, when)
+
+    def _requeue_due(self, sub: Subscription, when: int) -> None:
+        self._due_seq += 1
+        heapq.heappush(self._due, (when, self._due_seq, sub))
 
     def _sweep(self) -> None:
         """The safety net of ``tick``: the next ``SWEEP_PER_TICK`` queues dispatched."""

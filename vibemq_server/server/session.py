@@ -336,26 +336,9 @@ class Session:
             self.log.debug("ack for unknown delivery", message_id=msg_id)
 
     def _settle_held(self, msg_ids: list[str], holders: dict[str, Subscription]) -> list[str]:
-        """Settle the Acks whose subscription ``holders`` names, in order per subscription;
-        the ids left for the scan in subscription order (unknown, or no longer held there)."""
-        runs: dict[Subscription, list[str]] = {}
-        rest: list[str] = []
-        for msg_id in msg_ids:
-            sub = holders.pop(msg_id, None)
-            if sub is None:
-                rest.append(msg_id)
-                continue
-            run = runs.get(sub)
-            if run is None:
-                runs[sub] = [msg_id]
-            else:
-                run.append(msg_id)
-        ack_many = self.manager.ack_many
-        for sub, ids in runs.items():
-            left = ack_many(sub, ids)
-            if len(left) != len(ids):
-                self._acked[sub.queue.name] = sub.queue
-            rest += left
+        """Settle the Acks whose subscription ``holders`` names; the ids left for the scan in
+        subscription order (unknown, or no longer held there)."""
+        rest = self.manager.ack_held(holders, msg_ids, self._acked)
         if len(holders) > self._holders_limit:
             holders.clear()
         return rest
