@@ -204,3 +204,26 @@ def test_vibemq_is_the_jvm_source(spark: Any, tmp_path: Path) -> None:
         assert scan in df._jdf.queryExecution().executedPlan().toString()
     stream = spark.readStream.format(jvm.NAME).load(str(tmp_path / "data"))
     assert stream._jdf.queryExecution().analyzed().table().name() == "vibemq journal"
+
+
+def test_jar_built_into_the_cache_when_not_built_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pip-installed package has no jars/ directory: jar_path() builds the jar once into the
+    # cache (javac against pyspark's jars), then finds it there.
+    monkeypatch.setattr(jvm, "JAR", tmp_path / "absent" / "vibemq-spark.jar")
+    monkeypatch.setenv("VIBEMQ_CACHE_DIR", str(tmp_path / "cache"))
+    built = jvm.jar_path()
+    assert built is not None and built.startswith(str(tmp_path / "cache"))
+    import zipfile
+
+    with zipfile.ZipFile(built) as jar:
+        names = set(jar.namelist())
+        services = jar.read("META-INF/services/org.apache.spark.sql.sources.DataSourceRegister")
+    assert "io/vibemq/spark/JournalStream.class" in names
+    assert b"io.vibemq.spark.JournalSource" in services
+    assert jvm.jar_path() == built
+    # Without a JDK there is no jar, and register() falls back to the Python source.
+    monkeypatch.setenv("VIBEMQ_CACHE_DIR", str(tmp_path / "cache2"))
+    monkeypatch.setattr(jvm, "_javac", lambda: None)
+    assert jvm.jar_path() is None
