@@ -176,6 +176,7 @@ def stream(spark: Any, journal: Path, work: Path, rounds: int) -> dict[str, Any]
             spark.read.format(fmt).load(str(journal)).write.format("noop").mode("overwrite").save()
             batch = time.perf_counter() - start
             chk = work / f"chk{prefix}{r}"
+            shutil.rmtree(chk, ignore_errors=True)  # a reused --dir: not a finished query's
             start = time.perf_counter()
             query = (
                 spark.readStream.format(fmt)
