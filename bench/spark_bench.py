@@ -11,9 +11,9 @@ about 3.2 records per message, 64 MiB segments):
 1. the session reads it once with ``format("vibemq")`` and writes the very same records out as
    Parquet and as JSON lines;
 2. ``--rounds`` alternating rounds (the order rotates every round) of four readers -- ours
-   (the Python source ``vibemq`` and the JVM one ``vibemq.jvm``, when its jar is built:
-   ``scripts/build_jar.sh``), ``spark.read.parquet``, ``spark.read.json`` with the schema
-   given -- and two queries: the
+   (``format("vibemq")``: the JVM source when its jar loads, and the Python source
+   ``vibemq.python`` unless ``--no-python``), ``spark.read.parquet``, ``spark.read.json``
+   with the schema given -- and two queries: the
    issue's ``count(*), sum(length(payload))`` (Parquet reads only the payload column for it),
    and ``all``: the same plus an ``xxhash64`` of every column, so every reader materialises
    every column (the hash must agree: a check that all of them hold the same records). Medians.
@@ -23,7 +23,8 @@ messages is chosen to keep about ``--payload-mb`` of journal). ``--pushdown-mess
 queues, one of them read with the ``queue`` option, and with a pushed-down ``queue = ...``
 filter, against the full read. ``--stream-messages``: ``readStream`` with
 ``trigger(availableNow=True)`` and ``maxRecordsPerTrigger`` into the ``noop`` sink against a
-batch read of the same journal. ``--writer-rows``: the writer into a real broker (0 = skip).
+batch read of the same journal (both sources). ``--writer-rows``: the writers into a real
+broker (0 = skip).
 
 Needs Java 17 and the spark extra (and the compiled scanner: ``pip install -e .`` or
 ``scripts/build_ext.sh``). Nothing is asserted; the numbers go to docs/performance.md.
@@ -51,6 +52,7 @@ ALL_COLUMNS = (
     "priority, map_keys(headers), map_values(headers), payload, payload_binary, payload_size, "
     "delivery_attempts, settle_reason, settled_at, dead_letter_reason, detail, queue_options"
 )
+PYTHON_TOO = True  # the Python source measured beside the JVM one (--no-python: not)
 QUERIES = {
     "issue": ["count(*) AS n", "sum(length(payload)) AS b"],
     "all": ["count(*) AS n", "sum(length(payload)) AS b", f"bit_xor(xxhash64({ALL_COLUMNS})) AS h"],
@@ -99,8 +101,8 @@ def side_by_side(spark: Any, journal: Path, work: Path, rounds: int) -> dict[str
         "parquet": lambda: spark.read.parquet(str(pq)),
         "json": lambda: spark.read.schema(schema).json(str(js)),
     }
-    if jvm.loaded(spark):
-        readers["jvm"] = lambda: spark.read.format(jvm.NAME).load(str(journal))
+    if PYTHON_TOO:
+        readers["python"] = lambda: spark.read.format(jvm.PYTHON_NAME).load(str(journal))
     names = list(readers)
     times: dict[str, dict[str, list[float]]] = {q: {n: [] for n in names} for q in QUERIES}
     answers: dict[str, dict[str, Any]] = {q: {} for q in QUERIES}
@@ -124,9 +126,9 @@ def side_by_side(spark: Any, journal: Path, work: Path, rounds: int) -> dict[str
             "vs_json": round(med["json"] / med["vibemq"], 2),
             "vs_parquet": round(med["parquet"] / med["vibemq"], 2),
         }
-        if "jvm" in med:
-            out[query]["jvm_vs_json"] = round(med["json"] / med["jvm"], 2)
-            out[query]["jvm_vs_parquet"] = round(med["parquet"] / med["jvm"], 2)
+        if "python" in med:
+            out[query]["python_vs_json"] = round(med["json"] / med["python"], 2)
+            out[query]["python_vs_parquet"] = round(med["parquet"] / med["python"], 2)
     return out
 
 
@@ -141,10 +143,10 @@ def pushdown(spark: Any, journal: Path, rounds: int) -> dict[str, Any]:
             spark.read.format("vibemq").load(str(journal)).where(col("queue") == "q3")
         ),
     }
-    if jvm.loaded(spark):
-        cases["jvm_full"] = lambda: spark.read.format(jvm.NAME).load(str(journal))
-        cases["jvm_filter"] = lambda: (
-            spark.read.format(jvm.NAME).load(str(journal)).where(col("queue") == "q3")
+    if PYTHON_TOO:
+        cases["python_full"] = lambda: spark.read.format(jvm.PYTHON_NAME).load(str(journal))
+        cases["python_filter"] = lambda: (
+            spark.read.format(jvm.PYTHON_NAME).load(str(journal)).where(col("queue") == "q3")
         )
     times: dict[str, list[float]] = {n: [] for n in cases}
     rows: dict[str, int] = {}
@@ -163,36 +165,42 @@ def pushdown(spark: Any, journal: Path, rounds: int) -> dict[str, Any]:
 
 
 def stream(spark: Any, journal: Path, work: Path, rounds: int) -> dict[str, Any]:
-    """availableNow with maxRecordsPerTrigger into the noop sink, against a batch read."""
-    times: dict[str, list[float]] = {"batch": [], "stream": []}
+    """availableNow with maxRecordsPerTrigger into the noop sink, against a batch read; the
+    JVM source (``vibemq``) and the Python one, alternating."""
+    formats = {"": "vibemq", "python_": jvm.PYTHON_NAME} if PYTHON_TOO else {"": "vibemq"}
+    times: dict[str, list[float]] = {}
+    rows = 0
     for r in range(rounds + 1):
-        start = time.perf_counter()
-        spark.read.format("vibemq").load(str(journal)).write.format("noop").mode("overwrite").save()
-        batch = time.perf_counter() - start
-        chk = work / f"chk{r}"
-        start = time.perf_counter()
-        query = (
-            spark.readStream.format("vibemq")
-            .option("maxRecordsPerTrigger", 500_000)
-            .load(str(journal))
-            .writeStream.format("noop")
-            .option("checkpointLocation", str(chk))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
-        took = time.perf_counter() - start
-        rows = sum(p["numInputRows"] for p in query.recentProgress)
-        if r:  # the first is the warm-up
-            times["batch"].append(batch)
-            times["stream"].append(took)
+        for prefix, fmt in formats.items():
+            start = time.perf_counter()
+            spark.read.format(fmt).load(str(journal)).write.format("noop").mode("overwrite").save()
+            batch = time.perf_counter() - start
+            chk = work / f"chk{prefix}{r}"
+            shutil.rmtree(chk, ignore_errors=True)  # a reused --dir: not a finished query's
+            start = time.perf_counter()
+            query = (
+                spark.readStream.format(fmt)
+                .option("maxRecordsPerTrigger", 500_000)
+                .load(str(journal))
+                .writeStream.format("noop")
+                .option("checkpointLocation", str(chk))
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination()
+            took = time.perf_counter() - start
+            rows = sum(p["numInputRows"] for p in query.recentProgress)
+            if r:  # the first is the warm-up
+                times.setdefault(f"{prefix}batch", []).append(batch)
+                times.setdefault(f"{prefix}stream", []).append(took)
     med = {n: statistics.median(t) for n, t in times.items()}
-    return {
-        "rows": rows,
-        "batch_rows_per_s": round(rows / med["batch"]),
-        "stream_rows_per_s": round(rows / med["stream"]),
-        "stream_vs_batch": round(med["batch"] / med["stream"], 2),
-    }
+    out: dict[str, Any] = {"rows": rows}
+    for prefix in formats:
+        out[f"{prefix}batch_rows_per_s"] = round(rows / med[f"{prefix}batch"])
+        out[f"{prefix}stream_rows_per_s"] = round(rows / med[f"{prefix}stream"])
+        out[f"{prefix}stream_us_per_record"] = round(1e6 * med[f"{prefix}stream"] / rows, 2)
+        out[f"{prefix}stream_vs_batch"] = round(med[f"{prefix}batch"] / med[f"{prefix}stream"], 2)
+    return out
 
 
 def writer_bench(rows: int, work: Path) -> dict[str, Any]:
@@ -215,15 +223,18 @@ def writer_bench(rows: int, work: Path) -> dict[str, Any]:
             "to_json(named_struct('n', id, 'body', repeat('x', 64))) AS payload"
         )
         df.cache().count()
-        start = time.perf_counter()
-        df.write.format("vibemq").option("port", str(port)).option("queue", "bench").mode(
-            "append"
-        ).save()
-        took = time.perf_counter() - start
+        out: dict[str, Any] = {"rows": rows}
+        for fmt in ("vibemq", jvm.PYTHON_NAME):
+            start = time.perf_counter()
+            df.write.format(fmt).option("port", str(port)).option("queue", "bench").mode(
+                "append"
+            ).save()
+            took = time.perf_counter() - start
+            out[fmt] = {"seconds": round(took, 2), "rows_per_s": round(rows / took)}
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    return {"rows": rows, "seconds": round(took, 2), "rows_per_s": round(rows / took)}
+    return out
 
 
 def _ints(text: str) -> list[int]:
@@ -233,14 +244,16 @@ def _ints(text: str) -> list[int]:
 def _print_side(label: str, r: dict[str, Any]) -> None:
     for query in QUERIES:
         q = r[query]
-        names = [n for n in ("vibemq", "jvm", "parquet", "json") if n in q]
+        names = [n for n in ("vibemq", "python", "parquet", "json") if n in q]
         cells = ", ".join(f"{n} {q[n]['rows_per_s']:,}/s" for n in names)
-        jvm_ratio = (
-            f"; jvm {q['jvm_vs_json']}x JSON, {q['jvm_vs_parquet']}x Parquet" if "jvm" in q else ""
+        py_ratio = (
+            f"; python {q['python_vs_json']}x JSON, {q['python_vs_parquet']}x Parquet"
+            if "python" in q
+            else ""
         )
         print(
             f"{label} [{query}] {r['rows']:,} rows: {cells}; ours {q['vs_json']}x JSON, "
-            f"{q['vs_parquet']}x Parquet{jvm_ratio}{'' if q['agree'] else ' (ANSWERS DIFFER)'}",
+            f"{q['vs_parquet']}x Parquet{py_ratio}{'' if q['agree'] else ' (ANSWERS DIFFER)'}",
             flush=True,
         )
 
@@ -254,9 +267,14 @@ def main() -> int:
     parser.add_argument("--stream-messages", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--writer-rows", type=int, default=0)
+    parser.add_argument(
+        "--no-python", action="store_true", help="leave the Python source out (big journals)"
+    )
     parser.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
+    global PYTHON_TOO
+    PYTHON_TOO = not args.no_python
     if not columnar.available():
         print("warning: the compiled scanner is not built: measuring the per-record path")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Build the Spark source's JVM reader (vibemq_server/spark/java, format("vibemq.jvm"),
-# docs/spark.md) into vibemq_server/spark/jars/vibemq-spark.jar: javac and jar against the
-# jars pyspark ships, no Maven, no network. Not committed: built at install/test time. Without
-# a JDK (javac) it says so and exits 0: the Python reader remains. PYTHON: the interpreter
-# with pyspark (default .venv/bin/python).
+# Build the Spark source's JVM side (vibemq_server/spark/java, format("vibemq"), docs/spark.md)
+# into vibemq_server/spark/jars/vibemq-spark.jar: javac and jar against the jars pyspark
+# ships, no Maven, no network. Not committed: built at install/test time. Without a JDK
+# (javac) it says so and exits 0: the Python source remains (vibemq_server/spark/jvm.py
+# builds the same jar into a cache directory when it can, for an installed package).
+# PYTHON: the interpreter with pyspark (default .venv/bin/python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}

@@ -50,7 +50,8 @@ if [ "$status" -ne 0 ] && ! { [ "$status" -eq 5 ] && [ "$#" -gt 0 ]; }; then
   exit "$status"
 fi
 .venv/bin/python scripts/compile.py --clean
-# The Spark source's JVM reader (format("vibemq.jvm")): its jar, built here, not committed.
+# The Spark source's JVM side (format("vibemq"): reads, streams, writes; the Python source is
+# vibemq.python): its jar, built here before the Spark tests, not committed.
 scripts/build_jar.sh
 # With a selection of tests as arguments the Spark step may have none to run (pytest's exit
 # 5); without arguments, no Spark test collected is a failure.

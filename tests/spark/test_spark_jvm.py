@@ -1,4 +1,5 @@
-"""The JVM reader (``format("vibemq.jvm")``) against the Python source, row for row, in Spark.
+"""The JVM source (``format("vibemq")``) against the Python one (``format("vibemq.python")``),
+row for row, in Spark.
 
 Both read the same journals: generated ones (several segments, and one big segment read as
 ranges), hand-made records (repeated header keys, invalid UTF-8, every record type and settle
@@ -24,7 +25,7 @@ from vibemq_server.spark.generate import START_MS, generate
 
 pytestmark = pytest.mark.spark
 
-READERS = ("vibemq", jvm.NAME)
+READERS = (jvm.PYTHON_NAME, jvm.NAME)  # the Python source, the JVM one
 
 
 def _outcome(spark: Any, fmt: str, data: Path, where: Any, columns: list[str] | None,
@@ -82,6 +83,7 @@ def test_same_rows_filters_and_columns(spark: Any, tmp_path: Path) -> None:
     data = tmp_path / "data"
     generate(data, 3000, segment_size=64 * 1024, payload_size=300)
     kind, rows = _same(spark, data)
+    everything = len(rows)
     assert kind == "rows" and len(rows) == sum(
         1 for s in jr.list_segment_files(data) for _ in jr.read_rows(s.path, s.number)
     )
@@ -97,8 +99,9 @@ def test_same_rows_filters_and_columns(spark: Any, tmp_path: Path) -> None:
     _same(spark, data, col("record_type") == "PUBLISH", ["payload_size", "headers", "offset"])
     _same(spark, data, None, ["seq"], queue="q0")
     assert spark.read.format(jvm.NAME).load(str(data)).count() == len(
-        spark.read.format("vibemq").load(str(data)).collect()
+        spark.read.format(jvm.PYTHON_NAME).load(str(data)).collect()
     )
+    assert spark.read.format(jvm.ALIAS).load(str(data)).count() == everything
     plan = spark.read.format(jvm.NAME).load(str(data)).where(col("queue") == "q1")
     assert "queues=[q1]" in plan._jdf.queryExecution().executedPlan().toString()
 
@@ -141,3 +144,86 @@ def test_big_segment_is_read_as_ranges(spark: Any, tmp_path: Path) -> None:
     df = spark.read.format(jvm.NAME).load(str(data))
     assert df.rdd.getNumPartitions() == 2
     _same(spark, data, None, ["segment", "offset", "record_type", "seq", "payload_binary"])
+
+
+def test_checkpoint_carried_between_the_python_and_jvm_streams(spark: Any, tmp_path: Path) -> None:
+    """A stream checkpoint written by the Python reader is continued by the JVM one and back:
+    the offsets are the same JSON. The journal grows between runs as a broker writes it,
+    each time ending in a record cut mid-way (never read half). Together the runs deliver
+    every record once, the same rows as a batch read of the whole journal."""
+    full = tmp_path / "full"
+    generate(full, 900, segment_size=32 * 1024, payload_size=120)
+    segs = jr.list_segment_files(full)
+    assert len(segs) >= 4
+    data = tmp_path / "data"
+    journal = data / "journal"
+    journal.mkdir(parents=True)
+
+    def grow(upto: int) -> None:
+        # segments before ``upto`` whole, segment ``upto`` cut in the middle of a record
+        for seg in segs[:upto]:
+            (journal / Path(seg.path).name).write_bytes(Path(seg.path).read_bytes())
+        offsets = [off for off, _ in jr.read_entries(segs[upto].path)]
+        cut = offsets[len(offsets) // 2] + 13
+        (journal / Path(segs[upto].path).name).write_bytes(Path(segs[upto].path).read_bytes()[:cut])
+
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    runs = []
+    for fmt, upto in ((jvm.PYTHON_NAME, 1), (jvm.NAME, 2), (jvm.PYTHON_NAME, 3), (jvm.NAME, -1)):
+        if upto < 0:
+            for seg in segs:
+                (journal / Path(seg.path).name).write_bytes(Path(seg.path).read_bytes())
+        else:
+            grow(upto)
+        query = (
+            spark.readStream.format(fmt)
+            .option("maxRecordsPerTrigger", "170")
+            .load(str(data))
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(180)
+        assert not query.isActive and query.exception() is None
+        runs.append(sum(p["numInputRows"] for p in query.recentProgress))
+    assert all(n > 0 for n in runs)
+    got = sorted((tuple(r) for r in spark.read.parquet(str(out)).collect()), key=lambda r: r[:2])
+    want = [tuple(r) for r in spark.read.format(jvm.PYTHON_NAME).load(str(full)).collect()]
+    assert len(got) == len(want) == sum(runs)
+    assert got == sorted(want, key=lambda r: r[:2])
+
+
+def test_vibemq_is_the_jvm_source(spark: Any, tmp_path: Path) -> None:
+    # register() (conftest) found the jar: format("vibemq") reads, streams and writes in the
+    # JVM; the Python source answers to "vibemq.python".
+    generate(tmp_path / "data", 10)
+    for fmt, scan in ((jvm.NAME, "vibemq journal"), (jvm.PYTHON_NAME, "(Python)")):
+        df = spark.read.format(fmt).load(str(tmp_path / "data"))
+        assert scan in df._jdf.queryExecution().executedPlan().toString()
+    stream = spark.readStream.format(jvm.NAME).load(str(tmp_path / "data"))
+    assert stream._jdf.queryExecution().analyzed().table().name() == "vibemq journal"
+
+
+def test_jar_built_into_the_cache_when_not_built_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pip-installed package has no jars/ directory: jar_path() builds the jar once into the
+    # cache (javac against pyspark's jars), then finds it there.
+    monkeypatch.setattr(jvm, "JAR", tmp_path / "absent" / "vibemq-spark.jar")
+    monkeypatch.setenv("VIBEMQ_CACHE_DIR", str(tmp_path / "cache"))
+    built = jvm.jar_path()
+    assert built is not None and built.startswith(str(tmp_path / "cache"))
+    import zipfile
+
+    with zipfile.ZipFile(built) as jar:
+        names = set(jar.namelist())
+        services = jar.read("META-INF/services/org.apache.spark.sql.sources.DataSourceRegister")
+    assert "io/vibemq/spark/JournalStream.class" in names
+    assert b"io.vibemq.spark.JournalSource" in services
+    assert jvm.jar_path() == built
+    # Without a JDK there is no jar, and register() falls back to the Python source.
+    monkeypatch.setenv("VIBEMQ_CACHE_DIR", str(tmp_path / "cache2"))
+    monkeypatch.setattr(jvm, "_javac", lambda: None)
+    assert jvm.jar_path() is None

@@ -58,10 +58,8 @@ def load_journal(
     since: str | None = None,
     until: str | None = None,
 ) -> Any:
-    from vibemq_server.spark import jvm
-
-    # the JVM reader when its jar is built (the same rows, faster: docs/spark.md)
-    reader = spark.read.format(jvm.NAME if jvm.loaded(spark) else "vibemq")
+    # the JVM source when its jar loads, else the Python one (the same rows: docs/spark.md)
+    reader = spark.read.format("vibemq")
     if queues:
         reader = reader.option("queue", queues)
     if since:

@@ -9,9 +9,10 @@
   running broker (options ``host``, ``port``, ``queue``, ``token``, ``maxInFlight``,
   ``timeout``).
 
-Register it with ``spark.dataSource.register(VibeMQDataSource)`` or
-``vibemq_server.spark.register(spark)``. Readers and writers are pickled to Python workers:
-they hold only plain values. The reading itself is :mod:`vibemq_server.spark.journal_reader`.
+Register it with ``vibemq_server.spark.register(spark)``: it is ``format("vibemq.python")``
+always, and ``format("vibemq")`` only when the JVM source's jar cannot be loaded (:mod:`.jvm`).
+Readers and writers are pickled to Python workers: they hold only plain values. The reading
+itself is :mod:`vibemq_server.spark.journal_reader`.
 """
 
 from __future__ import annotations
@@ -300,3 +301,12 @@ class VibeMQDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         return VibeMQStreamWriter(self.options, schema)
+
+
+class PythonDataSource(VibeMQDataSource):
+    """The same source as ``format("vibemq.python")``: registered always, beside the JVM
+    source that answers to ``vibemq`` when its jar loads (docs/spark.md)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "vibemq.python"

@@ -79,7 +79,7 @@ final class JournalReader implements PartitionReader<ColumnarBatch> {
     }
     this.batch = new ColumnarBatch(vectors);
     try {
-      open(part.start());
+      open(part.start(), part.lossFails());
     } catch (IOException e) {
       close();
       throw new RuntimeException(e.getMessage(), e);
@@ -96,10 +96,12 @@ final class JournalReader implements PartitionReader<ColumnarBatch> {
     return new IOException(message + " in " + path + " at offset " + offset);
   }
 
-  private void open(long start) throws IOException {
+  private void open(long start, boolean lossFails) throws IOException {
     try {
       file = new RandomAccessFile(path, "r");
     } catch (FileNotFoundException e) {
+      // A stream's segment reclaimed before it was read: data loss (failOnDataLoss).
+      if (lossFails) throw JournalStream.dataLoss(segment, segment + 1);
       // Reclaimed between planning and reading: the read sees the journal as it is when each
       // segment is opened, like a directory listing of files.
       done = true;

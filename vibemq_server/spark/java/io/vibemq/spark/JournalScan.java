@@ -17,6 +17,7 @@ import org.apache.spark.sql.connector.read.Scan;
 import org.apache.spark.sql.connector.read.ScanBuilder;
 import org.apache.spark.sql.connector.read.SupportsPushDownFilters;
 import org.apache.spark.sql.connector.read.SupportsPushDownRequiredColumns;
+import org.apache.spark.sql.connector.read.streaming.MicroBatchStream;
 import org.apache.spark.sql.sources.Filter;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
@@ -26,6 +27,7 @@ final class JournalScan
   static final long RANGE_BYTES = 16L * 1024 * 1024;
 
   private final String dataDir;
+  private final CaseInsensitiveStringMap options;
   private RowFilter filter;
   private Filter[] pushed = new Filter[0];
   private StructType schema = Columns.SCHEMA;
@@ -34,9 +36,10 @@ final class JournalScan
     String path = options.get("path");
     if (path == null || path.isEmpty()) {
       throw new IllegalArgumentException(
-          "give the data directory: spark.read.format(\"vibemq.jvm\").load(data_dir)");
+          "give the data directory: spark.read.format(\"vibemq\").load(data_dir)");
     }
     this.dataDir = path;
+    this.options = options;
     this.filter = RowFilter.fromOptions(options);
   }
 
@@ -83,6 +86,13 @@ final class JournalScan
   @Override
   public Batch toBatch() {
     return this;
+  }
+
+  @Override
+  public MicroBatchStream toMicroBatchStream(String checkpointLocation) {
+    // A stream reads every record time (startTime/endTime are batch options) of the queues.
+    RowFilter queues = new RowFilter(RowFilter.fromOptions(options).queues, null, null);
+    return new JournalStream(dataDir, schema, queues, options);
   }
 
   @Override

@@ -90,11 +90,18 @@ final class Segments {
    * is at least every long (journal_reader.record_cuts with the compiled walk).
    */
   static List<Long> recordCuts(String path, long every) throws IOException {
+    File file = new File(path);
+    if (!file.exists()) return new ArrayList<>();
+    return recordCuts(path, every, HEADER, file.length());
+  }
+
+  /** Record boundaries about every bytes apart in [start, stop) (stop: a record boundary). */
+  static List<Long> recordCuts(String path, long every, long start, long stop)
+      throws IOException {
     List<Long> cuts = new ArrayList<>();
     File file = new File(path);
     if (!file.exists()) return cuts;
-    long stop = file.length();
-    long pos = HEADER;
+    long pos = Math.max(start, HEADER);
     try (RandomAccessFile f = new RandomAccessFile(file, "r")) {
       byte[] buf = null;
       while (stop - pos > every + every / 2) {
@@ -113,6 +120,59 @@ final class Segments {
       }
     }
     return cuts;
+  }
+
+  /** Bytes of a segment read at a time by {@link #walk}. */
+  static final int WALK_WINDOW = 1 << 20;
+
+  /**
+   * Walks record prefixes (no decoding) from start: {end, count}, end just after the last
+   * whole record reached, stopping after maxRecords (-1: no limit) and at stop (-1: the
+   * file's end; else a record boundary). Bytes up to a file's size are written (appends grow
+   * the size after copying), so a record whose length fits in the file is whole; the
+   * executors check every CRC. journal_reader.scan.
+   */
+  static long[] walk(String path, long start, long maxRecords, long stop) throws IOException {
+    try (RandomAccessFile f = new RandomAccessFile(path, "r")) {
+      byte[] head = new byte[HEADER];
+      if (readAt(f, 0, head, HEADER) < HEADER) return new long[] {HEADER, 0};
+      checkHeader(head, path);
+      long limit = f.length();
+      if (stop >= 0) limit = Math.min(limit, stop);
+      long pos = Math.max(start, HEADER), count = 0;
+      byte[] buf = new byte[(int) Math.min(WALK_WINDOW, Math.max(PREFIX, limit - pos))];
+      long bufPos = pos;
+      int bufLen = 0;
+      while ((maxRecords < 0 || count < maxRecords) && pos + PREFIX <= limit) {
+        if (pos < bufPos || pos + PREFIX > bufPos + bufLen) {
+          bufPos = pos;
+          bufLen = readAt(f, pos, buf, (int) Math.min(buf.length, limit - pos));
+          if (bufLen < PREFIX) break;
+        }
+        long length = be32(buf, (int) (pos - bufPos));
+        long next = pos + PREFIX + length;
+        if (length < 9 || length > MAX_RECORD || next > limit) break;
+        pos = next;
+        count++;
+      }
+      return new long[] {pos, count};
+    }
+  }
+
+  static void checkHeader(byte[] head, String path) throws IOException {
+    if (head[0] != 'V' || head[1] != 'M' || head[2] != 'Q' || head[3] != 'J') {
+      throw new IOException("not a VibeMQ journal segment (bad magic) in " + path + " at offset 0");
+    }
+    int version = be16(head, 4);
+    if (version != 1) {
+      throw new IOException(
+          "unsupported journal format version " + version + " in " + path + " at offset 0");
+    }
+  }
+
+  /** The file of segment number in a data directory (recovery.segment_path). */
+  static String file(String dataDir, long number) {
+    return new File(journalDir(dataDir), String.format("%020d", number) + SUFFIX).getPath();
   }
 
   static long be32(byte[] b, int i) {
