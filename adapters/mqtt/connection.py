@@ -183,8 +183,9 @@ class MqttConnection:
         self.will: Connect | None = None
         #: what the client's user may do (set by CONNECT)
         self.access = BEFORE_LOGIN
-        # (an int as the client sent it: the small ones are shared objects, a float is not)
-        self.keep_alive: float = 0
+        # (an int as the client sent it: the small ones are shared objects, a float is not;
+        # and the compiled build keeps an int attribute unboxed)
+        self.keep_alive: int = 0
         # (also the CONNECT deadline's start: before CONNECT the only read is of the CONNECT
         # itself, and one cut in pieces is the stall clock's)
         self.last_rx = link.time()
@@ -243,6 +244,10 @@ class MqttConnection:
 
     # -- input (Session) -----------------------------------------------------------------------
 
+    def _buffered(self) -> int:
+        """Bytes read but not yet part of a packet (the 5.0 connection's parser is its own)."""
+        return self.parser.buffered
+
     def data_received(self, data: bytes) -> None:
         if self._state is State.CLOSED:
             return
@@ -295,7 +300,7 @@ class MqttConnection:
         if error is not None and self._state in RUNNING:
             self._malformed(error)
             return
-        buffered = self.parser.buffered
+        buffered = self._buffered()
         stall = self.stall
         if not buffered:
             self.stall = None
@@ -433,7 +438,7 @@ class MqttConnection:
             return
         stall = self.stall
         if stall is not None and stall.stalled(now, frame_timeout):
-            self.log.warning("incomplete packet timed out", buffered=self.parser.buffered)
+            self.log.warning("incomplete packet timed out", buffered=self._buffered())
             self._drop("packet_timeout")
         elif self.keep_alive and now - self.last_rx > self.keep_alive * 1.5:
             self.log.info("keep-alive timeout", idle_s=round(now - self.last_rx, 1))

@@ -109,8 +109,6 @@ class Mqtt5Connection(MqttConnection):
         super().__init__(link, server)
         cfg = server.cfg
         self.parser5 = Mqtt5Parser(cfg.max_packet_size)
-        # (check_timers and _after_read look at .buffered only)
-        self.parser = self.parser5  # type: ignore[assignment]
         self._table = TRANSITIONS5[State.AWAIT_CONNECT]
         #: the client's topic aliases: alias -> topic
         self.aliases_in: dict[int, str] = {}
@@ -121,6 +119,9 @@ class Mqtt5Connection(MqttConnection):
         self.session_expiry = 0
         self.will5: Connect5 | None = None
         self._said_disconnect = False
+
+    def _buffered(self) -> int:
+        return self.parser5.buffered
 
     # -- the state table -----------------------------------------------------------------------
 
