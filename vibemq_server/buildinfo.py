@@ -30,6 +30,20 @@ HOT_MODULES = (
     "vibemq_server.journal.records",
     # a durable publish's PublishAck waiting for the fsync (once a publish, from the session)
     "vibemq_server.core.durable_replies",
+    # the MQTT adapter (3.1.1 and 5.0): codecs, packets, per-client state and the connections'
+    # handlers are all per-message work (issues 16 and 18: 64 KiB, v5, WebSockets)
+    "vibemq_server.adapters.mqtt.packets",
+    "vibemq_server.adapters.mqtt.packets5",
+    "vibemq_server.adapters.mqtt.codec",
+    "vibemq_server.adapters.mqtt.codec5",
+    "vibemq_server.adapters.mqtt.topics",
+    "vibemq_server.adapters.mqtt.states",
+    "vibemq_server.adapters.mqtt.message5",
+    "vibemq_server.adapters.mqtt.session",
+    "vibemq_server.adapters.mqtt.session5",
+    "vibemq_server.adapters.mqtt.connection",
+    "vibemq_server.adapters.mqtt.connection5",
+    "vibemq_server.server.websocket",
 )
 
 

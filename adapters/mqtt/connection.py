@@ -216,8 +216,9 @@ class MqttConnection:
         self.will: Connect | None = None
         #: what the client's user may do (set by CONNECT)
         self.access = BEFORE_LOGIN
-        # (an int as the client sent it: the small ones are shared objects, a float is not)
-        self.keep_alive: float = 0
+        # (an int as the client sent it: the small ones are shared objects, a float is not;
+        # and the compiled build keeps an int attribute unboxed)
+        self.keep_alive: int = 0
         # (also the CONNECT deadline's start: before CONNECT the only read is of the CONNECT
         # itself, and one cut in pieces is the stall clock's)
         self.last_rx = link.time()
@@ -274,6 +275,10 @@ class MqttConnection:
 
     # -- input (Session) -----------------------------------------------------------------------
 
+    def _buffered(self) -> int:
+        """Bytes read but not yet part of a packet (the 5.0 connection's parser is its own)."""
+        return self.parser.buffered
+
     def data_received(self, data: bytes) -> None:
         if self._state is State.CLOSED:
             return
@@ -285,8 +290,10 @@ class MqttConnection:
             packets = list(exc.packets)
             error = exc
         unjoined = self.parser.unjoined
-        if unjoined is not None and self._join_off_loop(unjoined, packets, error):
-            return
+        if unjoined is not None:
+            self.parser.unjoined = None
+            if self._join_off_loop(unjoined, packets, error):
+                return
         if self._authenticating and self._held is not None:
             # (reading is paused for the login; these were on their way already)
             held, rest = self._held
@@ -305,7 +312,6 @@ class MqttConnection:
         joined in a worker thread with the GIL released (64 MiB: ~50 ms the other connections
         would wait), the packets held in order meanwhile, as for a login (reading paused).
         False when it was joined here: packets already wait (a login, a congested hold)."""
-        self.parser.unjoined = None
         if self._authenticating or self._held is not None:
             unjoined.fill()  # (rare: then the order is simplest kept by joining now)
             return False
@@ -353,7 +359,7 @@ class MqttConnection:
         if error is not None and self._state in RUNNING:
             self._malformed(error)
             return
-        buffered = self.parser.buffered
+        buffered = self._buffered()
         stall = self.stall
         if not buffered:
             self.stall = None
@@ -497,7 +503,7 @@ class MqttConnection:
             return
         stall = self.stall
         if stall is not None and stall.stalled(now, frame_timeout):
-            self.log.warning("incomplete packet timed out", buffered=self.parser.buffered)
+            self.log.warning("incomplete packet timed out", buffered=self._buffered())
             self._drop("packet_timeout")
         elif self.keep_alive and now - self.last_rx > self.keep_alive * 1.5:
             self.log.info("keep-alive timeout", idle_s=round(now - self.last_rx, 1))

@@ -128,8 +128,6 @@ class Mqtt5Connection(MqttConnection):
         cfg = server.cfg
         self.parser5 = Mqtt5Parser(cfg.max_packet_size)
         self.parser5.defer_from = BIG_FROM  # (as for 3.1.1: _join_off_loop)
-        # (check_timers and _after_read look at .buffered only)
-        self.parser = self.parser5  # type: ignore[assignment]
         self._table = TRANSITIONS5[State.AWAIT_CONNECT]
         #: the client's topic aliases: alias -> topic
         self.aliases_in: dict[int, str] = {}
@@ -140,6 +138,9 @@ class Mqtt5Connection(MqttConnection):
         self.session_expiry = 0
         self.will5: Connect5 | None = None
         self._said_disconnect = False
+
+    def _buffered(self) -> int:
+        return self.parser5.buffered
 
     # -- the state table -----------------------------------------------------------------------
 
@@ -158,12 +159,10 @@ class Mqtt5Connection(MqttConnection):
             packets = list(exc.packets)  # type: ignore[arg-type]
             error = exc
         unjoined = self.parser5.unjoined
-        if unjoined is not None and self._join_off_loop(
-            unjoined,
-            packets,  # type: ignore[arg-type]
-            error,
-        ):
-            return
+        if unjoined is not None:
+            self.parser5.unjoined = None
+            if self._join_off_loop(unjoined, packets, error):  # type: ignore[arg-type]
+                return
         if self._authenticating and self._held is not None:
             held, rest = self._held
             self._held = (held + packets, rest)  # type: ignore[operator]

@@ -25,9 +25,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar
 
 from vibemq_server.adapters.mqtt.codec import LARGE_PAYLOAD, encode_publish, publish_head
+from vibemq_server.adapters.mqtt.session_types import NoEntries as _NoEntries
+from vibemq_server.adapters.mqtt.session_types import NoIds as _NoIds
+from vibemq_server.adapters.mqtt.session_types import NoItems as _NoItems
+from vibemq_server.adapters.mqtt.session_types import OperatorClose
 from vibemq_server.adapters.mqtt.topics import address_to_topic
 from vibemq_server.core import PublishOutcome, Queue, QueueManager, StoredMessage, Subscription
 from vibemq_server.core.drops import DropLog
@@ -44,39 +48,6 @@ MAX_PACKET_ID = 65_535
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
-
-
-class _NoIds(set[int]):
-    """The empty packet-id set every session starts with, shared: an idle session allocates
-    no set (216 bytes each) until it has ids to keep (``_ids``). Adding to it is a bug."""
-
-    __slots__ = ()
-
-    def add(self, item: int) -> None:
-        raise AssertionError("the shared empty set: replace it before adding (_ids)")
-
-
-class _NoItems(deque[Any]):
-    """The empty deque every session starts with, shared (a deque is 760 bytes even empty):
-    replaced by its own before the first append (``_items``). Appending to it is a bug."""
-
-    __slots__ = ()
-
-    def append(self, item: Any) -> None:
-        raise AssertionError("the shared empty deque: replace it before appending (_items)")
-
-
-class _NoEntries(dict[Any, Any]):
-    """The empty dict every session's maps start as, shared: replaced by its own before
-    the first entry (``own``). Adding to it is a bug."""
-
-    __slots__ = ()
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        raise AssertionError("the shared empty dict: replace it before adding (own)")
-
-    def setdefault(self, key: Any, default: Any = None) -> Any:
-        raise AssertionError("the shared empty dict: replace it before adding (own)")
 
 
 _NO_IDS: set[int] = _NoIds()
@@ -116,13 +87,6 @@ class Holder(Protocol):
     with the same client id)."""
 
     def taken_over(self) -> None: ...
-
-
-@runtime_checkable
-class OperatorClose(Protocol):
-    """A connection an operator can close (``StreamTransport``, through the management API)."""
-
-    def close_by_operator(self, reason: str) -> None: ...
 
 
 def send_publish(
@@ -360,10 +324,6 @@ class MqttSession:
     @property
     def router(self) -> TopicRouter[MqttSession]:
         return self._ctx.router
-
-    @property
-    def _next_msg_id(self) -> Callable[[], str]:
-        return self._ctx.next_msg_id
 
     @property
     def max_backlog(self) -> int:
@@ -765,7 +725,7 @@ class MqttSession:
             self._headers = own(self._headers)
             self._headers[key] = headers
         outcome = self.manager.publish(
-            self.queue.name, self._next_msg_id(), payload, headers, route=False
+            self.queue.name, self._ctx.next_msg_id(), payload, headers, route=False
         )
         if not outcome.accepted:
             self.dropped_queued += 1

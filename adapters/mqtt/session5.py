@@ -20,7 +20,7 @@ any session) is turned into v5 by adding an empty property block.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 from vibemq_server.adapters.mqtt.codec import (
     MAX_PACKET_SIZE,
@@ -38,10 +38,11 @@ from vibemq_server.adapters.mqtt.session import (
     Holder,
     Link,
     MqttSession,
+    SessionContext,
     SharedMember,
     own,
 )
-from vibemq_server.core import PublishOutcome, StoredMessage, Subscription
+from vibemq_server.core import PublishOutcome, Queue, StoredMessage, Subscription
 
 #: Session Expiry Interval meaning "never"
 NEVER_EXPIRES = 0xFFFFFFFF
@@ -94,8 +95,16 @@ class Mqtt5Session(MqttSession):
         "will_timer",
     )
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        client_id: str,
+        clean: bool,
+        queue: Queue | None,
+        context: SessionContext,
+        max_inflight: int,
+    ) -> None:
+        # (the parameters spelled out: a compiled super().__init__(*args) passes them wrongly)
+        super().__init__(client_id, clean, queue, context, max_inflight)
         #: topic filter -> (options, subscription identifier or 0)
         self.options5: dict[str, tuple[SubOptions, int]] = NO_ENTRIES
         #: Session Expiry Interval (s): 0 = ends with its connection
@@ -260,7 +269,7 @@ class Mqtt5Session(MqttSession):
         if expires_at:
             ttl_ms = max(1, expires_at - self.manager.clock())
         outcome = self.manager.publish(
-            self.queue.name, self._next_msg_id(), payload, headers, route=False, ttl_ms=ttl_ms
+            self.queue.name, self._ctx.next_msg_id(), payload, headers, route=False, ttl_ms=ttl_ms
         )
         if not outcome.accepted:
             self.dropped_queued += 1
