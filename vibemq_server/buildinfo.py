@@ -81,7 +81,7 @@ def stale_modules() -> list[str]:
 
 
 def describe() -> str:
-    """``compiled: mypyc, 6/6 hot modules`` or ``pure Python``."""
+    """``compiled: mypyc, 23/23 hot modules`` or ``pure Python``."""
     done = len(compiled_modules())
     if not done:
         return "pure Python"
