@@ -852,19 +852,19 @@ def publish_from_parts(
 
 def held_packet(
     held: HeldInput, decode: Callable[[int, bytes], _P], *, properties: bool, defer_from: int = 0
-) -> tuple[_P | None, bytes, Unjoined | None]:
+) -> tuple[_P | None, bytes, int, Unjoined | None]:
     """A packet held over reads, now complete: a large PUBLISH is decoded straight from the
-    reads (its payload copied once, or from ``defer_from`` bytes left unjoined: the third
-    item) and comes back with the bytes after it; anything else (or a malformed PUBLISH,
-    whose fault the usual path names) comes back as bytes to parse, joined once.
-    ``properties``: MQTT 5."""
+    reads (its payload copied once, or from ``defer_from`` bytes left unjoined: the fourth
+    item) and comes back with the last read and where the bytes after it start there (not
+    copied); anything else (or a malformed PUBLISH, whose fault the usual path names) comes
+    back as bytes to parse from 0, joined once. ``properties``: MQTT 5."""
     if held.need >= _VIEW_BODY and held.first_byte() >> 4 == 3:
-        parts, rest = held.cut()
+        parts, last, start = held.cut()
         decoded = publish_from_parts(parts, decode, properties=properties, defer_from=defer_from)
         if decoded is None:
-            return None, b"".join([*parts, rest]), None
-        return decoded[0], rest, decoded[1]
-    return None, held.take(), None
+            return None, b"".join([*parts, memoryview(last)[start:]]), 0, None
+        return decoded[0], last, start, decoded[1]
+    return None, held.take(), 0, None
 
 
 class MqttParser:
@@ -909,7 +909,7 @@ class MqttParser:
             if not held.add_part(data):
                 return []
             try:
-                publish, buf, self.unjoined = held_packet(
+                publish, buf, pos, self.unjoined = held_packet(
                     held, _decode_publish, properties=False, defer_from=self.defer_from
                 )
             except MqttProtocolError as exc:
@@ -919,10 +919,10 @@ class MqttParser:
                 packets.append(publish)
         else:
             buf = bytes(data)  # no copy when data is bytes already
+            pos = 0
         size = len(buf)
         append = packets.append
         max_size = self.max_packet_size
-        pos = 0
         need = 0
         try:
             while pos < size:

@@ -713,7 +713,7 @@ class Mqtt5Parser:
             if not held.add_part(data):
                 return []
             try:
-                publish, buf, self.unjoined = held_packet(
+                publish, buf, pos, self.unjoined = held_packet(
                     held, _decode_publish, properties=True, defer_from=self.defer_from
                 )
             except MqttProtocolError as exc:
@@ -723,8 +723,8 @@ class Mqtt5Parser:
                 packets.append(publish)
         else:
             buf = bytes(data)  # no copy when data is bytes already
+            pos = 0
         size = len(buf)
-        pos = 0
         need = 0
         try:
             while pos < size:

@@ -39,6 +39,7 @@ from vibemq_server.protocol.codec import (
 )
 from vibemq_server.protocol.codec import encode as encode_native
 from vibemq_server.protocol.codec import encode_deliver as encode_native_deliver
+from vibemq_server.protocol.held import HeldInput
 from vibemq_server.server.transport import (
     ListenerContexts,
     ReadBatch,
@@ -276,3 +277,55 @@ def test_mqtt_malformed_large_publish_cut_fails_as_whole(make: Callable[[], Any]
         with pytest.raises(MqttProtocolError) as split:
             _feed_all(parser.feed, [stream[:cut], stream[cut:]])
         assert split.value.code == whole.value.code
+
+
+def _train() -> tuple[list[Any], list[Any], list[Message]]:
+    """64 KiB messages with small ones between them, per protocol (the bench's shape)."""
+    mqtt: list[Any] = []
+    mqtt5: list[Any] = []
+    native: list[Message] = []
+    for i in range(12):
+        payload = _payload(65_536 + i * 7)
+        mqtt += [Publish("t/64k", payload, 1, packet_id=i + 1), Pingreq()]
+        mqtt5.append(Publish5("t/64k", payload, 1, packet_id=i + 1, properties=Properties()))
+        native += [
+            Message(CommandType.PUBLISH, f"m{i}", "q", payload, {}),
+            Message(CommandType.PING, f"p{i}"),
+        ]
+    return mqtt, mqtt5, native
+
+
+@pytest.mark.parametrize("read", [256 * 1024, 100_003, 65_536, 4_099])
+def test_frames_after_a_cut_one_parse_from_its_last_read(read: int) -> None:
+    """A frame completed by a read leaves the rest of that read to be parsed where it lies
+    (``HeldInput.cut`` gives the read and an offset, no copy of its tail): every frame after
+    it, whole or cut again, comes out as it went in, in 256 KiB reads as in odd ones."""
+    mqtt, mqtt5, native = _train()
+    parser = MqttParser()
+    assert _feed_all(parser.feed, list(_chunked(b"".join(map(encode, mqtt)), read))) == mqtt
+    assert parser.buffered == 0
+    parser5 = Mqtt5Parser()
+    stream5 = b"".join(map(encode5, mqtt5))
+    assert _feed_all(parser5.feed, list(_chunked(stream5, read))) == mqtt5
+    assert parser5.buffered == 0
+    decoder = FrameDecoder(1024 * 1024)
+    stream = b"".join(map(encode_native, native))
+    bodies = _feed_all(decoder.feed, list(_chunked(stream, read)))
+    assert [decode_body(b) for b in bodies] == native
+    assert decoder.buffered == 0
+
+
+def test_held_cut_gives_the_last_read_itself() -> None:
+    held = HeldInput()
+    first = b"a" * 100
+    held.hold(first, 40, 100)
+    last = b"b" * 70
+    assert held.add_part(last)
+    parts, rest, start = held.cut()
+    assert rest is last and start == 40  # (60 held + 40 of it = the 100 needed)
+    assert b"".join(parts) == b"a" * 60 + b"b" * 40
+    assert held.size == 0
+    held.hold(first, 0, 170)
+    assert held.add_part(last)
+    parts, rest, start = held.cut()
+    assert b"".join(parts) == first + last and rest[start:] == b""

@@ -592,18 +592,19 @@ class FrameDecoder:
                 return []
             need = held.need
             if need >= 4096:  # (a length known: the body joined straight from the reads)
-                parts, src = held.cut()
+                parts, src, pos = held.cut()  # (the rest parsed in the last read itself)
                 if self._big_from and need - 4 >= self._big_from:
                     self.big = BigFrame(parts)
                 else:
                     bodies.append(join_range(parts, 4, sum(map(len, parts))))
             else:
                 src = held.take()
+                pos = 0
         else:
             # Nothing held over (the usual case): slice the frames out of ``data`` itself, one
             # copy each, and keep only an incomplete tail.
             src = data if type(data) is bytes else bytes(data)
-        pos = 0
+            pos = 0
         end = len(src)
         limit = self._max
         need = 4

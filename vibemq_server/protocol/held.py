@@ -71,18 +71,23 @@ class HeldInput:
     def need(self) -> int:
         return self._need
 
-    def cut(self) -> tuple[list[Buffer], bytes]:
-        """The first ``need`` bytes held, as views of the reads (no copy), and the bytes
-        after them (a copy of the last read's tail); nothing is held any more. For a decoder
-        that copies a large payload straight out of the reads."""
+    def cut(self) -> tuple[list[Buffer], bytes, int]:
+        """The first ``need`` bytes held, as views of the reads (no copy), the last read and
+        where in it the bytes after them start (its length when there are none); nothing is
+        held any more. For a decoder that copies a large payload straight out of the reads
+        and goes on parsing the last read from that offset.
+
+        The rest is not copied out (``bytes(last[keep:])``): with 64 KiB frames in 256 KiB
+        reads that copy took most of every read once more (a third copy of each payload)."""
         parts, over = self._parts, self.size - self._need
         self.clear()
         last = parts[-1]
         if over <= 0:
-            return parts, b""
+            return parts, b"", 0
         keep = len(last) - over
         parts[-1] = memoryview(last)[:keep]
-        return parts, bytes(memoryview(last)[keep:])
+        # (a read appended by ``add_part`` is bytes; the first part, a view, is never last)
+        return parts, bytes(last) if type(last) is not bytes else last, keep
 
     def first_byte(self) -> int:
         """The first byte held (some are)."""
