@@ -32,6 +32,8 @@ import uvloop
 from brokersettings import broker_settings
 from mqttkit import HOST, RawMqtt, unique_id
 from mqttkit import TIMEOUT as WAIT
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties as PahoProperties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from vibemq_server.app import create_broker
@@ -347,3 +349,20 @@ def brokers(tmp_path: Path) -> Iterator[Callable[..., ThreadBroker]]:
 
 #: makes a started ThreadBroker from Config overrides
 MakeBroker = Callable[..., ThreadBroker]
+
+
+#: paho's protocol constant for MQTT 5.0
+V5 = mqtt.MQTTv5
+
+
+def props(kind: int = PacketTypes.PUBLISH, **values: object) -> PahoProperties:
+    """paho v5 properties for a packet of ``kind``, set by their paho names."""
+    p = PahoProperties(kind)
+    for name, value in values.items():
+        setattr(p, name, value)
+    return p
+
+
+def v5(clients: Clients, broker: ThreadBroker, client_id: str | None = None, **kw: Any) -> Paho:
+    """A connected paho client at protocol version 5."""
+    return clients.paho(broker.mqtt_port, client_id, protocol=V5).connected(**kw)

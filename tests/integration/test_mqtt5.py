@@ -16,12 +16,10 @@ import time
 from typing import Any
 
 import aiomqtt
-import paho.mqtt.client as mqtt
 import pytest
 from mqttkit import HOST, RawMqtt, unique_id
-from mqttutil import Clients, MakeBroker, Paho, ThreadBroker
+from mqttutil import V5, Clients, MakeBroker, ThreadBroker, props, v5
 from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties as PahoProperties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from vibemq_server.adapters.mqtt.packets5 import (
@@ -37,20 +35,6 @@ from vibemq_server.adapters.mqtt.packets5 import (
 )
 
 pytestmark = pytest.mark.timeout(60)
-
-V5 = mqtt.MQTTv5
-
-
-def props(kind: int = PacketTypes.PUBLISH, **values: object) -> PahoProperties:
-    p = PahoProperties(kind)
-    for name, value in values.items():
-        setattr(p, name, value)
-    return p
-
-
-def v5(clients: Clients, broker: ThreadBroker, client_id: str | None = None, **kw: Any) -> Paho:
-    return clients.paho(broker.mqtt_port, client_id, protocol=V5).connected(**kw)
-
 
 # -- CONNECT / CONNACK ---------------------------------------------------------------------------
 

@@ -15,12 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import aiomqtt
-import paho.mqtt.client as mqtt
 import pytest
 from mqttkit import HOST, unique_id
-from mqttutil import Clients, LogEntries, MakeBroker, Paho, ThreadBroker
+from mqttutil import V5, Clients, LogEntries, MakeBroker, Paho, ThreadBroker, props, v5
 from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties as PahoProperties
 from test_mqtt_websocket import raw_http, upgrade, ws_port
 from test_permissions import permit
 from userskit import add_user
@@ -38,20 +36,6 @@ from vibemq_server.adapters.mqtt.packets5 import (
 )
 
 pytestmark = pytest.mark.timeout(60)
-
-V5 = mqtt.MQTTv5
-
-
-def props(kind: int = PacketTypes.PUBLISH, **values: object) -> PahoProperties:
-    p = PahoProperties(kind)
-    for name, value in values.items():
-        setattr(p, name, value)
-    return p
-
-
-def v5(clients: Clients, broker: ThreadBroker, client_id: str | None = None, **kw: Any) -> Paho:
-    return clients.paho(broker.mqtt_port, client_id, protocol=V5).connected(**kw)
-
 
 # -- Response Information ------------------------------------------------------------------------
 
