@@ -63,8 +63,6 @@ MAX_HANDSHAKE_BYTES = 16 * 1024
 
 #: the first byte of a whole (FIN) binary frame without extension bits
 _BINARY_WHOLE = 0x80 | Opcode.BINARY
-#: the second byte of a masked frame with a 7-bit length (0x80 | 0..125); 0xFE, 0xFF: longer
-_MASKED_SHORT = 0x80
 #: the headers of the binary frames a server sends with a 7-bit length, by length
 _HEAD7 = [bytes((0x80 | Opcode.BINARY, size)) for size in range(126)]
 _HEAD16 = struct.Struct(">BBH")
@@ -75,6 +73,44 @@ _GATHER_MAX = 65_536
 
 #: the first byte of an HTTP request (its method: GET, or another the library refuses)
 _METHOD_START = frozenset(bytes([c]) for c in range(ord("A"), ord("Z") + 1))
+
+
+def unmask_run_pure(buf: bytes, pos: int, max_message: int) -> tuple[bytes, int]:
+    """From ``pos``, the frames that are whole, FIN + binary without extension bits, masked
+    and at most ``max_message`` bytes: their data unmasked and joined, and where the first
+    other frame (or the end of ``buf``) is. What ``_wsunmask.unmask_run`` (C) does, in one
+    call per read instead of a handful per frame; this is its fallback and its reference."""
+    end = len(buf)
+    max_message = max(max_message, 0)
+    parts: list[bytes] = []
+    while end - pos >= 2 and buf[pos] == _BINARY_WHOLE:
+        second = buf[pos + 1]
+        if not second & 0x80:
+            break  # unmasked: the library refuses it
+        length = second & 0x7F
+        head = 2
+        if length == 126:
+            if end - pos < 4:
+                break
+            length, head = (buf[pos + 2] << 8) | buf[pos + 3], 4
+        elif length == 127:
+            if end - pos < 10:
+                break
+            length, head = int.from_bytes(buf[pos + 2 : pos + 10], "big"), 10
+        head += 4
+        stop = pos + head + length
+        if length > max_message or stop > end:
+            break
+        parts.append(apply_mask(buf[pos + head : stop], buf[pos + head - 4 : pos + head]))
+        pos = stop
+    return (parts[0] if len(parts) == 1 else b"".join(parts)), pos
+
+
+unmask_run: Callable[[bytes, int, int], tuple[bytes, int]]
+try:  # built by the package's install or scripts/build_ext.sh; the pure loop else
+    from vibemq_server.server._wsunmask import unmask_run
+except ImportError:  # pragma: no cover
+    unmask_run = unmask_run_pure
 
 
 class Phase(Enum):
@@ -241,30 +277,28 @@ class WebSocketSession:
 
     def _frames(self, data: bytes) -> None:
         """Frames after the handshake. The common one, a whole unfragmented masked binary
-        frame, is unmasked here by the library's C routine and its payload handed on; any
-        other frame (ping, pong, close, text, a fragment, a continuation, an unmasked or
-        malformed one) goes to the library whole, one frame at a time, so that its parser
-        is always at a frame boundary. A frame still arriving waits here, at most
-        ``max_message`` plus its header (the library refuses a longer one from its header)."""
+        frame, is unmasked here, a read's run of them in one call (``unmask_run``) and their
+        data handed on in one piece; any other frame (ping, pong, close, text, a fragment, a
+        continuation, an unmasked or malformed one) goes to the library whole, one frame at a
+        time, so that its parser is always at a frame boundary. A frame still arriving waits
+        here, at most ``max_message`` plus its header (the library refuses a longer one from
+        its header)."""
         had = bool(self._rest)
         buf = self._rest + data if had else data
         self._rest = b""
         end = len(buf)
         pos = 0
         chunks: list[bytes | bytearray | memoryview] = []
-        append, unmask = chunks.append, apply_mask
         max_message = self.endpoint.max_message
-        short = _MASKED_SHORT if max_message >= 125 else 0x100  # (else: every frame checked)
-        while end - pos >= 2:
+        while True:
+            if not self._in_message:
+                run, pos = unmask_run(buf, pos, max_message)
+                if run:
+                    chunks.append(run)
+            if end - pos < 2:
+                break
+            # not the common frame (or not whole yet): its header, then the library
             first, second = buf[pos], buf[pos + 1]
-            if first == _BINARY_WHOLE and short <= second < 0xFE and not self._in_message:
-                # the common case: masked, a 7-bit length
-                stop = pos + second - 0x7A  # 6 bytes of header + (second - 0x80)
-                if stop > end:
-                    break
-                append(unmask(buf[pos + 6 : stop], buf[pos + 2 : pos + 6]))
-                pos = stop
-                continue
             length = second & 0x7F
             head = 2
             if length == 126:
@@ -276,6 +310,11 @@ class WebSocketSession:
                     break
                 length, head = int.from_bytes(buf[pos + 2 : pos + 10], "big"), 10
             if length > max_message:
+                if chunks:
+                    self._deliver(chunks)
+                    chunks = []
+                    if not self._open or self._reported:
+                        return
                 self._library_frame(buf[pos:], first)  # refused: 1009
                 return
             masked = second & 0x80
@@ -284,16 +323,14 @@ class WebSocketSession:
             stop = pos + head + length
             if stop > end:
                 break
-            if first == _BINARY_WHOLE and masked and not self._in_message:
-                append(unmask(buf[pos + head : stop], buf[pos + head - 4 : pos + head]))
-            else:
-                if chunks:
-                    self._deliver(chunks)
-                    chunks = []
-                    append = chunks.append
-                self._library_frame(buf[pos:stop], first)
+            if chunks:
+                self._deliver(chunks)
+                chunks = []
                 if not self._open or self._reported:
-                    return  # closed: the rest is not read
+                    return
+            self._library_frame(buf[pos:stop], first)
+            if not self._open or self._reported:
+                return  # closed: the rest is not read
             pos = stop
         if chunks:
             self._deliver(chunks)
