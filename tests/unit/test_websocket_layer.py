@@ -283,6 +283,17 @@ def test_message_over_the_limit_closes_with_1009(fragments: list[bytes]) -> None
     assert pair.wire.closed
 
 
+def test_the_data_before_a_message_over_the_limit_is_handled() -> None:
+    """Frames read together with an oversized one: those before it reach the session (as
+    before a text frame), nothing after it."""
+    pair = Pair()
+    pair.open()
+    pair.feed(frames(pair.client, [[b"before"], [b"ok"], [b"x" * 5000], [b"after"]]))
+    assert pair.inner is not None and bytes(pair.inner.stream) == b"beforeok"
+    assert close_of(pair.reply()) == 1009
+    assert pair.wire.closed
+
+
 def test_several_packets_in_one_frame_and_one_packet_over_many() -> None:
     """The layer does not look at the stream: a frame of two ``packets`` and one ``packet``
     in three frames arrive as they were sent."""
