@@ -1,7 +1,9 @@
 /*
  * The scan of a journal: filters on queue and timestamp pushed down (exactly: Spark does not
  * evaluate them again), columns pruned to those the query reads, one partition per segment
- * or per range of about 16 MiB of a bigger one (datasource.py's planning).
+ * or per range of about 16 MiB of a bigger one (datasource.py's planning). With a queue or
+ * time filter, a sealed segment with a valid queue index (QueueIndex) is read only where its
+ * index puts the wanted queues' records, about 16 MiB of them per partition.
  */
 package io.vibemq.spark;
 
@@ -99,7 +101,16 @@ final class JournalScan
   public InputPartition[] planInputPartitions() {
     List<InputPartition> out = new ArrayList<>();
     try {
+      boolean narrowed = !filter.queues.isEmpty() || filter.hasTime();
       for (Segments.Segment seg : Segments.forFilter(dataDir, filter)) {
+        long[] ranges = narrowed ? QueueIndex.ranges(seg.path(), seg.number(), filter) : null;
+        if (ranges != null) {
+          // a sealed segment with a valid queue index: only its listed ranges (none: skipped)
+          for (long[] group : QueueIndex.groups(ranges, RANGE_BYTES)) {
+            out.add(JournalPartition.ofRanges(seg.number(), seg.path(), group));
+          }
+          continue;
+        }
         List<Long> bounds = new ArrayList<>();
         bounds.add((long) Segments.HEADER);
         try {
