@@ -1,21 +1,22 @@
-"""Queue and time filters read through the segments' queue index sidecars (format("vibemq")).
+"""Queue and time filters read through the segments' queue index sidecars.
 
-Every case compares the filtered read over a journal with sidecars against the full read of
-the same journal filtered in Python, row for row: clean journals, time ranges, stale, damaged
-and missing sidecars, cut and zero-filled tails, a bad last record, damage before and after
-indexing. Damage in a record of another queue after its segment was indexed is the one case
-that differs, by design: the filtered read does not read that record (docs/spark.md).
+Every case compares the filtered reads (the JVM source and the Python one) over a journal with
+sidecars against the full read of the same journal filtered in Python, row for row: clean
+journals, time ranges, stale, damaged and missing sidecars, cut and zero-filled tails, a bad
+last record, damage before and after indexing. Damage in a record of another queue after its
+segment was indexed is the one case that differs, by design: the filtered read does not read
+that record (docs/spark.md).
 """
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql.functions import col
+from test_spark_jvm import collected
 
 from vibemq_server.journal import qindex
 from vibemq_server.journal.records import iter_records
@@ -38,26 +39,13 @@ def _segments(data: Path) -> list[Path]:
     return sorted((data / "journal").glob("*.seg"))
 
 
-def _run(df: Any) -> tuple[str, Any]:
-    try:
-        return "rows", [tuple(r) for r in df.collect()]
-    except Exception as exc:
-        try:
-            text = str(exc)
-        except Exception:
-            text = str(getattr(exc, "_desc", ""))
-        found = re.search(r"at offset (\d+)", text)
-        assert found, text[:2000]
-        return "error", int(found.group(1))
-
-
-def _filtered(spark: Any, data: Path, **times: int) -> tuple[str, Any]:
-    df = spark.read.format(jvm.NAME).load(str(data)).where(col("queue") == QUEUE)
+def _filtered(spark: Any, data: Path, fmt: str = jvm.NAME, **times: int) -> tuple[str, Any]:
+    df = spark.read.format(fmt).load(str(data)).where(col("queue") == QUEUE)
     if "lo" in times:
         df = df.where(col("timestamp") >= _ts(spark, times["lo"]))
     if "hi" in times:
         df = df.where(col("timestamp") < _ts(spark, times["hi"]))
-    return _run(df)
+    return collected(df)
 
 
 def _ts(spark: Any, ms: int) -> Any:
@@ -66,12 +54,11 @@ def _ts(spark: Any, ms: int) -> Any:
 
 def _full(spark: Any, data: Path, **times: int) -> tuple[str, Any]:
     """The whole journal read, its rows of QUEUE (and the time range) kept here."""
-    kind, rows = _run(spark.read.format(jvm.NAME).load(str(data)))
+    kind, rows = collected(spark.read.format(jvm.NAME).load(str(data)))
     if kind == "error":
         return kind, rows
     names = spark.read.format(jvm.NAME).load(str(data)).columns
-    q, ts = names.index("queue"), names.index("offset")
-    del ts
+    q = names.index("queue")
     out = [r for r in rows if r[q] == QUEUE]
     if times:
         lo, hi = times.get("lo", -(2**62)), times.get("hi", 2**62)
@@ -81,8 +68,10 @@ def _full(spark: Any, data: Path, **times: int) -> tuple[str, Any]:
 
 
 def _same(spark: Any, data: Path, **times: int) -> tuple[str, Any]:
+    """The filtered reads of both sources (JVM, Python) equal the full read filtered here."""
     filtered = _filtered(spark, data, **times)
     assert filtered == _full(spark, data, **times)
+    assert _filtered(spark, data, jvm.PYTHON_NAME, **times) == filtered
     return filtered
 
 
@@ -185,4 +174,5 @@ def test_damage_in_another_queue_after_indexing_is_not_read(spark: Any, tmp_path
     bad[at + 20] ^= 0x5A
     sealed.write_bytes(bytes(bad))
     assert _filtered(spark, data) == want
-    assert _run(spark.read.format(jvm.NAME).load(str(data))) == ("error", at)
+    assert _filtered(spark, data, jvm.PYTHON_NAME) == want
+    assert collected(spark.read.format(jvm.NAME).load(str(data))) == ("error", at)

@@ -111,22 +111,35 @@ final class JournalScan
           }
           continue;
         }
-        List<Long> bounds = new ArrayList<>();
-        bounds.add((long) Segments.HEADER);
-        try {
-          bounds.addAll(Segments.recordCuts(seg.path(), RANGE_BYTES));
-        } catch (FileNotFoundException e) {
-          // reclaimed while planning: its one partition reads nothing, like the Python source
-        }
-        bounds.add(-1L);
-        for (int i = 0; i + 1 < bounds.size(); i++) {
-          out.add(new JournalPartition(seg.number(), seg.path(), bounds.get(i), bounds.get(i + 1)));
-        }
+        addRanges(out, seg.number(), seg.path(), Segments.HEADER, -1, false);
       }
     } catch (IOException e) {
       throw new UncheckedIOException(e);
     }
     return out.toArray(new InputPartition[0]);
+  }
+
+  /**
+   * Partitions of [begin, stop) of a segment (stop -1: to its end, with the tail rules), about
+   * RANGE_BYTES each, cut at record boundaries.
+   */
+  static void addRanges(
+      List<InputPartition> out, long number, String path, long begin, long stop, boolean lossFails)
+      throws IOException {
+    List<Long> bounds = new ArrayList<>();
+    bounds.add(begin);
+    try {
+      bounds.addAll(
+          stop < 0
+              ? Segments.recordCuts(path, RANGE_BYTES)
+              : Segments.recordCuts(path, RANGE_BYTES, begin, stop));
+    } catch (FileNotFoundException e) {
+      // reclaimed while planning: its one partition reads nothing (a stream's: data loss)
+    }
+    bounds.add(stop);
+    for (int i = 0; i + 1 < bounds.size(); i++) {
+      out.add(new JournalPartition(number, path, bounds.get(i), bounds.get(i + 1), lossFails));
+    }
   }
 
   @Override
