@@ -56,8 +56,11 @@ _ENTRY = Struct(">QQIQI")  # min ts, max ts, range count, block offset, block cr
 _RANGE = Struct(">QQ")
 _U16 = Struct(">H")
 _U32 = Struct(">I")
-# offsets of the queue name's str16 in a record's inner bytes, by record type
-_QUEUE_AT = {1: 9, 2: 9, 3: 9 + 27, 4: 9 + 10, 5: 9 + 9}
+_RECORD_START = Struct(">IIBQ")  # length, crc32, type, timestamp
+_MIN_LENGTH = RECORD_HEAD.size
+# where the queue name's str16 is from a record's start (its prefix, type and time, then the
+# fields before the name), by record type
+_QUEUE_AT = {1: 17, 2: 17, 3: 17 + 27, 4: 17 + 10, 5: 17 + 9}
 
 
 @dataclass(slots=True)
@@ -95,76 +98,70 @@ def _is_tail(data: bytes, pos: int) -> bool:
     return not any(data[pos:])
 
 
-def _record_at(
-    data: bytes, view: memoryview, pos: int, names: dict[bytes, str]
-) -> tuple[str, int, int, int] | None:
-    """(queue, time, crc, end) of the record at ``pos`` when its length, CRC, type and queue
-    name hold; None when it is bad. ``names``: queue names decoded so far."""
-    if len(data) - pos < RECORD_PREFIX.size:
-        return None
-    length, crc = RECORD_PREFIX.unpack_from(data, pos)
-    inner = pos + RECORD_PREFIX.size
-    end = inner + length
-    if not RECORD_HEAD.size <= length <= MAX_RECORD or end > len(data):
-        return None
-    if zlib.crc32(view[inner:end]) != crc:
-        return None
-    kind, ts = RECORD_HEAD.unpack_from(data, inner)
-    at = inner + _QUEUE_AT.get(kind, length)
-    if at + 2 > end:
-        return None
-    raw = data[at + 2 : at + 2 + _U16.unpack_from(data, at)[0]]
-    if at + 2 + len(raw) > end:
-        return None
-    name = names.get(raw)
-    if name is None:
-        try:
-            name = names[raw] = raw.decode()
-        except UnicodeDecodeError:
-            return None
-    return name, ts, crc, end
-
-
 def build(segment_path: Path) -> SegmentIndex | None:
     """The index of a segment file; None when it is damaged in the middle (a bad record with
     records after it: no index is trusted, readers read it whole and report the damage).
 
     Each record's length, CRC-32, type and queue name (strict UTF-8) are checked, not the rest
     of its body: a record with a valid CRC and a malformed body was written so, and a reader
-    of its queue still finds it (readers check every record they read in full)."""
+    of its queue still finds it (readers check every record they read in full). One loop with
+    everything bound locally: it runs once per sealed segment, in the broker's process."""
     data = segment_path.read_bytes()
     number = check_segment_header(data, str(segment_path))
     index = SegmentIndex(number, len(data), SEGMENT_HEADER_SIZE, 0, 0, 0)
-    queues = index.queues
     view = memoryview(data)
-    names: dict[bytes, str] = {}
-    pos = SEGMENT_HEADER_SIZE
     size = len(data)
+    unpack = _RECORD_START.unpack_from
+    u16 = _U16.unpack_from
+    crc32 = zlib.crc32
+    queue_at = _QUEUE_AT
+    names: dict[bytes, str] = {}
+    spans_of: dict[str, QueueSpans] = {}
+    first_crc = last_crc = last_offset = 0
+    pos = SEGMENT_HEADER_SIZE
     while pos < size:
-        found = _record_at(data, view, pos, names)
-        if found is None:
+        name = None
+        if size - pos >= _RECORD_START.size:
+            length, crc, kind, ts = unpack(data, pos)
+            end = pos + 8 + length
+            at = pos + queue_at.get(kind, size)
+            if (
+                _MIN_LENGTH <= length <= MAX_RECORD
+                and end <= size
+                and at + 2 <= end
+                and crc32(view[pos + 8 : end]) == crc
+            ):
+                raw = data[at + 2 : at + 2 + u16(data, at)[0]]
+                if at + 2 + len(raw) <= end:
+                    name = names.get(raw)
+                    if name is None:
+                        try:
+                            name = names[raw] = raw.decode()
+                        except UnicodeDecodeError:
+                            name = None
+        if name is None:
             if _is_tail(data, pos):
                 break
             return None
-        name, ts, crc, end = found
-        spans = queues.get(name)
+        spans = spans_of.get(name)
         if spans is None:
-            queues[name] = QueueSpans(ts, ts, [(pos, end)])
+            spans_of[name] = QueueSpans(ts, ts, [(pos, end)])
         else:
             if ts < spans.min_ts:
                 spans.min_ts = ts
-            if ts > spans.max_ts:
+            elif ts > spans.max_ts:
                 spans.max_ts = ts
             ranges = spans.ranges
             if ranges[-1][1] == pos:  # right after this queue's previous record
                 ranges[-1] = (ranges[-1][0], end)
             else:
                 ranges.append((pos, end))
-        if index.last_offset == 0:
-            index.first_crc = crc
-        index.last_offset = pos
-        index.last_crc = crc
+        if last_offset == 0:
+            first_crc = crc
+        last_offset, last_crc = pos, crc
         pos = end
+    index.queues = spans_of
+    index.first_crc, index.last_offset, index.last_crc = first_crc, last_offset, last_crc
     index.end = pos
     return index
 
