@@ -14,7 +14,7 @@ from __future__ import annotations
 import array
 import bisect
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import IO, Any
 
 import pyarrow as pa
@@ -137,6 +137,40 @@ def _is_tail(f: IO[bytes], pos: int) -> bool:
     return True
 
 
+def _scanned(
+    schema: pa.Schema,
+    buf: bytes,
+    base: int,
+    segment: int,
+    row_filter: jr.RowFilter,
+    batch_rows: int,
+    joined: tuple[list[int], list[int]] | None,
+) -> Generator[pa.RecordBatch, None, tuple[int, int, str | None]]:
+    """The batches of the records of ``buf`` (file offset ``base``, or ranges ``joined``: see
+    :func:`read_ranges`) until the scanner stops short of a full batch; returns its status,
+    where it stopped in ``buf`` and its error."""
+    assert _colscan is not None
+    queues = sorted(q.encode() for q in row_filter.queues)
+    post_filter = len(queues) > _MAX_FILTER
+    rel = 0
+    while True:
+        result = _colscan.scan(
+            buf, rel, base, segment, _KINDS, _REASONS, [] if post_filter else queues,
+            row_filter.start_ms, row_filter.end_ms, batch_rows, BATCH_BYTES,
+        )  # fmt: skip
+        status, rel, err, rows = result[0], result[1], result[2], result[3]
+        if rows:
+            if joined is not None:
+                result = _remap_offsets(result, *joined)
+            batch = _batch(schema, result)
+            if post_filter:
+                batch = _keep_queues(batch, row_filter.queues)
+            if batch.num_rows:
+                yield batch
+        if status != _ST_FULL:
+            return status, rel, err
+
+
 def read_batches(
     path: str,
     segment: int,
@@ -152,10 +186,6 @@ def read_batches(
     reading ``window`` bytes of the file at a time."""
     if _colscan is None:
         raise RuntimeError("vibemq_server.spark._colscan is not built")
-    queues = sorted(q.encode() for q in row_filter.queues)
-    post_filter = len(queues) > _MAX_FILTER
-    lo, hi = row_filter.start_ms, row_filter.end_ms
-    scan = _colscan.scan
     with open(path, "rb") as f:
         head = f.read(jr.HEADER)
         if len(head) < jr.HEADER:
@@ -175,21 +205,9 @@ def read_batches(
             f.seek(pos)
             data = f.read(want)
             at_end = len(data) < want or (end is not None and pos + len(data) >= end)
-            rel = 0
-            while True:
-                result = scan(
-                    data, rel, pos, segment, _KINDS, _REASONS,
-                    [] if post_filter else queues, lo, hi, batch_rows, BATCH_BYTES,
-                )  # fmt: skip
-                status, rel, err, rows = result[0], result[1], result[2], result[3]
-                if rows:
-                    batch = _batch(schema, result)
-                    if post_filter:
-                        batch = _keep_queues(batch, row_filter.queues)
-                    if batch.num_rows:
-                        yield batch
-                if status != _ST_FULL:
-                    break
+            status, rel, err = yield from _scanned(
+                schema, data, pos, segment, row_filter, batch_rows, None
+            )
             if status == _ST_END:
                 if at_end or not data:
                     return
@@ -247,10 +265,6 @@ def read_ranges(
     follow it) and ends the rows; else it fails the read with its file offset."""
     if _colscan is None:
         raise RuntimeError("vibemq_server.spark._colscan is not built")
-    queues = sorted(q.encode() for q in row_filter.queues)
-    post_filter = len(queues) > _MAX_FILTER
-    lo, hi = row_filter.start_ms, row_filter.end_ms
-    scan = _colscan.scan
     with open(path, "rb") as f:
         check_segment_header(f.read(jr.HEADER), path)
         i = 0
@@ -270,22 +284,9 @@ def read_ranges(
                 i += 1
                 if len(data) < end - start:
                     i = len(ranges)  # the file ends early: what is left is a tail or damage
-            buf = b"".join(parts)
-            rel = 0
-            while True:
-                result = scan(
-                    buf, rel, 0, segment, _KINDS, _REASONS,
-                    [] if post_filter else queues, lo, hi, batch_rows, BATCH_BYTES,
-                )  # fmt: skip
-                status, rel, err, rows = result[0], result[1], result[2], result[3]
-                if rows:
-                    batch = _batch(schema, _remap_offsets(result, starts, file_starts))
-                    if post_filter:
-                        batch = _keep_queues(batch, row_filter.queues)
-                    if batch.num_rows:
-                        yield batch
-                if status != _ST_FULL:
-                    break
+            status, rel, err = yield from _scanned(
+                schema, b"".join(parts), 0, segment, row_filter, batch_rows, (starts, file_starts)
+            )
             if status == _ST_END:
                 continue
             bad = _at_file(rel, starts, file_starts)
