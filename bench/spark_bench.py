@@ -21,7 +21,8 @@ about 3.2 records per message, 64 MiB segments):
 Curves: ``--messages`` (payloads about 100 B), ``--payloads`` (message sizes; the number of
 messages is chosen to keep about ``--payload-mb`` of journal). ``--pushdown-messages``: ten
 queues, one of them read with the ``queue`` option, and with a pushed-down ``queue = ...``
-filter, against the full read. ``--stream-messages``: ``readStream`` with
+filter, before (no queue index) and after (the segments' queue index sidecars), against the
+full read: time and bytes read. ``--stream-messages``: ``readStream`` with
 ``trigger(availableNow=True)`` and ``maxRecordsPerTrigger`` into the ``noop`` sink against a
 batch read of the same journal (both sources). ``--writer-rows``: the writers into a real
 broker (0 = skip).
@@ -44,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vibemq_server.journal import qindex
 from vibemq_server.spark import columnar, jvm
 from vibemq_server.spark.generate import generate
 
@@ -132,36 +134,145 @@ def side_by_side(spark: Any, journal: Path, work: Path, rounds: int) -> dict[str
     return out
 
 
+def _read_bytes(spark: Any) -> int:
+    """Bytes read so far (``rchar``) by the driver JVM (local mode: the executors too) and
+    every process under it (the Python workers that run the Python source)."""
+    root = int(spark._jvm.java.lang.ProcessHandle.current().pid())
+    parent: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(stat.parent.name)] = int(fields[1])
+    total = 0
+    for pid in parent:
+        p = pid
+        while p not in (0, 1, root):
+            p = parent.get(p, 0)
+        if p != root and pid != root:
+            continue
+        try:
+            for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+                if line.startswith("rchar:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total
+
+
 def pushdown(spark: Any, journal: Path, rounds: int) -> dict[str, Any]:
-    """One queue of ten: the ``queue`` option and a pushed filter against the full read."""
+    """One queue of ten, before (no queue index: every record read) and after (the segments'
+    queue index sidecars), against the full read: time and the bytes read (``rchar`` of the
+    JVM and its Python workers), alternating rounds, medians. The journal is generated, no
+    broker writes it: every segment is indexed, the last one too (``include_last``)."""
     from pyspark.sql.functions import col
 
-    cases = {
-        "full": lambda: spark.read.format("vibemq").load(str(journal)),
-        "option": lambda: spark.read.format("vibemq").option("queue", "q3").load(str(journal)),
-        "filter": lambda: (
-            spark.read.format("vibemq").load(str(journal)).where(col("queue") == "q3")
+    jdir = journal / "journal"
+    started = time.perf_counter()
+    qindex.index_directory(jdir, include_last=True)
+    index_s = time.perf_counter() - started
+    sidecars = sorted(jdir.glob(f"*{qindex.INDEX_SUFFIX}"))
+    index_bytes = sum(p.stat().st_size for p in sidecars)
+    journal_bytes = sum(p.stat().st_size for p in jdir.glob("*.seg"))
+
+    def sidecars_on(on: bool) -> None:
+        for p in sidecars:
+            off = p.with_name(p.name + ".off")
+            if on and off.exists():
+                off.rename(p)
+            elif not on and p.exists():
+                p.rename(off)
+
+    first = qindex.load(sorted(jdir.glob("*.seg"))[0])
+    assert first is not None
+    t0 = min(s.min_ts for s in first.queues.values())
+    tenth = max(s.max_ts for s in first.queues.values()) - t0
+    cases: dict[str, tuple[bool, Any]] = {
+        "full": (True, lambda: spark.read.format("vibemq").load(str(journal))),
+        "filter_no_index": (
+            False,
+            lambda: spark.read.format("vibemq").load(str(journal)).where(col("queue") == "q3"),
+        ),
+        "filter": (
+            True,
+            lambda: spark.read.format("vibemq").load(str(journal)).where(col("queue") == "q3"),
+        ),
+        "option": (
+            True,
+            lambda: spark.read.format("vibemq").option("queue", "q3").load(str(journal)),
+        ),
+        # q3 in a time window about a tenth of the first segment's span
+        "filter_time": (
+            True,
+            lambda: (
+                spark.read.format("vibemq")
+                .option("startTime", str(t0))
+                .option("endTime", str(t0 + tenth // 10))
+                .load(str(journal))
+                .where(col("queue") == "q3")
+            ),
         ),
     }
     if PYTHON_TOO:
-        cases["python_full"] = lambda: spark.read.format(jvm.PYTHON_NAME).load(str(journal))
-        cases["python_filter"] = lambda: (
-            spark.read.format(jvm.PYTHON_NAME).load(str(journal)).where(col("queue") == "q3")
+        cases["python_full"] = (
+            True,
+            lambda: spark.read.format(jvm.PYTHON_NAME).load(str(journal)),
+        )
+        cases["python_filter_no_index"] = (
+            False,
+            lambda: (
+                spark.read.format(jvm.PYTHON_NAME).load(str(journal)).where(col("queue") == "q3")
+            ),
+        )
+        cases["python_filter"] = (
+            True,
+            lambda: (
+                spark.read.format(jvm.PYTHON_NAME).load(str(journal)).where(col("queue") == "q3")
+            ),
         )
     times: dict[str, list[float]] = {n: [] for n in cases}
+    reads: dict[str, list[int]] = {n: [] for n in cases}
     rows: dict[str, int] = {}
-    for make in cases.values():
-        _timed(make(), "all")
-    for _ in range(rounds):
-        for name, make in cases.items():
-            took, answer = _timed(make(), "all")
-            times[name].append(took)
-            rows[name] = int(answer["n"])
+    try:
+        for on, make in cases.values():
+            sidecars_on(on)
+            _timed(make(), "all")
+        for r in range(rounds):
+            names = list(cases)
+            names = names[r % len(names) :] + names[: r % len(names)]  # the order rotates
+            for name in names:
+                on, make = cases[name]
+                sidecars_on(on)
+                before = _read_bytes(spark)
+                took, answer = _timed(make(), "all")
+                reads[name].append(_read_bytes(spark) - before)
+                times[name].append(took)
+                rows[name] = int(answer["n"])
+    finally:
+        sidecars_on(True)
     med = {n: statistics.median(t) for n, t in times.items()}
-    return {
-        n: {"seconds": round(med[n], 2), "rows": rows[n], "of_full": round(med[n] / med["full"], 2)}
+    read = {n: statistics.median(b) for n, b in reads.items()}
+
+    def full(n: str) -> str:  # the full read of the same source
+        return "python_full" if n.startswith("python_") else "full"
+
+    out: dict[str, Any] = {
+        n: {
+            "seconds": round(med[n], 3),
+            "rows": rows[n],
+            "of_full": round(med[n] / med[full(n)], 3),
+            "read_mb": round(read[n] / 1e6, 1),
+            "read_of_full": round(read[n] / max(1, read[full(n)]), 3),
+        }
         for n in cases
     }
+    out["index"] = {
+        "segments": len(sidecars),
+        "build_s": round(index_s, 2),
+        "sidecar_bytes_of_journal": round(index_bytes / journal_bytes, 4),
+    }
+    return out
 
 
 def stream(spark: Any, journal: Path, work: Path, rounds: int) -> dict[str, Any]:

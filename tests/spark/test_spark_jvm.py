@@ -38,6 +38,11 @@ def _outcome(spark: Any, fmt: str, data: Path, where: Any, columns: list[str] | 
         df = df.where(where)
     if columns is not None:
         df = df.select(*columns)
+    return collected(df)
+
+
+def collected(df: Any) -> tuple[str, Any]:
+    """("rows", the rows as tuples), or ("error", the offset the failure names)."""
     try:
         return "rows", [tuple(r) for r in df.collect()]
     except Exception as exc:  # a Python worker's or the JVM's failure

@@ -58,6 +58,8 @@ Waiter = Callable[[Exception | None], None]
 #: before it started, so it also completes the groups of earlier ones still running).
 FSYNCS_IN_FLIGHT = 2
 
+#: the queue index beside a sealed segment (qindex.INDEX_SUFFIX)
+INDEX_SUFFIX = ".qidx"
 # Live messages few enough to copy forward at once when they pin older segments.
 _SMALL_LIVE = 1000
 #: buffers per os.writev (Linux's IOV_MAX)
@@ -123,6 +125,9 @@ class Journal:
         self._batch_publishes: list[tuple[int, Queue, StoredMessage]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(FSYNCS_IN_FLIGHT, "vibemq-fsync")
+        # builds the queue index of each sealed segment (qindex.py): off the loop, and not on
+        # the fsync workers, whose latency every durable publish waits for
+        self._indexer = concurrent.futures.ThreadPoolExecutor(1, "vibemq-qidx")
         self._manager: QueueManager | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._closing = False
@@ -174,6 +179,12 @@ class Journal:
         self._loop = asyncio.get_running_loop()
         self._manager = manager
         self._open_segment(max(self.segments, default=0) + 1)
+        # Segments sealed before this start (the last one by a stop or a crash) get the queue
+        # indexes they lack; what a crash left half written goes.
+        sealed = [
+            seg.path for number, seg in sorted(self.segments.items()) if number != self.active
+        ]
+        self._indexer.submit(_index_sealed, self.directory, sealed)
         if self.policy is FsyncPolicy.INTERVAL:
             self._timer = self._loop.call_later(self.fsync_interval, self._interval_sync)
 
@@ -494,6 +505,7 @@ class Journal:
         if self._size < self.segment_size or self._syncing or self._closing:
             return
         old_fd = self._fd
+        sealed = segment_path(self.directory, self.active)
         try:
             if self.policy is not FsyncPolicy.NEVER:
                 self.sys.fsync(old_fd)
@@ -504,6 +516,7 @@ class Journal:
             self._fail(exc, b"")
             return
         self.sys.close(old_fd)
+        self._indexer.submit(_index_sealed, None, [sealed])
 
     def _remove_partial_segment(self, number: int) -> None:
         if number not in self.segments:
@@ -563,6 +576,7 @@ class Journal:
     def _delete(self, seg: _Segment) -> None:
         try:
             seg.path.unlink(missing_ok=True)
+            seg.path.with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
         except OSError as exc:
             log.warning("cannot delete segment", file=str(seg.path), error=str(exc))
             seg.deleting = False
@@ -635,6 +649,12 @@ class Journal:
             self.sys.close(self._fd)
             self._fd = -1
         self._executor.shutdown(wait=True)
+        # an index being built is finished (a half one would only be rebuilt); those not
+        # started are left to the next start
+        indexer = self._indexer
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: indexer.shutdown(wait=True, cancel_futures=True)
+        )
 
 
 def _timed_fsync(fsync: Callable[[int], None], fd: int) -> float:
@@ -642,3 +662,18 @@ def _timed_fsync(fsync: Callable[[int], None], fd: int) -> float:
     started = time.perf_counter()
     fsync(fd)
     return time.perf_counter() - started
+
+
+def _index_sealed(directory: Path | None, paths: list[Path]) -> None:
+    """Build the queue indexes of sealed segments (in the index thread); ``directory``: clear
+    what a crash left there first."""
+    # (imported here: ``python -m vibemq_server.journal.qindex`` runs it as __main__)
+    from vibemq_server.journal import qindex
+
+    try:
+        if directory is not None:
+            qindex.clean(directory)
+        for path in paths:
+            qindex.ensure(path)
+    except Exception as exc:  # an index is an optimisation: readers scan without it
+        log.warning("cannot build a queue index", error=str(exc))

@@ -11,8 +11,10 @@ record bigger than the window is read whole: at most ``MAX_RECORD``).
 
 from __future__ import annotations
 
+import array
+import bisect
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator, Sequence
 from typing import IO, Any
 
 import pyarrow as pa
@@ -47,6 +49,7 @@ _PAYLOAD, _BINARY, _OPTIONS = (
     jr.COLUMNS.index(c) for c in ("payload", "payload_binary", "queue_options")
 )
 _HEADERS = jr.COLUMNS.index("headers")
+_OFFSET = jr.COLUMNS.index("offset")
 
 _ARROW_TYPES = {
     "BIGINT": pa.int64(),
@@ -134,6 +137,40 @@ def _is_tail(f: IO[bytes], pos: int) -> bool:
     return True
 
 
+def _scanned(
+    schema: pa.Schema,
+    buf: bytes,
+    base: int,
+    segment: int,
+    row_filter: jr.RowFilter,
+    batch_rows: int,
+    joined: tuple[list[int], list[int]] | None,
+) -> Generator[pa.RecordBatch, None, tuple[int, int, str | None]]:
+    """The batches of the records of ``buf`` (file offset ``base``, or ranges ``joined``: see
+    :func:`read_ranges`) until the scanner stops short of a full batch; returns its status,
+    where it stopped in ``buf`` and its error."""
+    assert _colscan is not None
+    queues = sorted(q.encode() for q in row_filter.queues)
+    post_filter = len(queues) > _MAX_FILTER
+    rel = 0
+    while True:
+        result = _colscan.scan(
+            buf, rel, base, segment, _KINDS, _REASONS, [] if post_filter else queues,
+            row_filter.start_ms, row_filter.end_ms, batch_rows, BATCH_BYTES,
+        )  # fmt: skip
+        status, rel, err, rows = result[0], result[1], result[2], result[3]
+        if rows:
+            if joined is not None:
+                result = _remap_offsets(result, *joined)
+            batch = _batch(schema, result)
+            if post_filter:
+                batch = _keep_queues(batch, row_filter.queues)
+            if batch.num_rows:
+                yield batch
+        if status != _ST_FULL:
+            return status, rel, err
+
+
 def read_batches(
     path: str,
     segment: int,
@@ -149,10 +186,6 @@ def read_batches(
     reading ``window`` bytes of the file at a time."""
     if _colscan is None:
         raise RuntimeError("vibemq_server.spark._colscan is not built")
-    queues = sorted(q.encode() for q in row_filter.queues)
-    post_filter = len(queues) > _MAX_FILTER
-    lo, hi = row_filter.start_ms, row_filter.end_ms
-    scan = _colscan.scan
     with open(path, "rb") as f:
         head = f.read(jr.HEADER)
         if len(head) < jr.HEADER:
@@ -172,21 +205,9 @@ def read_batches(
             f.seek(pos)
             data = f.read(want)
             at_end = len(data) < want or (end is not None and pos + len(data) >= end)
-            rel = 0
-            while True:
-                result = scan(
-                    data, rel, pos, segment, _KINDS, _REASONS,
-                    [] if post_filter else queues, lo, hi, batch_rows, BATCH_BYTES,
-                )  # fmt: skip
-                status, rel, err, rows = result[0], result[1], result[2], result[3]
-                if rows:
-                    batch = _batch(schema, result)
-                    if post_filter:
-                        batch = _keep_queues(batch, row_filter.queues)
-                    if batch.num_rows:
-                        yield batch
-                if status != _ST_FULL:
-                    break
+            status, rel, err = yield from _scanned(
+                schema, data, pos, segment, row_filter, batch_rows, None
+            )
             if status == _ST_END:
                 if at_end or not data:
                     return
@@ -201,6 +222,75 @@ def read_batches(
                 continue
             bad = pos + rel
             if end is None and (status == _ST_INCOMPLETE or _is_tail(f, bad)):
+                return
+            raise JournalError(err or "bad record", path, bad)
+
+
+def _at_file(rel: int, starts: list[int], file_starts: list[int]) -> int:
+    """The file offset of position ``rel`` of a buffer of ranges joined (:func:`read_ranges`)."""
+    k = bisect.bisect_right(starts, rel) - 1
+    return file_starts[k] + rel - starts[k]
+
+
+def _remap_offsets(
+    result: tuple[Any, ...], starts: list[int], file_starts: list[int]
+) -> tuple[Any, ...]:
+    """``result`` of a scan of joined ranges with its ``offset`` column made file offsets."""
+    cols = list(result[6])
+    valid, values, data, nulls = cols[_OFFSET]
+    rels = array.array("q", bytes(values))
+    out = array.array("q", bytes(len(rels) * 8))
+    k, n = 0, len(starts)
+    for i, rel in enumerate(rels):  # rows are in buffer order: one pass over the ranges
+        while k + 1 < n and starts[k + 1] <= rel:
+            k += 1
+        out[i] = file_starts[k] + rel - starts[k]
+    cols[_OFFSET] = (valid, out.tobytes(), data, nulls)
+    return (*result[:6], tuple(cols), *result[7:])
+
+
+def read_ranges(
+    path: str,
+    segment: int,
+    schema: pa.Schema,
+    ranges: Sequence[tuple[int, int]],
+    row_filter: jr.RowFilter = jr.NO_FILTER,
+    window: int = WINDOW,
+    batch_rows: int = BATCH_ROWS,
+) -> Iterator[pa.RecordBatch]:
+    """The rows of ``ranges`` of a segment (whole records: its queue index's), as
+    :func:`read_batches` makes them. Ranges of up to ``window`` bytes in all are read, joined
+    into one buffer and scanned in one pass (the ``offset`` column mapped back to the file).
+    A bad record is a tail by the rule of a whole read (it reaches the file's end, or zeros
+    follow it) and ends the rows; else it fails the read with its file offset."""
+    if _colscan is None:
+        raise RuntimeError("vibemq_server.spark._colscan is not built")
+    with open(path, "rb") as f:
+        check_segment_header(f.read(jr.HEADER), path)
+        i = 0
+        while i < len(ranges):
+            parts: list[bytes] = []
+            starts: list[int] = []
+            file_starts: list[int] = []
+            total = 0
+            while i < len(ranges) and (not parts or total + ranges[i][1] - ranges[i][0] <= window):
+                start, end = ranges[i]
+                f.seek(start)
+                data = f.read(end - start)
+                starts.append(total)
+                file_starts.append(start)
+                parts.append(data)
+                total += len(data)
+                i += 1
+                if len(data) < end - start:
+                    i = len(ranges)  # the file ends early: what is left is a tail or damage
+            status, rel, err = yield from _scanned(
+                schema, b"".join(parts), 0, segment, row_filter, batch_rows, (starts, file_starts)
+            )
+            if status == _ST_END:
+                continue
+            bad = _at_file(rel, starts, file_starts)
+            if _is_tail(f, bad):
                 return
             raise JournalError(err or "bad record", path, bad)
 

@@ -110,9 +110,25 @@ class SegmentPartition(InputPartition):
     path: str
     start: int = jr.HEADER
     end: int | None = None
+    #: only these ``[start, end)`` of the segment (its queue index's), when given
+    ranges: tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "value", self.segment)
+
+
+def range_batches(
+    path: str,
+    segment: int,
+    schema: pa.Schema,
+    ranges: tuple[tuple[int, int], ...],
+    row_filter: jr.RowFilter,
+) -> Iterator[pa.RecordBatch]:
+    """The rows of the ranges of a segment that its queue index lists (bulk, or record by
+    record when the scanner is not built: same rows)."""
+    if columnar.available():
+        return columnar.read_ranges(path, segment, schema, ranges, row_filter)
+    return columnar.rows_to_batches(jr.read_range_rows(path, segment, ranges, row_filter), schema)
 
 
 @dataclass(frozen=True)
@@ -141,6 +157,12 @@ class VibeMQReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         out: list[InputPartition] = []
         for seg in jr.segments_for(self.data_dir, self.row_filter):
+            ranges = jr.index_ranges(seg, self.row_filter)
+            if ranges is not None:
+                # a sealed segment with a valid queue index: only the ranges it lists
+                for group in jr.range_groups(ranges, RANGE_BYTES):
+                    out.append(SegmentPartition(seg.number, seg.path, group[0][0], None, group))
+                continue
             # A big segment is read as several ranges at record boundaries (found by the
             # compiled walk): more tasks than segments when a journal has few of them.
             cuts = jr.record_cuts(seg.path, RANGE_BYTES) if columnar.available() else []
@@ -155,6 +177,11 @@ class VibeMQReader(DataSourceReader):
             return  # no segment to read: Spark plans one partition of its own then
         schema = to_arrow_schema(self.schema, timezone="UTC")
         try:
+            if partition.ranges is not None:
+                yield from range_batches(
+                    partition.path, partition.segment, schema, partition.ranges, self.row_filter
+                )
+                return
             yield from segment_batches(
                 partition.path,
                 partition.segment,

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from vibemq_server.core.persistence import SettleReason
+from vibemq_server.journal import qindex
 from vibemq_server.journal.records import (
     MAX_RECORD,
     RECORD_PREFIX,
@@ -344,6 +345,24 @@ def read_rows(
             yield entry_row(segment, offset, entry)
 
 
+def read_range_rows(
+    path: str,
+    segment: int,
+    ranges: Sequence[tuple[int, int]],
+    row_filter: RowFilter = NO_FILTER,
+) -> Iterator[Row]:
+    """:func:`read_rows` of ranges of whole records (a queue index's). A bad record is a tail
+    by the rule of a whole read and ends the rows; else it fails the read."""
+    for start, end in ranges:
+        try:
+            yield from read_rows(path, segment, start, end, row_filter)
+        except JournalError as exc:
+            with open(path, "rb") as f:
+                if _is_tail(f.read(), exc.offset):
+                    return
+            raise
+
+
 def first_record_ms(path: str) -> int | None:
     """The timestamp of the segment's first record (None if it has none yet)."""
     with open(path, "rb") as f:
@@ -366,6 +385,47 @@ def segments_for(data_dir: str, row_filter: RowFilter) -> list[SegmentFile]:
             if not row_filter.may_hold(first, last):
                 continue
         out.append(seg)
+    return out
+
+
+def index_ranges(seg: SegmentFile, row_filter: RowFilter) -> list[tuple[int, int]] | None:
+    """The byte ranges of ``seg`` that hold the rows of a queue or time filter, by its queue
+    index sidecar (:mod:`vibemq_server.journal.qindex`), in file order with adjacent ones
+    merged; None when there is no such filter or no valid sidecar (read the segment whole)."""
+    if not row_filter.queues and row_filter.start_ms is None and row_filter.end_ms is None:
+        return None
+    index = qindex.load(Path(seg.path), row_filter.queues or None)
+    if index is None:
+        return None
+    found: list[tuple[int, int]] = []
+    for name, spans in index.queues.items():
+        if row_filter.queues and name not in row_filter.queues:
+            continue
+        if row_filter.may_hold(spans.min_ts, spans.max_ts):
+            found.extend(spans.ranges)
+    found.sort()
+    merged: list[tuple[int, int]] = []
+    for start, end in found:
+        if merged and merged[-1][1] == start:
+            merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def range_groups(ranges: list[tuple[int, int]], every: int) -> list[tuple[tuple[int, int], ...]]:
+    """``ranges`` in groups of about ``every`` bytes (one partition each)."""
+    out: list[tuple[tuple[int, int], ...]] = []
+    group: list[tuple[int, int]] = []
+    size = 0
+    for r in ranges:
+        group.append(r)
+        size += r[1] - r[0]
+        if size >= every:
+            out.append(tuple(group))
+            group, size = [], 0
+    if group:
+        out.append(tuple(group))
     return out
 
 

@@ -37,7 +37,9 @@ final class JournalReader implements PartitionReader<ColumnarBatch> {
 
   private final String path;
   private final long segment;
-  private final long end; // -1: to the file's end, with the tail rules
+  private long end; // -1: to the file's end, with the tail rules
+  private final long[] ranges; // the ranges to read (a queue index's), or null: [start, end)
+  private int nextRange = 2;
   private final byte[][] queues;
   private final boolean hasLo, hasHi;
   private final long lo, hi;
@@ -68,6 +70,7 @@ final class JournalReader implements PartitionReader<ColumnarBatch> {
     this.path = part.path();
     this.segment = part.segment();
     this.end = part.end();
+    this.ranges = part.ranges();
     this.queues = filter.queueBytes();
     this.hasLo = filter.startMs != null;
     this.hasHi = filter.endMs != null;
@@ -160,6 +163,13 @@ final class JournalReader implements PartitionReader<ColumnarBatch> {
   /** After a window stopped with status: the next window, or false at the end of the range. */
   private boolean advance(int status) throws IOException {
     if (status == END) {
+      if ((atEnd || dataLen == 0) && ranges != null && nextRange < ranges.length) {
+        pos = ranges[nextRange];
+        end = ranges[nextRange + 1];
+        nextRange += 2;
+        want = WINDOW;
+        return load();
+      }
       if (atEnd || dataLen == 0) return false;
       pos += rel;
       want = WINDOW;
@@ -175,6 +185,9 @@ final class JournalReader implements PartitionReader<ColumnarBatch> {
     }
     long bad = pos + rel;
     if (end < 0 && (status == INCOMPLETE || isTail(bad))) return false;
+    // ranges of an index: a bad record is a tail by the same rule as for a whole read (it
+    // reaches the file's end or zeros follow it), found here since the index was written
+    if (ranges != null && isTail(bad)) return false;
     throw error(err == null ? "bad record" : err, bad);
   }
 

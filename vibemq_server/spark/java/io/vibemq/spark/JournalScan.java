@@ -1,7 +1,9 @@
 /*
  * The scan of a journal: filters on queue and timestamp pushed down (exactly: Spark does not
  * evaluate them again), columns pruned to those the query reads, one partition per segment
- * or per range of about 16 MiB of a bigger one (datasource.py's planning).
+ * or per range of about 16 MiB of a bigger one (datasource.py's planning). With a queue or
+ * time filter, a sealed segment with a valid queue index (QueueIndex) is read only where its
+ * index puts the wanted queues' records, about 16 MiB of them per partition.
  */
 package io.vibemq.spark;
 
@@ -99,23 +101,45 @@ final class JournalScan
   public InputPartition[] planInputPartitions() {
     List<InputPartition> out = new ArrayList<>();
     try {
+      boolean narrowed = !filter.queues.isEmpty() || filter.hasTime();
       for (Segments.Segment seg : Segments.forFilter(dataDir, filter)) {
-        List<Long> bounds = new ArrayList<>();
-        bounds.add((long) Segments.HEADER);
-        try {
-          bounds.addAll(Segments.recordCuts(seg.path(), RANGE_BYTES));
-        } catch (FileNotFoundException e) {
-          // reclaimed while planning: its one partition reads nothing, like the Python source
+        long[] ranges = narrowed ? QueueIndex.ranges(seg.path(), seg.number(), filter) : null;
+        if (ranges != null) {
+          // a sealed segment with a valid queue index: only its listed ranges (none: skipped)
+          for (long[] group : QueueIndex.groups(ranges, RANGE_BYTES)) {
+            out.add(JournalPartition.ofRanges(seg.number(), seg.path(), group));
+          }
+          continue;
         }
-        bounds.add(-1L);
-        for (int i = 0; i + 1 < bounds.size(); i++) {
-          out.add(new JournalPartition(seg.number(), seg.path(), bounds.get(i), bounds.get(i + 1)));
-        }
+        addRanges(out, seg.number(), seg.path(), Segments.HEADER, -1, false);
       }
     } catch (IOException e) {
       throw new UncheckedIOException(e);
     }
     return out.toArray(new InputPartition[0]);
+  }
+
+  /**
+   * Partitions of [begin, stop) of a segment (stop -1: to its end, with the tail rules), about
+   * RANGE_BYTES each, cut at record boundaries.
+   */
+  static void addRanges(
+      List<InputPartition> out, long number, String path, long begin, long stop, boolean lossFails)
+      throws IOException {
+    List<Long> bounds = new ArrayList<>();
+    bounds.add(begin);
+    try {
+      bounds.addAll(
+          stop < 0
+              ? Segments.recordCuts(path, RANGE_BYTES)
+              : Segments.recordCuts(path, RANGE_BYTES, begin, stop));
+    } catch (FileNotFoundException e) {
+      // reclaimed while planning: its one partition reads nothing (a stream's: data loss)
+    }
+    bounds.add(stop);
+    for (int i = 0; i + 1 < bounds.size(); i++) {
+      out.add(new JournalPartition(number, path, bounds.get(i), bounds.get(i + 1), lossFails));
+    }
   }
 
   @Override

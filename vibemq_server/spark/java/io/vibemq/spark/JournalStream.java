@@ -186,15 +186,8 @@ final class JournalStream implements MicroBatchStream, SupportsTriggerAvailableN
                 : Segments.walk(seg.path(), begin, -1, -1)[0];
         if (stop <= begin) continue;
         // Like the batch read: a long chunk is read as several ranges.
-        List<Long> bounds = new ArrayList<>();
-        bounds.add(begin);
-        bounds.addAll(Segments.recordCuts(seg.path(), JournalScan.RANGE_BYTES, begin, stop));
-        bounds.add(stop);
         String path = Segments.file(dataDir, seg.number());
-        for (int j = 0; j + 1 < bounds.size(); j++) {
-          out.add(new JournalPartition(
-              seg.number(), path, bounds.get(j), bounds.get(j + 1), failOnDataLoss));
-        }
+        JournalScan.addRanges(out, seg.number(), path, begin, stop, failOnDataLoss);
       }
     } catch (IOException e) {
       throw new UncheckedIOException(e);
