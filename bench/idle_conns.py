@@ -11,6 +11,8 @@ connection). Mosquitto (MQTT) and RabbitMQ (AMQP) are measured the same way in t
 
     .venv/bin/python -m bench.idle_conns                       # everything
     .venv/bin/python -m bench.idle_conns --counts 1000 --protocols mqtt --brokers vibemq
+    .venv/bin/python -m bench.idle_conns --protocols mqtt --brokers vibemq,mosquitto \\
+        --counts 1000,5000 --rounds 5     # connect rate: medians of alternating rounds
 
 Every wait is bounded; loopback only. The bench raises its own RLIMIT_NOFILE to the hard limit
 (the client processes and the brokers inherit it) and spreads the connections over
@@ -26,6 +28,7 @@ import json
 import multiprocessing as mp
 import os
 import socket
+import statistics
 import struct
 import sys
 import time
@@ -428,6 +431,52 @@ def _start(name: str, protocol: str) -> tuple[Broker, int]:
 PEERS = {"mqtt": "mosquitto", "amqp": "rabbitmq"}
 
 
+def _one(name: str, protocol: str, count: int, args: argparse.Namespace) -> Point | None:
+    """One measurement on a fresh broker (None: the broker is not installed)."""
+    try:
+        broker, port = _start(name, protocol)
+    except NotInstalled as exc:
+        print(f"skip {name}: {exc}", flush=True)
+        return None
+    try:
+        point = measure(broker, name, protocol, port, count, args.procs, args.timeout)
+    finally:
+        broker.stop()
+    rt = f"{point.roundtrip_ms:.1f} ms" if point.roundtrip_ms is not None else "FAILED"
+    print(
+        f"{protocol:6} {name:9} {count:6,}: {point.opened:,} open "
+        f"({point.failed} failed) in {point.connect_s:.2f}s = "
+        f"{point.connects_per_s:,.0f} conn/s; RSS +"
+        f"{(point.rss_after_kib - point.rss_before_kib) / 1024:.1f} MiB = "
+        f"{point.bytes_per_conn:,.0f} B/conn; fresh round trip {rt}; kernel slab "
+        f"{point.kernel_slab_per_conn:,.0f} B/conn (both ends)"
+        + (f"; errors {point.errors}" if point.errors else ""),
+        flush=True,
+    )
+    return point
+
+
+def _print_rates(
+    protocol: str, count: int, names: list[str], rounds: list[dict[str, float]]
+) -> None:
+    """The median connect rate of the rounds per broker, and ours against the peer's: the
+    median of the rounds' own ratios (a round's brokers met about the same load)."""
+    line = ", ".join(
+        f"{n} {statistics.median(r):,.0f}"
+        for n in names
+        if (r := [rates[n] for rates in rounds if n in rates])
+    )
+    if len(names) > 1:
+        peer = names[1]
+        ratios = [r["vibemq"] / r[peer] for r in rounds if "vibemq" in r and r.get(peer)]
+        if ratios:
+            line += (
+                f"; vibemq/{peer} median {statistics.median(ratios):.2f}x"
+                f" (rounds {', '.join(f'{x:.2f}' for x in ratios)})"
+            )
+    print(f"{protocol:6} {count:6,} connect rate, {len(rounds)} rounds: {line}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--counts", default="1000,5000,15000")
@@ -435,6 +484,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--brokers", default="vibemq,mosquitto,rabbitmq")
     p.add_argument("--procs", type=int, default=4, help="client processes per measurement")
     p.add_argument("--timeout", type=float, default=120.0, help="per batch of connections")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure each count this many times, brokers alternating first; median rates",
+    )
     p.add_argument("--json", help="write the points here")
     args = p.parse_args(argv)
     install_sigterm_exit()
@@ -447,28 +502,20 @@ def main(argv: list[str] | None = None) -> int:
         names = ["vibemq"] + ([PEERS[protocol]] if PEERS.get(protocol) in brokers else [])
         names = [n for n in names if n in brokers]
         for count in counts:
-            for name in names:
-                try:
-                    broker, port = _start(name, protocol)
-                except NotInstalled as exc:
-                    print(f"skip {name}: {exc}", flush=True)
-                    continue
-                try:
-                    point = measure(broker, name, protocol, port, count, args.procs, args.timeout)
-                finally:
-                    broker.stop()
-                points.append(point)
-                rt = f"{point.roundtrip_ms:.1f} ms" if point.roundtrip_ms is not None else "FAILED"
-                print(
-                    f"{protocol:6} {name:9} {count:6,}: {point.opened:,} open "
-                    f"({point.failed} failed) in {point.connect_s:.2f}s = "
-                    f"{point.connects_per_s:,.0f} conn/s; RSS +"
-                    f"{(point.rss_after_kib - point.rss_before_kib) / 1024:.1f} MiB = "
-                    f"{point.bytes_per_conn:,.0f} B/conn; fresh round trip {rt}; kernel slab "
-                    f"{point.kernel_slab_per_conn:,.0f} B/conn (both ends)"
-                    + (f"; errors {point.errors}" if point.errors else ""),
-                    flush=True,
-                )
+            rounds: list[dict[str, float]] = []
+            for rnd in range(args.rounds):
+                rates = {}
+                # alternate who goes first: on a busy machine the load drifts within a round
+                for name in names if rnd % 2 == 0 else names[::-1]:
+                    point = _one(name, protocol, count, args)
+                    if point is None:
+                        continue
+                    points.append(point)
+                    if point.opened and not point.failed:
+                        rates[name] = point.connects_per_s
+                rounds.append(rates)
+            if args.rounds > 1:
+                _print_rates(protocol, count, names, rounds)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump([asdict(pt) for pt in points], fh, indent=2)
