@@ -46,7 +46,13 @@ from bench.brokers import (
     RabbitMQBroker,
     VibeMQBroker,
 )
-from bench.common import BenchError, BlockingConn, install_sigterm_exit, raise_nofile_limit
+from bench.common import (
+    BenchError,
+    BlockingConn,
+    cpu_seconds,
+    install_sigterm_exit,
+    raise_nofile_limit,
+)
 
 #: a handshake: a generator that yields the bytes to send and is sent each complete reply
 Script = Generator[bytes, bytes, None]
@@ -321,6 +327,10 @@ class Point:
     failed: int = 0
     connect_s: float = 0.0
     connects_per_s: float = 0.0
+    #: the broker's CPU (user + system) per connection opened, from "go" to the last
+    #: client's report: steadier than the rate on a busy machine (it does not count the
+    #: time the broker waited for the clients or for a core)
+    broker_cpu_us_per_conn: float | None = None
     rss_before_kib: int = 0
     rss_after_kib: int = 0
     bytes_per_conn: float = 0.0
@@ -378,6 +388,8 @@ def measure(
         for pipe in pipes:
             if not pipe.poll(60) or pipe.recv() != "ready":
                 raise BenchError("a client process did not start")
+        pids = broker.pids()
+        cpu_before = cpu_seconds(pids)
         for pipe in pipes:
             pipe.send("go")
         reports = []
@@ -390,6 +402,9 @@ def measure(
         point.errors = [e for r in reports for e in r["errors"]][:5]
         point.connect_s = max(r["t1"] for r in reports) - min(r["t0"] for r in reports)
         point.connects_per_s = point.opened / point.connect_s if point.connect_s else 0.0
+        if point.opened:
+            cpu = cpu_seconds(pids) - cpu_before
+            point.broker_cpu_us_per_conn = cpu * 1e6 / point.opened
         point.rss_after_kib = _settle_rss(broker)
         point.kernel_slab_per_conn = (_slab_kib() - slab_before) * 1024 / max(1, point.opened)
         if point.opened:
@@ -443,10 +458,12 @@ def _one(name: str, protocol: str, count: int, args: argparse.Namespace) -> Poin
     finally:
         broker.stop()
     rt = f"{point.roundtrip_ms:.1f} ms" if point.roundtrip_ms is not None else "FAILED"
+    cpu = point.broker_cpu_us_per_conn
+    cpu_us = "?" if cpu is None else f"{cpu:,.0f}"
     print(
         f"{protocol:6} {name:9} {count:6,}: {point.opened:,} open "
         f"({point.failed} failed) in {point.connect_s:.2f}s = "
-        f"{point.connects_per_s:,.0f} conn/s; RSS +"
+        f"{point.connects_per_s:,.0f} conn/s; broker CPU {cpu_us} µs/conn; RSS +"
         f"{(point.rss_after_kib - point.rss_before_kib) / 1024:.1f} MiB = "
         f"{point.bytes_per_conn:,.0f} B/conn; fresh round trip {rt}; kernel slab "
         f"{point.kernel_slab_per_conn:,.0f} B/conn (both ends)"
@@ -457,10 +474,15 @@ def _one(name: str, protocol: str, count: int, args: argparse.Namespace) -> Poin
 
 
 def _print_rates(
-    protocol: str, count: int, names: list[str], rounds: list[dict[str, float]]
+    protocol: str,
+    count: int,
+    names: list[str],
+    rounds: list[dict[str, float]],
+    cpus: dict[str, list[float]],
 ) -> None:
     """The median connect rate of the rounds per broker, and ours against the peer's: the
-    median of the rounds' own ratios (a round's brokers met about the same load)."""
+    median of the rounds' own ratios (a round's brokers met about the same load); and the
+    median broker CPU per connection."""
     line = ", ".join(
         f"{n} {statistics.median(r):,.0f}"
         for n in names
@@ -474,6 +496,9 @@ def _print_rates(
                 f"; vibemq/{peer} median {statistics.median(ratios):.2f}x"
                 f" (rounds {', '.join(f'{x:.2f}' for x in ratios)})"
             )
+    line += "; broker CPU µs/conn " + ", ".join(
+        f"{n} {statistics.median(c):,.0f}" for n, c in cpus.items() if c
+    )
     print(f"{protocol:6} {count:6,} connect rate, {len(rounds)} rounds: {line}", flush=True)
 
 
@@ -503,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         names = [n for n in names if n in brokers]
         for count in counts:
             rounds: list[dict[str, float]] = []
+            cpus: dict[str, list[float]] = {n: [] for n in names}
             for rnd in range(args.rounds):
                 rates = {}
                 # alternate who goes first: on a busy machine the load drifts within a round
@@ -513,9 +539,11 @@ def main(argv: list[str] | None = None) -> int:
                     points.append(point)
                     if point.opened and not point.failed:
                         rates[name] = point.connects_per_s
+                        if point.broker_cpu_us_per_conn is not None:
+                            cpus[name].append(point.broker_cpu_us_per_conn)
                 rounds.append(rates)
             if args.rounds > 1:
-                _print_rates(protocol, count, names, rounds)
+                _print_rates(protocol, count, names, rounds, cpus)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump([asdict(pt) for pt in points], fh, indent=2)
