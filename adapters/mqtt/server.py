@@ -798,7 +798,7 @@ class MqttServer:
         groups: tuple[str, ...] = ()
         if self._share_members:
             # (several filters of one group may match: the group still gets it once)
-            groups = tuple(dict.fromkeys(g for g, _ in self.shared_router.match(address)))
+            groups = tuple(dict.fromkeys([g for g, _ in self.shared_router.match(address)]))
         plan = (groups, self.router5.match(address), self.router.match(address))
         if len(self._plans) >= _PER_CACHE_MAX:
             self._plans.clear()
