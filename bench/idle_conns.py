@@ -11,6 +11,8 @@ connection). Mosquitto (MQTT) and RabbitMQ (AMQP) are measured the same way in t
 
     .venv/bin/python -m bench.idle_conns                       # everything
     .venv/bin/python -m bench.idle_conns --counts 1000 --protocols mqtt --brokers vibemq
+    .venv/bin/python -m bench.idle_conns --protocols mqtt --brokers vibemq,mosquitto \\
+        --counts 1000,5000 --rounds 5     # connect rate: medians of alternating rounds
 
 Every wait is bounded; loopback only. The bench raises its own RLIMIT_NOFILE to the hard limit
 (the client processes and the brokers inherit it) and spreads the connections over
@@ -26,6 +28,7 @@ import json
 import multiprocessing as mp
 import os
 import socket
+import statistics
 import struct
 import sys
 import time
@@ -43,7 +46,13 @@ from bench.brokers import (
     RabbitMQBroker,
     VibeMQBroker,
 )
-from bench.common import BenchError, BlockingConn, install_sigterm_exit, raise_nofile_limit
+from bench.common import (
+    BenchError,
+    BlockingConn,
+    cpu_seconds,
+    install_sigterm_exit,
+    raise_nofile_limit,
+)
 
 #: a handshake: a generator that yields the bytes to send and is sent each complete reply
 Script = Generator[bytes, bytes, None]
@@ -318,6 +327,10 @@ class Point:
     failed: int = 0
     connect_s: float = 0.0
     connects_per_s: float = 0.0
+    #: the broker's CPU (user + system) per connection opened, from "go" to the last
+    #: client's report: steadier than the rate on a busy machine (it does not count the
+    #: time the broker waited for the clients or for a core)
+    broker_cpu_us_per_conn: float | None = None
     rss_before_kib: int = 0
     rss_after_kib: int = 0
     bytes_per_conn: float = 0.0
@@ -375,6 +388,8 @@ def measure(
         for pipe in pipes:
             if not pipe.poll(60) or pipe.recv() != "ready":
                 raise BenchError("a client process did not start")
+        pids = broker.pids()
+        cpu_before = cpu_seconds(pids)
         for pipe in pipes:
             pipe.send("go")
         reports = []
@@ -387,6 +402,9 @@ def measure(
         point.errors = [e for r in reports for e in r["errors"]][:5]
         point.connect_s = max(r["t1"] for r in reports) - min(r["t0"] for r in reports)
         point.connects_per_s = point.opened / point.connect_s if point.connect_s else 0.0
+        if point.opened:
+            cpu = cpu_seconds(pids) - cpu_before
+            point.broker_cpu_us_per_conn = cpu * 1e6 / point.opened
         point.rss_after_kib = _settle_rss(broker)
         point.kernel_slab_per_conn = (_slab_kib() - slab_before) * 1024 / max(1, point.opened)
         if point.opened:
@@ -428,6 +446,62 @@ def _start(name: str, protocol: str) -> tuple[Broker, int]:
 PEERS = {"mqtt": "mosquitto", "amqp": "rabbitmq"}
 
 
+def _one(name: str, protocol: str, count: int, args: argparse.Namespace) -> Point | None:
+    """One measurement on a fresh broker (None: the broker is not installed)."""
+    try:
+        broker, port = _start(name, protocol)
+    except NotInstalled as exc:
+        print(f"skip {name}: {exc}", flush=True)
+        return None
+    try:
+        point = measure(broker, name, protocol, port, count, args.procs, args.timeout)
+    finally:
+        broker.stop()
+    rt = f"{point.roundtrip_ms:.1f} ms" if point.roundtrip_ms is not None else "FAILED"
+    cpu = point.broker_cpu_us_per_conn
+    cpu_us = "?" if cpu is None else f"{cpu:,.0f}"
+    print(
+        f"{protocol:6} {name:9} {count:6,}: {point.opened:,} open "
+        f"({point.failed} failed) in {point.connect_s:.2f}s = "
+        f"{point.connects_per_s:,.0f} conn/s; broker CPU {cpu_us} µs/conn; RSS +"
+        f"{(point.rss_after_kib - point.rss_before_kib) / 1024:.1f} MiB = "
+        f"{point.bytes_per_conn:,.0f} B/conn; fresh round trip {rt}; kernel slab "
+        f"{point.kernel_slab_per_conn:,.0f} B/conn (both ends)"
+        + (f"; errors {point.errors}" if point.errors else ""),
+        flush=True,
+    )
+    return point
+
+
+def _print_rates(
+    protocol: str,
+    count: int,
+    names: list[str],
+    rounds: list[dict[str, float]],
+    cpus: dict[str, list[float]],
+) -> None:
+    """The median connect rate of the rounds per broker, and ours against the peer's: the
+    median of the rounds' own ratios (a round's brokers met about the same load); and the
+    median broker CPU per connection."""
+    line = ", ".join(
+        f"{n} {statistics.median(r):,.0f}"
+        for n in names
+        if (r := [rates[n] for rates in rounds if n in rates])
+    )
+    if len(names) > 1:
+        peer = names[1]
+        ratios = [r["vibemq"] / r[peer] for r in rounds if "vibemq" in r and r.get(peer)]
+        if ratios:
+            line += (
+                f"; vibemq/{peer} median {statistics.median(ratios):.2f}x"
+                f" (rounds {', '.join(f'{x:.2f}' for x in ratios)})"
+            )
+    line += "; broker CPU µs/conn " + ", ".join(
+        f"{n} {statistics.median(c):,.0f}" for n, c in cpus.items() if c
+    )
+    print(f"{protocol:6} {count:6,} connect rate, {len(rounds)} rounds: {line}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--counts", default="1000,5000,15000")
@@ -435,6 +509,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--brokers", default="vibemq,mosquitto,rabbitmq")
     p.add_argument("--procs", type=int, default=4, help="client processes per measurement")
     p.add_argument("--timeout", type=float, default=120.0, help="per batch of connections")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure each count this many times, brokers alternating first; median rates",
+    )
     p.add_argument("--json", help="write the points here")
     args = p.parse_args(argv)
     install_sigterm_exit()
@@ -447,28 +527,23 @@ def main(argv: list[str] | None = None) -> int:
         names = ["vibemq"] + ([PEERS[protocol]] if PEERS.get(protocol) in brokers else [])
         names = [n for n in names if n in brokers]
         for count in counts:
-            for name in names:
-                try:
-                    broker, port = _start(name, protocol)
-                except NotInstalled as exc:
-                    print(f"skip {name}: {exc}", flush=True)
-                    continue
-                try:
-                    point = measure(broker, name, protocol, port, count, args.procs, args.timeout)
-                finally:
-                    broker.stop()
-                points.append(point)
-                rt = f"{point.roundtrip_ms:.1f} ms" if point.roundtrip_ms is not None else "FAILED"
-                print(
-                    f"{protocol:6} {name:9} {count:6,}: {point.opened:,} open "
-                    f"({point.failed} failed) in {point.connect_s:.2f}s = "
-                    f"{point.connects_per_s:,.0f} conn/s; RSS +"
-                    f"{(point.rss_after_kib - point.rss_before_kib) / 1024:.1f} MiB = "
-                    f"{point.bytes_per_conn:,.0f} B/conn; fresh round trip {rt}; kernel slab "
-                    f"{point.kernel_slab_per_conn:,.0f} B/conn (both ends)"
-                    + (f"; errors {point.errors}" if point.errors else ""),
-                    flush=True,
-                )
+            rounds: list[dict[str, float]] = []
+            cpus: dict[str, list[float]] = {n: [] for n in names}
+            for rnd in range(args.rounds):
+                rates = {}
+                # alternate who goes first: on a busy machine the load drifts within a round
+                for name in names if rnd % 2 == 0 else names[::-1]:
+                    point = _one(name, protocol, count, args)
+                    if point is None:
+                        continue
+                    points.append(point)
+                    if point.opened and not point.failed:
+                        rates[name] = point.connects_per_s
+                        if point.broker_cpu_us_per_conn is not None:
+                            cpus[name].append(point.broker_cpu_us_per_conn)
+                rounds.append(rates)
+            if args.rounds > 1:
+                _print_rates(protocol, count, names, rounds, cpus)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump([asdict(pt) for pt in points], fh, indent=2)

@@ -24,7 +24,7 @@ import itertools
 import json
 import os
 import ssl
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -87,6 +87,14 @@ _NEVER = 2**62
 #: addresses whose v5 deliveries per session are kept (``_per_session``); beyond it, cleared
 _PER_CACHE_MAX = 4096
 
+#: where a publish at an address goes (``MqttServer._plan``): its shared groups, the v5
+#: router's match (session, filter) -> QoS, the 3.1.1 router's match session -> QoS
+_Plan = tuple[
+    tuple[str, ...],
+    Mapping[tuple[MqttSession, str], int],
+    Mapping[MqttSession, int],
+]
+
 #: Headers a message published over MQTT carries into VibeMQ queues.
 HEADER_TOPIC = "mqttTopic"
 HEADER_QOS = "mqttQos"
@@ -148,8 +156,8 @@ class MqttServer:
                 dict[Mqtt5Session, tuple[int, bool, tuple[int, ...]]],
             ],
         ] = {}
-        #: v5 subscribers or shared groups exist (deliver() looks beyond the 3.1.1 router)
-        self._extra = False
+        #: address -> what deliver() does there (``_plan``)
+        self._plans: dict[str, _Plan] = {}
         #: persistent v5 sessions counting down their Session Expiry Interval
         self._expiring: set[Mqtt5Session] = set()
         # The v5 parts of the publish being routed (None from a 3.1.1 client).
@@ -464,7 +472,8 @@ class MqttServer:
         """Forget a session: its filters, its queue, its durable record."""
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
-        self.router.remove_key(session)
+        if self.router.remove_key(session):
+            self._plans_changed()
         if isinstance(session, Mqtt5Session):
             self._expiring.discard(session)
         for topic_filter in list(session.shared) + list(getattr(session, "options5", ())):
@@ -563,8 +572,7 @@ class MqttServer:
             self.router.add(session, pattern, qos)
         session.filters = own(session.filters)
         session.filters[topic_filter] = qos
-        self._extra = bool(self.router5) or bool(self.shared_router)
-        self._per_cache.clear()
+        self._plans_changed()
         return qos
 
     def _join_share(
@@ -628,8 +636,7 @@ class MqttServer:
             self.router5.remove((session, topic_filter), filter_to_pattern(topic_filter))
         else:
             self.router.remove(session, filter_to_pattern(topic_filter))
-        self._extra = bool(self.router5) or bool(self.shared_router)
-        self._per_cache.clear()
+        self._plans_changed()
 
     def send_retained(self, session: MqttSession, topic_filter: str, granted: int) -> bool:
         """The retained messages matching a new subscription, RETAIN set; True when one of
@@ -746,10 +753,17 @@ class MqttServer:
         no connection consumes ``congested`` right after, so an entry left there would
         pause whichever connection handles a packet next, even the slow subscriber
         itself). Another protocol's publish counts as QoS 1 and pauses nobody, likewise."""
-        extra = self._extra and self._deliver_extra(address, message, origin)
-        targets = self.router.match(address)
+        plan = self._plans.get(address)
+        if plan is None:
+            plan = self._plan(address)
+        groups, targets5, targets = plan
+        durable = False
+        if groups and self._deliver_shared(groups, message, origin):
+            durable = True
+        if targets5 and self._deliver5(address, targets5, message, origin):
+            durable = True
         if not targets:
-            return extra
+            return durable
         own = self._own
         if origin is self and own is not None:
             topic, payload, qos, publisher, pause, _ = own
@@ -759,7 +773,6 @@ class MqttServer:
             payload = from_core(msg.payload, msg.headers)
             qos, publisher, pause = NATIVE_QOS, None, False
         # Inline rather than a helper: every MQTT publish runs this loop.
-        durable = False
         qos0: bytes | None = None
         for session, granted in targets.items():
             effective = granted if granted < qos else qos
@@ -776,48 +789,69 @@ class MqttServer:
                 durable = True
             if pause and session.congested and not session.stalled and session is not publisher:
                 self.congested.append(session)
-        return durable or extra
+        return durable
 
-    def _deliver_extra(
-        self, address: str, message: MessageSource, origin: AddressSink | None
-    ) -> bool:
-        """deliver() for shared groups (into their queues) and v5 subscribers."""
-        durable = False
+    def _plan(self, address: str) -> _Plan:
+        """What deliver() does at ``address``: the shared groups it goes to, the v5 and the
+        3.1.1 router's matches. One lookup a publish instead of three (each router keeps
+        its matches too), kept until a subscription changes (``_plans_changed``)."""
+        groups: tuple[str, ...] = ()
         if self._share_members:
-            shares = self.shared_router.match(address)
-            groups: Collection[str] = ()
-            if shares:
-                own = self._own
-                direct = origin is self and own is not None and not self._own_props
-                if len(shares) == 1:  # (the usual case: one group)
-                    group = next(iter(shares))[0]
-                    if not (direct and self._share_direct(group)):
-                        groups = [group]
-                else:
-                    groups = {g for g, _ in shares}
-                    if direct:
-                        groups = {g for g in groups if not self._share_direct(g)}
-            if groups:
+            # (several filters of one group may match: the group still gets it once)
+            groups = tuple(dict.fromkeys([g for g, _ in self.shared_router.match(address)]))
+        plan = (groups, self.router5.match(address), self.router.match(address))
+        if len(self._plans) >= _PER_CACHE_MAX:
+            self._plans.clear()
+        self._plans[address] = plan
+        return plan
+
+    def _plans_changed(self) -> None:
+        """A subscription was added or removed: every address's plan is worked out again."""
+        self._plans.clear()
+        self._per_cache.clear()
+
+    def _deliver_shared(
+        self, groups: tuple[str, ...], message: MessageSource, origin: AddressSink | None
+    ) -> bool:
+        """deliver() for shared groups: one member each, straight from our own publish
+        (``_share_direct``) or through the group's queue."""
+        own = self._own
+        direct = origin is self and own is not None and self._own_props is None
+        durable = False
+        msg: StoredMessage | None = None
+        now = 0
+        for group in groups:
+            if direct and own is not None and self._share_direct(group, own[0], own[1], own[2]):
+                continue
+            if msg is None:
                 msg = message()
                 now = self.manager.clock()
-                for group in groups:
-                    ttl = max(1, msg.expires_at - now) if msg.expires_at else 0
-                    try:
-                        outcome = self.manager.publish(
-                            group,
-                            self.next_msg_id(),
-                            msg.payload,
-                            msg.headers,
-                            route=False,
-                            ttl_ms=ttl,
-                        )
-                    except CoreError as exc:
-                        log.warning("shared group refused a message", group=group, error=str(exc))
-                        continue
-                    durable |= outcome is PublishOutcome.ACCEPTED_DURABLE
-        targets = self.router5.match(address)
-        if not targets:
-            return durable
+            ttl = max(1, msg.expires_at - now) if msg.expires_at else 0
+            try:
+                outcome = self.manager.publish(
+                    group,
+                    self.next_msg_id(),
+                    msg.payload,
+                    msg.headers,
+                    route=False,
+                    ttl_ms=ttl,
+                )
+            except CoreError as exc:
+                log.warning("shared group refused a message", group=group, error=str(exc))
+                continue
+            if outcome is PublishOutcome.ACCEPTED_DURABLE:
+                durable = True
+        return durable
+
+    def _deliver5(
+        self,
+        address: str,
+        targets: Mapping[tuple[MqttSession, str], int],
+        message: MessageSource,
+        origin: AddressSink | None,
+    ) -> bool:
+        """deliver() for v5 subscribers."""
+        durable = False
         own = self._own
         headers5: dict[str, str] | None = None
         props: Properties | None = None
@@ -928,7 +962,7 @@ class MqttServer:
             self._per_cache[address] = (targets, per)
         return per
 
-    def _share_direct(self, group: str) -> bool:
+    def _share_direct(self, group: str, topic: str, payload: bytes, qos: int) -> bool:
         """Our own QoS 0/1 publish (no v5 properties) for a shared group, handed straight to
         one member, round robin, when the group's queue is just MQTT members and nothing
         waits in it: what the queue would do, without the message's core form (a non-JSON
@@ -938,17 +972,14 @@ class MqttServer:
         message until its PUBACK and gives it back to the queue if it leaves first
         (``SharedMember.leave``), so the queue stays the truth for everything not
         acknowledged."""
-        own = self._own
-        assert own is not None
-        topic, payload, qos = own[0], own[1], own[2]
         queue = self.manager.queues.get(group)
         if queue is None or queue.store.count or qos == 2:
             return False
         subs = queue.subscriptions
-        n = len(subs)
         for sub in subs:
             if not isinstance(sub.consumer, SharedMember):
                 return False
+        n = len(subs)
         start = self._share_rr.get(group, 0)
         for i in range(n):
             idx = start + i
@@ -956,9 +987,10 @@ class MqttServer:
                 idx -= n
             sub = subs[idx]
             member = cast(SharedMember, sub.consumer)
-            if len(sub.inflight) + member.direct < sub.prefetch and member.session.writable:
+            session = member.session
+            if len(sub.inflight) + member.direct < sub.prefetch and session.writable:
                 self._share_rr[group] = idx + 1
-                member.session.deliver_direct(member, topic, payload, qos)
+                session.deliver_direct(member, topic, payload, qos)
                 return True
         return False
 

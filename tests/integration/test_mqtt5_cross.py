@@ -276,6 +276,36 @@ def test_shared_group_round_robin_across_v5_and_v311_members(
     assert all(len(share) == 3 for share in got), got  # round robin
 
 
+def test_who_gets_a_topic_follows_every_subscription_change_after_its_first_publish(
+    paho5: Callable[..., Paho],
+) -> None:
+    """The server keeps, per topic, where its publishes go (shared groups, v5 and 3.1.1
+    subscribers) from the first publish there: each later SUBSCRIBE and UNSUBSCRIBE changes
+    who gets the next one."""
+    fence = "fence/plan"
+    pub = paho5()
+    v5, v3, member = paho5(), paho5(mqtt.MQTTv311), paho5()
+    for client in (v5, v3, member):
+        assert client.subscribe((fence, 0)) == [0]
+
+    def publish(payload: bytes) -> list[list[bytes]]:
+        pub.publish("plan/t", payload, 1)
+        pub.publish(fence, b"", 0)
+        return [[m.payload for m in client.until(fence)] for client in (v5, v3, member)]
+
+    assert publish(b"0") == [[], [], []]  # nobody subscribed yet
+    assert v5.subscribe(("plan/t", 1)) == [1]
+    assert publish(b"1") == [[b"1"], [], []]
+    assert v3.subscribe(("plan/+", 1)) == [1]
+    assert member.subscribe(("$share/plan/plan/#", 1)) == [1]
+    assert publish(b"2") == [[b"2"], [b"2"], [b"2"]]
+    v5.unsubscribe("plan/t")
+    member.unsubscribe("$share/plan/plan/#")
+    assert publish(b"3") == [[], [b"3"], []]
+    v3.unsubscribe("plan/+")
+    assert publish(b"4") == [[], [], []]
+
+
 def test_a_leaving_member_gives_its_unacked_messages_to_another(
     paho5: Callable[..., Paho], raws: Callable[[], RawMqtt]
 ) -> None:

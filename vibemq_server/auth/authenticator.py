@@ -66,6 +66,10 @@ class Verdict:
         return self.user is not None
 
 
+#: every anonymous login's verdict (frozen: one object, not a new one per CONNECT)
+_ANONYMOUS_VERDICT = Verdict(Outcome.ANONYMOUS, ANONYMOUS)
+
+
 #: Runs ``work`` somewhere that may block (a worker thread), then ``then(result)`` on the loop.
 Offload = Callable[[Callable[[], bool], Callable[[bool], None]], None]
 
@@ -210,7 +214,7 @@ class Authenticator:
         user of that name may set). ``known``: the hash already verified off the loop."""
         if password is None:
             if self.anonymous_allowed(peer_host):
-                return Verdict(Outcome.ANONYMOUS, ANONYMOUS)
+                return _ANONYMOUS_VERDICT
             return self._refuse(Outcome.CREDENTIALS_REQUIRED, username, peer_host, protocol)
         user = self._check_password(username or "", password, known)
         if user is None:

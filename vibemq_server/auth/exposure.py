@@ -4,6 +4,7 @@ unless ``allow_anonymous = true`` says that is meant."""
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 
@@ -14,6 +15,9 @@ class InsecureDefault(ValueError):
     """The configuration would open the broker to anonymous clients from the network."""
 
 
+# Remembered: every anonymous login asks it of its peer's address (parsing one costs more
+# than the rest of an MQTT CONNECT's login), and clients come back from the same few.
+@functools.lru_cache(maxsize=4096)
 def is_loopback_peer(host: str) -> bool:
     """A peer's address (as the socket reports it) is a loopback one (IPv4-mapped too)."""
     try:

@@ -33,11 +33,24 @@ class Extra(Protocol):
     def log_extra(self) -> Mapping[str, object]: ...
 
 
+#: (wrapper class, level) -> whether it logs: asked by every connection's debug lines (three
+#: per connection, all off by default), the configuration changes seldom
+_ENABLED: dict[tuple[object, str], bool] = {}
+
+
 def _enabled(level: str) -> bool:
     """Whether the configured wrapper class logs at ``level`` at all (structlog's filtering
     bound loggers turn the methods of the levels below theirs into ``_nop``)."""
-    method = getattr(structlog.get_config()["wrapper_class"], level, None)
-    return method is None or getattr(method, "__name__", "") != "_nop"
+    wrapper = structlog.get_config()["wrapper_class"]
+    key = (wrapper, level)
+    known = _ENABLED.get(key)
+    if known is None:
+        method = getattr(wrapper, level, None)
+        known = method is None or getattr(method, "__name__", "") != "_nop"
+        if len(_ENABLED) >= 64:
+            _ENABLED.clear()
+        _ENABLED[key] = known
+    return known
 
 
 class ConnLog:
