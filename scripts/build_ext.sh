@@ -19,9 +19,7 @@ dist = Distribution({"ext_modules": [
     ),
     Extension("vibemq_server.protocol._jsoncheck", ["vibemq_server/protocol/_jsoncheck.c"]),
     Extension("vibemq_server.protocol._bigcopy", ["vibemq_server/protocol/_bigcopy.c"]),
-    Extension(
-        "vibemq_server.journal._recbuf", ["vibemq_server/journal/_recbuf.c"], libraries=["z"]
-    ),
+    Extension("vibemq_server.journal._recbuf", ["vibemq_server/journal/_recbuf.c"]),
 ]})
 cmd = build_ext(dist)
 cmd.inplace = True
