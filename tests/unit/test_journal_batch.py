@@ -150,3 +150,18 @@ def test_the_compiled_encoder_takes_any_bytes_like_payload_and_checks_its_name()
     with pytest.raises(TypeError):
         sink.publish(name16, 1, 2, b"m", 3, 4, 5, 6, b"")  # type: ignore[arg-type]
     assert len(sink) == 0
+
+
+def test_a_batch_larger_than_the_kept_memory_is_taken_whole_and_the_next_starts_afresh() -> None:
+    """(_recbuf.c keeps up to 4 MiB between batches: a larger one is freed after its take.)"""
+    compiled, pure = _compiled(), PyRecordBuffer()
+    name16 = s16("q")
+    payload = bytes(range(256)) * 60  # 15,360 bytes: under the journal's pass-through size
+    for sink in (compiled, pure):
+        for seq in range(400):  # ~6 MiB
+            sink.publish(name16, seq, seq, f"m{seq}", 1, 0, 1, 0, payload)
+    big = compiled.take()
+    assert big == pure.take()
+    assert len(list(iter_records(big, 0))) == 400
+    compiled.deliver(name16, 1, 2, 3)
+    assert compiled.take() == encode_deliver(1, 2, "q", 3)

@@ -279,11 +279,21 @@ static PyObject *rb_settle(RecordBuffer *self, PyObject *const *args, Py_ssize_t
     Py_RETURN_NONE;
 }
 
-/* take() -> bytes: the records gathered so far; the buffer starts over (its memory kept). */
+/* Memory kept between batches at most: a burst of large batches does not pin its peak. */
+#define KEEP_CAP (4 * 1024 * 1024)
+
+/* take() -> bytes: the records gathered so far; the buffer starts over (its memory kept, up to
+ * KEEP_CAP). */
 static PyObject *rb_take(RecordBuffer *self, PyObject *Py_UNUSED(ignored)) {
     PyObject *out = PyBytes_FromStringAndSize((const char *)self->buf, self->len);
-    if (out != NULL)
-        self->len = 0;
+    if (out == NULL)
+        return NULL;
+    self->len = 0;
+    if (self->cap > KEEP_CAP) {
+        PyMem_Free(self->buf);
+        self->buf = NULL;
+        self->cap = 0;
+    }
     return out;
 }
 
