@@ -10,6 +10,10 @@ one of the checkouts) meet the same load at the same time.
     git worktree add /tmp/pure HEAD            # (or: git archive HEAD | tar -x -C /tmp/pure)
     .venv/bin/python scripts/compile.py         # this checkout: compiled
     .venv/bin/python -m bench.build_ab /tmp/pure . --rounds 5
+
+``--paths native,durable`` adds the native path on a durable queue (each broker runs
+``--fsync always``; the transient paths are not journaled either way) and prints the ratio
+durable / transient per checkout (issue 15's goal: at least 0.5x).
 """
 
 from __future__ import annotations
@@ -28,12 +32,15 @@ from bench.common import Driver, install_sigterm_exit, run_throughput
 from bench.mqtt_driver import MqttDriver
 from bench.vibemq_driver import VibeDriver
 
+PATHS = ("native", "mqtt", "durable")
+
 
 def driver(path: str, broker: VibeMQBroker, prefetch: int) -> Driver:
     tag = uuid.uuid4().hex[:8]
     if path == "mqtt":
         return MqttDriver(broker.host, broker.mqtt_port, f"b/{tag}", name="vibemq-mqtt")
-    return VibeDriver(broker.host, broker.port, f"ab-{tag}", prefetch, durable=False)
+    durable = path == "durable"
+    return VibeDriver(broker.host, broker.port, f"ab-{tag}", prefetch, durable=durable)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--messages", type=int, default=100_000)
     p.add_argument("--prefetch", type=int, default=1000)
     p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--paths", default="native,mqtt", help=f"comma list of {', '.join(PATHS)}")
     a = p.parse_args(argv)
+    paths = [x.strip() for x in a.paths.split(",") if x.strip()]
+    if bad := set(paths) - set(PATHS):
+        p.error(f"unknown paths {sorted(bad)}")
     install_sigterm_exit()
     brokers: dict[str, VibeMQBroker] = {}
     results: dict[tuple[str, str], list[tuple[float, float]]] = {}
@@ -51,12 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         for checkout in a.checkouts:
             top = str(checkout.resolve())
             env = {"VIBEMQ_QUEUE_DEFAULTS__DURABLE": "false", "PYTHONPATH": top}
-            broker = VibeMQBroker(env=env, mqtt=True)
+            fsync = ["--fsync", "always"] if "durable" in paths else []
+            broker = VibeMQBroker(extra_args=fsync, env=env, mqtt="mqtt" in paths)
             broker.start()
             brokers[top] = broker
         for n in range(a.rounds):
             for top, broker in brokers.items():
-                for path in ("native", "mqtt"):
+                for path in paths:
                     r = run_throughput(
                         driver(path, broker, a.prefetch),
                         a.messages,
@@ -78,6 +90,17 @@ def main(argv: list[str] | None = None) -> int:
         rate = statistics.median(x for x, _ in runs)
         us = statistics.median(y for _, y in runs)
         print(f"{top:50} {path:6} {rate:9,.0f} {us:7.1f}")
+    if {"native", "durable"} <= set(paths):
+        for top in brokers:
+            ratios = [
+                d[0] / n[0]
+                for n, d in zip(results[(top, "native")], results[(top, "durable")], strict=True)
+            ]
+            each = ", ".join(f"{r:.2f}" for r in ratios)
+            print(
+                f"{top}: durable / transient {statistics.median(ratios):.2f}x "
+                f"(median of the rounds' ratios: {each})"
+            )
     return 0
 
 

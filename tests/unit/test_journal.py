@@ -25,6 +25,7 @@ from vibemq_server.core import (
 from vibemq_server.journal import journal as journal_mod
 from vibemq_server.journal import records as records_mod
 from vibemq_server.journal import recovery as recovery_mod
+from vibemq_server.journal.batch import PyRecordBuffer
 from vibemq_server.journal.journal import FsyncPolicy, Journal
 from vibemq_server.journal.records import (
     SEGMENT_HEADER_SIZE,
@@ -890,6 +891,40 @@ async def test_write_failure_refuses_durable_publishes_then_recovers(
     assert c.seen[-1] == ("m4", 1)
     assert ready(mgr2, "d") == [("m4", 1)]
     assert "mem" not in mgr2.queues
+
+
+@pytest.mark.parametrize("encoder", ["compiled", "pure"])
+async def test_a_failed_batch_withdraws_its_publishes_from_inside_the_encoded_records(
+    env: Env, monkeypatch: pytest.MonkeyPatch, encoder: str
+) -> None:
+    """A write batch's small records are one encoded chunk (journal/batch.py); the publishes
+    withdrawn after a failed write are cut out of it, between records that stay (a delivered
+    message's, records with headers or a large payload written on their own)."""
+    monkeypatch.setattr(journal_mod, "log", LogRecorder())
+    fake = FaultyOs()
+    mgr, journal = env.open(system=fake)
+    if encoder == "pure":
+        journal._enc = PyRecordBuffer()
+    make(mgr, "d")
+    assert await durable(journal) is None
+    c = Consumer()
+    mgr.subscribe("d", "s", c, 1)
+    fake.fail_writes = True
+    publish(mgr, "d", "m1")  # delivered at once: not withdrawn
+    mgr.publish("d", "m2", b"{}", {"h": "v"})
+    publish(mgr, "d", "m3")
+    publish(mgr, "d", "m4", payload=b'"' + b"x" * 20_000 + b'"')
+    publish(mgr, "d", "m5", "m6")
+    assert c.seen == [("m1", 1)]
+    assert isinstance(await durable(journal), OSError)
+    assert ready(mgr, "d") == []  # every message no consumer had was withdrawn
+    fake.fail_writes = False
+    journal.maintain()
+    assert journal.available is True
+    publish(mgr, "d", "m7")
+    assert await durable(journal) is None
+    mgr2, _ = await env.restart(journal)
+    assert ready(mgr2, "d") == [("m1", 1), ("m7", 0)]
 
 
 async def test_fsync_failure_reports_to_waiters(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:

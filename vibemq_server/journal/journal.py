@@ -31,6 +31,7 @@ from vibemq_server.core.clock import Clock, wall_clock_ms
 from vibemq_server.core.manager import options_to_dict
 from vibemq_server.core.message import StoredMessage
 from vibemq_server.core.persistence import SettleReason
+from vibemq_server.journal.batch import RecordSink, new_record_buffer, record_end
 from vibemq_server.journal.records import (
     QueueCreate,
     QueueDelete,
@@ -106,6 +107,10 @@ class Journal:
         self._fd = -1
         self._size = 0
         self._buf: list[bytes] = []
+        # The per-message records (PUBLISH without headers, DELIVER, SETTLE) gathered since
+        # the last flush, encoded in place (journal/batch.py). Its bytes go to _buf, in order,
+        # before any other record is added there and at the flush.
+        self._enc: RecordSink = new_record_buffer()
         self._waiters: list[Waiter] = []  # written with the next flush
         self._sync_waiters: list[Waiter] = []  # written, waiting for an fsync
         # fsyncs running, in the order they started: (number, the waiters they complete)
@@ -121,8 +126,9 @@ class Journal:
         self._flush_scheduled = False
         self._failed: Exception | None = None
         self._retry: bytes = b""
-        # Client publishes in _buf (index, queue, message): withdrawn if their write fails.
-        self._batch_publishes: list[tuple[int, Queue, StoredMessage]] = []
+        # Client publishes in _buf (index, offset in that chunk or -1 for all of it, queue,
+        # message): withdrawn if their write fails.
+        self._batch_publishes: list[tuple[int, int, Queue, StoredMessage]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(FSYNCS_IN_FLIGHT, "vibemq-fsync")
         # builds the queue index of each sealed segment (qindex.py): off the loop, and not on
@@ -133,6 +139,7 @@ class Journal:
         self._closing = False
         self.epoch = 0
         self._queue_records: dict[str, QueueRecords] = {}  # each queue's record encoder
+        self._last_records: QueueRecords | None = None  # the one used last (a dict lookup less)
         # The timestamp of the DELIVER and SETTLE records of the batch being gathered
         # (0: none yet): one clock reading per flush instead of one per record.
         self._batch_ts = 0
@@ -229,9 +236,15 @@ class Journal:
         self._add(encode_record(record, self.clock()))
 
     def _add(self, data: bytes) -> None:
+        self._drain()
         self._buf.append(data)
         if not self._flush_scheduled:
             self._schedule_flush()
+
+    def _drain(self) -> None:
+        """The encoded records into _buf (before another record goes there, and to write)."""
+        if len(self._enc):
+            self._buf.append(self._enc.take())
 
     def _schedule_flush(self) -> None:
         if self._loop is not None:
@@ -249,10 +262,18 @@ class Journal:
             for msg in self._distinct_messages(queue):
                 self._release(msg)
 
-    def _new_records(self, name: str) -> QueueRecords:
-        if len(self._queue_records) > 10_000:
-            self._queue_records.clear()  # bounded: deleted queues' encoders do not pile up
-        records = self._queue_records[name] = QueueRecords(name)
+    def _records(self, name: str) -> QueueRecords:
+        """The record encoder of queue ``name``."""
+        records = self._last_records
+        # (identity: a queue's messages and records all carry the queue's own name string)
+        if records is not None and records.name is name:
+            return records
+        records = self._queue_records.get(name)
+        if records is None:
+            if len(self._queue_records) > 10_000:
+                self._queue_records.clear()  # bounded: deleted queues' encoders do not pile up
+            records = self._queue_records[name] = QueueRecords(name)
+        self._last_records = records
         return records
 
     def _stamp(self) -> int:
@@ -264,16 +285,35 @@ class Journal:
         return now
 
     def published(self, queue: Queue, msg: StoredMessage, *, client: bool = False) -> None:
-        if client:
-            self._batch_publishes.append((len(self._buf), queue, msg))
         name = queue.name
-        records = self._queue_records.get(name) or self._new_records(name)
+        records = self._records(name)
         payload, headers = msg.payload, msg.headers
-        if self.payload_form is not None:
+        if headers and self.payload_form is not None:
+            # (the form changes only messages with headers: a raw one says so in them)
             payload, headers = self.payload_form(payload, headers)
         # The record's timestamp is the publish time itself: no second clock read.
-        self._buf.append(
-            records.publish(
+        if headers or len(payload) >= PASS_THROUGH:
+            # headers, or a payload that the write passes through rather than copies
+            self._drain()
+            at = -1
+            index = len(self._buf)
+            self._buf.append(
+                records.publish(
+                    msg.published_at,
+                    msg.seq,
+                    msg.id,
+                    msg.published_at,
+                    msg.expires_at,
+                    msg.priority,
+                    msg.attempts,
+                    headers,
+                    payload,
+                )
+            )
+        else:
+            index = len(self._buf)
+            at = self._enc.publish(
+                records.name16,
                 msg.published_at,
                 msg.seq,
                 msg.id,
@@ -281,10 +321,10 @@ class Journal:
                 msg.expires_at,
                 msg.priority,
                 msg.attempts,
-                headers,
                 payload,
             )
-        )
+        if client:
+            self._batch_publishes.append((index, at, queue, msg))
         if not self._flush_scheduled:
             self._schedule_flush()
         msg.seg = self.active
@@ -297,8 +337,8 @@ class Journal:
     def delivered(self, queue: Queue, msg: StoredMessage) -> None:
         ts = self._batch_ts or self._stamp()
         name = queue.name
-        records = self._queue_records.get(name) or self._new_records(name)
-        self._buf.append(records.deliver(ts, msg.seq, msg.attempts))
+        records = self._records(name)
+        self._enc.deliver(records.name16, ts, msg.seq, msg.attempts)
         if not self._flush_scheduled:
             self._schedule_flush()
 
@@ -307,8 +347,8 @@ class Journal:
     ) -> None:
         ts = self._batch_ts or self._stamp()
         name = queue.name
-        records = self._queue_records.get(name) or self._new_records(name)
-        self._buf.append(records.settle(ts, msg.seq, reason, detail))
+        records = self._records(name)
+        self._enc.settle(records.name16, ts, msg.seq, reason, detail)
         if not self._flush_scheduled:
             self._schedule_flush()
         seg = self.segments.get(msg.seg)
@@ -320,14 +360,18 @@ class Journal:
         """``settled`` for each of ``msgs`` (a read's acks), in order."""
         ts = self._batch_ts or self._stamp()
         name = queue.name
-        settle = (self._queue_records.get(name) or self._new_records(name)).settle
-        append = self._buf.append
+        name16 = self._records(name).name16
+        enc = self._enc
         segments = self.segments
+        active = self._active_seg
         for msg in msgs:
-            append(settle(ts, msg.seq, reason, ""))
-            seg = segments.get(msg.seg)
-            if seg is not None:
-                seg.live -= 1
+            enc.settle(name16, ts, msg.seq, reason, "")
+            if active is not None and msg.seg == active.number:
+                active.live -= 1  # (most acks settle messages of the segment being written)
+            else:
+                seg = segments.get(msg.seg)
+                if seg is not None:
+                    seg.live -= 1
             msg.seg = 0
         if not self._flush_scheduled:
             self._schedule_flush()
@@ -353,6 +397,7 @@ class Journal:
         if self._failed is not None:
             self._fail_waiters(self._failed)
             return
+        self._drain()
         if self._buf:
             records, self._buf = self._buf, []
             publishes, self._batch_publishes = self._batch_publishes, []
@@ -476,15 +521,17 @@ class Journal:
             self._maybe_rotate()
 
     def _withdraw(
-        self, records: list[bytes], publishes: list[tuple[int, Queue, StoredMessage]]
+        self, records: list[bytes], publishes: list[tuple[int, int, Queue, StoredMessage]]
     ) -> None:
         """The write of these records failed and their publishers get an error: take the
         messages no consumer has yet back out of their queues, and drop their records."""
         if self._manager is None:
             return
-        for index, queue, msg in reversed(publishes):
+        # (last first: cutting a record out of a chunk moves none of the earlier ones)
+        for index, at, queue, msg in reversed(publishes):
             if self._manager.withdraw(queue, msg):
-                records[index] = b""
+                chunk = records[index]
+                records[index] = b"" if at < 0 else chunk[:at] + chunk[record_end(chunk, at) :]
                 self._release(msg)
 
     def _fail(self, exc: Exception, unwritten: bytes) -> None:
@@ -540,6 +587,7 @@ class Journal:
         self._timer = self._loop.call_later(self.fsync_interval, self._interval_sync)
 
     def _try_recover(self) -> None:
+        self._drain()
         data = self._retry + b"".join(self._buf)
         try:
             self._write(data)
@@ -550,6 +598,7 @@ class Journal:
             return
         self._retry = b""
         self._buf.clear()
+        self._batch_publishes.clear()  # written: nothing left to withdraw
         self._failed = None
         self._sync_failed = None
         log.info("journal writable again")

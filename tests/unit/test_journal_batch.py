@@ -1,0 +1,167 @@
+"""The journal's write-batch encoder (vibemq_server/journal/batch.py, issue 15): the C one
+(``_recbuf.c``) writes byte for byte what the pure one writes, and both what the record
+encoders of records.py (the on-disk format) write, for any run of records."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vibemq_server.core.persistence import SettleReason
+from vibemq_server.journal import batch
+from vibemq_server.journal.batch import PyRecordBuffer, RecordSink, record_end
+from vibemq_server.journal.records import _s16 as s16
+from vibemq_server.journal.records import (
+    decode_record,
+    encode_deliver,
+    encode_publish,
+    encode_settle,
+    iter_records,
+)
+
+u64 = st.integers(0, 2**64 - 1)
+text = st.text(max_size=30)
+
+publish_op = st.tuples(
+    st.just("publish"),
+    u64,
+    u64,
+    text,
+    u64,
+    u64,
+    st.integers(0, 255),
+    st.integers(0, 65535),
+    st.binary(max_size=300),
+)
+deliver_op = st.tuples(st.just("deliver"), u64, u64, st.integers(0, 65535))
+settle_op = st.tuples(st.just("settle"), u64, u64, st.sampled_from(list(SettleReason)), text)
+ops = st.lists(st.one_of(publish_op, deliver_op, settle_op), max_size=25)
+
+Op = tuple[object, ...]
+
+
+def _compiled() -> RecordSink:
+    from vibemq_server.journal._recbuf import RecordBuffer
+
+    return RecordBuffer()
+
+
+def _apply(sink: RecordSink, queue: str, run: list[Op]) -> list[int]:
+    """The records of ``run`` appended to ``sink``; the offsets publish gave."""
+    name16 = s16(queue)
+    offsets = []
+    for op in run:
+        if op[0] == "publish":
+            _, ts, seq, mid, pub, exp, prio, attempts, payload = op
+            offsets.append(sink.publish(name16, ts, seq, mid, pub, exp, prio, attempts, payload))  # type: ignore[arg-type]
+        elif op[0] == "deliver":
+            _, ts, seq, attempts = op
+            sink.deliver(name16, ts, seq, attempts)  # type: ignore[arg-type]
+        else:
+            _, ts, seq, reason, detail = op
+            sink.settle(name16, ts, seq, reason, detail)  # type: ignore[arg-type]
+    return offsets
+
+
+def _reference(queue: str, run: list[Op]) -> bytes:
+    """The same records from records.py's encoders (the format's reference)."""
+    out = []
+    for op in run:
+        if op[0] == "publish":
+            _, ts, seq, mid, pub, exp, prio, attempts, payload = op
+            out.append(encode_publish(ts, seq, queue, mid, pub, exp, prio, attempts, {}, payload))  # type: ignore[arg-type]
+        elif op[0] == "deliver":
+            _, ts, seq, attempts = op
+            out.append(encode_deliver(ts, seq, queue, attempts))  # type: ignore[arg-type]
+        else:
+            _, ts, seq, reason, detail = op
+            out.append(encode_settle(ts, seq, queue, reason, detail))  # type: ignore[arg-type]
+    return b"".join(out)
+
+
+def test_the_compiled_encoder_is_built() -> None:
+    assert batch.COMPILED, "build it: pip install -e . or scripts/build_ext.sh"
+
+
+@given(st.text(min_size=1, max_size=40), ops, ops)
+def test_compiled_and_pure_write_the_records_of_the_format(
+    queue: str, first: list[Op], second: list[Op]
+) -> None:
+    expected = _reference(queue, first)
+    pure, compiled = PyRecordBuffer(), _compiled()
+    offsets = _apply(pure, queue, first)
+    assert _apply(compiled, queue, first) == offsets
+    assert len(pure) == len(compiled) == len(expected)
+    data = compiled.take()
+    assert data == pure.take() == expected
+    assert len(pure) == len(compiled) == 0
+    # every record decodes, and a publish's offset finds its record and its end
+    entries = list(iter_records(data, 0))
+    assert len(entries) == len(first)
+    publishes = [e for e, op in zip(entries, first, strict=True) if op[0] == "publish"]
+    assert [e.offset for e in publishes] == offsets
+    for entry, at in zip(publishes, offsets, strict=True):
+        assert record_end(data, at) == at + entry.size
+        assert decode_record(data, at).record == entry.record
+    # the next batch starts over, with the buffer's memory kept
+    assert _apply(compiled, queue, second) == _apply(pure, queue, second)
+    assert compiled.take() == pure.take() == _reference(queue, second)
+
+
+@pytest.mark.parametrize("make", [PyRecordBuffer, _compiled], ids=["pure", "compiled"])
+def test_out_of_range_fields_are_refused_and_leave_the_batch_as_it_was(
+    make: type[RecordSink],
+) -> None:
+    sink = make()
+    name16 = s16("q")
+    sink.deliver(name16, 1, 2, 3)
+    before = len(sink)
+    bad_calls = [
+        lambda: sink.publish(name16, -1, 1, "m", 0, 0, 0, 0, b"{}"),
+        lambda: sink.publish(name16, 2**64, 1, "m", 0, 0, 0, 0, b"{}"),
+        lambda: sink.publish(name16, 1, 1, "m", 0, 0, 256, 0, b"{}"),
+        lambda: sink.publish(name16, 1, 1, "m", 0, 0, 0, 65536, b"{}"),
+        lambda: sink.publish(name16, 1, 1, "m" * 65536, 0, 0, 0, 0, b"{}"),
+        lambda: sink.deliver(name16, 1, 1, 65536),
+        lambda: sink.settle(name16, 1, 1, 256, ""),
+        lambda: sink.settle(name16, 1, -5, 0, ""),
+    ]
+    for call in bad_calls:
+        with pytest.raises((OverflowError, struct.error)):
+            call()
+    assert len(sink) == before
+    assert sink.take() == encode_deliver(1, 2, "q", 3)
+
+
+def test_the_compiled_encoder_takes_any_bytes_like_payload_and_checks_its_name() -> None:
+    sink = _compiled()
+    name16 = s16("q")
+    sink.publish(name16, 1, 2, "m", 3, 4, 5, 6, bytearray(b"ab"))
+    sink.publish(name16, 1, 2, "m", 3, 4, 5, 6, memoryview(b"xxab")[2:])  # type: ignore[arg-type]
+    one = encode_publish(1, 2, "q", "m", 3, 4, 5, 6, {}, b"ab")
+    assert sink.take() == one + one
+    with pytest.raises(ValueError):
+        sink.deliver(b"\x00\x05q", 1, 1, 1)  # a length that is not the name's
+    with pytest.raises(TypeError):
+        sink.deliver("q", 1, 1, 1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        sink.publish(name16, 1, 2, b"m", 3, 4, 5, 6, b"")  # type: ignore[arg-type]
+    assert len(sink) == 0
+
+
+def test_a_batch_larger_than_the_kept_memory_is_taken_whole_and_the_next_starts_afresh() -> None:
+    """(_recbuf.c keeps up to 4 MiB between batches: a larger one is freed after its take.)"""
+    compiled, pure = _compiled(), PyRecordBuffer()
+    name16 = s16("q")
+    payload = bytes(range(256)) * 60  # 15,360 bytes: under the journal's pass-through size
+    for sink in (compiled, pure):
+        for seq in range(400):  # ~6 MiB
+            sink.publish(name16, seq, seq, f"m{seq}", 1, 0, 1, 0, payload)
+    big = compiled.take()
+    assert big == pure.take()
+    assert len(list(iter_records(big, 0))) == 400
+    compiled.deliver(name16, 1, 2, 3)
+    assert compiled.take() == encode_deliver(1, 2, "q", 3)

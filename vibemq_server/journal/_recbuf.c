@@ -1,0 +1,370 @@
+/* The journal's per-message records (PUBLISH without headers, DELIVER, SETTLE) encoded straight
+ * into one growing buffer per write batch: the prefix (length, CRC-32), the head's fields and
+ * the payload written in place, the CRC taken over the record where it lies. In Python each
+ * record was a Struct.pack, one or two zlib.crc32 calls and a join, some 3,000 instructions of
+ * CPython's generic machinery a record (docs/performance.md, issue 15); here a record is one
+ * call. The bytes are exactly those of vibemq_server/journal/records.py (docs/journal.md); the
+ * pure equivalent is journal/batch.py's PyRecordBuffer, and a Hypothesis test compares the two.
+ *
+ * The CRC-32 is zlib's (IEEE polynomial, reflected, as zlib.crc32), computed here by slicing
+ * by 8 with tables made at import: zlib's own crc32 goes byte by byte under 47 bytes and costs a
+ * call through the PLT, and these records are 40-200 bytes (no link dependency either).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define PUBLISH 3
+#define DELIVER 4
+#define SETTLE 5
+
+static uint32_t crc_tables[8][256];
+
+static void make_crc_tables(void) {
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_tables[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = crc_tables[0][n];
+        for (int t = 1; t < 8; t++) {
+            c = crc_tables[0][c & 0xFF] ^ (c >> 8);
+            crc_tables[t][n] = c;
+        }
+    }
+}
+
+/* zlib.crc32(data) (from 0), eight bytes a step. */
+static uint32_t crc32_of(const unsigned char *p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    while (n >= 8) {
+        uint32_t lo = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                           (uint32_t)p[3] << 24);
+        uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 |
+                      (uint32_t)p[7] << 24;
+        c = crc_tables[7][lo & 0xFF] ^ crc_tables[6][(lo >> 8) & 0xFF] ^
+            crc_tables[5][(lo >> 16) & 0xFF] ^ crc_tables[4][lo >> 24] ^
+            crc_tables[3][hi & 0xFF] ^ crc_tables[2][(hi >> 8) & 0xFF] ^
+            crc_tables[1][(hi >> 16) & 0xFF] ^ crc_tables[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        c = crc_tables[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+typedef struct {
+    PyObject_HEAD
+    unsigned char *buf;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+} RecordBuffer;
+
+static int reserve(RecordBuffer *self, Py_ssize_t more) {
+    if (more > PY_SSIZE_T_MAX - self->len) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t need = self->len + more;
+    if (need <= self->cap)
+        return 0;
+    Py_ssize_t cap = self->cap ? self->cap : 64 * 1024;
+    while (cap < need)
+        cap = cap > PY_SSIZE_T_MAX / 2 ? need : cap * 2;
+    unsigned char *grown = PyMem_Realloc(self->buf, (size_t)cap);
+    if (grown == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->buf = grown;
+    self->cap = cap;
+    return 0;
+}
+
+static inline unsigned char *put16(unsigned char *p, unsigned int v) {
+    p[0] = (unsigned char)(v >> 8);
+    p[1] = (unsigned char)v;
+    return p + 2;
+}
+
+static inline unsigned char *put32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+    return p + 4;
+}
+
+static inline unsigned char *put64(unsigned char *p, uint64_t v) {
+    put32(p, (uint32_t)(v >> 32));
+    return put32(p + 4, (uint32_t)v);
+}
+
+/* An unsigned int argument of at most `max` (a u64, u16 or u8 field: what struct.pack refuses
+ * is refused here too, with OverflowError). */
+static int take_uint(PyObject *arg, uint64_t max, const char *what, uint64_t *out) {
+    if (!PyLong_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int", what);
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(arg);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    if (v > max) {
+        PyErr_Format(PyExc_OverflowError, "%s out of range", what);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* A str16 field given as UTF-8 of at most 65535 bytes (a str, or bytes already encoded). */
+static int take_text(PyObject *arg, const char *what, const char **data, Py_ssize_t *size) {
+    if (PyUnicode_Check(arg)) {
+        *data = PyUnicode_AsUTF8AndSize(arg, size);
+        if (*data == NULL)
+            return -1;
+    } else {
+        PyErr_Format(PyExc_TypeError, "%s must be a str", what);
+        return -1;
+    }
+    if (*size > 0xFFFF) {
+        PyErr_Format(PyExc_OverflowError, "%s longer than 65535 bytes", what);
+        return -1;
+    }
+    return 0;
+}
+
+/* The queue's name as records.py's str16 (u16 length, UTF-8), made once per queue. */
+static int take_name16(PyObject *arg, const char **data, Py_ssize_t *size) {
+    if (!PyBytes_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "name16 must be bytes");
+        return -1;
+    }
+    *data = PyBytes_AS_STRING(arg);
+    *size = PyBytes_GET_SIZE(arg);
+    if (*size < 2 || *size > 0xFFFF + 2 ||
+        ((((unsigned char)(*data)[0]) << 8) | (unsigned char)(*data)[1]) != *size - 2) {
+        PyErr_SetString(PyExc_ValueError, "name16 must be a u16 length and that many bytes");
+        return -1;
+    }
+    return 0;
+}
+
+/* Finish the record that starts at `start` and ends at `end`: its length and CRC-32. */
+static void seal(RecordBuffer *self, Py_ssize_t start, unsigned char *end) {
+    unsigned char *rec = self->buf + start;
+    unsigned char *inner = rec + 8;
+    size_t n = (size_t)(end - inner);
+    put32(rec, (uint32_t)n);
+    put32(rec + 4, crc32_of(inner, n));
+    self->len = end - self->buf;
+}
+
+/* publish(name16, timestamp, seq, message_id, published_at, expires_at, priority, attempts,
+ *         payload) -> offset of the record in the buffer (no headers: records.py writes those) */
+static PyObject *rb_publish(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "publish takes 9 arguments");
+        return NULL;
+    }
+    const char *name, *mid;
+    Py_ssize_t name_len, mid_len;
+    uint64_t ts, seq, published_at, expires_at, priority, attempts;
+    if (take_name16(args[0], &name, &name_len) < 0 ||
+        take_uint(args[1], UINT64_MAX, "timestamp", &ts) < 0 ||
+        take_uint(args[2], UINT64_MAX, "seq", &seq) < 0 ||
+        take_text(args[3], "message_id", &mid, &mid_len) < 0 ||
+        take_uint(args[4], UINT64_MAX, "published_at", &published_at) < 0 ||
+        take_uint(args[5], UINT64_MAX, "expires_at", &expires_at) < 0 ||
+        take_uint(args[6], 0xFF, "priority", &priority) < 0 ||
+        take_uint(args[7], 0xFFFF, "attempts", &attempts) < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[8], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if ((uint64_t)view.len > UINT32_MAX - 64 - (uint64_t)name_len - (uint64_t)mid_len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_OverflowError, "payload too large for a record");
+        return NULL;
+    }
+    /* prefix 8, type 1, 4 x u64, u8, u16, name16, u16 + id, u16 headers, u32 payload length */
+    Py_ssize_t size = 8 + 1 + 32 + 1 + 2 + name_len + 2 + mid_len + 2 + 4 + view.len;
+    if (reserve(self, size) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    Py_ssize_t start = self->len;
+    unsigned char *p = self->buf + start + 8;
+    *p++ = PUBLISH;
+    p = put64(p, ts);
+    p = put64(p, seq);
+    p = put64(p, published_at);
+    p = put64(p, expires_at);
+    *p++ = (unsigned char)priority;
+    p = put16(p, (unsigned int)attempts);
+    memcpy(p, name, (size_t)name_len);
+    p += name_len;
+    p = put16(p, (unsigned int)mid_len);
+    memcpy(p, mid, (size_t)mid_len);
+    p += mid_len;
+    p = put16(p, 0);
+    p = put32(p, (uint32_t)view.len);
+    memcpy(p, view.buf, (size_t)view.len);
+    p += view.len;
+    PyBuffer_Release(&view);
+    seal(self, start, p);
+    return PyLong_FromSsize_t(start);
+}
+
+/* deliver(name16, timestamp, seq, attempts) */
+static PyObject *rb_deliver(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "deliver takes 4 arguments");
+        return NULL;
+    }
+    const char *name;
+    Py_ssize_t name_len;
+    uint64_t ts, seq, attempts;
+    if (take_name16(args[0], &name, &name_len) < 0 ||
+        take_uint(args[1], UINT64_MAX, "timestamp", &ts) < 0 ||
+        take_uint(args[2], UINT64_MAX, "seq", &seq) < 0 ||
+        take_uint(args[3], 0xFFFF, "attempts", &attempts) < 0)
+        return NULL;
+    if (reserve(self, 8 + 1 + 16 + 2 + name_len) < 0)
+        return NULL;
+    Py_ssize_t start = self->len;
+    unsigned char *p = self->buf + start + 8;
+    *p++ = DELIVER;
+    p = put64(p, ts);
+    p = put64(p, seq);
+    p = put16(p, (unsigned int)attempts);
+    memcpy(p, name, (size_t)name_len);
+    seal(self, start, p + name_len);
+    Py_RETURN_NONE;
+}
+
+/* settle(name16, timestamp, seq, reason, detail) */
+static PyObject *rb_settle(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "settle takes 5 arguments");
+        return NULL;
+    }
+    const char *name, *detail;
+    Py_ssize_t name_len, detail_len;
+    uint64_t ts, seq, reason;
+    if (take_name16(args[0], &name, &name_len) < 0 ||
+        take_uint(args[1], UINT64_MAX, "timestamp", &ts) < 0 ||
+        take_uint(args[2], UINT64_MAX, "seq", &seq) < 0 ||
+        take_uint(args[3], 0xFF, "reason", &reason) < 0 ||
+        take_text(args[4], "detail", &detail, &detail_len) < 0)
+        return NULL;
+    if (reserve(self, 8 + 1 + 16 + 1 + name_len + 2 + detail_len) < 0)
+        return NULL;
+    Py_ssize_t start = self->len;
+    unsigned char *p = self->buf + start + 8;
+    *p++ = SETTLE;
+    p = put64(p, ts);
+    p = put64(p, seq);
+    *p++ = (unsigned char)reason;
+    memcpy(p, name, (size_t)name_len);
+    p += name_len;
+    p = put16(p, (unsigned int)detail_len);
+    memcpy(p, detail, (size_t)detail_len);
+    seal(self, start, p + detail_len);
+    Py_RETURN_NONE;
+}
+
+/* Memory kept between batches at most: a burst of large batches does not pin its peak. */
+#define KEEP_CAP (4 * 1024 * 1024)
+
+/* take() -> bytes: the records gathered so far; the buffer starts over (its memory kept, up to
+ * KEEP_CAP). */
+static PyObject *rb_take(RecordBuffer *self, PyObject *Py_UNUSED(ignored)) {
+    PyObject *out = PyBytes_FromStringAndSize((const char *)self->buf, self->len);
+    if (out == NULL)
+        return NULL;
+    self->len = 0;
+    if (self->cap > KEEP_CAP) {
+        PyMem_Free(self->buf);
+        self->buf = NULL;
+        self->cap = 0;
+    }
+    return out;
+}
+
+static Py_ssize_t rb_length(RecordBuffer *self) {
+    return self->len;
+}
+
+static PyObject *rb_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    if (PyTuple_GET_SIZE(args) || (kwds != NULL && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "RecordBuffer() takes no arguments");
+        return NULL;
+    }
+    RecordBuffer *self = (RecordBuffer *)type->tp_alloc(type, 0);
+    if (self != NULL) {
+        self->buf = NULL;
+        self->len = 0;
+        self->cap = 0;
+    }
+    return (PyObject *)self;
+}
+
+static void rb_dealloc(RecordBuffer *self) {
+    PyMem_Free(self->buf);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef rb_methods[] = {
+    {"publish", (PyCFunction)(void (*)(void))rb_publish, METH_FASTCALL,
+     "publish(name16, timestamp, seq, message_id, published_at, expires_at, priority, attempts, "
+     "payload) -> int: a PUBLISH record without headers appended; its offset in the buffer."},
+    {"deliver", (PyCFunction)(void (*)(void))rb_deliver, METH_FASTCALL,
+     "deliver(name16, timestamp, seq, attempts) -> None: a DELIVER record appended."},
+    {"settle", (PyCFunction)(void (*)(void))rb_settle, METH_FASTCALL,
+     "settle(name16, timestamp, seq, reason, detail) -> None: a SETTLE record appended."},
+    {"take", (PyCFunction)rb_take, METH_NOARGS,
+     "take() -> bytes: the records appended since the last take, and the buffer emptied."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods rb_as_sequence = {
+    .sq_length = (lenfunc)rb_length,
+};
+
+static PyTypeObject RecordBufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "vibemq_server.journal._recbuf.RecordBuffer",
+    .tp_basicsize = sizeof(RecordBuffer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A write batch's journal records, encoded in place (len(): bytes gathered).",
+    .tp_new = rb_new,
+    .tp_dealloc = (destructor)rb_dealloc,
+    .tp_methods = rb_methods,
+    .tp_as_sequence = &rb_as_sequence,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_recbuf", "The journal's per-message records, encoded in C.", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__recbuf(void) {
+    make_crc_tables();
+    if (PyType_Ready(&RecordBufferType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&RecordBufferType);
+    if (PyModule_AddObject(m, "RecordBuffer", (PyObject *)&RecordBufferType) < 0) {
+        Py_DECREF(&RecordBufferType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,22 @@
+"""Types of the compiled record encoder (``_recbuf.c``; the pure one is batch.PyRecordBuffer)."""
+
+class RecordBuffer:
+    def publish(
+        self,
+        name16: bytes,
+        timestamp: int,
+        seq: int,
+        message_id: str,
+        published_at: int,
+        expires_at: int,
+        priority: int,
+        attempts: int,
+        payload: bytes,
+        /,
+    ) -> int: ...
+    def deliver(self, name16: bytes, timestamp: int, seq: int, attempts: int, /) -> None: ...
+    def settle(
+        self, name16: bytes, timestamp: int, seq: int, reason: int, detail: str, /
+    ) -> None: ...
+    def take(self) -> bytes: ...
+    def __len__(self) -> int: ...
