@@ -19,8 +19,17 @@ RSS, and the rate relative to the 1-queue figure, medians of ``--rounds`` rounds
 counts alternate (the order rotates each round). ``--png`` plots the curve when matplotlib is
 installed (it is not a dependency).
 
+``--brokers vibemq,mosquitto`` measures Mosquitto's curve in the same run, each count on both
+brokers in turn: a topic per queue, QoS 1 both ways (PUBACK for every publish and every
+delivery, the native path's PublishAck and Ack), always ``per-process`` (one subscriber
+connection subscribed to all of a process's topics, one publisher connection). Whether CPU
+per message grows with the number of queues for a C broker too says how much of our growth is
+the machine's caches.
+
     .venv/bin/python -m bench.many_queues --rounds 5 --json many-queues.json
     .venv/bin/python -m bench.many_queues --counts 1,100,1000 --messages 50000 --rounds 1
+    .venv/bin/python -m bench.many_queues --connections per-process --counts 10,1000,10000 \
+        --brokers vibemq,mosquitto --rounds 3 --messages 100000
 
 Nothing here asserts on timings.
 """
@@ -42,7 +51,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.brokers import VibeMQBroker
+from bench.brokers import Broker, MosquittoBroker, VibeMQBroker
 from bench.common import (
     BenchError,
     consume_counting,
@@ -54,13 +63,17 @@ from bench.common import (
     raise_nofile_limit,
     run_loop,
 )
+from bench.mqtt_driver import MqttDriver
 from bench.vibemq_driver import VibeDriver
 
 COUNTS = (1, 10, 100, 1000, 10_000)
 
 
+Driver = VibeDriver | MqttDriver
+
+
 async def _drive(
-    drivers: list[VibeDriver], subs: list[Any], pubs: list[Any], per_queue: int, a: Any
+    drivers: list[Driver], subs: list[Any], pubs: list[Any], per_queue: int, a: Any
 ) -> dict[str, Any]:
     window, batch, timeout = a
     encoded = [encode_batches(d, per_queue, batch) for d in drivers]
@@ -87,7 +100,7 @@ async def _drive(
 
 
 async def _drive_shared(
-    drivers: list[VibeDriver], sub: Any, pub: Any, per_queue: int, a: Any
+    drivers: list[Driver], sub: Any, pub: Any, per_queue: int, a: Any
 ) -> dict[str, Any]:
     """One subscriber connection subscribed to every queue of the process, one publisher
     connection publishing to them in turn (message j to queue j mod n)."""
@@ -121,10 +134,15 @@ def worker_main(
     shared: bool,
     opts: Any,
     pipe: Connection,
+    broker: str = "vibemq",
 ) -> None:
     try:
         prefetch, timeout = opts[0], opts[-1]
-        drivers = [VibeDriver(host, port, q, prefetch=prefetch, durable=False) for q in queues]
+        drivers: list[Driver]
+        if broker == "mosquitto":
+            drivers = [MqttDriver(host, port, q) for q in queues]
+        else:
+            drivers = [VibeDriver(host, port, q, prefetch=prefetch, durable=False) for q in queues]
         if shared:
             sub = drivers[0].connect_subscriber()
             for d in drivers[1:]:
@@ -144,17 +162,28 @@ def worker_main(
         pipe.send(("error", f"worker: {exc!r}"))
 
 
-def measure(count: int, a: argparse.Namespace) -> dict[str, Any]:
-    """One fresh broker, ``count`` queues, the timed phase; a result dict."""
-    extra = ["--max-connections", str(2 * count + 100), *a.server_arg]
-    broker = VibeMQBroker(extra_args=extra, env={"VIBEMQ_QUEUE_DEFAULTS__DURABLE": "false"})
+def measure(count: int, a: argparse.Namespace, kind: str = "vibemq") -> dict[str, Any]:
+    """One fresh broker (``kind``), ``count`` queues, the timed phase; a result dict."""
+    broker: Broker
+    if kind == "mosquitto":
+        broker = MosquittoBroker(inflight=a.prefetch)
+    else:
+        extra = ["--max-connections", str(2 * count + 100), *a.server_arg]
+        broker = VibeMQBroker(extra_args=extra, env={"VIBEMQ_QUEUE_DEFAULTS__DURABLE": "false"})
     nproc = min(a.processes, count)
     per_queue = max(1, a.messages // count)
     # per queue: 2 connections each; per process: 2 per process (when the fd limit is short)
-    shared = a.connections == "per-process" or (
-        a.connections == "auto" and 2 * count + 500 > a.nofile
+    shared = (
+        kind == "mosquitto"
+        or a.connections == "per-process"
+        or (a.connections == "auto" and 2 * count + 500 > a.nofile)
     )
-    out: dict[str, Any] = {"queues": count, "processes": nproc, "messages": per_queue * count}
+    out: dict[str, Any] = {
+        "broker": kind,
+        "queues": count,
+        "processes": nproc,
+        "messages": per_queue * count,
+    }
     out["connections"] = 2 * nproc if shared else 2 * count
     out["mode"] = "per-process" if shared else "per-queue"
     ctx = mp.get_context("spawn")
@@ -169,7 +198,7 @@ def measure(count: int, a: argparse.Namespace) -> dict[str, Any]:
             opts = (a.prefetch, a.window, a.batch, a.timeout)
             proc = ctx.Process(
                 target=worker_main,
-                args=(broker.host, broker.port, queues, per_queue, shared, opts, tx),
+                args=(broker.host, broker.port, queues, per_queue, shared, opts, tx, kind),
             )
             proc.start()
             procs.append(proc)
@@ -216,12 +245,13 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
-def summarize(runs: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def summarize(runs: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
     rows = []
-    for count, rs in runs.items():
+    for (kind, count), rs in runs.items():
         ok = [r for r in rs if not r.get("errors")]
         rows.append(
             {
+                "broker": kind,
                 "queues": count,
                 "connections": rs[0]["connections"] if rs else None,
                 "mode": rs[0]["mode"] if rs else None,
@@ -241,24 +271,33 @@ def _fmt(v: float | None, spec: str) -> str:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    base = rows[0]["rate"] if rows and rows[0]["queues"] == 1 else None
+    """Per broker: each count's rate against the first count's, and its CPU per message."""
+    first: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        first.setdefault(r["broker"], r)
     head = (
-        f"{'queues':>7} {'conns':>7} {'msg/s':>10} {'vs 1 queue':>10} {'broker us/msg':>14} "
-        f"{'broker RSS MiB':>15} {'setup s':>8} {'ok':>5}"
+        f"{'broker':>9} {'queues':>7} {'conns':>7} {'msg/s':>10} {'vs first':>9} "
+        f"{'broker us/msg':>14} {'vs first':>9} {'broker RSS MiB':>15} {'setup s':>8} {'ok':>5}"
     )
     print()
     print(head)
     print("-" * len(head))
     for r in rows:
-        rel = f"{r['rate'] / base:.2f}x" if base and r["rate"] else "-"
+        base = first[r["broker"]]
+        rel = f"{r['rate'] / base['rate']:.2f}x" if base["rate"] and r["rate"] else "-"
+        cpu, cpu0 = r["cpu_us_per_msg"], base["cpu_us_per_msg"]
+        crel = f"{cpu / cpu0:.2f}x" if cpu and cpu0 else "-"
         print(
-            f"{r['queues']:>7,} {r['connections']:>7,} {_fmt(r['rate'], ',.0f'):>10} {rel:>10} "
-            f"{_fmt(r['cpu_us_per_msg'], '.1f'):>14} {_fmt(r['rss_mib'], '.0f'):>15} "
-            f"{_fmt(r['setup_s'], '.1f'):>8} {r['ok_runs']:>2}/{r['runs']:<2}"
+            f"{r['broker']:>9} {r['queues']:>7,} {r['connections']:>7,} "
+            f"{_fmt(r['rate'], ',.0f'):>10} {rel:>9} {_fmt(cpu, '.1f'):>14} {crel:>9} "
+            f"{_fmt(r['rss_mib'], '.0f'):>15} {_fmt(r['setup_s'], '.1f'):>8} "
+            f"{r['ok_runs']:>2}/{r['runs']:<2}"
         )
     print()
-    print("medians of the successful rounds; broker us/msg over the timed interval")
-    modes = {r["mode"] for r in rows if r["queues"] > 1}  # at 1 queue the two are the same
+    print("medians of the successful rounds; broker us/msg over the timed interval;")
+    print("'vs first': against the broker's first count in --counts")
+    # at 1 queue the two are the same; Mosquitto is always per-process
+    modes = {r["mode"] for r in rows if r["queues"] > 1 and r["broker"] == "vibemq"}
     if len(modes) > 1:
         print("note: per-queue and per-process connections mixed (RLIMIT_NOFILE); for one")
         print("curve of a kind run with --connections per-process")
@@ -273,6 +312,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     except ImportError:
         print("--png: matplotlib is not installed; no plot", flush=True)
         return
+    rows = [r for r in rows if r["broker"] == "vibemq"]
     xs = [r["queues"] for r in rows if r["rate"]]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(xs, [r["rate"] for r in rows if r["rate"]], "o-", label="msg/s")
@@ -306,6 +346,12 @@ def main(argv: list[str] | None = None) -> int:
         "per-process: one of each per process, subscribed to / publishing over all its\n"
         "queues; auto: per-queue unless RLIMIT_NOFILE is too low for 2N",
     )
+    add(
+        "--brokers",
+        default="vibemq",
+        help="comma list of vibemq, mosquitto: each count on each in turn (Mosquitto: a\n"
+        "topic per queue, QoS 1, always per-process connections)",
+    )
     add("--server-arg", action="append", default=[], help="extra vibemq-server argument")
     add("--json", type=Path)
     add("--png", type=Path, help="plot the curve here (only if matplotlib is installed)")
@@ -313,17 +359,21 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(c) for c in a.counts.split(",") if c.strip()]
     if not counts or min(counts) < 1 or min(a.processes, a.messages, a.rounds) < 1:
         p.error("counts, --processes, --messages, --rounds must be positive")
+    kinds = [k.strip() for k in a.brokers.split(",") if k.strip()]
+    if not kinds or not set(kinds) <= {"vibemq", "mosquitto"}:
+        p.error("--brokers: a comma list of vibemq, mosquitto")
     install_sigterm_exit()
     a.nofile = raise_nofile_limit()
-    runs: dict[int, list[dict[str, Any]]] = {c: [] for c in counts}
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {(k, c): [] for k in kinds for c in counts}
     for rnd in range(a.rounds):
         shift = rnd % len(counts)
-        for count in counts[shift:] + counts[:shift]:
-            r = measure(count, a)
-            runs[count].append(r)
+        order = kinds if rnd % 2 == 0 else kinds[::-1]
+        for count, kind in [(c, k) for c in counts[shift:] + counts[:shift] for k in order]:
+            r = measure(count, a, kind)
+            runs[kind, count].append(r)
             cpu = r.get("cpu_us_per_msg")
             print(
-                f"round {rnd + 1} {count:>6,} queues ({r['connections']:,} connections):"
+                f"round {rnd + 1} {kind:>9} {count:>6,} queues ({r['connections']:,} connections):"
                 f" {r.get('rate', 0):>10,.0f} msg/s"
                 + (f"  broker {cpu:.1f} us/msg" if cpu is not None else "")
                 + f"  setup {r.get('setup_s', 0):.1f}s"
@@ -335,7 +385,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.png:
         plot(rows, a.png)
     if a.json:
-        doc = {"settings": {k: str(v) for k, v in vars(a).items()}, "median": rows, "runs": runs}
+        doc = {
+            "settings": {k: str(v) for k, v in vars(a).items()},
+            "median": rows,
+            "runs": {f"{k} {c}": rs for (k, c), rs in runs.items()},
+        }
         a.json.write_text(json.dumps(doc, indent=2) + "\n")
         print(f"wrote {a.json}")
     return 1 if any(r["ok_runs"] < r["runs"] for r in rows) else 0

@@ -140,11 +140,15 @@ class MqttDriver:
 
     def connect_subscriber(self) -> BlockingConn:
         conn = self._connect("sub")
+        self.subscribe(conn)
+        return conn
+
+    def subscribe(self, conn: BlockingConn) -> None:
+        """Subscribe ``conn`` to this driver's topic (QoS 1), waiting for the SUBACK."""
         conn.send(packet(0x82, U16.pack(1) + _s(self.topic.encode()) + b"\x01"))
         first, rest = read_packet(conn)
         if first != SUBACK or rest[-1] not in (0, 1):
             raise BenchError(f"MQTT SUBACK refused: {first:#x} {rest.hex()}")
-        return conn
 
     def publish_batch(self, start: int, count: int) -> bytes:
         topic = _s(self.topic.encode())

@@ -274,6 +274,32 @@ def test_tick_times_out_each_subscription_when_its_first_deadline_passes(
     assert f.got[-1] == ("f3", 2, {}) and s.got[-1] == ("s1", 2, {})
 
 
+def test_each_delivery_keeps_its_own_ack_deadline(mgr: QueueManager, clock: ManualClock) -> None:
+    # (the deadline lives on the delivered message: an ack out of order, a redelivery and a
+    # fan-out copy each keep their own)
+    make(mgr, "q", ackTimeout=1000)
+    make(mgr, "fan", mode="FanOutWithAck", ackTimeout=1000)
+    r, a, b = Recorder(), Recorder(), Recorder()
+    sub = mgr.subscribe("q", "s", r, 10)
+    sa = mgr.subscribe("fan", "a", a, 10)
+    mgr.subscribe("fan", "b", b, 10)
+    t0 = clock()
+    publish(mgr, "q", "m1", "m2")
+    publish(mgr, "fan", "f1")
+    clock.advance(600)
+    publish(mgr, "q", "m3")
+    assert [m.deadline - t0 for m in sub.inflight.values()] == [1000, 1000, 1600]
+    assert mgr.ack(sub, "m1")  # (the first one: the next deadline is m2's)
+    assert mgr.ack(sa, "f1")  # (a's copy only: b's is still due)
+    clock.advance(400)
+    mgr.tick()  # m2 and b's copy come back; m3 is not due
+    assert r.ids == ["m1", "m2", "m3", "m2"] and b.ids == ["f1", "f1"] and a.ids == ["f1"]
+    assert [(m.id, m.deadline - t0) for m in sub.inflight.values()] == [("m3", 1600), ("m2", 2000)]
+    clock.advance(600)
+    mgr.tick()
+    assert r.ids[-1] == "m3" and list(sub.inflight) == ["m2", "m3"]
+
+
 def test_ack_held_settles_each_ack_at_its_subscription(mgr: QueueManager) -> None:
     make(mgr, "a")
     make(mgr, "b")
@@ -285,7 +311,7 @@ def test_ack_held_settles_each_ack_at_its_subscription(mgr: QueueManager) -> Non
     holders = {"m1": sa, "m2": sa, "m3": sb, "m9": sb}
     touched: dict[str, Queue] = {}
     assert mgr.ack_held(holders, ["m3", "m1", "m7", "m9"], touched) == ["m7", "m9"]
-    assert list(sa.inflight) == ["m2"] and list(sa.deadlines) == ["m2"] and not sb.inflight
+    assert list(sa.inflight) == ["m2"] and not sb.inflight
     assert holders == {"m2": sa}
     assert touched == {"b": sb.queue, "a": sa.queue}
     assert (sa.queue.stats.acked, sb.queue.stats.acked) == (1, 1)
@@ -461,7 +487,7 @@ def test_ack_many_settles_in_order_and_returns_unknown_ids(mgr: QueueManager) ->
     sb = mgr.subscribe("q", "b", b, 10)
     publish(mgr, "q", "m1", "m2", "m3")
     assert mgr.ack_many(sa, ["m1", "x", "m3", "m1"]) == ["x", "m1"]
-    assert list(sa.inflight) == ["m2"] and list(sa.deadlines) == ["m2"]
+    assert list(sa.inflight) == ["m2"]
     assert mgr.queues["q"].stats.acked == 2
     assert a.ids == ["m1", "m2", "m3"]  # no refill: the caller dispatches
     assert mgr.ack_many(sb, ["m1", "m2", "m3"]) == []

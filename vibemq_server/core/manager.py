@@ -80,6 +80,9 @@ class PublishOutcome(Enum):
 #: how many queues ``tick``'s safety net dispatches at most per tick (see ``tick``)
 SWEEP_PER_TICK = 1000
 
+#: how many different sets of queue options share one object each (see ``_shared_options``)
+_OPTIONS_SHARED: Final = 256
+
 # Hot paths use these: an Enum member looked up on its class costs ~10x a global.
 # (Final: the compiled build reads them as constants, not from the module's dict per use)
 _ACCEPTED: Final = PublishOutcome.ACCEPTED
@@ -224,14 +227,15 @@ class QueueManager:
         self.memory_blocked = False
         #: queues that can hold messages with a TTL (their option, or a message's own)
         self._expiring: dict[str, Queue] = {}
-        #: subscriptions that were handed deliveries to ack, each with one entry in ``_due``
-        self._timed: dict[Subscription, None] = {}
         #: a heap of (when to look, tie-break, subscription): ``tick`` looks only at the
         #: subscriptions whose first ack deadline may have passed, not at every one that
         #: holds deliveries (10,000 of them with many queues, ten times a second). The time
-        #: is never later than the first deadline: deliveries append later deadlines.
+        #: is never later than the first deadline: deliveries append later deadlines. A
+        #: subscription with an entry here has ``timed`` set (one entry each).
         self._due: list[tuple[int, int, Subscription]] = []
         self._due_seq = 0
+        #: equal queue options, one object each (see ``_shared_options``)
+        self._options: dict[QueueOptions, QueueOptions] = {}
         #: the queues ``tick``'s safety net has still to dispatch in this round
         self._sweep_todo: list[Queue] = []
         #: see ``hold``: while True, FanOutWithoutAck queues wait in ``_deferred``
@@ -299,7 +303,7 @@ class QueueManager:
             if existing.options != options:
                 raise QueueExists(f"queue {name!r} exists with different options")
             return existing, False
-        queue = Queue(name, options, self.clock(), self)
+        queue = Queue(name, self._shared_options(options), self.clock(), self)
         self.queues[name] = queue
         if options.message_ttl_ms:
             self._expiring[name] = queue
@@ -309,11 +313,22 @@ class QueueManager:
 
     def restore_queue(self, name: str, options: QueueOptions, created_at: int) -> Queue:
         """Recreate a queue from the journal (no journal record is written)."""
-        queue = Queue(name, options, created_at, self)
+        queue = Queue(name, self._shared_options(options), created_at, self)
         self.queues[name] = queue
         if options.message_ttl_ms:
             self._expiring[name] = queue
         return queue
+
+    def _shared_options(self, options: QueueOptions) -> QueueOptions:
+        """One options object for all queues with equal options: every publish and delivery
+        reads its queue's options, and with many queues one object stays in the cache where
+        one per queue would not. (Bounded: past ``_OPTIONS_SHARED`` kinds, each its own.)"""
+        shared = self._options.get(options)
+        if shared is not None:
+            return shared
+        if len(self._options) < _OPTIONS_SHARED:
+            self._options[options] = options
+        return options
 
     def restore_messages(self, queue: Queue, msgs: list[StoredMessage]) -> None:
         """Put recovered messages back, in journal order (no record, no dispatch)."""
@@ -380,7 +395,6 @@ class QueueManager:
         subs, queue.subscriptions = queue.subscriptions, []
         for sub in subs:
             sub.inflight.clear()
-            sub.deadlines.clear()
             sub.consumer.subscription_cancelled(sub, "queue_deleted")
         self.memory_bytes -= queue.store.nbytes
         queue.store.clear()
@@ -675,7 +689,6 @@ class QueueManager:
             queue.subscriptions.remove(sub)
         returned = list(sub.inflight.values())
         sub.inflight.clear()
-        sub.deadlines.clear()
         if not queue.deleted:
             self._return(queue, returned)
             queue.dispatch()
@@ -686,7 +699,6 @@ class QueueManager:
         msg = sub.inflight.pop(msg_id, None)
         if msg is None:
             return False
-        del sub.deadlines[msg_id]
         queue = sub.queue
         queue.stats.acked += 1
         self._settle(queue, msg, SettleReason.ACKED)
@@ -699,7 +711,6 @@ class QueueManager:
         ``dispatch=False`` would one by one; the caller refills. Returns the ids this
         subscription did not hold (in order)."""
         inflight = sub.inflight
-        deadlines = sub.deadlines
         queue = sub.queue
         persistence = self._durable(queue)
         # journaled messages that are no fan-out copy: settled in the journal in one call
@@ -711,7 +722,6 @@ class QueueManager:
             if msg is None:
                 missing.append(msg_id)
                 continue
-            del deadlines[msg_id]
             settled += 1
             # (_settle does nothing for a message neither journaled nor one of fan-out copies)
             if msg.group is not None:
@@ -744,7 +754,6 @@ class QueueManager:
             if sub is None or msg is None:
                 rest.append(msg_id)
                 continue
-            del sub.deadlines[msg_id]
             queue = sub.queue
             queue.stats.acked += 1
             touched[queue.name] = queue
@@ -786,7 +795,6 @@ class QueueManager:
         msg = sub.inflight.pop(msg_id, None)
         if msg is None:
             return False
-        del sub.deadlines[msg_id]
         queue = sub.queue
         if requeue:
             queue.store.appendleft(msg)
@@ -838,11 +846,10 @@ class QueueManager:
         self.memory_bytes -= len(msg.payload)
         if needs_ack:
             options = queue.options
-            deadline = (now or self.clock()) + options.ack_timeout_ms
-            if not inflight and sub not in self._timed:
+            msg.deadline = deadline = (now or self.clock()) + options.ack_timeout_ms
+            if not sub.timed:
                 self._watch(sub, deadline)  # (tick checks its deadlines from then on)
             inflight[msg_id] = msg
-            sub.deadlines[msg_id] = deadline
             persistence = self.persistence
             if persistence is not None and options.durable:
                 persistence.delivered(queue, msg)
@@ -1030,12 +1037,12 @@ class QueueManager:
         due = self._due
         while due and due[0][0] <= now:
             sub = heapq.heappop(due)[2]
-            deadlines = sub.deadlines
-            if not deadlines:
-                del self._timed[sub]  # (it comes back with its next delivery)
+            inflight = sub.inflight
+            if not inflight:
+                sub.timed = False  # (it comes back with its next delivery)
                 continue
             queue = sub.queue
-            first = next(iter(deadlines.values()))
+            first = next(iter(inflight.values())).deadline
             if first > now:
                 self._requeue_due(sub, first)
                 continue
@@ -1045,10 +1052,10 @@ class QueueManager:
                 continue
             self._time_out(queue, sub, now)
             touched[queue.name] = queue
-            if deadlines:
-                self._requeue_due(sub, next(iter(deadlines.values())))
+            if inflight:
+                self._requeue_due(sub, next(iter(inflight.values())).deadline)
             else:
-                del self._timed[sub]
+                sub.timed = False
         for queue in touched.values():
             if not queue.deleted:
                 queue.dispatch()
@@ -1063,7 +1070,7 @@ class QueueManager:
 
     def _watch(self, sub: Subscription, when: int) -> None:
         """Have ``tick`` look at ``sub``'s ack deadlines at ``when`` (ms)."""
-        self._timed[sub] = None
+        sub.timed = True
         self._requeue_due(sub, when)
 
     def _requeue_due(self, sub: Subscription, when: int) -> None:
@@ -1083,20 +1090,16 @@ class QueueManager:
                 self._wake(queue)
 
     def _time_out(self, queue: Queue, sub: Subscription, now: int) -> None:
-        deadlines = sub.deadlines
-        if not deadlines:
-            return
-        late: list[str] = []
-        for mid, deadline in deadlines.items():
-            if deadline > now:
+        inflight = sub.inflight
+        returned: list[StoredMessage] = []
+        for msg in inflight.values():
+            if msg.deadline > now:
                 break
-            late.append(mid)
-        if not late:
+            returned.append(msg)
+        if not returned:
             return
-        returned = []
-        for mid in late:
-            del deadlines[mid]
-            returned.append(sub.inflight.pop(mid))
+        for msg in returned:
+            del inflight[msg.id]
         self._return(queue, returned, sub)
 
     # -- publisher flow control ----------------------------------------------------------------

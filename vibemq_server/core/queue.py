@@ -102,7 +102,7 @@ class QueueOptions:
 class Subscription:
     """One consumer's subscription to one queue, with its unacknowledged deliveries."""
 
-    __slots__ = ("consumer", "deadlines", "deliver_many", "id", "inflight", "prefetch", "queue")
+    __slots__ = ("consumer", "deliver_many", "id", "inflight", "prefetch", "queue", "timed")
 
     def __init__(self, sub_id: str, queue: Queue, consumer: Consumer, prefetch: int) -> None:
         self.id = sub_id
@@ -112,9 +112,11 @@ class Subscription:
         #: the consumer's ``deliver_many``, when it has one (see Consumer)
         self.deliver_many: DeliverMany | None = getattr(consumer, "deliver_many", None)
         # Insertion order is delivery order and the ack timeout is per queue, so the first
-        # entries are always the first to time out: the timeout scan stops at the first live one.
+        # entries are always the first to time out: the timeout scan stops at the first live
+        # one. Each message holds its own ack deadline (``StoredMessage.deadline``).
         self.inflight: dict[str, StoredMessage] = {}
-        self.deadlines: dict[str, int] = {}
+        #: the manager's ``tick`` has an entry for it in its heap of ack deadlines
+        self.timed = False
 
     def has_capacity(self) -> bool:
         return self.consumer.writable and len(self.inflight) < self.prefetch
