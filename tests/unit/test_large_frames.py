@@ -30,7 +30,7 @@ from vibemq_server.adapters.mqtt.codec import MqttParser, encode, publish_head
 from vibemq_server.adapters.mqtt.codec5 import Mqtt5Parser, encode5
 from vibemq_server.adapters.mqtt.packets import Pingreq, Publish
 from vibemq_server.adapters.mqtt.packets5 import Properties, Publish5
-from vibemq_server.protocol.bigcopy import CopiedRead
+from vibemq_server.protocol.bigcopy import CopiedRead, read_buffer
 from vibemq_server.protocol.codec import (
     CommandType,
     FrameDecoder,
@@ -42,6 +42,7 @@ from vibemq_server.protocol.codec import encode as encode_native
 from vibemq_server.protocol.codec import encode_deliver as encode_native_deliver
 from vibemq_server.protocol.held import HeldInput
 from vibemq_server.server.transport import (
+    COPY_BELOW,
     ListenerContexts,
     ReadBatch,
     SessionInfo,
@@ -298,6 +299,7 @@ async def test_transport_reads_into_the_bytes_it_hands_on(copied: bool) -> None:
         context.reader = CopiedRead()
     else:
         assert type(context.reader) is not CopiedRead, "build it: scripts/build_ext.sh"
+        context.reader = read_buffer(COPY_BELOW)  # (as with the broker's allocator thresholds)
     server = await loop.create_server(
         lambda: StreamTransport(
             lambda link: _Recorder(link, payload), conn_id="t2", context=context
@@ -321,11 +323,13 @@ async def test_transport_reads_into_the_bytes_it_hands_on(copied: bool) -> None:
     assert got == hashlib.sha256(payload).digest()
 
 
-def test_read_buffer_hands_over_what_was_read() -> None:
-    """``ReadBuffer``: a writable buffer for one read, then its first n bytes as bytes."""
+@pytest.mark.parametrize("copy_below", [0, 6, 100_000])
+def test_read_buffer_hands_over_what_was_read(copy_below: int) -> None:
+    """``ReadBuffer``: a writable buffer for one read, then its first n bytes as bytes (the
+    buffer's own object cut to n, or below ``copy_below`` a copy, the buffer kept)."""
     from vibemq_server.protocol._bigcopy import ReadBuffer
 
-    reads = ReadBuffer()
+    reads = ReadBuffer(copy_below)
     for size, data in ((16, b"hello"), (16, b""), (8, b"abcdefgh"), (100_000, b"x" * 99_999)):
         target = reads.get(size)
         assert len(target) == size
@@ -333,8 +337,12 @@ def test_read_buffer_hands_over_what_was_read() -> None:
             view[: len(data)] = data
         got = reads.take(len(data))
         assert type(got) is bytes and got == data and hash(got) == hash(bytes(data))
-        with pytest.raises(ValueError):
-            reads.take(0)  # (taken: the next read needs get first)
+        if len(data) < copy_below:
+            assert reads.get(size) is target and len(target) == size  # kept
+            assert reads.take(len(data)) == data
+        else:
+            with pytest.raises(ValueError):
+                reads.take(0)  # (taken: the next read needs get first)
     reads.get(4)
     with pytest.raises(ValueError):
         reads.take(5)

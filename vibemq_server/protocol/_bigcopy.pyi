@@ -10,6 +10,7 @@ def join_range(parts: Sequence[bytes | bytearray | memoryview], start: int, stop
 class ReadBuffer:
     """A socket read's buffer that becomes the read's bytes without a copy."""
 
+    def __init__(self, copy_below: int = 0) -> None: ...
     def get(self, size: int, /) -> ReadBuffer:
         """Itself, a writable buffer of ``size`` bytes (a fresh bytes inside) for a read."""
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 from vibemq_server.protocol.held import join_range as join_range_pure
 
 _compiled: Callable[[Sequence[Buffer], int, int], bytes] | None
-_read_buffer: Callable[[], ReadInto] | None
+_read_buffer: Callable[[int], ReadInto] | None
 try:
     from vibemq_server.protocol._bigcopy import ReadBuffer as _read_buffer
     from vibemq_server.protocol._bigcopy import join_range as _compiled
@@ -78,10 +78,11 @@ class CopiedRead:
             return bytes(view[:n])
 
 
-def read_buffer() -> ReadInto:
+def read_buffer(copy_below: int) -> ReadInto:
     """A new place for socket reads (one per event loop: reads are handled one at a time,
-    each ``take`` before the next ``get``)."""
-    return _read_buffer() if _read_buffer is not None else CopiedRead()
+    each ``take`` before the next ``get``). Reads shorter than ``copy_below`` are copied out
+    (the buffer kept for the next read); longer ones are the buffer's own bytes."""
+    return _read_buffer(copy_below) if _read_buffer is not None else CopiedRead()
 
 
 class HasPayload(Protocol):

@@ -32,6 +32,7 @@ import structlog
 
 from vibemq_server.core.buffers import JOIN_ALL, coalesce
 from vibemq_server.protocol.bigcopy import ReadInto, read_buffer
+from vibemq_server.server import allocator
 from vibemq_server.server.connlog import ConnLog, as_logger
 from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.tls import describe, peer_identity
@@ -47,6 +48,11 @@ if TYPE_CHECKING:
 FAIR_READ_BYTES = 64 * 1024
 #: The most one socket read takes (uvloop's own read buffer's size, 256,000 bytes).
 READ_SIZE = 256_000
+#: A read shorter than this is copied out of the read buffer (cheaper than cutting the
+#: buffer to its length, and the buffer serves the next read); longer ones are handed on as
+#: the buffer itself. Without the broker's allocator thresholds a cut costs a page-faulted
+#: heap top per read (protocol/_bigcopy.c), so then only full reads are handed on.
+COPY_BELOW = 4096
 
 _T = TypeVar("_T")
 
@@ -316,7 +322,7 @@ class TransportContext:
     def __init__(self, listener: ListenerContexts, tls: ssl.SSLContext | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         #: where the listener's connections' reads land (one at a time: the one loop)
-        self.reader: ReadInto = read_buffer()
+        self.reader: ReadInto = read_buffer(COPY_BELOW if allocator.tuned() else READ_SIZE)
         # (copied: the transports' hot paths read one object)
         self.log = listener.log
         self.out_limit = listener.out_limit
