@@ -29,10 +29,12 @@ from vibemq_server.protocol.held import join_range as join_range_pure
 _compiled: Callable[[Sequence[Buffer], int, int], bytes] | None
 _read_buffer: Callable[[int], ReadInto] | None
 try:
-    from vibemq_server.protocol._bigcopy import ReadBuffer as _read_buffer
     from vibemq_server.protocol._bigcopy import join_range as _compiled
-except ImportError:  # not built: the pure join, on the loop; reads copied out of a bytearray
+except ImportError:  # not built: the pure join, on the loop
     _compiled = None
+try:
+    from vibemq_server.protocol._bigcopy import ReadBuffer as _read_buffer
+except ImportError:  # not built (or built before it): reads copied out of a bytearray
     _read_buffer = None
 
 #: Whether the compiled join is built (it releases the GIL: worth a worker thread).
