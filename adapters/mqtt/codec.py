@@ -867,6 +867,27 @@ def held_packet(
     return None, held.take(), 0, None
 
 
+def open_feed(
+    error: MqttProtocolError | None,
+    held: HeldInput | None,
+    data: bytes | bytearray | memoryview,
+    decode: Callable[[int, bytes], _P],
+    *,
+    properties: bool,
+    defer_from: int,
+) -> tuple[_P | None, bytes, int, Unjoined | None] | None:
+    """The opening of an MQTT parser's ``feed`` (3.1.1 and 5 alike): refuse a spent parser;
+    with a packet held over reads, add ``data`` to it (None: still not complete) and give
+    what :func:`held_packet` gives; else ``data`` as bytes to parse from 0."""
+    if error is not None:
+        raise MqttProtocolError(error.code, f"parser already failed: {error.message}")
+    if held is not None and held.size:
+        if not held.add_part(data):
+            return None
+        return held_packet(held, decode, properties=properties, defer_from=defer_from)
+    return None, bytes(data), 0, None  # (no copy when data is bytes already)
+
+
 class MqttParser:
     """Incremental MQTT decoder: feed it bytes as they arrive, get whole packets back.
 
@@ -899,27 +920,24 @@ class MqttParser:
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
         """Append ``data``; return every packet now complete, in order (possibly none)."""
-        if self._error is not None:
-            raise MqttProtocolError(
-                self._error.code, f"parser already failed: {self._error.message}"
-            )
         held = self._held
-        packets: list[Packet] = []
-        if held is not None and held.size:
-            if not held.add_part(data):
-                return []
-            try:
-                publish, buf, pos, self.unjoined = held_packet(
-                    held, _decode_publish, properties=False, defer_from=self.defer_from
-                )
-            except MqttProtocolError as exc:
+        try:
+            opened = open_feed(
+                self._error,
+                held,
+                data,
+                _decode_publish,
+                properties=False,
+                defer_from=self.defer_from,
+            )
+        except MqttProtocolError as exc:
+            if self._error is None:
                 self._error = exc
-                raise
-            if publish is not None:
-                packets.append(publish)
-        else:
-            buf = bytes(data)  # no copy when data is bytes already
-            pos = 0
+            raise
+        if opened is None:
+            return []
+        publish, buf, pos, self.unjoined = opened
+        packets: list[Packet] = [] if publish is None else [publish]
         size = len(buf)
         append = packets.append
         max_size = self.max_packet_size

@@ -34,7 +34,7 @@ from vibemq_server.adapters.mqtt.codec import (
     decode_remaining_length,
     encode_remaining_length,
     first_byte_check,
-    held_packet,
+    open_feed,
 )
 from vibemq_server.adapters.mqtt.packets import PacketType, Pingreq, Pingresp
 from vibemq_server.adapters.mqtt.packets5 import (
@@ -703,27 +703,24 @@ class Mqtt5Parser:
         return held.size if held is not None else 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Packet5]:
-        if self._error is not None:
-            raise MqttProtocolError(
-                self._error.code, f"parser already failed: {self._error.message}"
-            )
         held = self._held
-        packets: list[Packet5] = []
-        if held is not None and held.size:
-            if not held.add_part(data):
-                return []
-            try:
-                publish, buf, pos, self.unjoined = held_packet(
-                    held, _decode_publish, properties=True, defer_from=self.defer_from
-                )
-            except MqttProtocolError as exc:
+        try:
+            opened = open_feed(
+                self._error,
+                held,
+                data,
+                _decode_publish,
+                properties=True,
+                defer_from=self.defer_from,
+            )
+        except MqttProtocolError as exc:
+            if self._error is None:
                 self._error = exc
-                raise
-            if publish is not None:
-                packets.append(publish)
-        else:
-            buf = bytes(data)  # no copy when data is bytes already
-            pos = 0
+            raise
+        if opened is None:
+            return []
+        publish, buf, pos, self.unjoined = opened
+        packets: list[Packet5] = [] if publish is None else [publish]
         size = len(buf)
         need = 0
         try:

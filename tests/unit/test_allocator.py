@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from vibemq_server.server.allocator import tune_allocator
+from vibemq_server.server.allocator import tune_allocator, tuned
 
 
 @pytest.mark.parametrize("name", ["MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"])
@@ -18,3 +18,4 @@ def test_glibc_takes_the_thresholds() -> None:
     # Linux with glibc (this project's machines and CI): mallopt accepts both values.
     assert sys.platform == "linux"
     assert tune_allocator({}) is True
+    assert tuned()  # (the transport then hands reads on cut to length: transport.COPY_BELOW)

@@ -30,6 +30,7 @@ from vibemq_server.adapters.mqtt.codec import MqttParser, encode, publish_head
 from vibemq_server.adapters.mqtt.codec5 import Mqtt5Parser, encode5
 from vibemq_server.adapters.mqtt.packets import Pingreq, Publish
 from vibemq_server.adapters.mqtt.packets5 import Properties, Publish5
+from vibemq_server.protocol.bigcopy import CopiedRead, read_buffer
 from vibemq_server.protocol.codec import (
     CommandType,
     FrameDecoder,
@@ -41,6 +42,7 @@ from vibemq_server.protocol.codec import encode as encode_native
 from vibemq_server.protocol.codec import encode_deliver as encode_native_deliver
 from vibemq_server.protocol.held import HeldInput
 from vibemq_server.server.transport import (
+    COPY_BELOW,
     ListenerContexts,
     ReadBatch,
     SessionInfo,
@@ -260,6 +262,93 @@ async def test_transport_writes_header_and_payload_intact() -> None:
         server.close()
     assert hashlib.sha256(got).hexdigest() == hashlib.sha256(expected).hexdigest()
     assert json.loads(got[6 : 6 + len(payload)]) == json.loads(payload)
+
+
+class _Recorder(_Sender):
+    """A session that keeps what it is given (and its type), and answers each read's size
+    once the input is all in."""
+
+    def __init__(self, link: StreamTransport, payload: bytes) -> None:
+        super().__init__(link, payload)
+        self.got: list[bytes] = []
+        self.size = 0
+
+    def data_received(self, data: bytes) -> None:
+        assert type(data) is bytes
+        self.got.append(data)
+        self.size += len(data)
+        if self.size == len(self.payload):
+            self.link.send(hashlib.sha256(b"".join(self.got)).digest())
+
+
+@pytest.mark.parametrize("copied", [False, True])
+async def test_transport_reads_into_the_bytes_it_hands_on(copied: bool) -> None:
+    """Reads land in the ``bytes`` the session gets (``ReadBuffer``: the read's own object,
+    cut to its length; without the extension ``CopiedRead``, one copy): a large stream in
+    reads of any size, small writes among them, arrives whole and in order."""
+    payload = _payload(3_000_017)
+    loop = asyncio.get_running_loop()
+    context = ListenerContexts(
+        log=structlog.get_logger("test"),
+        out_limit=64 * 1024,
+        batch=ReadBatch(),
+        register=lambda t: True,
+        unregister=lambda t: None,
+    ).get(None)
+    if copied:
+        context.reader = CopiedRead()
+    else:
+        assert type(context.reader) is not CopiedRead, "build it: scripts/build_ext.sh"
+        context.reader = read_buffer(COPY_BELOW)  # (as with the broker's allocator thresholds)
+    server = await loop.create_server(
+        lambda: StreamTransport(
+            lambda link: _Recorder(link, payload), conn_id="t2", context=context
+        ),
+        "127.0.0.1",
+        0,
+    )
+    try:
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        at = 0
+        for step in (1, 2, 100, 70_000, 1, 300_000, 5, 1_000_000):
+            writer.write(payload[at : at + step])
+            await writer.drain()
+            at += step
+        writer.write(payload[at:])
+        got = await asyncio.wait_for(reader.readexactly(32), 30)
+        writer.close()
+    finally:
+        server.close()
+    assert got == hashlib.sha256(payload).digest()
+
+
+@pytest.mark.parametrize("copy_below", [0, 6, 100_000])
+def test_read_buffer_hands_over_what_was_read(copy_below: int) -> None:
+    """``ReadBuffer``: a writable buffer for one read, then its first n bytes as bytes (the
+    buffer's own object cut to n, or below ``copy_below`` a copy, the buffer kept)."""
+    from vibemq_server.protocol._bigcopy import ReadBuffer
+
+    reads = ReadBuffer(copy_below)
+    for size, data in ((16, b"hello"), (16, b""), (8, b"abcdefgh"), (100_000, b"x" * 99_999)):
+        target = reads.get(size)
+        assert len(target) == size
+        with memoryview(target) as view:
+            view[: len(data)] = data
+        got = reads.take(len(data))
+        assert type(got) is bytes and got == data and hash(got) == hash(bytes(data))
+        if len(data) < copy_below:
+            assert reads.get(size) is target and len(target) == size  # kept
+            assert reads.take(len(data)) == data
+        else:
+            with pytest.raises(ValueError):
+                reads.take(0)  # (taken: the next read needs get first)
+    reads.get(4)
+    with pytest.raises(ValueError):
+        reads.take(5)
+    for bad in (0, -1):
+        with pytest.raises(ValueError):
+            reads.get(bad)
 
 
 @pytest.mark.parametrize("make", [MqttParser, Mqtt5Parser])

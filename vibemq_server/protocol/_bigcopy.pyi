@@ -6,3 +6,16 @@ NOGIL_FROM: int
 
 def join_range(parts: Sequence[bytes | bytearray | memoryview], start: int, stop: int, /) -> bytes:
     """Bytes ``start:stop`` of the buffers in ``parts``, joined (the GIL released when large)."""
+
+class ReadBuffer:
+    """A socket read's buffer that becomes the read's bytes without a copy."""
+
+    def __init__(self, copy_below: int = 0) -> None: ...
+    def get(self, size: int, /) -> ReadBuffer:
+        """Itself, a writable buffer of ``size`` bytes (a fresh bytes inside) for a read."""
+
+    def take(self, n: int, /) -> bytes:
+        """The first ``n`` bytes read, as the bytes object itself (no copy)."""
+
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __len__(self) -> int: ...

@@ -50,6 +50,21 @@ def tune_allocator(environ: Mapping[str, str]) -> bool:
     mallopt.restype = ctypes.c_int
     # mallopt answers 1 on success; the mmap one first (the trim one alone would freeze the
     # mmap threshold at its 128 KiB default).
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+    _state.tuned = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
         mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     )
+    return _state.tuned
+
+
+class _State:
+    tuned = False
+
+
+_state = _State()
+
+
+def tuned() -> bool:
+    """Whether :func:`tune_allocator` set the thresholds in this process: then a large
+    block shrunk in place (a socket read cut to its length, server/transport.py) does not
+    give the heap back to be faulted in again by the next read."""
+    return _state.tuned

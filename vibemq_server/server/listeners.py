@@ -15,7 +15,7 @@ import structlog
 log = structlog.get_logger("vibemq.broker")
 
 #: builds the transport of one accepted socket; given the TLS context on a TLS listener
-Accept = Callable[[ssl.SSLContext | None], asyncio.Protocol]
+Accept = Callable[[ssl.SSLContext | None], asyncio.BaseProtocol]
 
 
 class Listeners:

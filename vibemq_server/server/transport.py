@@ -5,6 +5,9 @@ or else at the end of the loop turn. While the socket is paused, or our own pend
 is over its bound, ``writable`` is False so deliveries wait in their queues instead of in
 memory here; when it drains, ``_writable_again`` lets the protocol resume them.
 
+Reads land straight in the ``bytes`` the session parses (``get_buffer``/``buffer_updated``,
+``protocol/bigcopy.py: read_buffer``): no copy of every read out of uvloop's buffer.
+
 Input is read fairly: after a large read a connection is not read again until the loop has
 turned (``FAIR_READ_BYTES``), so one flooding peer cannot keep the others (a consumer's
 acks among them) waiting.
@@ -23,14 +26,19 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 import structlog
 
 from vibemq_server.core.buffers import JOIN_ALL, coalesce
+from vibemq_server.protocol.bigcopy import ReadInto, read_buffer
+from vibemq_server.server import allocator
 from vibemq_server.server.connlog import ConnLog, as_logger
 from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.tls import describe, peer_identity
+
+if TYPE_CHECKING:
+    from vibemq_server.protocol.bigcopy import ReadTarget
 
 #: After a read of at least this much, more input is probably waiting: the connection is not
 #: read again until the loop has turned. libuv reads a readable socket again and again while
@@ -38,6 +46,13 @@ from vibemq_server.server.tls import describe, peer_identity
 #: loop turn; a consumer's acks that arrived meanwhile waited behind all of it, seconds on a
 #: busy machine, with its window full and ready messages in the queue (issue 12).
 FAIR_READ_BYTES = 64 * 1024
+#: The most one socket read takes (uvloop's own read buffer's size, 256,000 bytes).
+READ_SIZE = 256_000
+#: A read shorter than this is copied out of the read buffer (cheaper than cutting the
+#: buffer to its length, and the buffer serves the next read); longer ones are handed on as
+#: the buffer itself. Without the broker's allocator thresholds a cut costs a page-faulted
+#: heap top per read (protocol/_bigcopy.c), so then only full reads are handed on.
+COPY_BELOW = 4096
 
 _T = TypeVar("_T")
 
@@ -296,6 +311,7 @@ class TransportContext:
         "log",
         "loop",
         "out_limit",
+        "reader",
         "refusal",
         "register",
         "stats",
@@ -305,6 +321,8 @@ class TransportContext:
 
     def __init__(self, listener: ListenerContexts, tls: ssl.SSLContext | None = None) -> None:
         self.loop = asyncio.get_running_loop()
+        #: where the listener's connections' reads land (one at a time: the one loop)
+        self.reader: ReadInto = read_buffer(COPY_BELOW if allocator.tuned() else READ_SIZE)
         # (copied: the transports' hot paths read one object)
         self.log = listener.log
         self.out_limit = listener.out_limit
@@ -331,7 +349,7 @@ class TlsChannel:
         self.identity: str | None = None
 
 
-class StreamTransport(asyncio.Protocol):
+class StreamTransport(asyncio.BufferedProtocol):
     """The one asyncio protocol of every stream listener, whatever it speaks: it owns the
     socket, the output buffer, flow control and the per-read batch, and hands bytes to the
     protocol's sans-IO ``Session`` (made by ``make_session`` once the socket is accepted).
@@ -431,6 +449,14 @@ class StreamTransport(asyncio.Protocol):
             self._tls = TlsChannel(ctx.tls)
             return  # (its deadline: check_timers)
         self._start_session()
+
+    def get_buffer(self, sizehint: int) -> ReadTarget:
+        """Where the next read goes (``sizehint``, libuv's 64 KiB, is not used: a read of up
+        to READ_SIZE takes what a publisher sent at once)."""
+        return self._ctx.reader.get(READ_SIZE)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._ctx.reader.take(nbytes))
 
     def data_received(self, data: bytes) -> None:
         session = self.session
