@@ -207,7 +207,13 @@ class VibeMQBroker(Broker):
             argv += ["--tls-port", "0", "--mqtt-tls-port", "0", "--amqp-tls-port", "0"]
         if self.ws:
             argv += ["--mqtt-ws-port", "0"]
-        self._spawn(argv, env={**os.environ, **self.env} if self.env else None)
+        env = {**os.environ, **self.env}
+        if self.command is None and "PYTHONPATH" not in self.env:
+            # the broker runs this checkout's modules (a compiled copy in /tmp included), not
+            # whatever the venv's editable install points at: its vibemq-server script would
+            # otherwise import another tree, and the bench measure that one
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        self._spawn(argv, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
