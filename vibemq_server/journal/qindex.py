@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import os
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from struct import Struct
@@ -63,13 +64,36 @@ _MIN_LENGTH = RECORD_HEAD.size
 _QUEUE_AT = {1: 17, 2: 17, 3: 17 + 27, 4: 17 + 10, 5: 17 + 9}
 
 
+#: one queue's part of the compiled walk's answer: name, min and max time, range count, ranges
+_Found = tuple[bytes, int, int, int, bytes]
+#: _QUEUE_AT as the compiled walk takes it: one byte per record type (0: no such type)
+_QUEUE_AT_TABLE = bytes(_QUEUE_AT.get(kind, 0) for kind in range(256))
+
+#: the walk in C, with the GIL released (journal/_recbuf.c); None: not built (the loop below)
+index_scan: Callable[[bytes, int, bytes], tuple[bool, int, int, int, int, list[_Found]]] | None
+try:
+    from vibemq_server.journal._recbuf import index_scan
+except ImportError:  # pragma: no cover - the extension is not built
+    index_scan = None
+
+
 @dataclass(slots=True)
 class QueueSpans:
-    """Where one queue's records are in a segment, and their time span (ms)."""
+    """Where one queue's records are in a segment, and their time span (ms). An index built
+    by the compiled walk keeps the ranges as they go to disk (``block``: big-endian u64 pairs)
+    and ``ranges`` empty: the broker only writes them (see :func:`ranges_of`)."""
 
     min_ts: int
     max_ts: int
     ranges: list[tuple[int, int]] = field(default_factory=list)
+    block: bytes | None = None
+
+
+def ranges_of(spans: QueueSpans) -> list[tuple[int, int]]:
+    """A queue's ranges, whichever walk built them."""
+    if spans.block is None:
+        return spans.ranges
+    return [_RANGE.unpack_from(spans.block, i) for i in range(0, len(spans.block), _RANGE.size)]
 
 
 @dataclass(slots=True)
@@ -108,6 +132,26 @@ def build(segment_path: Path) -> SegmentIndex | None:
     everything bound locally: it runs once per sealed segment, in the broker's process."""
     data = segment_path.read_bytes()
     number = check_segment_header(data, str(segment_path))
+    if index_scan is not None:
+        damaged, end, first_crc, last_offset, last_crc, found = index_scan(
+            data, SEGMENT_HEADER_SIZE, _QUEUE_AT_TABLE
+        )
+        if damaged:
+            return None
+        index = SegmentIndex(number, len(data), end, first_crc, last_offset, last_crc)
+        try:
+            for raw, min_ts, max_ts, _count, block in found:
+                index.queues[raw.decode()] = QueueSpans(min_ts, max_ts, block=block)
+        except UnicodeDecodeError:
+            pass  # a name that is not UTF-8: the loop below says where and what it is
+        else:
+            return index
+    return build_pure(data, number)
+
+
+def build_pure(data: bytes, number: int) -> SegmentIndex | None:
+    """:func:`build`'s walk in Python (without the extension, and the reference it is tested
+    against)."""
     index = SegmentIndex(number, len(data), SEGMENT_HEADER_SIZE, 0, 0, 0)
     view = memoryview(data)
     size = len(data)
@@ -168,7 +212,8 @@ def build(segment_path: Path) -> SegmentIndex | None:
 
 def encode(index: SegmentIndex) -> bytes:
     blocks = [
-        b"".join(_RANGE.pack(a, b) for a, b in spans.ranges) for spans in index.queues.values()
+        b"".join(_RANGE.pack(a, b) for a, b in spans.ranges) if spans.block is None else spans.block
+        for spans in index.queues.values()
     ]
     entries = []
     for name in index.queues:
@@ -179,7 +224,7 @@ def encode(index: SegmentIndex) -> bytes:
     at = _HEAD.size + directory_len + _U32.size
     for i, (spans, block) in enumerate(zip(index.queues.values(), blocks, strict=True)):
         entries[2 * i + 1] = _ENTRY.pack(
-            spans.min_ts, spans.max_ts, len(spans.ranges), at, zlib.crc32(block)
+            spans.min_ts, spans.max_ts, len(block) // _RANGE.size, at, zlib.crc32(block)
         )
         at += len(block)
     top = _HEAD.pack(
