@@ -1,5 +1,7 @@
 """Types of the compiled record encoder (``_recbuf.c``; the pure one is batch.PyRecordBuffer)."""
 
+import mmap
+
 class RecordBuffer:
     def publish(
         self,
@@ -22,5 +24,5 @@ class RecordBuffer:
     def __len__(self) -> int: ...
 
 def index_scan(
-    data: bytes, pos: int, queue_at: bytes, /
+    data: bytes | mmap.mmap, pos: int, queue_at: bytes, /
 ) -> tuple[bool, int, int, int, int, list[tuple[bytes, int, int, int, bytes]]]: ...

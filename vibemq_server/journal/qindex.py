@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import mmap
 import os
 import zlib
 from collections.abc import Callable
@@ -70,7 +71,9 @@ _Found = tuple[bytes, int, int, int, bytes]
 _QUEUE_AT_TABLE = bytes(_QUEUE_AT.get(kind, 0) for kind in range(256))
 
 #: the walk in C, with the GIL released (journal/_recbuf.c); None: not built (the loop below)
-index_scan: Callable[[bytes, int, bytes], tuple[bool, int, int, int, int, list[_Found]]] | None
+index_scan: (
+    Callable[[bytes | mmap.mmap, int, bytes], tuple[bool, int, int, int, int, list[_Found]]] | None
+)
 try:
     from vibemq_server.journal._recbuf import index_scan
 except ImportError:  # pragma: no cover - the extension is not built
@@ -130,23 +133,28 @@ def build(segment_path: Path) -> SegmentIndex | None:
     of its body: a record with a valid CRC and a malformed body was written so, and a reader
     of its queue still finds it (readers check every record they read in full). One loop with
     everything bound locally: it runs once per sealed segment, in the broker's process."""
-    data = segment_path.read_bytes()
-    number = check_segment_header(data, str(segment_path))
-    if index_scan is not None:
-        damaged, end, first_crc, last_offset, last_crc, found = index_scan(
-            data, SEGMENT_HEADER_SIZE, _QUEUE_AT_TABLE
-        )
-        if damaged:
-            return None
-        index = SegmentIndex(number, len(data), end, first_crc, last_offset, last_crc)
-        try:
-            for raw, min_ts, max_ts, _count, block in found:
-                index.queues[raw.decode()] = QueueSpans(min_ts, max_ts, block=block)
-        except UnicodeDecodeError:
-            pass  # a name that is not UTF-8: the loop below says where and what it is
-        else:
-            return index
-    return build_pure(data, number)
+    with open(segment_path, "rb") as f:
+        if index_scan is not None and os.fstat(f.fileno()).st_size > SEGMENT_HEADER_SIZE:
+            # mapped, not read: a 64 MiB segment does not pass through the broker's heap
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                number = check_segment_header(mapped[:SEGMENT_HEADER_SIZE], str(segment_path))
+                size = len(mapped)
+                damaged, end, first_crc, last_offset, last_crc, found = index_scan(
+                    mapped, SEGMENT_HEADER_SIZE, _QUEUE_AT_TABLE
+                )
+            if damaged:
+                return None
+            index = SegmentIndex(number, size, end, first_crc, last_offset, last_crc)
+            try:
+                for raw, min_ts, max_ts, _count, block in found:
+                    index.queues[raw.decode()] = QueueSpans(min_ts, max_ts, block=block)
+            except UnicodeDecodeError:
+                pass  # a name that is not UTF-8: the loop below says where and what it is
+            else:
+                return index
+            f.seek(0)
+        data = f.read()
+    return build_pure(data, check_segment_header(data, str(segment_path)))
 
 
 def build_pure(data: bytes, number: int) -> SegmentIndex | None:
