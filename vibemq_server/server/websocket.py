@@ -78,6 +78,21 @@ _GATHER_MAX = 65_536
 _METHOD_START = frozenset(bytes([c]) for c in range(ord("A"), ord("Z") + 1))
 
 
+def _payload_length(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    """The payload length of the frame at ``pos`` and its header's size without the mask key
+    (RFC 6455 5.2); a size of 0 when the extended length is not all read yet."""
+    length = buf[pos + 1] & 0x7F
+    if length == 126:
+        if end - pos < 4:
+            return 0, 0
+        return (buf[pos + 2] << 8) | buf[pos + 3], 4
+    if length == 127:
+        if end - pos < 10:
+            return 0, 0
+        return int.from_bytes(buf[pos + 2 : pos + 10], "big"), 10
+    return length, 2
+
+
 def unmask_run_pure(buf: bytes, pos: int, max_message: int) -> tuple[bytes, int]:
     """From ``pos``, the frames that are whole, FIN + binary without extension bits, masked
     and at most ``max_message`` bytes: their data unmasked and joined, and where the first
@@ -90,16 +105,9 @@ def unmask_run_pure(buf: bytes, pos: int, max_message: int) -> tuple[bytes, int]
         second = buf[pos + 1]
         if not second & 0x80:
             break  # unmasked: the library refuses it
-        length = second & 0x7F
-        head = 2
-        if length == 126:
-            if end - pos < 4:
-                break
-            length, head = (buf[pos + 2] << 8) | buf[pos + 3], 4
-        elif length == 127:
-            if end - pos < 10:
-                break
-            length, head = int.from_bytes(buf[pos + 2 : pos + 10], "big"), 10
+        length, head = _payload_length(buf, pos, end)
+        if not head:
+            break
         head += 4
         stop = pos + head + length
         if length > max_message or stop > end:
@@ -302,16 +310,9 @@ class WebSocketSession:
                 break
             # not the common frame (or not whole yet): its header, then the library
             first, second = buf[pos], buf[pos + 1]
-            length = second & 0x7F
-            head = 2
-            if length == 126:
-                if end - pos < 4:
-                    break
-                length, head = (buf[pos + 2] << 8) | buf[pos + 3], 4
-            elif length == 127:
-                if end - pos < 10:
-                    break
-                length, head = int.from_bytes(buf[pos + 2 : pos + 10], "big"), 10
+            length, head = _payload_length(buf, pos, end)
+            if not head:
+                break
             if length > max_message:
                 if chunks:
                     self._deliver(chunks)
