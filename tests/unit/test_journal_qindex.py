@@ -300,18 +300,8 @@ def test_the_compiled_walk_is_built() -> None:
 
 def _walks(data: bytes) -> tuple[bytes | None, bytes | None]:
     """The sidecar bytes of both walks over one segment's bytes (None: damaged)."""
-    number = 1
-    fast = qindex.build_pure(data, number) if qindex.index_scan is None else None
-    if qindex.index_scan is not None:
-        damaged, end, first, last_at, last, found = qindex.index_scan(
-            data, SEGMENT_HEADER_SIZE, qindex._QUEUE_AT_TABLE
-        )
-        if not damaged:
-            fast = qindex.SegmentIndex(number, len(data), end, first, last_at, last)
-            for raw, lo, hi, count, block in found:
-                assert count * 16 == len(block)
-                fast.queues[raw.decode()] = qindex.QueueSpans(lo, hi, block=block)
-    pure = qindex.build_pure(data, number)
+    fast = qindex.build_compiled(data, 1)
+    pure = qindex.build_pure(data, 1)
     return (
         None if fast is None else qindex.encode(fast),
         None if pure is None else qindex.encode(pure),

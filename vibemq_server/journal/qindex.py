@@ -138,23 +138,34 @@ def build(segment_path: Path) -> SegmentIndex | None:
             # mapped, not read: a 64 MiB segment does not pass through the broker's heap
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                 number = check_segment_header(mapped[:SEGMENT_HEADER_SIZE], str(segment_path))
-                size = len(mapped)
-                damaged, end, first_crc, last_offset, last_crc, found = index_scan(
-                    mapped, SEGMENT_HEADER_SIZE, _QUEUE_AT_TABLE
-                )
-            if damaged:
-                return None
-            index = SegmentIndex(number, size, end, first_crc, last_offset, last_crc)
-            try:
-                for raw, min_ts, max_ts, _count, block in found:
-                    index.queues[raw.decode()] = QueueSpans(min_ts, max_ts, block=block)
-            except UnicodeDecodeError:
-                pass  # a name that is not UTF-8: the loop below says where and what it is
-            else:
-                return index
-            f.seek(0)
+                built = build_compiled(mapped, number)
+            if built is not _UNDECIDED:
+                return built
+            f.seek(0)  # a name that is not UTF-8: the loop below says where and what it is
         data = f.read()
     return build_pure(data, check_segment_header(data, str(segment_path)))
+
+
+#: build_compiled's answer when only the Python walk can tell (a queue name not UTF-8)
+_UNDECIDED = SegmentIndex(0, 0, 0, 0, 0, 0)
+
+
+def build_compiled(data: bytes | mmap.mmap, number: int) -> SegmentIndex | None:
+    """:func:`build`'s walk in C (``index_scan`` must be built); ``_UNDECIDED`` when a queue
+    name is not UTF-8, which the Python walk treats as a bad record."""
+    assert index_scan is not None
+    damaged, end, first_crc, last_offset, last_crc, found = index_scan(
+        data, SEGMENT_HEADER_SIZE, _QUEUE_AT_TABLE
+    )
+    if damaged:
+        return None
+    index = SegmentIndex(number, len(data), end, first_crc, last_offset, last_crc)
+    try:
+        for raw, min_ts, max_ts, _count, block in found:
+            index.queues[raw.decode()] = QueueSpans(min_ts, max_ts, block=block)
+    except UnicodeDecodeError:
+        return _UNDECIDED
+    return index
 
 
 def build_pure(data: bytes, number: int) -> SegmentIndex | None:
