@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from enum import Enum
 from struct import Struct
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from vibemq_server.adapters.mqtt.packets import (
     MAX_CLIENT_ID_LENGTH_V31,
@@ -62,8 +62,8 @@ from vibemq_server.adapters.mqtt.packets import (
 )
 from vibemq_server.adapters.mqtt.packets5 import ReasonCode
 from vibemq_server.adapters.mqtt.topics import topic_filter_error, topic_name_error
-from vibemq_server.protocol.bigcopy import Unjoined
-from vibemq_server.protocol.held import Buffer, HeldInput, join_range, prefix
+from vibemq_server.protocol.bigcopy import Fill, Unjoined, payload_fill
+from vibemq_server.protocol.held import Buffer, Filling, HeldInput, join_range, prefix
 
 MAX_REMAINING_LENGTH = 268_435_455
 MAX_REMAINING_LENGTH_BYTES = 4
@@ -808,21 +808,12 @@ class _Payloaded(Protocol):
 _P = TypeVar("_P", bound=_Payloaded)
 
 
-def publish_from_parts(
-    parts: list[Buffer],
-    decode: Callable[[int, bytes], _P],
-    *,
-    properties: bool,
-    defer_from: int = 0,
-) -> tuple[_P, Unjoined | None] | None:
-    """A large PUBLISH held over reads (``parts``: exactly its bytes, its first byte and
-    length checked), decoded without joining them: the variable header from a small copy of
-    its start, the payload joined straight from the reads (its one copy), or, from
-    ``defer_from`` bytes, left to join (the payload empty, an :class:`Unjoined` beside it).
-    ``properties``: MQTT 5 (a property block follows the packet id). None when the
-    variable header runs past the packet: the caller decodes the joined bytes, which names
-    the fault."""
-    total = sum(map(len, parts))
+def _publish_head(
+    parts: list[Buffer], decode: Callable[[int, bytes], _P], *, properties: bool, total: int
+) -> tuple[_P, int] | None:
+    """A large PUBLISH's fixed and variable header decoded from a small copy of the start
+    of ``parts`` (``total`` bytes of it held): the packet (its payload empty) and where its
+    payload starts; None when the variable header runs past what is held."""
     head = prefix(parts, 7)
     decoded = decode_remaining_length(head, 1)
     if decoded is None:
@@ -843,11 +834,85 @@ def publish_from_parts(
     if end > total:
         return None
     head = prefix(parts, end)
-    packet = decode(head[0] & 0x0F, head[header:end])  # (its payload: empty)
+    return decode(head[0] & 0x0F, head[header:end]), end
+
+
+def publish_from_parts(
+    parts: list[Buffer],
+    decode: Callable[[int, bytes], _P],
+    *,
+    properties: bool,
+    defer_from: int = 0,
+) -> tuple[_P, Unjoined | None] | None:
+    """A large PUBLISH held over reads (``parts``: exactly its bytes, its first byte and
+    length checked), decoded without joining them: the variable header from a small copy of
+    its start, the payload joined straight from the reads (its one copy), or, from
+    ``defer_from`` bytes, left to join (the payload empty, an :class:`Unjoined` beside it).
+    ``properties``: MQTT 5 (a property block follows the packet id). None when the
+    variable header runs past the packet: the caller decodes the joined bytes, which names
+    the fault."""
+    total = sum(map(len, parts))
+    decoded = _publish_head(parts, decode, properties=properties, total=total)
+    if decoded is None:
+        return None
+    packet, end = decoded
     if defer_from and total - end >= defer_from:
         return packet, Unjoined(packet, parts, end, total)
     packet.payload = join_range(parts, end, total)
     return packet, None
+
+
+def start_fill(
+    held: HeldInput, decode: Callable[[int, bytes], _P], *, properties: bool, fill_from: int
+) -> None:
+    """A PUBLISH held over reads with ``fill_from`` bytes or more still to come: once its
+    variable header is in, decode it and copy what is held of the payload into the
+    payload's own ``bytes`` (``payload_fill``); the rest goes straight in (the transport
+    reads into it, ``Link.read_into``, or ``feed`` copies it in): no join. Left as it is
+    (joined when complete, as before) while the header is cut, or when it is malformed
+    (the usual path names the fault)."""
+    if (
+        not fill_from
+        or held.filling is not None
+        or held.need - held.size < fill_from
+        or held.first_byte() >> 4 != 3
+    ):
+        return
+    parts, size = held.parts, held.size
+    try:
+        decoded = _publish_head(parts, decode, properties=properties, total=size)
+    except MqttProtocolError:
+        return
+    if decoded is None:
+        return
+    packet, end = decoded
+    fill = payload_fill(held.need - end)
+    at = 0
+    for part in parts:
+        stop = at + len(part)
+        if stop > end:
+            fill.write(part if at >= end else memoryview(part)[end - at :])
+        at = stop
+    held.clear()
+    held.filling = Filling(fill, packet)
+
+
+def go_on_filling(
+    held: HeldInput, data: bytes | bytearray | memoryview, decode: Callable[[int, bytes], _P]
+) -> tuple[_P, int] | None:
+    """``data`` (what came after the reads straight into it, if any) into the payload being
+    filled: the packet, whole, and how much of ``data`` went into it; None while more is
+    needed. (``decode``: the parser's, which made the packet.)"""
+    filling = held.filling
+    assert filling is not None
+    fill = filling.fill
+    used = fill.write(data) if data else 0
+    if not fill.full:
+        return None
+    held.filling = None
+    packet = cast(_P, filling.packet)  # (start_fill's: the parser's own packet type)
+    packet.payload = fill.take()
+    return packet, used
 
 
 def held_packet(
@@ -867,6 +932,19 @@ def held_packet(
     return None, held.take(), 0, None
 
 
+def held_bytes(held: HeldInput | None) -> int:
+    """Bytes of an incomplete packet a parser holds (a payload being filled included)."""
+    if held is None:
+        return 0
+    filling = held.filling
+    return held.size if filling is None else filling.fill.filled
+
+
+def filling_of(held: HeldInput | None) -> Fill | None:
+    filling = held.filling if held is not None else None
+    return filling.fill if filling is not None else None
+
+
 def open_feed(
     error: MqttProtocolError | None,
     held: HeldInput | None,
@@ -875,16 +953,26 @@ def open_feed(
     *,
     properties: bool,
     defer_from: int,
+    fill_from: int = 0,
 ) -> tuple[_P | None, bytes, int, Unjoined | None] | None:
     """The opening of an MQTT parser's ``feed`` (3.1.1 and 5 alike): refuse a spent parser;
     with a packet held over reads, add ``data`` to it (None: still not complete) and give
-    what :func:`held_packet` gives; else ``data`` as bytes to parse from 0."""
+    what :func:`held_packet` gives (a payload being filled: what :func:`go_on_filling`
+    gives, the rest of ``data`` to parse after it); else ``data`` as bytes to parse from 0.
+    ``fill_from``: :func:`start_fill`'s."""
     if error is not None:
         raise MqttProtocolError(error.code, f"parser already failed: {error.message}")
-    if held is not None and held.size:
-        if not held.add_part(data):
-            return None
-        return held_packet(held, decode, properties=properties, defer_from=defer_from)
+    if held is not None:
+        if held.filling is not None:
+            filled = go_on_filling(held, data, decode)
+            if filled is None:
+                return None
+            return filled[0], bytes(data), filled[1], None
+        if held.size:
+            if not held.add_part(data):
+                start_fill(held, decode, properties=properties, fill_from=fill_from)
+                return None
+            return held_packet(held, decode, properties=properties, defer_from=defer_from)
     return None, bytes(data), 0, None  # (no copy when data is bytes already)
 
 
@@ -897,9 +985,13 @@ class MqttParser:
     parser is spent: every later :meth:`feed` raises again.
     """
 
-    __slots__ = ("_error", "_held", "defer_from", "max_packet_size", "unjoined")
+    __slots__ = ("_error", "_held", "defer_from", "fill_from", "max_packet_size", "unjoined")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE) -> None:
+        #: a PUBLISH with this many bytes or more still to come once its header is in (0:
+        #: none) has its payload filled in place (:func:`start_fill`; ``filling`` is then the
+        #: buffer a caller may read the rest straight into, then ``feed(b"")``)
+        self.fill_from = 0
         #: a PUBLISH payload of this many bytes or more (0: none) that came over many reads is
         #: left unjoined: the PUBLISH comes first in what ``feed`` returns, with an empty
         #: payload, and ``unjoined`` says where its payload lies (the caller joins it)
@@ -915,8 +1007,12 @@ class MqttParser:
     @property
     def buffered(self) -> int:
         """Bytes received but not yet part of a returned packet."""
-        held = self._held
-        return held.size if held is not None else 0
+        return held_bytes(self._held)
+
+    @property
+    def filling(self) -> Fill | None:
+        """The payload being filled in place, if any (:func:`start_fill`)."""
+        return filling_of(self._held)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
         """Append ``data``; return every packet now complete, in order (possibly none)."""
@@ -929,6 +1025,7 @@ class MqttParser:
                 _decode_publish,
                 properties=False,
                 defer_from=self.defer_from,
+                fill_from=self.fill_from,
             )
         except MqttProtocolError as exc:
             if self._error is None:
@@ -994,4 +1091,6 @@ class MqttParser:
             if held is None:
                 held = self._held = HeldInput()
             held.hold(buf, pos, need)
+            if self.fill_from:
+                start_fill(held, _decode_publish, properties=False, fill_from=self.fill_from)
         return packets

@@ -33,10 +33,14 @@ from vibemq_server.adapters.mqtt.codec import (
     _Reader,
     decode_remaining_length,
     encode_remaining_length,
+    filling_of,
     first_byte_check,
+    held_bytes,
     open_feed,
+    start_fill,
 )
 from vibemq_server.adapters.mqtt.packets import PacketType, Pingreq, Pingresp
+from vibemq_server.protocol.bigcopy import Fill
 from vibemq_server.adapters.mqtt.packets5 import (
     AUTH,
     NO_PROPERTIES,
@@ -684,9 +688,11 @@ class Mqtt5Parser:
     After an error the parser is spent.
     """
 
-    __slots__ = ("_error", "_held", "defer_from", "max_packet_size", "unjoined")
+    __slots__ = ("_error", "_held", "defer_from", "fill_from", "max_packet_size", "unjoined")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE) -> None:
+        #: as :class:`codec.MqttParser`'s: a large PUBLISH payload filled in place
+        self.fill_from = 0
         #: as :class:`codec.MqttParser`'s: a large PUBLISH payload left for the caller to join
         self.defer_from = 0
         self.unjoined: Unjoined | None = None
@@ -699,8 +705,11 @@ class Mqtt5Parser:
 
     @property
     def buffered(self) -> int:
-        held = self._held
-        return held.size if held is not None else 0
+        return held_bytes(self._held)
+
+    @property
+    def filling(self) -> Fill | None:
+        return filling_of(self._held)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Packet5]:
         held = self._held
@@ -712,6 +721,7 @@ class Mqtt5Parser:
                 _decode_publish,
                 properties=True,
                 defer_from=self.defer_from,
+                fill_from=self.fill_from,
             )
         except MqttProtocolError as exc:
             if self._error is None:
@@ -777,6 +787,8 @@ class Mqtt5Parser:
             if held is None:
                 held = self._held = HeldInput()
             held.hold(buf, pos, need)
+            if self.fill_from:
+                start_fill(held, _decode_publish, properties=True, fill_from=self.fill_from)
         return packets
 
 

@@ -55,7 +55,7 @@ from vibemq_server.config import MqttConfig
 from vibemq_server.core import QueueManager
 from vibemq_server.core.durable_replies import DurableReplies
 from vibemq_server.core.permissions import BEFORE_LOGIN, Access, Operation
-from vibemq_server.protocol.bigcopy import BIG_FROM, Unjoined
+from vibemq_server.protocol.bigcopy import BIG_FROM, FILL_FROM, Unjoined
 from vibemq_server.server.connlog import bind_lazily
 from vibemq_server.server.stall import StallClock
 from vibemq_server.server.stats import ProtocolStats
@@ -208,6 +208,7 @@ class MqttConnection:
         self.server = server
         self.parser = MqttParser(server.cfg.max_packet_size)
         self.parser.defer_from = BIG_FROM  # (its payload joined off the loop: _join_off_loop)
+        self.parser.fill_from = FILL_FROM  # (the rest read straight into it: link.read_into)
         self._state = State.AWAIT_CONNECT
         self._table = TRANSITIONS[State.AWAIT_CONNECT]
         # (None for a clean 3.1.1 session until it is needed: ``_session_now``)
@@ -294,6 +295,9 @@ class MqttConnection:
             self.parser.unjoined = None
             if self._join_off_loop(unjoined, packets, error):
                 return
+        fill = self.parser.filling
+        if fill is not None:
+            self.link.read_into(fill)
         if self._authenticating and self._held is not None:
             # (reading is paused for the login; these were on their way already)
             held, rest = self._held

@@ -55,7 +55,7 @@ from vibemq_server.adapters.mqtt.packets5 import (
 from vibemq_server.adapters.mqtt.session5 import NEVER_EXPIRES, Mqtt5Session
 from vibemq_server.adapters.mqtt.states import TRANSITIONS5, Event, Input, State
 from vibemq_server.adapters.mqtt.topics import topic_to_address
-from vibemq_server.protocol.bigcopy import BIG_FROM
+from vibemq_server.protocol.bigcopy import BIG_FROM, FILL_FROM
 from vibemq_server.server.transport import Link, SessionInfo
 
 R = ReasonCode
@@ -128,6 +128,7 @@ class Mqtt5Connection(MqttConnection):
         cfg = server.cfg
         self.parser5 = Mqtt5Parser(cfg.max_packet_size)
         self.parser5.defer_from = BIG_FROM  # (as for 3.1.1: _join_off_loop)
+        self.parser5.fill_from = FILL_FROM  # (as for 3.1.1: link.read_into)
         self._table = TRANSITIONS5[State.AWAIT_CONNECT]
         #: the client's topic aliases: alias -> topic
         self.aliases_in: dict[int, str] = {}
@@ -163,6 +164,9 @@ class Mqtt5Connection(MqttConnection):
             self.parser5.unjoined = None
             if self._join_off_loop(unjoined, packets, error):  # type: ignore[arg-type]
                 return
+        fill = self.parser5.filling
+        if fill is not None:
+            self.link.read_into(fill)
         if self._authenticating and self._held is not None:
             held, rest = self._held
             self._held = (held + packets, rest)  # type: ignore[operator]

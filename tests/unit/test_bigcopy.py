@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vibemq_server.adapters.mqtt.codec import MqttParser, encode
+from vibemq_server.adapters.mqtt.codec import MqttParser, MqttProtocolError, encode
 from vibemq_server.adapters.mqtt.codec5 import Mqtt5Parser, encode5
 from vibemq_server.adapters.mqtt.packets import Pingreq, Publish
 from vibemq_server.adapters.mqtt.packets5 import Properties, Publish5
@@ -199,3 +199,129 @@ def test_mqtt5_big_publish_left_unjoined_then_joined() -> None:
             got.extend(packets)
         assert got == [publish, publish]
         assert deferred or len(pieces) == 2
+
+
+# -- a large payload filled in place (payload_fill, the parsers' fill_from) --------------------
+
+
+def _drive_fill(fill: bigcopy.Fill, steps: list[tuple[bool, bytes]]) -> tuple[list[object], int]:
+    """Feed ``steps`` into ``fill``: written (``write``) or read into its exported rest
+    (``advance``), as far as there is room; what each step gave and the bytes used in all."""
+    seen: list[object] = []
+    used = 0
+    for read, data in steps:
+        if read:
+            with memoryview(bigcopy.read_target(fill)) as view:
+                n = min(len(view), len(data))
+                view[:n] = data[:n]
+            seen.append(fill.advance(n))
+        else:
+            n = fill.write(data)
+            seen.append(n)
+        used += n
+        seen.append((fill.filled, fill.full, len(fill)))
+    return seen, used
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    size=st.integers(0, 3000),
+    steps=st.lists(st.tuples(st.booleans(), st.binary(max_size=700)), max_size=12),
+)
+def test_the_compiled_fill_is_the_pure_one(size: int, steps: list[tuple[bool, bytes]]) -> None:
+    from vibemq_server.protocol._bigcopy import PayloadFill
+
+    compiled, pure = PayloadFill(size), bigcopy.PureFill(size)
+    assert _drive_fill(compiled, steps) == _drive_fill(pure, steps)
+    if pure.full:
+        assert compiled.take() == pure.take()
+        for spent in (compiled, pure):
+            with pytest.raises(ValueError):
+                spent.take()
+    else:
+        for open_ in (compiled, pure):
+            with pytest.raises(ValueError):
+                open_.take()
+            with pytest.raises(ValueError):
+                open_.advance(len(open_) + 1)
+
+
+def test_a_fill_refuses_a_write_during_a_read() -> None:
+    from vibemq_server.protocol._bigcopy import PayloadFill
+
+    fill = PayloadFill(10)
+    with memoryview(fill) as view:
+        assert len(view) == 10
+        with pytest.raises(BufferError):
+            fill.write(b"x")
+    assert fill.write(b"abc") == 3
+    with memoryview(fill) as view:
+        assert len(view) == 7  # the unfilled rest
+
+
+def _fill_feed(parser: MqttParser | Mqtt5Parser, pieces: list[bytes], into: bool) -> list[object]:
+    """``pieces`` as reads; with ``into``, while the parser fills a payload the reads go
+    straight into it (as the transport does) and the parser is fed ``b""`` after each."""
+    got: list[object] = []
+    for piece in pieces:
+        data = piece
+        while into and data and parser.filling is not None:
+            fill = parser.filling
+            with memoryview(bigcopy.read_target(fill)) as view:
+                n = min(len(view), len(data))
+                view[:n] = data[:n]
+            fill.advance(n)
+            data = data[n:]
+            got.extend(parser.feed(b""))
+        if data or not into:
+            got.extend(parser.feed(data))
+    assert parser.buffered == 0 and parser.filling is None
+    return got
+
+
+@pytest.mark.parametrize("into", [False, True])
+@pytest.mark.parametrize("qos", [0, 1])
+def test_mqtt_big_publish_filled_in_place(qos: int, into: bool) -> None:
+    publish = Publish("big/topic", _payload(), qos, packet_id=7 if qos else None)
+    stream = encode(publish) + encode(Pingreq()) + encode(publish)
+    for pieces in _splits(stream):
+        parser = MqttParser()
+        parser.fill_from = BIG_FROM
+        assert _fill_feed(parser, pieces, into) == [publish, Pingreq(), publish]
+
+
+@pytest.mark.parametrize("into", [False, True])
+def test_mqtt5_big_publish_filled_in_place(into: bool) -> None:
+    publish = Publish5(
+        "big/topic", _payload(), 1, packet_id=9, properties=Properties(content_type="a/b")
+    )
+    stream = encode5(publish) + encode5(publish)
+    for pieces in _splits(stream):
+        parser = Mqtt5Parser()
+        parser.fill_from = BIG_FROM
+        assert _fill_feed(parser, pieces, into) == [publish, publish]
+
+
+def test_a_fill_starts_once_the_header_is_in() -> None:
+    publish = Publish("big/topic", _payload(), 1, packet_id=3)
+    data = encode(publish)
+    parser = MqttParser()
+    parser.fill_from = BIG_FROM
+    assert parser.feed(data[:3]) == [] and parser.filling is None  # (the topic is cut)
+    assert parser.feed(data[3:1000]) == []
+    fill = parser.filling
+    assert fill is not None and len(fill) == len(data) - 1000
+    assert parser.buffered == fill.filled
+    assert parser.feed(data[1000:] + encode(Pingreq())) == [publish, Pingreq()]
+
+
+def test_a_malformed_big_publish_is_refused_as_before() -> None:
+    publish = Publish("big/topic", _payload(), 1, packet_id=3)
+    data = bytearray(encode(publish))
+    at = data.index(b"big/topic")
+    data[at + 3] = ord("#")  # a wildcard in a topic name
+    parser = MqttParser()
+    parser.fill_from = BIG_FROM
+    assert parser.feed(bytes(data[:2000])) == [] and parser.filling is None
+    with pytest.raises(MqttProtocolError):
+        parser.feed(bytes(data[2000:]))

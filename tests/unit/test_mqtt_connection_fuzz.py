@@ -92,6 +92,7 @@ from vibemq_server.auth import Authenticator
 from vibemq_server.config import Config
 from vibemq_server.core import QueueManager
 from vibemq_server.journal import FsyncPolicy, Journal
+from vibemq_server.protocol.bigcopy import Fill, read_target
 from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.server.adapter import AdapterContext
 from vibemq_server.server.broker import with_payload_forms
@@ -137,6 +138,7 @@ class TestLink:
         self._flush_scheduled = False
         self._write_paused = False
         self._reading_paused = False
+        self._into: Fill | None = None  # read_into's
 
     # -- Link ---------------------------------------------------------------------------------
 
@@ -220,7 +222,26 @@ class TestLink:
 
     # -- what the socket and the broker do (as StreamTransport passes them on) ----------------
 
+    def read_into(self, fill: Fill) -> None:
+        self._into = fill if len(fill) else None
+
     def data_received(self, data: bytes) -> None:
+        """A read; while the connection has asked for its next bytes in a fill of its own
+        (``read_into``), they go there first, as the transport reads them, and the
+        connection gets ``data_received(b"")`` after each such read."""
+        while self._into is not None and data and not self.closed:
+            fill = self._into
+            with memoryview(read_target(fill)) as view:
+                n = min(len(view), len(data))
+                view[:n] = data[:n]
+            if fill.advance(n):
+                self._into = None
+            data = data[n:]
+            self._deliver(b"")
+        if data:
+            self._deliver(data)
+
+    def _deliver(self, data: bytes) -> None:
         if self.session is None or self.closed:
             return
         batch = self.world.batch

@@ -181,6 +181,160 @@ static PyTypeObject ReadBufferType = {
     .tp_init = (initproc)ReadBuffer_init,
 };
 
+/* PayloadFill: a large payload's own bytes object, filled in place -- the part of it already
+ * read copied in (write), the rest read by the kernel straight into it (the transport's
+ * get_buffer hands the fill out while a frame's payload is incomplete, buffer_updated calls
+ * advance): a payload cut over reads then needs no join (protocol/bigcopy.py). The bytes object
+ * is private to the fill until take(): nobody else sees it while it is written. The buffer it
+ * exports is the unfilled rest, [pos, size); len() is what is left. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *data;  /* the payload being filled; NULL once taken */
+    Py_ssize_t pos;  /* bytes filled */
+    Py_ssize_t exports;
+} PayloadFillObject;
+
+static int PayloadFill_init(PayloadFillObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"size", NULL};
+    Py_ssize_t size;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n:PayloadFill", kwlist, &size))
+        return -1;
+    if (size < 0) {
+        PyErr_SetString(PyExc_ValueError, "PayloadFill: size must not be negative");
+        return -1;
+    }
+    if (self->data != NULL || self->exports) {
+        PyErr_SetString(PyExc_RuntimeError, "PayloadFill: already initialised");
+        return -1;
+    }
+    self->data = PyBytes_FromStringAndSize(NULL, size);
+    self->pos = 0;
+    return self->data == NULL ? -1 : 0;
+}
+
+static void PayloadFill_dealloc(PayloadFillObject *self) {
+    Py_CLEAR(self->data);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int fill_open(PayloadFillObject *self) {
+    if (self->data == NULL) {
+        PyErr_SetString(PyExc_ValueError, "PayloadFill: already taken");
+        return 0;
+    }
+    return 1;
+}
+
+/* advance() and take() run while the read's export is still held (uvloop releases it after
+ * buffer_updated): harmless, the reader is done writing by then; a write() would move the
+ * exported rest under a reader, so it is refused during an export. */
+static PyObject *PayloadFill_write(PayloadFillObject *self, PyObject *arg) {
+    if (!fill_open(self))
+        return NULL;
+    if (self->exports) {
+        PyErr_SetString(PyExc_BufferError, "PayloadFill: a read into it is under way");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t room = PyBytes_GET_SIZE(self->data) - self->pos;
+    Py_ssize_t n = view.len < room ? view.len : room;
+    memcpy(PyBytes_AS_STRING(self->data) + self->pos, view.buf, (size_t)n);
+    self->pos += n;
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(n);
+}
+
+static PyObject *PayloadFill_advance(PayloadFillObject *self, PyObject *arg) {
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (!fill_open(self))
+        return NULL;
+    if (n < 0 || n > PyBytes_GET_SIZE(self->data) - self->pos) {
+        PyErr_SetString(PyExc_ValueError, "PayloadFill.advance: more than was left");
+        return NULL;
+    }
+    self->pos += n;
+    return PyBool_FromLong(self->pos == PyBytes_GET_SIZE(self->data));
+}
+
+static PyObject *PayloadFill_take(PayloadFillObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (!fill_open(self))
+        return NULL;
+    if (self->pos != PyBytes_GET_SIZE(self->data)) {
+        PyErr_SetString(PyExc_ValueError, "PayloadFill.take: not full yet");
+        return NULL;
+    }
+    PyObject *out = self->data;
+    self->data = NULL;
+    return out;
+}
+
+static PyObject *PayloadFill_get_filled(PayloadFillObject *self, void *closure) {
+    return PyLong_FromSsize_t(self->pos);
+}
+
+static PyObject *PayloadFill_get_full(PayloadFillObject *self, void *closure) {
+    return PyBool_FromLong(self->data != NULL && self->pos == PyBytes_GET_SIZE(self->data));
+}
+
+static int PayloadFill_getbuffer(PayloadFillObject *self, Py_buffer *view, int flags) {
+    if (self->data == NULL) {
+        PyErr_SetString(PyExc_BufferError, "PayloadFill: already taken");
+        return -1;
+    }
+    if (PyBuffer_FillInfo(view, (PyObject *)self, PyBytes_AS_STRING(self->data) + self->pos,
+                          PyBytes_GET_SIZE(self->data) - self->pos, 0, flags) < 0)
+        return -1;
+    self->exports++;
+    return 0;
+}
+
+static void PayloadFill_releasebuffer(PayloadFillObject *self, Py_buffer *view) {
+    self->exports--;
+}
+
+static Py_ssize_t PayloadFill_len(PayloadFillObject *self) {
+    return self->data != NULL ? PyBytes_GET_SIZE(self->data) - self->pos : 0;
+}
+
+static PySequenceMethods PayloadFill_as_sequence = {.sq_length = (lenfunc)PayloadFill_len};
+
+static PyBufferProcs PayloadFill_as_buffer = {(getbufferproc)PayloadFill_getbuffer,
+                                              (releasebufferproc)PayloadFill_releasebuffer};
+
+static PyMethodDef PayloadFill_methods[] = {
+    {"write", (PyCFunction)PayloadFill_write, METH_O,
+     "write(data) -> int: copy as much of data as there is room for; how much that was."},
+    {"advance", (PyCFunction)PayloadFill_advance, METH_O,
+     "advance(n) -> bool: n more bytes were read into the exported rest; True once full."},
+    {"take", (PyCFunction)PayloadFill_take, METH_NOARGS,
+     "take() -> bytes: the full payload (the bytes object itself, no copy); once."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef PayloadFill_getset[] = {
+    {"filled", (getter)PayloadFill_get_filled, NULL, "bytes filled so far", NULL},
+    {"full", (getter)PayloadFill_get_full, NULL, "every byte is in (and not yet taken)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PayloadFillType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "vibemq_server.protocol._bigcopy.PayloadFill",
+    .tp_basicsize = sizeof(PayloadFillObject),
+    .tp_dealloc = (destructor)PayloadFill_dealloc,
+    .tp_as_buffer = &PayloadFill_as_buffer,
+    .tp_as_sequence = &PayloadFill_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A payload's bytes object, filled in place (the rest read straight into it).",
+    .tp_methods = PayloadFill_methods,
+    .tp_getset = PayloadFill_getset,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)PayloadFill_init,
+};
+
 static PyMethodDef methods[] = {
     {"join_range", bigcopy_join_range, METH_VARARGS,
      "join_range(parts, start, stop) -> bytes: bytes start:stop of the buffers in the sequence "
@@ -196,8 +350,9 @@ PyMODINIT_FUNC PyInit__bigcopy(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyType_Ready(&ReadBufferType) < 0 ||
+    if (PyType_Ready(&ReadBufferType) < 0 || PyType_Ready(&PayloadFillType) < 0 ||
         PyModule_AddObjectRef(m, "ReadBuffer", (PyObject *)&ReadBufferType) < 0 ||
+        PyModule_AddObjectRef(m, "PayloadFill", (PyObject *)&PayloadFillType) < 0 ||
         PyModule_AddIntConstant(m, "NOGIL_FROM", NOGIL_FROM) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -19,3 +19,23 @@ class ReadBuffer:
 
     def __buffer__(self, flags: int, /) -> memoryview: ...
     def __len__(self) -> int: ...
+
+class PayloadFill:
+    """A payload's bytes object, filled in place (the rest read straight into it)."""
+
+    def __init__(self, size: int) -> None: ...
+    def write(self, data: bytes | bytearray | memoryview, /) -> int:
+        """Copy as much of ``data`` as there is room for; how much that was."""
+
+    def advance(self, n: int, /) -> bool:
+        """``n`` more bytes were read into the exported rest; True once full."""
+
+    def take(self) -> bytes:
+        """The full payload (the bytes object itself); once."""
+
+    @property
+    def filled(self) -> int: ...
+    @property
+    def full(self) -> bool: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __len__(self) -> int: ...

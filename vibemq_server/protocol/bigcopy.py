@@ -11,23 +11,31 @@ as before (in a thread it would hold the GIL all the same).
 :func:`read_buffer` is where the transport's socket reads land: with the extension, straight
 in the ``bytes`` object the session gets (no copy); without it, in one reused ``bytearray``
 copied out per read (what uvloop's own read path does).
+
+:func:`payload_fill` is a large payload's own ``bytes`` being filled: a decoder that has a
+PUBLISH's header but not all of its payload copies in what it has and lets the transport read
+the rest straight into it (``Link.read_into``): no join of a payload cut over reads. Without
+the extension :class:`PureFill` does the same in a ``bytearray`` and copies it once at the end.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol, cast
 
 from vibemq_server.protocol.held import Buffer
+from vibemq_server.protocol.held import Fill as Fill  # (re-exported: the Fill protocol)
+from vibemq_server.protocol.held import HasPayload as HasPayload
 
 if TYPE_CHECKING:
-    from vibemq_server.protocol._bigcopy import ReadBuffer
+    from vibemq_server.protocol._bigcopy import PayloadFill, ReadBuffer
 
-    ReadTarget = bytearray | ReadBuffer
+    ReadTarget = bytearray | ReadBuffer | memoryview | PayloadFill
 from vibemq_server.protocol.held import join_range as join_range_pure
 
 _compiled: Callable[[Sequence[Buffer], int, int], bytes] | None
 _read_buffer: Callable[[int], ReadInto] | None
+_payload_fill: Callable[[int], Fill] | None
 try:
     from vibemq_server.protocol._bigcopy import join_range as _compiled
 except ImportError:  # not built: the pure join, on the loop
@@ -36,6 +44,10 @@ try:
     from vibemq_server.protocol._bigcopy import ReadBuffer as _read_buffer
 except ImportError:  # not built (or built before it): reads copied out of a bytearray
     _read_buffer = None
+try:
+    from vibemq_server.protocol._bigcopy import PayloadFill as _payload_fill
+except ImportError:  # not built (or built before it): filled in a bytearray
+    _payload_fill = None
 
 #: Whether the compiled join is built (it releases the GIL: worth a worker thread).
 COMPILED: Final = _compiled is not None
@@ -45,6 +57,13 @@ OFFLOAD_FROM: Final = 4 * 1024 * 1024
 #: what a decoder leaves unjoined for its session to join off the loop: payloads from
 #: OFFLOAD_FROM when the join is compiled; none otherwise (in a thread it would hold the GIL)
 BIG_FROM: Final = OFFLOAD_FROM if COMPILED else 0
+
+#: A large packet with this much of its payload still to come once its header is in has the
+#: payload filled in place (``payload_fill``, the rest read straight into it): a 1 MiB
+#: payload's 3/4 that arrive after the read that brought its header are then not copied.
+#: Below it (a 64 KiB payload cut by a read) the join is cheaper than the extra read and
+#: write per message that reading straight into it would cost.
+FILL_FROM: Final = 64 * 1024
 
 join_range: Callable[[Sequence[Buffer], int, int], bytes] = (
     _compiled if _compiled is not None else join_range_pure
@@ -87,8 +106,73 @@ def read_buffer(copy_below: int) -> ReadInto:
     return _read_buffer(copy_below) if _read_buffer is not None else CopiedRead()
 
 
-class HasPayload(Protocol):
-    payload: bytes
+class PureFill:
+    """Without the extension: the payload filled in a ``bytearray`` (the unfilled rest
+    handed out as a view), copied once into ``bytes`` by ``take``."""
+
+    __slots__ = ("_buf", "_pos", "_taken")
+
+    def __init__(self, size: int) -> None:
+        if size < 0:
+            raise ValueError("PayloadFill: size must not be negative")
+        self._buf = bytearray(size)
+        self._pos = 0
+        self._taken = False
+
+    def _open(self) -> None:
+        if self._taken:
+            raise ValueError("PayloadFill: already taken")
+
+    def write(self, data: Buffer, /) -> int:
+        self._open()
+        n = min(len(data), len(self._buf) - self._pos)
+        self._buf[self._pos : self._pos + n] = memoryview(data)[:n]
+        self._pos += n
+        return n
+
+    def advance(self, n: int, /) -> bool:
+        self._open()
+        if n < 0 or n > len(self._buf) - self._pos:
+            raise ValueError("PayloadFill.advance: more than was left")
+        self._pos += n
+        return self._pos == len(self._buf)
+
+    def take(self) -> bytes:
+        self._open()
+        if self._pos != len(self._buf):
+            raise ValueError("PayloadFill.take: not full yet")
+        self._taken = True
+        out = bytes(self._buf)
+        self._buf = bytearray()
+        return out
+
+    @property
+    def filled(self) -> int:
+        return self._pos
+
+    @property
+    def full(self) -> bool:
+        return not self._taken and self._pos == len(self._buf)
+
+    def view(self) -> memoryview:
+        """The unfilled rest, writable (what a read fills before ``advance``)."""
+        self._open()
+        return memoryview(self._buf)[self._pos :]
+
+    def __len__(self) -> int:
+        return 0 if self._taken else len(self._buf) - self._pos
+
+
+def payload_fill(size: int) -> Fill:
+    """A payload of ``size`` bytes to fill (the C one when built: no copy at the end)."""
+    return _payload_fill(size) if _payload_fill is not None else PureFill(size)
+
+
+def read_target(fill: Fill) -> ReadTarget:
+    """What a socket read into ``fill`` reads into: the unfilled rest."""
+    if isinstance(fill, PureFill):
+        return fill.view()
+    return cast("PayloadFill", fill)
 
 
 class Unjoined:

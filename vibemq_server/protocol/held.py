@@ -15,6 +15,7 @@ bytes back only then (``add``/``take``), or, for a large payload, the reads them
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 Buffer = bytes | bytearray | memoryview
 
@@ -23,16 +24,53 @@ Buffer = bytes | bytearray | memoryview
 _NOTHING: list[Buffer] = []
 
 
-class HeldInput:
-    """The tail of earlier reads that does not yet make a frame, as a list of chunks."""
+class HasPayload(Protocol):
+    payload: bytes
 
-    __slots__ = ("_need", "_parts", "size")
+
+class Fill(Protocol):
+    """A payload's bytes being filled (:func:`payload_fill`): ``write`` copies bytes in,
+    a reader fills the buffer it exports (the unfilled rest, ``len`` of it) and says how
+    much with ``advance``; ``take`` gives the payload once ``full``."""
+
+    def write(self, data: Buffer, /) -> int: ...
+
+    def advance(self, n: int, /) -> bool: ...
+
+    def take(self) -> bytes: ...
+
+    @property
+    def filled(self) -> int: ...
+
+    @property
+    def full(self) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+
+class Filling:
+    """A large packet whose header is decoded and whose payload is being filled in place
+    (``protocol/bigcopy.py: payload_fill``): the packet gets the payload once it is full."""
+
+    __slots__ = ("fill", "packet")
+
+    def __init__(self, fill: Fill, packet: HasPayload) -> None:
+        self.fill = fill
+        self.packet = packet
+
+
+class HeldInput:
+    """The tail of earlier reads that does not yet make a frame, as a list of chunks; or,
+    ``filling``, a large packet whose payload is being filled in place (nothing else held)."""
+
+    __slots__ = ("_need", "_parts", "filling", "size")
 
     def __init__(self) -> None:
         self._parts: list[Buffer] = _NOTHING
         #: bytes held
         self.size = 0
         self._need = 0
+        self.filling: Filling | None = None
 
     def hold(self, data: bytes, start: int, need: int) -> None:
         """Keep ``data[start:]`` (a view: no copy) until ``need`` bytes are held in all.
@@ -71,6 +109,11 @@ class HeldInput:
     def need(self) -> int:
         return self._need
 
+    @property
+    def parts(self) -> list[Buffer]:
+        """The chunks held (not to be changed)."""
+        return self._parts
+
     def cut(self) -> tuple[list[Buffer], bytes, int]:
         """The first ``need`` bytes held, as views of the reads (no copy), the last read and
         where in it the bytes after them start (its length when there are none); nothing is
@@ -97,6 +140,7 @@ class HeldInput:
         self._parts = _NOTHING
         self.size = 0
         self._need = 0
+        self.filling = None
 
 
 def prefix(parts: list[Buffer], n: int) -> bytes:

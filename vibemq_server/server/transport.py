@@ -8,6 +8,13 @@ memory here; when it drains, ``_writable_again`` lets the protocol resume them.
 Reads land straight in the ``bytes`` the session parses (``get_buffer``/``buffer_updated``,
 ``protocol/bigcopy.py: read_buffer``): no copy of every read out of uvloop's buffer.
 
+A session may have the socket's next bytes read straight into a buffer of its own
+(``Link.read_into``, a ``protocol/bigcopy.py: Fill``): the rest of a large payload whose
+header is parsed goes into the payload's own ``bytes``, no join (MQTT PUBLISH). The session
+is called with ``data_received(b"")`` after each such read (its stall clock, and the packet
+once the fill is full); the generic hook for any protocol whose frames announce their length.
+Not over TLS (the bytes must be decrypted first: the session copies them in itself).
+
 Input is read fairly: after a large read a connection is not read again until the loop has
 turned (``FAIR_READ_BYTES``), so one flooding peer cannot keep the others (a consumer's
 acks among them) waiting.
@@ -31,7 +38,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 import structlog
 
 from vibemq_server.core.buffers import JOIN_ALL, coalesce
-from vibemq_server.protocol.bigcopy import ReadInto, read_buffer
+from vibemq_server.protocol.bigcopy import Fill, ReadInto, read_buffer, read_target
 from vibemq_server.server import allocator
 from vibemq_server.server.connlog import ConnLog, as_logger
 from vibemq_server.server.stats import ProtocolStats
@@ -223,6 +230,11 @@ class Link(Protocol):
         """Send ``parts`` in order, the large ones written as they are (no join: a large
         message's body between its frame headers)."""
 
+    def read_into(self, fill: Fill) -> None:
+        """Read the socket's next bytes straight into ``fill`` until it is full, calling
+        ``data_received(b"")`` after each read; or nothing (TLS, WebSocket): the bytes then
+        come to ``data_received`` as usual."""
+
     def close(self) -> None: ...
 
     def abort(self) -> None: ...
@@ -365,6 +377,7 @@ class StreamTransport(asyncio.BufferedProtocol):
         "_counted",
         "_ctx",
         "_flush_scheduled",
+        "_into",
         "_make_session",
         "_out",
         "_out_size",
@@ -402,6 +415,7 @@ class StreamTransport(asyncio.BufferedProtocol):
         self._write_paused = False
         self._reading_paused = False
         self._yielding = False  # not read until the loop turns (after a large read)
+        self._into: Fill | None = None  # the session's buffer the next reads go into
         self._closing = False
         self.peer_host = ""
         self.peer_port = 0
@@ -452,11 +466,40 @@ class StreamTransport(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> ReadTarget:
         """Where the next read goes (``sizehint``, libuv's 64 KiB, is not used: a read of up
-        to READ_SIZE takes what a publisher sent at once)."""
+        to READ_SIZE takes what a publisher sent at once); the session's fill while it has
+        one (``read_into``)."""
+        into = self._into
+        if into is not None:
+            return read_target(into)
         return self._ctx.reader.get(READ_SIZE)
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(self._ctx.reader.take(nbytes))
+        into = self._into
+        if into is None:
+            self.data_received(self._ctx.reader.take(nbytes))
+            return
+        if into.advance(nbytes):
+            self._into = None
+        session = self.session
+        if session is None or self._closing:
+            return
+        self.bytes_received += nbytes
+        self._ctx.stats.bytes_received += nbytes
+        batch = self._ctx.batch
+        batch.begin()
+        try:
+            session.data_received(b"")
+        except Exception:  # as in data_received
+            self.log.exception("internal error handling input")
+            self.abort()
+        finally:
+            batch.end()
+        if nbytes >= FAIR_READ_BYTES:
+            self._yield_reading()
+
+    def read_into(self, fill: Fill) -> None:
+        if self._tls is None and not self._closing and len(fill):
+            self._into = fill
 
     def data_received(self, data: bytes) -> None:
         session = self.session

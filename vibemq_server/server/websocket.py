@@ -49,6 +49,7 @@ from websockets.protocol import Event, State
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
+from vibemq_server.protocol.bigcopy import Fill
 from vibemq_server.server.stall import StallClock
 from vibemq_server.server.transport import Link, ReadBatch, Session, SessionInfo
 
@@ -682,6 +683,10 @@ class WebSocketLink:
 
     def offload(self, work: Callable[[], _T], then: Callable[[_T], None]) -> None:
         self._outer.offload(work, then)
+
+    def read_into(self, fill: Fill) -> None:
+        """Nothing: the socket's bytes are frames to unmask first (the session copies the
+        payload's rest into ``fill`` itself)."""
 
     def replace_session(self, session: Session) -> None:
         self._ws.session = session
