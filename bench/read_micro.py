@@ -1,12 +1,15 @@
 """The read path alone: CPU per GB of MQTT 64 KiB PUBLISHes read and parsed, uvloop's own read
 (``asyncio.Protocol``: each read copied into a new ``bytes``) against the transport's
-(``BufferedProtocol`` + ``ReadBuffer``: the kernel reads into the ``bytes`` the parser gets).
+(``BufferedProtocol`` + ``ReadBuffer``: the kernel reads into the ``bytes`` the parser gets),
+and the transport's with a large payload filled in place (``filled``: the rest of a PUBLISH
+whose header is in read straight into its payload, ``Link.read_into``; from ``FILL_FROM``).
 
 A writer process sends the same stream to each in turn over loopback; the reader's CPU time
 (``time.process_time``, this process only) from the first byte to the last is divided by
 the bytes read. Alternating rounds, medians (docs/performance.md, issue 16, fifth round).
 
     PYTHONPATH=$PWD .venv/bin/python -m bench.read_micro --rounds 7
+    PYTHONPATH=$PWD .venv/bin/python -m bench.read_micro --size 1048576 --messages 1024
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import uvloop
 
 from vibemq_server.adapters.mqtt.codec import MqttParser, encode
 from vibemq_server.adapters.mqtt.packets import Publish
-from vibemq_server.protocol.bigcopy import read_buffer
+from vibemq_server.protocol.bigcopy import FILL_FROM, read_buffer, read_target
 from vibemq_server.server.allocator import tune_allocator
 from vibemq_server.server.transport import COPY_BELOW, READ_SIZE
 
@@ -78,6 +81,29 @@ class Buffered(_Counting, asyncio.BufferedProtocol):
         self.take(self.reads.take(nbytes))
 
 
+class Filled(Buffered):
+    """As the transport with an MQTT connection: a large payload's rest read into it."""
+
+    def __init__(self, total: int, done: asyncio.Future[float]) -> None:
+        super().__init__(total, done)
+        self.parser.fill_from = FILL_FROM
+
+    def get_buffer(self, sizehint: int) -> Any:
+        fill = self.parser.filling
+        return read_target(fill) if fill is not None else self.reads.get(READ_SIZE)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        fill = self.parser.filling
+        if fill is None:
+            self.take(self.reads.take(nbytes))
+            return
+        fill.advance(nbytes)
+        self.got += nbytes
+        self.packets += len(self.parser.feed(b""))
+        if self.got >= self.total and not self.done.done():
+            self.done.set_result(time.process_time() - self.started)
+
+
 async def _one(kind: type[_Counting], frame: bytes, count: int) -> float:
     loop = asyncio.get_running_loop()
     done: asyncio.Future[float] = loop.create_future()
@@ -100,15 +126,22 @@ def main() -> None:
     args = parser.parse_args()
     tune_allocator(os.environ)  # as the broker does at start
     frame = encode(Publish("bench/t", b"x" * args.size, 1, False, False, 1))
-    results: dict[str, list[float]] = {"plain": [], "buffered": []}
-    kinds = [("plain", Plain), ("buffered", Buffered)]
+    kinds: list[tuple[str, type[_Counting]]] = [
+        ("plain", Plain),
+        ("buffered", Buffered),
+        ("filled", Filled),
+    ]
+    results: dict[str, list[float]] = {name: [] for name, _ in kinds}
     for r in range(args.rounds):
         for name, kind in kinds if r % 2 == 0 else kinds[::-1]:
             ms = uvloop.run(_one(kind, frame, args.messages))
             results[name].append(ms)
             print(f"round {r + 1} {name:9} {ms:7.1f} ms CPU per GB", flush=True)
-    plain, buffered = (statistics.median(results[k]) for k in ("plain", "buffered"))
-    print(f"medians: plain {plain:.1f}, buffered {buffered:.1f} ms/GB ({plain / buffered:.2f}x)")
+    plain, buffered, filled = (statistics.median(results[k]) for k, _ in kinds)
+    print(
+        f"medians: plain {plain:.1f}, buffered {buffered:.1f}, filled {filled:.1f} ms/GB "
+        f"(buffered {plain / buffered:.2f}x, filled {plain / filled:.2f}x plain)"
+    )
 
 
 if __name__ == "__main__":
