@@ -40,7 +40,6 @@ from vibemq_server.adapters.mqtt.codec import (
     start_fill,
 )
 from vibemq_server.adapters.mqtt.packets import PacketType, Pingreq, Pingresp
-from vibemq_server.protocol.bigcopy import Fill
 from vibemq_server.adapters.mqtt.packets5 import (
     AUTH,
     NO_PROPERTIES,
@@ -70,7 +69,7 @@ from vibemq_server.adapters.mqtt.packets5 import (
     Unsubscribe5,
 )
 from vibemq_server.adapters.mqtt.topics import topic_filter_error, topic_name_error
-from vibemq_server.protocol.bigcopy import Unjoined
+from vibemq_server.protocol.bigcopy import Fill, Unjoined
 from vibemq_server.protocol.held import HeldInput
 
 E = MqttErrorCode
