@@ -924,9 +924,12 @@ class _ContentEncoder:
         return b"".join((method_bytes, content, body, _FRAME_END_BYTE))
 
     def _parts(self, method_bytes: bytes, content: bytes, body: bytes) -> list[bytes | memoryview]:
-        """The frames of a body over one frame: the method and header frames and the first
-        body frame's header, then views of the body between the other frames' headers."""
+        """The frames of a large body: the method and header frames and the first body
+        frame's header, then the body (in one frame) or views of it between the other
+        frames' headers."""
         chunk = self.frame_max - 8
+        if len(body) <= chunk:
+            return [method_bytes + content, body, _FRAME_END_BYTE]
         view = memoryview(body)
         parts: list[bytes | memoryview] = [method_bytes + content, view[:chunk]]
         pack = _END_BODY_FRAME.pack
@@ -1004,8 +1007,8 @@ class DeliverEncoder(_ContentEncoder):
         properties: bytes,
         body: bytes,
     ) -> list[bytes | memoryview]:
-        """The frames of a body over one frame, for ``Link.send_parts`` (the body is not
-        copied)."""
+        """The frames around the body by reference, for ``Link.send_parts`` (the body is
+        not copied: for a large one, one frame or more)."""
         method, content = self._pieces(exchange, routing_key, properties, len(body))
         tag = self._tag(delivery_tag, redelivered)
         return self._parts(method[0] + tag + method[1], content, body)
