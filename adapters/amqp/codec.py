@@ -704,9 +704,14 @@ class FrameParser:
         """The held body frame, now whole, as one :class:`BodyFrame` per read it came in
         (views: the body's one copy is its join in the session, which would otherwise be its
         second after the join of the frame); the last read and where the bytes after the
-        frame start in it. Its header was checked when it was held."""
+        frame start in it. Its size is checked again (frame-max may have been lowered since
+        it was held), then its frame-end."""
         parts, last, keep = self._held.cut()
         _kind, channel, size = _HEADER.unpack(prefix(parts, 7))
+        if size > self.max_frame_size:  # (lowered by tune-ok since the frame was held)
+            raise _frame_error(
+                f"frame payload of {size} bytes exceeds frame-max {self.max_frame_size}", channel
+            )
         tail = parts[-1]  # (the frame's last read gave it one byte at least)
         if tail[len(tail) - 1] != FRAME_END:
             raise _frame_error(f"invalid frame end marker 0x{tail[len(tail) - 1]:02x}", channel)

@@ -445,3 +445,16 @@ def test_held_cut_gives_the_last_read_itself() -> None:
     assert held.add_part(last)
     parts, rest, start = held.cut()
     assert b"".join(parts) == first + last and rest[start:] == b""
+
+
+def test_amqp_cut_body_frame_over_a_lowered_frame_max_is_refused() -> None:
+    """frame-max lowered while a large body frame is held: the frame is refused when whole,
+    as it would be had it come in one read."""
+    stream = PROTOCOL_HEADER + _amqp_publish(b"x" * 50_000, 131_072)
+    parser = FrameParser()
+    parser.feed(stream[:30_000])
+    parser.max_frame_size = 32_768
+    with pytest.raises(AmqpError) as caught:
+        parser.feed(stream[30_000:])
+    assert caught.value.code == ReplyCode.FRAME_ERROR
+    assert "exceeds frame-max" in caught.value.text
