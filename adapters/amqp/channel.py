@@ -24,6 +24,7 @@ from vibemq_server.adapters.amqp.codec import (
 from vibemq_server.adapters.amqp.mapping import MessageMapper
 from vibemq_server.adapters.amqp.states import CHANNEL_TRANSITIONS, ChannelState, Input
 from vibemq_server.core import Queue, QueueManager, StoredMessage, Subscription
+from vibemq_server.core.buffers import PASS_THROUGH
 from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.transport import Link
 
@@ -214,7 +215,9 @@ class Channel:
         )
         server.stats.messages_sent += 1
         frames = consumer.frames
-        if len(body) > frames.frame_max - 8:  # body frames around views of the body: no copy
+        if len(body) >= PASS_THROUGH:
+            # The frames around the body (views of it, over one frame), not joined with it:
+            # the transport writes a piece this large as it is (writev), no copy.
             self.link.send_parts(
                 frames.parts(tag, msg.attempts > 1, exchange, key, properties, body)
             )

@@ -55,7 +55,7 @@ from typing import Any, Final, TypeAlias
 from pamqp import base, commands
 from pamqp import frame as _pamqp_frame
 
-from vibemq_server.protocol.held import HeldInput
+from vibemq_server.protocol.held import Buffer, HeldInput, prefix
 
 PROTOCOL_HEADER: Final = b"AMQP\x00\x00\x09\x01"
 HEARTBEAT: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
@@ -177,7 +177,9 @@ class HeaderFrame:
 @dataclass(slots=True)
 class BodyFrame:
     """A slice of a message body: a view of the read when large (the body's chunks are
-    copied once, when they are joined into the message)."""
+    copied once, when they are joined into the message). A large body frame cut over reads
+    comes as several, one per read (views of each: ``FrameParser._cut_body``); only the
+    concatenation of a channel's body frames means anything."""
 
     channel: int
     data: bytes | memoryview
@@ -532,6 +534,21 @@ def _decode_body(channel: int, view: bytes, start: int, stop: int) -> BodyFrame:
 #: A body frame at least this long is a view of the read, not a copy (smaller ones are
 #: cheaper to copy than to view).
 _VIEW_BODY = 4096
+#: A body frame at least this long that is cut over reads comes as one BodyFrame per read,
+#: views of them (smaller ones are joined: cheaper than the views, and one event each).
+_CUT_BODY = 16384
+
+
+def _ranges(parts: list[Buffer], start: int, stop: int) -> list[memoryview]:
+    """Views of bytes ``start:stop`` of ``parts``, one per part they touch (none empty)."""
+    views: list[memoryview] = []
+    at = 0
+    for part in parts:
+        end = at + len(part)
+        if end > start and at < stop:
+            views.append(memoryview(part)[max(start - at, 0) : min(stop, end) - at])
+        at = end
+    return views
 
 
 def _decode_heartbeat(channel: int, view: bytes, start: int, stop: int) -> Heartbeat:
@@ -606,17 +623,25 @@ class FrameParser:
         if self._state != _FRAMES:
             return self._feed_other(data)
         held = self._held
+        frames: list[Frame] = []
+        pos = 0
         if held.size:
-            # A frame cut over reads: its chunks are joined once, when all of it is in.
-            joined = held.add(data)
-            if joined is None:
+            # A frame cut over reads: its chunks are joined once, when all of it is in; a
+            # large body frame's are not joined at all (_cut_body).
+            if not held.add_part(data):
                 return []
-            view = joined
+            if held.need >= _CUT_BODY and held.first_byte() == FRAME_BODY:
+                try:
+                    view, pos = self._cut_body(frames)
+                except AmqpError as exc:
+                    self._failure = exc
+                    self._state = _FAILED
+                    raise
+            else:
+                view = held.take()
         else:
             # The common case: nothing pending, parse straight out of the caller's bytes.
             view = data if type(data) is bytes else bytes(data)
-        frames: list[Frame] = []
-        pos = 0
         end = len(view)
         # The frame loop is inlined here (not a helper) because it runs for every read.
         max_size = self.max_frame_size
@@ -674,6 +699,25 @@ class FrameParser:
         if pos < end:
             held.hold(view, pos, self._need)
         return frames
+
+    def _cut_body(self, frames: list[Frame]) -> tuple[bytes, int]:
+        """The held body frame, now whole, as one :class:`BodyFrame` per read it came in
+        (views: the body's one copy is its join in the session, which would otherwise be its
+        second after the join of the frame); the last read and where the bytes after the
+        frame start in it. Its size is checked again (frame-max may have been lowered since
+        it was held), then its frame-end."""
+        parts, last, keep = self._held.cut()
+        _kind, channel, size = _HEADER.unpack(prefix(parts, 7))
+        if size > self.max_frame_size:  # (lowered by tune-ok since the frame was held)
+            raise _frame_error(
+                f"frame payload of {size} bytes exceeds frame-max {self.max_frame_size}", channel
+            )
+        tail = parts[-1]  # (the frame's last read gave it one byte at least)
+        if tail[len(tail) - 1] != FRAME_END:
+            raise _frame_error(f"invalid frame end marker 0x{tail[len(tail) - 1]:02x}", channel)
+        for piece in _ranges(parts, 7, 7 + size):
+            frames.append(BodyFrame(channel, piece))
+        return last, keep
 
     def _feed_other(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """feed() outside the frame phase: the protocol header, or a spent parser."""
@@ -885,9 +929,12 @@ class _ContentEncoder:
         return b"".join((method_bytes, content, body, _FRAME_END_BYTE))
 
     def _parts(self, method_bytes: bytes, content: bytes, body: bytes) -> list[bytes | memoryview]:
-        """The frames of a body over one frame: the method and header frames and the first
-        body frame's header, then views of the body between the other frames' headers."""
+        """The frames of a large body: the method and header frames and the first body
+        frame's header, then the body (in one frame) or views of it between the other
+        frames' headers."""
         chunk = self.frame_max - 8
+        if len(body) <= chunk:
+            return [method_bytes + content, body, _FRAME_END_BYTE]
         view = memoryview(body)
         parts: list[bytes | memoryview] = [method_bytes + content, view[:chunk]]
         pack = _END_BODY_FRAME.pack
@@ -965,8 +1012,8 @@ class DeliverEncoder(_ContentEncoder):
         properties: bytes,
         body: bytes,
     ) -> list[bytes | memoryview]:
-        """The frames of a body over one frame, for ``Link.send_parts`` (the body is not
-        copied)."""
+        """The frames around the body by reference, for ``Link.send_parts`` (the body is
+        not copied: for a large one, one frame or more)."""
         method, content = self._pieces(exchange, routing_key, properties, len(body))
         tag = self._tag(delivery_tag, redelivered)
         return self._parts(method[0] + tag + method[1], content, body)

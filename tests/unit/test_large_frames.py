@@ -16,11 +16,13 @@ import structlog
 
 from vibemq_server.adapters.amqp.codec import (
     PROTOCOL_HEADER,
+    AmqpError,
     BodyFrame,
     DeliverEncoder,
     FrameParser,
     GetOkEncoder,
     PublishTriple,
+    ReplyCode,
     encode_content,
     encode_deliver,
     encode_get_ok,
@@ -165,6 +167,31 @@ def test_amqp_publish_cut_anywhere(fuse: bool) -> None:
     assert expected[1] == body + b"{}"
     for pieces in _splits(stream):
         assert shape(_feed_all(FrameParser(fuse_publish=fuse).feed, pieces)) == expected
+
+
+def test_amqp_cut_body_frame_is_views_of_its_reads() -> None:
+    """A large body frame cut over reads is not joined: one BodyFrame per read, each a view,
+    and the frames after it in the last read are parsed from that read."""
+    body = _payload()
+    stream = PROTOCOL_HEADER + _amqp_publish(body, 131_072) + _amqp_publish(b"{}", 131_072)
+    frames = _feed_all(FrameParser().feed, list(_chunked(stream, 100_003)))
+    bodies = [f.data for f in frames if isinstance(f, BodyFrame)]
+    assert b"".join(bodies) == body + b"{}"
+    # 300,000 bytes in frames of 131,064 over reads of 100,003: every frame is cut
+    assert len(bodies) > 4
+    assert all(type(b) is memoryview for b in bodies if len(b) >= 4096)
+
+
+def test_amqp_cut_body_frame_with_a_bad_frame_end_is_refused() -> None:
+    """The frame-end of a cut large body frame is checked as a whole frame's is."""
+    broken = PROTOCOL_HEADER + _amqp_publish(b"x" * 50_000, 131_072)[:-1] + b"\x00"
+    parser = FrameParser()
+    parser.feed(broken[:30_000])
+    with pytest.raises(AmqpError) as caught:
+        parser.feed(broken[30_000:])
+    assert caught.value.code == ReplyCode.FRAME_ERROR
+    with pytest.raises(AmqpError):  # spent
+        parser.feed(b"\xce")
 
 
 @pytest.mark.parametrize("size", [0, 1, 131_064, 131_065, SIZE, 2 * 131_064])
@@ -418,3 +445,16 @@ def test_held_cut_gives_the_last_read_itself() -> None:
     assert held.add_part(last)
     parts, rest, start = held.cut()
     assert b"".join(parts) == first + last and rest[start:] == b""
+
+
+def test_amqp_cut_body_frame_over_a_lowered_frame_max_is_refused() -> None:
+    """frame-max lowered while a large body frame is held: the frame is refused when whole,
+    as it would be had it come in one read."""
+    stream = PROTOCOL_HEADER + _amqp_publish(b"x" * 50_000, 131_072)
+    parser = FrameParser()
+    parser.feed(stream[:30_000])
+    parser.max_frame_size = 32_768
+    with pytest.raises(AmqpError) as caught:
+        parser.feed(stream[30_000:])
+    assert caught.value.code == ReplyCode.FRAME_ERROR
+    assert "exceeds frame-max" in caught.value.text
