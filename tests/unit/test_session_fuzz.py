@@ -168,7 +168,13 @@ subscribe = st.builds(
     good_queues,
     st.sampled_from(["1", "2", "10"]),
 )
-ack = st.builds(lambda i: Message(CommandType.ACK, "a", headers={"messageId": i}), msg_ids)
+# (an Ack's queue field names the subscription, as the client library sends it: none, the
+# right one, another one or one not subscribed to)
+ack = st.builds(
+    lambda i, q: Message(CommandType.ACK, "a", q, headers={"messageId": i}),
+    msg_ids,
+    st.sampled_from(["", "q", "q2", "q3"]),
+)
 plausible = st.one_of(
     create,
     publish,
