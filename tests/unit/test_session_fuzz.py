@@ -475,3 +475,32 @@ def test_a_dribbled_frame_still_times_out() -> None:
     errors = [m for m in _received(pub.link) if m.type is CommandType.ERROR]
     assert [m.error_code for m in errors] == ["INVALID_MESSAGE"]
     assert not [m for m in _received(sub.link) if m.type is CommandType.DELIVER]
+
+
+# -- issue 15: an Ack on a connection subscribed to many queues ---------------------------------
+
+
+def test_an_ack_settles_at_the_subscription_its_queue_names() -> None:
+    """The same message id is held by two subscriptions of one connection (a publisher
+    reused it in two queues): an Ack naming a queue settles that queue's delivery; one
+    naming no queue (or one not subscribed to) settles the first in subscription order."""
+    config = Config(keepalive_timeout_s=600)
+    manager = QueueManager(config.queue_defaults, ManualClock())
+    pub, sub = Client("p", manager, config, False), Client("s", manager, config, False)
+    for q in ("q1", "q2"):
+        sub.step("frame", encode_body(Message(CommandType.SUBSCRIBE, "s", q)), 1 << 20)
+    for q in ("q1", "q2", "q2"):
+        pub.step("frame", encode_body(Message(CommandType.PUBLISH, "m1", q, b"1")), 1 << 20)
+    q1, q2 = manager.queues["q1"], manager.queues["q2"]
+    assert (q1.unacked_count, q2.unacked_count, q2.message_count) == (1, 1, 1)
+
+    def ack(queue: str) -> None:
+        body = encode_body(Message(CommandType.ACK, "a", queue, headers={"messageId": "m1"}))
+        sub.step("frame", body, 1 << 20)
+
+    ack("q2")  # q2's delivery settled, its second m1 delivered; q1's left
+    assert (q1.stats.acked, q2.stats.acked, q2.unacked_count, q2.message_count) == (0, 1, 1, 0)
+    ack("")
+    assert (q1.stats.acked, q1.unacked_count, q2.unacked_count) == (1, 0, 1)
+    ack("elsewhere")
+    assert (q2.stats.acked, q2.unacked_count) == (2, 0)
