@@ -27,8 +27,8 @@ per message grows with the number of queues for a C broker too says how much of 
 the machine's caches.
 
 ``--baseline DIR`` runs another checkout's broker (``PYTHONPATH=DIR``) in turn with ours, as
-broker ``baseline``. The subscribers' Acks carry the Deliver's queue field, as the client
-library's do (``--acks bare``: an empty queue field, as before 2026-11-27 13:30).
+broker ``baseline``. ``--acks queue``: the subscribers' Acks carry the Deliver's queue field,
+as the client library's do (default ``bare``: an empty queue field).
 
     .venv/bin/python -m bench.many_queues --rounds 5 --json many-queues.json
     .venv/bin/python -m bench.many_queues --counts 1,100,1000 --messages 50000 --rounds 1
@@ -139,7 +139,7 @@ def worker_main(
     opts: Any,
     pipe: Connection,
     broker: str = "vibemq",
-    ack_queue: bool = True,
+    ack_queue: bool = False,
 ) -> None:
     try:
         prefetch, timeout = opts[0], opts[-1]
@@ -147,9 +147,10 @@ def worker_main(
         if broker == "mosquitto":
             drivers = [MqttDriver(host, port, q) for q in queues]
         else:
-            drivers = [VibeDriver(host, port, q, prefetch=prefetch, durable=False) for q in queues]
-            for vd in drivers:
-                vd.ack_queue = ack_queue
+            drivers = [
+                VibeDriver(host, port, q, prefetch=prefetch, durable=False, ack_queue=ack_queue)
+                for q in queues
+            ]
         if shared:
             sub = drivers[0].connect_subscriber()
             for d in drivers[1:]:
@@ -381,10 +382,10 @@ def main(argv: list[str] | None = None) -> int:
     add(
         "--acks",
         choices=("queue", "bare"),
-        default="queue",
-        help="queue: each Ack carries the Deliver's queue field, as the client library sends\n"
-        "it (it names the subscription); bare: an empty queue field (the broker then\n"
-        "finds the subscription by its own per-connection map)",
+        default="bare",
+        help="bare: an empty queue field in each Ack (the broker finds the subscription by\n"
+        "its per-connection map); queue: the Deliver's queue field, as the client library\n"
+        "sends it (today's broker ignores it)",
     )
     add("--json", type=Path)
     add("--png", type=Path, help="plot the curve here (only if matplotlib is installed)")

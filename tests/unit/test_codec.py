@@ -296,14 +296,12 @@ def test_fast_decoder_agrees_with_careful_decoder(body: bytes, data: st.DataObje
 )
 def test_ack_peek_agrees_with_the_decoder(body: bytes, data: st.DataObject) -> None:
     """The Ack fast path answers exactly what decoding would, or steps aside (None)."""
-    from vibemq_server.protocol.codec import peek_ack, peek_ack_target
+    from vibemq_server.protocol.codec import peek_ack_target
 
     if data.draw(st.booleans()):
         i = data.draw(st.integers(0, len(body) - 1))
         body = body[:i] + bytes([data.draw(st.integers(0, 255))]) + body[i + 1 :]
     peeked = peek_ack_target(body)
-    target, queue = peek_ack(body)
-    assert (target or None) == peeked and (target or not queue)
     try:
         msg = decode_body(body)
     except ProtocolError:
@@ -313,7 +311,6 @@ def test_ack_peek_agrees_with_the_decoder(body: bytes, data: st.DataObject) -> N
         assert peeked is None
     elif peeked is not None:
         assert peeked == (msg.headers.get("messageId") or msg.id)
-        assert queue == msg.queue
 
 
 @pytest.mark.parametrize("attempts", [1, 63, 64, 1000])

@@ -308,13 +308,11 @@ def test_ack_held_settles_each_ack_at_its_subscription(mgr: QueueManager) -> Non
     sb = mgr.subscribe("b", "sb", r, 10)
     publish(mgr, "a", "m1", "m2")
     publish(mgr, "b", "m3")
+    holders = {"m1": sa, "m2": sa, "m3": sb, "m9": sb}
     touched: dict[str, Queue] = {}
-    assert mgr.ack_held([sb, sa, None, sb, sb], ["m3", "m1", "m7", "m9", "m2"], touched) == [
-        "m7",
-        "m9",
-        "m2",
-    ]
+    assert mgr.ack_held(holders, ["m3", "m1", "m7", "m9"], touched) == ["m7", "m9"]
     assert list(sa.inflight) == ["m2"] and not sb.inflight
+    assert holders == {"m2": sa}
     assert touched == {"b": sb.queue, "a": sa.queue}
     assert (sa.queue.stats.acked, sb.queue.stats.acked) == (1, 1)
 

@@ -168,13 +168,7 @@ subscribe = st.builds(
     good_queues,
     st.sampled_from(["1", "2", "10"]),
 )
-# (an Ack's queue field names the subscription, as the client library sends it: none, the
-# right one, another one or one not subscribed to)
-ack = st.builds(
-    lambda i, q: Message(CommandType.ACK, "a", q, headers={"messageId": i}),
-    msg_ids,
-    st.sampled_from(["", "q", "q2", "q3"]),
-)
+ack = st.builds(lambda i: Message(CommandType.ACK, "a", headers={"messageId": i}), msg_ids)
 plausible = st.one_of(
     create,
     publish,
@@ -475,32 +469,3 @@ def test_a_dribbled_frame_still_times_out() -> None:
     errors = [m for m in _received(pub.link) if m.type is CommandType.ERROR]
     assert [m.error_code for m in errors] == ["INVALID_MESSAGE"]
     assert not [m for m in _received(sub.link) if m.type is CommandType.DELIVER]
-
-
-# -- issue 15: an Ack on a connection subscribed to many queues ---------------------------------
-
-
-def test_an_ack_settles_at_the_subscription_its_queue_names() -> None:
-    """The same message id is held by two subscriptions of one connection (a publisher
-    reused it in two queues): an Ack naming a queue settles that queue's delivery; one
-    naming no queue (or one not subscribed to) settles the first in subscription order."""
-    config = Config(keepalive_timeout_s=600)
-    manager = QueueManager(config.queue_defaults, ManualClock())
-    pub, sub = Client("p", manager, config, False), Client("s", manager, config, False)
-    for q in ("q1", "q2"):
-        sub.step("frame", encode_body(Message(CommandType.SUBSCRIBE, "s", q)), 1 << 20)
-    for q in ("q1", "q2", "q2"):
-        pub.step("frame", encode_body(Message(CommandType.PUBLISH, "m1", q, b"1")), 1 << 20)
-    q1, q2 = manager.queues["q1"], manager.queues["q2"]
-    assert (q1.unacked_count, q2.unacked_count, q2.message_count) == (1, 1, 1)
-
-    def ack(queue: str) -> None:
-        body = encode_body(Message(CommandType.ACK, "a", queue, headers={"messageId": "m1"}))
-        sub.step("frame", body, 1 << 20)
-
-    ack("q2")  # q2's delivery settled, its second m1 delivered; q1's left
-    assert (q1.stats.acked, q2.stats.acked, q2.unacked_count, q2.message_count) == (0, 1, 1, 0)
-    ack("")
-    assert (q1.stats.acked, q1.unacked_count, q2.unacked_count) == (1, 0, 1)
-    ack("elsewhere")
-    assert (q2.stats.acked, q2.unacked_count) == (2, 0)

@@ -735,21 +735,21 @@ class QueueManager:
         return missing
 
     def ack_held(
-        self, holders: list[Subscription | None], msg_ids: list[str], touched: dict[str, Queue]
+        self, holders: dict[str, Subscription], msg_ids: list[str], touched: dict[str, Queue]
     ) -> list[str]:
         """Settle Acks of a connection subscribed to many queues, each at the subscription
-        ``holders`` names for it (the same position; None: not known), as ``ack`` with
-        ``dispatch=False`` would one by one, in one call: a read's Acks each hit another
-        queue there, so no run per subscription. The queues settled in go into ``touched``
-        (the caller refills them); returns the ids not settled, in order (no subscription
-        named, or not held there)."""
+        ``holders`` names for it (its map of delivery id -> subscription; the entries are
+        taken out), as ``ack`` with ``dispatch=False`` would one by one, in one call: a read's
+        Acks each hit another queue there, so no run per subscription. The queues settled in
+        go into ``touched`` (the caller refills them); returns the ids not settled, in order
+        (not in ``holders``, or no longer held there)."""
         rest: list[str] = []
         persistence = self.persistence
         # journaled messages that are no fan-out copy, by queue: settled in one call each
         # (by id: a queue is no dict key, and a name may outlive its queue)
         journaled: dict[int, tuple[Queue, list[StoredMessage]]] = {}
-        for i, msg_id in enumerate(msg_ids):
-            sub = holders[i]
+        for msg_id in msg_ids:
+            sub = holders.pop(msg_id, None)
             msg = sub.inflight.pop(msg_id, None) if sub is not None else None
             if sub is None or msg is None:
                 rest.append(msg_id)

@@ -393,53 +393,39 @@ def _fast_decode(body: bytes, limits: Limits) -> Message | None:
 
 _ACK: Final = 30  # CommandType.ACK (a plain int: comparing with the enum member costs more)
 _MESSAGE_ID_KEY: Final = b"\x00\x09messageId"
-#: what ``peek_ack`` answers for a body that is no well-formed Ack
-_NO_ACK: Final = ("", "")
 
 
 def peek_ack_target(body: bytes, limits: Limits = DEFAULT_LIMITS) -> str | None:
     """For a well-formed Ack body, the id of the message it acknowledges (header
-    ``messageId``, else the Ack's own id) without building a Message. None for anything
-    else; ``decode_body`` then decides. (``peek_ack`` with the queue field too.)"""
-    target = peek_ack(body, limits)[0]
-    return target or None
-
-
-def peek_ack(body: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[str, str]:
-    """For a well-formed Ack body, the id of the message it acknowledges (header
-    ``messageId``, else the Ack's own id) and the Ack's queue field ("" when empty: the
-    client library sends the Deliver's queue there, which names the subscription), without
-    building a Message: half of all traffic is Acks. ("", "") for anything else;
-    ``decode_body`` then decides. (A pair, not an optional: the compiled build returns it
-    unboxed. Lengths are read byte by byte: cheaper than struct calls; an index past the
-    end raises IndexError.)"""
+    ``messageId``, else the Ack's own id) without building a Message: half of all traffic
+    is Acks. None for anything else; ``decode_body`` then decides. (Lengths are read byte
+    by byte: cheaper than struct calls; an index past the end raises IndexError.)"""
     try:
         if body[1] != _ACK or body[0] != PROTOCOL_VERSION:
-            return _NO_ACK
+            return None
         n = body[2] << 8 | body[3]
         if not n:
-            return _NO_ACK
+            return None
         pos = 4 + n
         own = body[4:pos]
         n = body[pos] << 8 | body[pos + 1]
         pos += 2
-        queue = ""
         if n:
-            queue = body[pos : pos + n].decode()  # (it must be UTF-8 in any case)
+            body[pos : pos + n].decode()  # the queue must be UTF-8 too
             pos += n
         plen = body[pos] << 24 | body[pos + 1] << 16 | body[pos + 2] << 8 | body[pos + 3]
         pos += 4 + plen
         count = body[pos] << 8 | body[pos + 1]
         pos += 2
         if count > limits.max_headers:
-            return _NO_ACK
+            return None
         if count == 1 and body[pos : pos + 11] == _MESSAGE_ID_KEY:
             # The usual Ack: one header, messageId (what the client library sends).
             n = body[pos + 11] << 8 | body[pos + 12]
             if pos + 13 + n != len(body) or n > limits.max_header_value:
-                return _NO_ACK
+                return None
             own_id = own.decode()
-            return body[pos + 13 :].decode() or own_id, queue
+            return body[pos + 13 :].decode() or own_id
         target = ""
         for _ in range(count):
             n = body[pos] << 8 | body[pos + 1]
@@ -447,16 +433,16 @@ def peek_ack(body: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[str, str]:
             pos += 2 + n
             n = body[pos] << 8 | body[pos + 1]
             if n > limits.max_header_value:
-                return _NO_ACK
+                return None
             value = body[pos + 2 : pos + 2 + n].decode()
             if key == "messageId" and value:
                 target = value
             pos += 2 + n
         if pos != len(body):
-            return _NO_ACK
-        return target or own.decode(), queue
+            return None
+        return target or own.decode()
     except (IndexError, StructError, UnicodeDecodeError):
-        return _NO_ACK
+        return None
 
 
 def decode_body(body: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:

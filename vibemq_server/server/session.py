@@ -53,7 +53,7 @@ from vibemq_server.protocol.codec import (
     deliver_around,
     encode_deliver,
     encode_publish_ack,
-    peek_ack,
+    peek_ack_target,
 )
 from vibemq_server.protocol.jsoncheck import COMPILED as _JSON_OFF_LOOP
 from vibemq_server.protocol.jsoncheck import OFFLOAD_FROM as _JSON_OFFLOAD_FROM
@@ -193,13 +193,11 @@ class Session:
         # Since when a frame has been incomplete without progress (stall.py).
         self._stall = StallClock()
         self.subs: dict[str, Subscription] = {}
-        # With more than one subscription an Ack finds its subscription by the queue it names
-        # (the client library sends the Deliver's queue in it), or else by this map of which
-        # subscription each delivery went to, by message id: without either, a client
-        # subscribed to 500 queues made each Ack cost 500 lookups. The map is made (and
-        # deliveries noted in it) only once an Ack came without a subscribed queue. Only a
-        # hint: a miss or a stale entry falls back to asking them in order; cleared when it
-        # outgrows what the subscriptions can hold in flight (entries never acked).
+        # With more than one subscription: which one each delivery went to, by message id,
+        # so that an Ack finds its subscription without asking every one in turn (a client
+        # subscribed to 500 queues made each Ack cost 500 lookups). Only a hint: a miss or
+        # a stale entry falls back to asking them in order; cleared when it outgrows what
+        # the subscriptions can hold in flight (entries of deliveries that never got acked).
         self._holders: dict[str, Subscription] | None = None
         self._holders_limit = 1024
         # Publishes held back while a BlockPublisher queue is full, in arrival order.
@@ -285,15 +283,13 @@ class Session:
         only free capacity here; the queues they freed are refilled once, after the batch."""
         self._batching = True
         acks: list[str] = []
-        queues: list[str] = []  # (each Ack's queue field, "" for none)
         limits = self.limits
         try:
             for index, body in enumerate(bodies):
                 if not isinstance(body, bytes):
                     if acks:
-                        self._settle_acks(acks, queues)
+                        self._settle_acks(acks)
                         acks = []
-                        queues = []
                     self._join_off_loop(body)
                     if self._state is _CLOSED:
                         break
@@ -302,15 +298,13 @@ class Session:
                         break
                     continue
                 if body[1:2] == _ACK_TYPE and self._state is _OPEN:
-                    target, named = peek_ack(body, limits)
-                    if target:
+                    target = peek_ack_target(body, limits)
+                    if target is not None:
                         acks.append(target)
-                        queues.append(named)
                         continue
                 if acks:
-                    self._settle_acks(acks, queues)
+                    self._settle_acks(acks)
                     acks = []
-                    queues = []
                 self._handle_body(body)
                 if self._state is _CLOSED:
                     break
@@ -318,18 +312,17 @@ class Session:
                     self._after_auth = bodies[index + 1 :]
                     break
             if acks:
-                self._settle_acks(acks, queues)
+                self._settle_acks(acks)
         finally:
             self._batching = False
             self._refill()
 
-    def _settle_acks(self, msg_ids: list[str], queues: list[str]) -> None:
-        """Settle the deliveries named by a run of Acks (``queues``: each one's queue field):
-        each at the subscription holding it (the one its queue or the hint map names, else
-        the first in subscription order), without refilling yet."""
+    def _settle_acks(self, msg_ids: list[str]) -> None:
+        """Settle the deliveries named by a run of Acks: each at the subscription holding
+        it (the first, in subscription order), without refilling yet."""
         ack_many = self.manager.ack_many
-        if len(self.subs) > 1:
-            msg_ids = self._settle_named(msg_ids, queues)
+        if self._holders is not None:
+            msg_ids = self._settle_held(msg_ids, self._holders)
             if not msg_ids:
                 return
         for sub in self.subs.values():
@@ -342,26 +335,11 @@ class Session:
         for msg_id in msg_ids:
             self.log.debug("ack for unknown delivery", message_id=msg_id)
 
-    def _settle_named(self, msg_ids: list[str], queues: list[str]) -> list[str]:
-        """Settle the Acks whose subscription their queue field or the hint map names; the
-        ids left for the scan in subscription order (unknown, or not held there)."""
-        subs = self.subs
-        holders = self._holders
-        named: list[Subscription | None] = []
-        unnamed = False
-        for i, msg_id in enumerate(msg_ids):
-            queue = queues[i]
-            sub = subs.get(queue) if queue else None
-            if sub is None:
-                unnamed = True
-                if holders is not None:
-                    sub = holders.pop(msg_id, None)
-            named.append(sub)
-        rest = self.manager.ack_held(named, msg_ids, self._acked)
-        if holders is None:
-            if unnamed:  # (a client whose Acks do not name the queue: note deliveries)
-                self._holders = {}
-        elif len(holders) > self._holders_limit:
+    def _settle_held(self, msg_ids: list[str], holders: dict[str, Subscription]) -> list[str]:
+        """Settle the Acks whose subscription ``holders`` names; the ids left for the scan in
+        subscription order (unknown, or no longer held there)."""
+        rest = self.manager.ack_held(holders, msg_ids, self._acked)
+        if len(holders) > self._holders_limit:
             holders.clear()
         return rest
 
@@ -769,6 +747,8 @@ class Session:
             raise self._core_error(msg, exc) from None
         self.subs[queue] = sub
         self._holders_limit += 2 * prefetch
+        if len(self.subs) > 1 and self._holders is None:
+            self._holders = {}
         self._reply(CommandType.SUBSCRIBE_ACK, msg, {"queueName": queue, "subscriptionId": sub.id})
         sub.queue.dispatch()
 
