@@ -26,6 +26,10 @@ connection subscribed to all of a process's topics, one publisher connection). W
 per message grows with the number of queues for a C broker too says how much of our growth is
 the machine's caches.
 
+``--baseline DIR`` runs another checkout's broker (``PYTHONPATH=DIR``) in turn with ours, as
+broker ``baseline``. ``--acks queue``: the subscribers' Acks carry the Deliver's queue field,
+as the client library's do (default ``bare``: an empty queue field).
+
     .venv/bin/python -m bench.many_queues --rounds 5 --json many-queues.json
     .venv/bin/python -m bench.many_queues --counts 1,100,1000 --messages 50000 --rounds 1
     .venv/bin/python -m bench.many_queues --connections per-process --counts 10,1000,10000 \
@@ -135,6 +139,7 @@ def worker_main(
     opts: Any,
     pipe: Connection,
     broker: str = "vibemq",
+    ack_queue: bool = False,
 ) -> None:
     try:
         prefetch, timeout = opts[0], opts[-1]
@@ -142,7 +147,10 @@ def worker_main(
         if broker == "mosquitto":
             drivers = [MqttDriver(host, port, q) for q in queues]
         else:
-            drivers = [VibeDriver(host, port, q, prefetch=prefetch, durable=False) for q in queues]
+            drivers = [
+                VibeDriver(host, port, q, prefetch=prefetch, durable=False, ack_queue=ack_queue)
+                for q in queues
+            ]
         if shared:
             sub = drivers[0].connect_subscriber()
             for d in drivers[1:]:
@@ -169,7 +177,10 @@ def measure(count: int, a: argparse.Namespace, kind: str = "vibemq") -> dict[str
         broker = MosquittoBroker(inflight=a.prefetch)
     else:
         extra = ["--max-connections", str(2 * count + 100), *a.server_arg]
-        broker = VibeMQBroker(extra_args=extra, env={"VIBEMQ_QUEUE_DEFAULTS__DURABLE": "false"})
+        env = {"VIBEMQ_QUEUE_DEFAULTS__DURABLE": "false"}
+        if kind == "baseline":  # (another checkout's broker: before/after in one run)
+            env["PYTHONPATH"] = a.baseline
+        broker = VibeMQBroker(extra_args=extra, env=env)
     nproc = min(a.processes, count)
     per_queue = max(1, a.messages // count)
     # per queue: 2 connections each; per process: 2 per process (when the fd limit is short)
@@ -198,7 +209,17 @@ def measure(count: int, a: argparse.Namespace, kind: str = "vibemq") -> dict[str
             opts = (a.prefetch, a.window, a.batch, a.timeout)
             proc = ctx.Process(
                 target=worker_main,
-                args=(broker.host, broker.port, queues, per_queue, shared, opts, tx, kind),
+                args=(
+                    broker.host,
+                    broker.port,
+                    queues,
+                    per_queue,
+                    shared,
+                    opts,
+                    tx,
+                    kind,
+                    a.acks == "queue",
+                ),
             )
             proc.start()
             procs.append(proc)
@@ -353,6 +374,19 @@ def main(argv: list[str] | None = None) -> int:
         "topic per queue, QoS 1, always per-process connections)",
     )
     add("--server-arg", action="append", default=[], help="extra vibemq-server argument")
+    add(
+        "--baseline",
+        help="also run VibeMQ from this checkout (PYTHONPATH=DIR) as broker 'baseline',\n"
+        "in turn with the others: before/after in one run",
+    )
+    add(
+        "--acks",
+        choices=("queue", "bare"),
+        default="bare",
+        help="bare: an empty queue field in each Ack (the broker finds the subscription by\n"
+        "its per-connection map); queue: the Deliver's queue field, as the client library\n"
+        "sends it (today's broker ignores it)",
+    )
     add("--json", type=Path)
     add("--png", type=Path, help="plot the curve here (only if matplotlib is installed)")
     a = p.parse_args(argv)
@@ -362,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     kinds = [k.strip() for k in a.brokers.split(",") if k.strip()]
     if not kinds or not set(kinds) <= {"vibemq", "mosquitto"}:
         p.error("--brokers: a comma list of vibemq, mosquitto")
+    if a.baseline:
+        kinds.append("baseline")
     install_sigterm_exit()
     a.nofile = raise_nofile_limit()
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {(k, c): [] for k in kinds for c in counts}

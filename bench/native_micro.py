@@ -88,15 +88,21 @@ class CollectingLink:
         return 0.0
 
 
-def ack_frames(deliveries: bytes, decoder: FrameDecoder) -> bytes:
-    """An Ack (header messageId, as the client library sends it) per Deliver in ``deliveries``."""
+def ack_frames(deliveries: bytes, decoder: FrameDecoder, with_queue: bool = False) -> bytes:
+    """An Ack (header messageId, as the client library sends it) per Deliver in
+    ``deliveries``; ``with_queue``: with the Deliver's queue in its queue field, as the
+    client library sends it too."""
     out = []
     for body in decoder.feed(deliveries):
         if body[1] == CommandType.DELIVER:
             n = body[2] << 8 | body[3]
             msg_id = body[4 : 4 + n].decode()
+            queue = ""
+            if with_queue:
+                qn = body[4 + n] << 8 | body[5 + n]
+                queue = body[6 + n : 6 + n + qn].decode()
             out.append(
-                encode(Message(CommandType.ACK, f"a{msg_id}", headers={"messageId": msg_id}))
+                encode(Message(CommandType.ACK, f"a{msg_id}", queue, headers={"messageId": msg_id}))
             )
     return b"".join(out)
 

@@ -166,21 +166,28 @@ class VibeAckCounter:
 
 class VibeDeliveryScanner:
     """Counts Deliver frames; answers each with a pre-built Ack (id ``a<id>``, header
-    ``messageId=<id>``) -- all acks of one read go out in one write."""
+    ``messageId=<id>``) -- all acks of one read go out in one write. ``ack_queue``: with
+    the Deliver's queue in the Ack's queue field, as the client library sends it (it names
+    the subscription for a broker connection subscribed to many queues)."""
 
-    def __init__(self) -> None:
-        self._parts: dict[int, tuple[bytes, bytes]] = {}
+    def __init__(self, ack_queue: bool = False) -> None:
+        self.ack_queue = ack_queue
+        self._parts: dict[tuple[int, int], tuple[bytes, bytes]] = {}
 
-    def _ack_parts(self, idlen: int) -> tuple[bytes, bytes]:
-        parts = self._parts.get(idlen)
+    def _ack_parts(self, idlen: int, qlen: int = -1) -> tuple[bytes, bytes]:
+        """The Ack's bytes before its id and after its queue field (``qlen`` -1: the
+        empty queue field included in the second)."""
+        parts = self._parts.get((idlen, qlen))
         if parts is None:
-            # body: 01 1e | u16 idlen+1 "a"+id | 0000 queue | 00000000 payload | 0001 headers
-            #       | 0009 "messageId" | u16 idlen id
-            blen = 2 + 2 + idlen + 1 + 2 + 4 + 2 + 2 + 9 + 2 + idlen
+            # body: 01 1e | u16 idlen+1 "a"+id | u16 qlen queue | 00000000 payload
+            #       | 0001 headers | 0009 "messageId" | u16 idlen id
+            blen = 2 + 2 + idlen + 1 + 2 + max(qlen, 0) + 4 + 2 + 2 + 9 + 2 + idlen
             pre = U32.pack(blen) + b"\x01\x1e" + U16.pack(idlen + 1) + b"a"
-            mid = b"\x00\x00" + b"\x00\x00\x00\x00" + b"\x00\x01" + b"\x00\x09messageId"
+            mid = b"\x00\x00\x00\x00" + b"\x00\x01" + b"\x00\x09messageId"
+            if qlen < 0:
+                mid = b"\x00\x00" + mid
             parts = (pre, mid + U16.pack(idlen))
-            self._parts[idlen] = parts
+            self._parts[(idlen, qlen)] = parts
         return parts
 
     def feed(self, buf: bytearray) -> tuple[int, int, bytes]:
@@ -191,6 +198,7 @@ class VibeDeliveryScanner:
         unpack = U32.unpack_from
         last_len = -1
         pre = mid = b""
+        ack_queue = self.ack_queue
         while end - pos >= 8:
             (n,) = unpack(buf, pos)
             if end - pos - 4 < n:
@@ -198,7 +206,15 @@ class VibeDeliveryScanner:
             t = buf[pos + 5]
             if t == DELIVER:
                 idlen = (buf[pos + 6] << 8) | buf[pos + 7]
-                mid_id = bytes(buf[pos + 8 : pos + 8 + idlen])
+                qpos = pos + 8 + idlen
+                mid_id = bytes(buf[pos + 8 : qpos])
+                if ack_queue:
+                    qlen = (buf[qpos] << 8) | buf[qpos + 1]
+                    pre, mid = self._ack_parts(idlen, qlen)
+                    acks.append(pre + mid_id + bytes(buf[qpos : qpos + 2 + qlen]) + mid + mid_id)
+                    delivered += 1
+                    pos += 4 + n
+                    continue
                 if idlen != last_len:
                     pre, mid = self._ack_parts(idlen)
                     last_len = idlen
@@ -263,6 +279,8 @@ class VibeDriver:
     mode: str = "RoundRobin"
     #: CreateQueue ``durable``: None leaves it to the broker's queue_defaults (durable today)
     durable: bool | None = None
+    #: the subscriber's Acks carry the Deliver's queue field, as the client library's do
+    ack_queue: bool = False
 
     def msg_id(self, i: int) -> str:
         return f"{self.id_prefix}{i:08d}"
@@ -312,7 +330,7 @@ class VibeDriver:
         return VibeAckCounter()
 
     def delivery_scanner(self) -> VibeDeliveryScanner:
-        return VibeDeliveryScanner()
+        return VibeDeliveryScanner(self.ack_queue)
 
     def goodbye(self, conn: BlockingConn) -> None:
         with contextlib.suppress(OSError):

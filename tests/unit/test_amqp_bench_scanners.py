@@ -135,3 +135,24 @@ def test_confirm_counter_out_of_order_singles_and_nack() -> None:
     assert counter.confirmed == 3 and counter.upto == 3
     counter.feed(d.method(1, 60, 120, struct.pack(">QB", 4, 0)))
     assert counter.nacks == 1 and counter.confirmed == 4
+
+
+@pytest.mark.parametrize("ack_queue", [False, True])
+def test_the_native_scanner_acks_each_delivery(ack_queue: bool) -> None:
+    """(bench.vibemq_driver, used by bench.many_queues) an Ack per Deliver naming its id,
+    with the Deliver's queue in its queue field when asked to, as the client library."""
+    from bench.vibemq_driver import VibeDeliveryScanner
+    from vibemq_server.protocol import CommandType, FrameDecoder, Message, encode
+    from vibemq_server.protocol.codec import encode_deliver
+
+    frames = b"".join(
+        encode_deliver(i, q, b"{}", {}, 1) for i, q in [("m1", "q"), ("m22", "queue-2")]
+    )
+    used, delivered, acks = VibeDeliveryScanner(ack_queue).feed(bytearray(frames + b"\x00"))
+    assert (used, delivered) == (len(frames), 2)
+    want = [
+        encode(Message(CommandType.ACK, f"a{i}", q if ack_queue else "", headers={"messageId": i}))
+        for i, q in [("m1", "q"), ("m22", "queue-2")]
+    ]
+    assert acks == b"".join(want)
+    assert len(FrameDecoder().feed(acks)) == 2
