@@ -277,14 +277,16 @@ class Journal:
         return records
 
     def _stamp(self) -> int:
-        """The clock, kept as the batch's timestamp until the flush that a record being
-        added schedules (so never older than one loop turn)."""
+        """The clock, kept as the batch's timestamp (and the encoder's, so the records do not
+        pass it again) until the flush that a record being added schedules (so never older
+        than one loop turn)."""
         now = self.clock()
         if self._loop is not None:
             self._batch_ts = now
+        self._enc.stamp(now)
         return now
 
-    def published(self, queue: Queue, msg: StoredMessage, *, client: bool = False) -> None:
+    def published(self, queue: Queue, msg: StoredMessage, client: bool = False, /) -> None:
         name = queue.name
         records = self._records(name)
         payload, headers = msg.payload, msg.headers
@@ -314,7 +316,6 @@ class Journal:
             index = len(self._buf)
             at = self._enc.publish(
                 records.name16,
-                msg.published_at,
                 msg.seq,
                 msg.id,
                 msg.published_at,
@@ -335,20 +336,20 @@ class Journal:
         seg.published += 1
 
     def delivered(self, queue: Queue, msg: StoredMessage) -> None:
-        ts = self._batch_ts or self._stamp()
-        name = queue.name
-        records = self._records(name)
-        self._enc.deliver(records.name16, ts, msg.seq, msg.attempts)
+        if not self._batch_ts:
+            self._stamp()  # (the encoder keeps the batch's timestamp)
+        records = self._records(queue.name)
+        self._enc.deliver(records.name16, msg.seq, msg.attempts)
         if not self._flush_scheduled:
             self._schedule_flush()
 
     def settled(
         self, queue: Queue, msg: StoredMessage, reason: SettleReason, detail: str = ""
     ) -> None:
-        ts = self._batch_ts or self._stamp()
-        name = queue.name
-        records = self._records(name)
-        self._enc.settle(records.name16, ts, msg.seq, reason, detail)
+        if not self._batch_ts:
+            self._stamp()
+        records = self._records(queue.name)
+        self._enc.settle(records.name16, msg.seq, reason, detail)
         if not self._flush_scheduled:
             self._schedule_flush()
         seg = self.segments.get(msg.seg)
@@ -357,15 +358,15 @@ class Journal:
         msg.seg = 0
 
     def settled_all(self, queue: Queue, msgs: list[StoredMessage], reason: SettleReason) -> None:
-        """``settled`` for each of ``msgs`` (a read's acks), in order."""
-        ts = self._batch_ts or self._stamp()
-        name = queue.name
-        name16 = self._records(name).name16
-        enc = self._enc
+        """``settled`` for each of ``msgs`` (a read's acks), in order: their records in one
+        call to the encoder."""
+        if not self._batch_ts:
+            self._stamp()
         segments = self.segments
         active = self._active_seg
+        seqs: list[int] = []
         for msg in msgs:
-            enc.settle(name16, ts, msg.seq, reason, "")
+            seqs.append(msg.seq)
             if active is not None and msg.seg == active.number:
                 active.live -= 1  # (most acks settle messages of the segment being written)
             else:
@@ -373,6 +374,7 @@ class Journal:
                 if seg is not None:
                     seg.live -= 1
             msg.seg = 0
+        self._enc.settle_all(self._records(queue.name).name16, seqs, reason)
         if not self._flush_scheduled:
             self._schedule_flush()
 
