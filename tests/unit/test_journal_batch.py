@@ -53,7 +53,7 @@ def _compiled() -> RecordSink:
     return RecordBuffer()
 
 
-def _apply(sink: RecordSink, queue: str, run: list[Op]) -> list[int]:
+def _apply(sink: RecordSink, queue: str, run: list[Op]) -> list[object]:
     """The records of ``run`` appended to ``sink``; the offsets publish gave."""
     name16 = s16(queue)
     offsets = []
@@ -125,7 +125,9 @@ def test_compiled_and_pure_write_the_records_of_the_format(
     assert len(entries) == len(kinds)
     publishes = [e for e, kind in zip(entries, kinds, strict=True) if kind == "publish"]
     assert [e.offset for e in publishes] == offsets
-    for entry, at in zip(publishes, offsets, strict=True):
+    for entry, offset in zip(publishes, offsets, strict=True):
+        assert isinstance(offset, int)
+        at = offset
         assert record_end(data, at) == at + entry.size
         assert decode_record(data, at).record == entry.record
     # the next batch starts over, with the buffer's memory and its stamp kept

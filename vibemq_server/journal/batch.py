@@ -34,9 +34,11 @@ class RecordSink(Protocol):
         attempts: int,
         payload: bytes,
         /,
-    ) -> int:
+    ) -> object:
         """Append a PUBLISH record without headers, its timestamp ``published_at`` (as the
-        journal writes every PUBLISH); its offset in the batch."""
+        journal writes every PUBLISH); its offset in the batch, an int (typed ``object`` so
+        that the compiled journal keeps the int object the encoder made for its list of the
+        batch's publishes, instead of unboxing it and boxing it again)."""
         ...
 
     def stamp(self, timestamp: int, /) -> None:

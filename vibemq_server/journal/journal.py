@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final, cast
 
 import structlog
 
@@ -65,6 +65,8 @@ INDEX_SUFFIX = ".qidx"
 _SMALL_LIVE = 1000
 #: buffers per os.writev (Linux's IOV_MAX)
 _IOV_MAX = 1024
+# (Final: the compiled build reads it as a constant, not from the module's dict every publish)
+_PASS_THROUGH: Final = PASS_THROUGH
 
 
 class FsyncPolicy(StrEnum):
@@ -128,7 +130,8 @@ class Journal:
         self._retry: bytes = b""
         # Client publishes in _buf (index, offset in that chunk or -1 for all of it, queue,
         # message): withdrawn if their write fails.
-        self._batch_publishes: list[tuple[int, int, Queue, StoredMessage]] = []
+        # (the offset is kept as the encoder's int object: see RecordSink.publish)
+        self._batch_publishes: list[tuple[int, object, Queue, StoredMessage]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(FSYNCS_IN_FLIGHT, "vibemq-fsync")
         # builds the queue index of each sealed segment (qindex.py): off the loop, and not on
@@ -294,10 +297,10 @@ class Journal:
             # (the form changes only messages with headers: a raw one says so in them)
             payload, headers = self.payload_form(payload, headers)
         # The record's timestamp is the publish time itself: no second clock read.
-        if headers or len(payload) >= PASS_THROUGH:
+        if headers or len(payload) >= _PASS_THROUGH:
             # headers, or a payload that the write passes through rather than copies
             self._drain()
-            at = -1
+            at: object = -1
             index = len(self._buf)
             self._buf.append(
                 records.publish(
@@ -523,15 +526,16 @@ class Journal:
             self._maybe_rotate()
 
     def _withdraw(
-        self, records: list[bytes], publishes: list[tuple[int, int, Queue, StoredMessage]]
+        self, records: list[bytes], publishes: list[tuple[int, object, Queue, StoredMessage]]
     ) -> None:
         """The write of these records failed and their publishers get an error: take the
         messages no consumer has yet back out of their queues, and drop their records."""
         if self._manager is None:
             return
         # (last first: cutting a record out of a chunk moves none of the earlier ones)
-        for index, at, queue, msg in reversed(publishes):
+        for index, offset, queue, msg in reversed(publishes):
             if self._manager.withdraw(queue, msg):
+                at = cast(int, offset)
                 chunk = records[index]
                 records[index] = b"" if at < 0 else chunk[:at] + chunk[record_end(chunk, at) :]
                 self._release(msg)
