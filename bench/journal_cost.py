@@ -52,7 +52,7 @@ async def run(messages: int, batch: int, rounds: int) -> list[float]:
         for k in range(0, messages, batch):
             chunk = msgs[k : k + batch]
             for msg in chunk:
-                journal.published(queue, msg, client=True)
+                journal.published(queue, msg, True)
             for msg in chunk:
                 msg.attempts += 1
                 journal.delivered(queue, msg)

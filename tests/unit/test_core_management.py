@@ -25,7 +25,7 @@ class Settles:
 
     def queue_deleted(self, name: str) -> None: ...
 
-    def published(self, queue: object, msg: StoredMessage, *, client: bool = False) -> None:
+    def published(self, queue: object, msg: StoredMessage, client: bool = False, /) -> None:
         self.publishes.append((msg.queue, msg.id))
 
     def delivered(self, queue: object, msg: StoredMessage) -> None: ...

@@ -551,7 +551,7 @@ class QueueManager:
         queue.stats.published += 1
         self.memory_bytes += len(payload)
         if persistence is not None:
-            persistence.published(queue, msg, client=True)
+            persistence.published(queue, msg, True)  # (a client's: positional, see there)
         if not queue.deliver_now(msg):
             queue.store.append(msg)
             queue.dispatch()

@@ -62,6 +62,7 @@ typedef struct {
     unsigned char *buf;
     Py_ssize_t len;
     Py_ssize_t cap;
+    uint64_t ts; /* the DELIVER and SETTLE records' timestamp (stamp()) */
 } RecordBuffer;
 
 static int reserve(RecordBuffer *self, Py_ssize_t more) {
@@ -165,27 +166,27 @@ static void seal(RecordBuffer *self, Py_ssize_t start, unsigned char *end) {
     self->len = end - self->buf;
 }
 
-/* publish(name16, timestamp, seq, message_id, published_at, expires_at, priority, attempts,
- *         payload) -> offset of the record in the buffer (no headers: records.py writes those) */
+/* publish(name16, seq, message_id, published_at, expires_at, priority, attempts, payload)
+ * -> offset of the record in the buffer (no headers: records.py writes those). The record's
+ * timestamp is the publish time itself (as the journal always wrote it): one int less to pass. */
 static PyObject *rb_publish(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "publish takes 9 arguments");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "publish takes 8 arguments");
         return NULL;
     }
     const char *name, *mid;
     Py_ssize_t name_len, mid_len;
-    uint64_t ts, seq, published_at, expires_at, priority, attempts;
+    uint64_t seq, published_at, expires_at, priority, attempts;
     if (take_name16(args[0], &name, &name_len) < 0 ||
-        take_uint(args[1], UINT64_MAX, "timestamp", &ts) < 0 ||
-        take_uint(args[2], UINT64_MAX, "seq", &seq) < 0 ||
-        take_text(args[3], "message_id", &mid, &mid_len) < 0 ||
-        take_uint(args[4], UINT64_MAX, "published_at", &published_at) < 0 ||
-        take_uint(args[5], UINT64_MAX, "expires_at", &expires_at) < 0 ||
-        take_uint(args[6], 0xFF, "priority", &priority) < 0 ||
-        take_uint(args[7], 0xFFFF, "attempts", &attempts) < 0)
+        take_uint(args[1], UINT64_MAX, "seq", &seq) < 0 ||
+        take_text(args[2], "message_id", &mid, &mid_len) < 0 ||
+        take_uint(args[3], UINT64_MAX, "published_at", &published_at) < 0 ||
+        take_uint(args[4], UINT64_MAX, "expires_at", &expires_at) < 0 ||
+        take_uint(args[5], 0xFF, "priority", &priority) < 0 ||
+        take_uint(args[6], 0xFFFF, "attempts", &attempts) < 0)
         return NULL;
     Py_buffer view;
-    if (PyObject_GetBuffer(args[8], &view, PyBUF_SIMPLE) < 0)
+    if (PyObject_GetBuffer(args[7], &view, PyBUF_SIMPLE) < 0)
         return NULL;
     if ((uint64_t)view.len > UINT32_MAX - 64 - (uint64_t)name_len - (uint64_t)mid_len) {
         PyBuffer_Release(&view);
@@ -201,7 +202,7 @@ static PyObject *rb_publish(RecordBuffer *self, PyObject *const *args, Py_ssize_
     Py_ssize_t start = self->len;
     unsigned char *p = self->buf + start + 8;
     *p++ = PUBLISH;
-    p = put64(p, ts);
+    p = put64(p, published_at);
     p = put64(p, seq);
     p = put64(p, published_at);
     p = put64(p, expires_at);
@@ -221,54 +222,57 @@ static PyObject *rb_publish(RecordBuffer *self, PyObject *const *args, Py_ssize_
     return PyLong_FromSsize_t(start);
 }
 
-/* deliver(name16, timestamp, seq, attempts) */
-static PyObject *rb_deliver(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "deliver takes 4 arguments");
+/* stamp(timestamp): the timestamp of the DELIVER and SETTLE records appended from now on (the
+ * journal reads the clock once a write batch: passed once, not boxed again for every record). */
+static PyObject *rb_stamp(RecordBuffer *self, PyObject *arg) {
+    uint64_t ts;
+    if (take_uint(arg, UINT64_MAX, "timestamp", &ts) < 0)
         return NULL;
-    }
-    const char *name;
-    Py_ssize_t name_len;
-    uint64_t ts, seq, attempts;
-    if (take_name16(args[0], &name, &name_len) < 0 ||
-        take_uint(args[1], UINT64_MAX, "timestamp", &ts) < 0 ||
-        take_uint(args[2], UINT64_MAX, "seq", &seq) < 0 ||
-        take_uint(args[3], 0xFFFF, "attempts", &attempts) < 0)
-        return NULL;
+    self->ts = ts;
+    Py_RETURN_NONE;
+}
+
+static int put_deliver(RecordBuffer *self, const char *name, Py_ssize_t name_len, uint64_t seq,
+                       uint64_t attempts) {
     if (reserve(self, 8 + 1 + 16 + 2 + name_len) < 0)
-        return NULL;
+        return -1;
     Py_ssize_t start = self->len;
     unsigned char *p = self->buf + start + 8;
     *p++ = DELIVER;
-    p = put64(p, ts);
+    p = put64(p, self->ts);
     p = put64(p, seq);
     p = put16(p, (unsigned int)attempts);
     memcpy(p, name, (size_t)name_len);
     seal(self, start, p + name_len);
+    return 0;
+}
+
+/* deliver(name16, seq, attempts): at the stamped timestamp */
+static PyObject *rb_deliver(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "deliver takes 3 arguments");
+        return NULL;
+    }
+    const char *name;
+    Py_ssize_t name_len;
+    uint64_t seq, attempts;
+    if (take_name16(args[0], &name, &name_len) < 0 ||
+        take_uint(args[1], UINT64_MAX, "seq", &seq) < 0 ||
+        take_uint(args[2], 0xFFFF, "attempts", &attempts) < 0)
+        return NULL;
+    if (put_deliver(self, name, name_len, seq, attempts) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
-/* settle(name16, timestamp, seq, reason, detail) */
-static PyObject *rb_settle(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "settle takes 5 arguments");
-        return NULL;
-    }
-    const char *name, *detail;
-    Py_ssize_t name_len, detail_len;
-    uint64_t ts, seq, reason;
-    if (take_name16(args[0], &name, &name_len) < 0 ||
-        take_uint(args[1], UINT64_MAX, "timestamp", &ts) < 0 ||
-        take_uint(args[2], UINT64_MAX, "seq", &seq) < 0 ||
-        take_uint(args[3], 0xFF, "reason", &reason) < 0 ||
-        take_text(args[4], "detail", &detail, &detail_len) < 0)
-        return NULL;
+static int put_settle(RecordBuffer *self, const char *name, Py_ssize_t name_len, uint64_t seq,
+                      uint64_t reason, const char *detail, Py_ssize_t detail_len) {
     if (reserve(self, 8 + 1 + 16 + 1 + name_len + 2 + detail_len) < 0)
-        return NULL;
+        return -1;
     Py_ssize_t start = self->len;
     unsigned char *p = self->buf + start + 8;
     *p++ = SETTLE;
-    p = put64(p, ts);
+    p = put64(p, self->ts);
     p = put64(p, seq);
     *p++ = (unsigned char)reason;
     memcpy(p, name, (size_t)name_len);
@@ -276,6 +280,58 @@ static PyObject *rb_settle(RecordBuffer *self, PyObject *const *args, Py_ssize_t
     p = put16(p, (unsigned int)detail_len);
     memcpy(p, detail, (size_t)detail_len);
     seal(self, start, p + detail_len);
+    return 0;
+}
+
+/* settle(name16, seq, reason, detail): at the stamped timestamp */
+static PyObject *rb_settle(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "settle takes 4 arguments");
+        return NULL;
+    }
+    const char *name, *detail;
+    Py_ssize_t name_len, detail_len;
+    uint64_t seq, reason;
+    if (take_name16(args[0], &name, &name_len) < 0 ||
+        take_uint(args[1], UINT64_MAX, "seq", &seq) < 0 ||
+        take_uint(args[2], 0xFF, "reason", &reason) < 0 ||
+        take_text(args[3], "detail", &detail, &detail_len) < 0)
+        return NULL;
+    if (put_settle(self, name, name_len, seq, reason, detail, detail_len) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* settle_all(name16, seqs, reason): one SETTLE record (no detail) for each seq of the list, in
+ * order, at the stamped timestamp (a read's acks: one call, not one per message). All the seqs
+ * are checked before any record is appended, so a bad one leaves the batch as it was. */
+static PyObject *rb_settle_all(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "settle_all takes 3 arguments");
+        return NULL;
+    }
+    const char *name;
+    Py_ssize_t name_len;
+    uint64_t seq, reason;
+    if (take_name16(args[0], &name, &name_len) < 0 ||
+        take_uint(args[2], 0xFF, "reason", &reason) < 0)
+        return NULL;
+    PyObject *seqs = args[1];
+    if (!PyList_Check(seqs)) {
+        PyErr_SetString(PyExc_TypeError, "seqs must be a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(seqs);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (take_uint(PyList_GET_ITEM(seqs, i), UINT64_MAX, "seq", &seq) < 0)
+            return NULL;
+    if (n && reserve(self, n * (8 + 1 + 16 + 1 + name_len + 2)) < 0)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        seq = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(seqs, i));
+        if (put_settle(self, name, name_len, seq, reason, "", 0) < 0)
+            return NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -311,6 +367,7 @@ static PyObject *rb_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         self->buf = NULL;
         self->len = 0;
         self->cap = 0;
+        self->ts = 0;
     }
     return (PyObject *)self;
 }
@@ -322,12 +379,17 @@ static void rb_dealloc(RecordBuffer *self) {
 
 static PyMethodDef rb_methods[] = {
     {"publish", (PyCFunction)(void (*)(void))rb_publish, METH_FASTCALL,
-     "publish(name16, timestamp, seq, message_id, published_at, expires_at, priority, attempts, "
-     "payload) -> int: a PUBLISH record without headers appended; its offset in the buffer."},
+     "publish(name16, seq, message_id, published_at, expires_at, priority, attempts, payload) "
+     "-> int: a PUBLISH record without headers (its timestamp published_at) appended; its offset "
+     "in the buffer."},
+    {"stamp", (PyCFunction)rb_stamp, METH_O,
+     "stamp(timestamp) -> None: the timestamp of the DELIVER and SETTLE records from now on."},
     {"deliver", (PyCFunction)(void (*)(void))rb_deliver, METH_FASTCALL,
-     "deliver(name16, timestamp, seq, attempts) -> None: a DELIVER record appended."},
+     "deliver(name16, seq, attempts) -> None: a DELIVER record appended."},
     {"settle", (PyCFunction)(void (*)(void))rb_settle, METH_FASTCALL,
-     "settle(name16, timestamp, seq, reason, detail) -> None: a SETTLE record appended."},
+     "settle(name16, seq, reason, detail) -> None: a SETTLE record appended."},
+    {"settle_all", (PyCFunction)(void (*)(void))rb_settle_all, METH_FASTCALL,
+     "settle_all(name16, seqs, reason) -> None: a SETTLE record (no detail) for each seq."},
     {"take", (PyCFunction)rb_take, METH_NOARGS,
      "take() -> bytes: the records appended since the last take, and the buffer emptied."},
     {NULL, NULL, 0, NULL},

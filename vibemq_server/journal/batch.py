@@ -26,7 +26,6 @@ class RecordSink(Protocol):
     def publish(
         self,
         name16: bytes,
-        timestamp: int,
         seq: int,
         message_id: str,
         published_at: int,
@@ -35,15 +34,26 @@ class RecordSink(Protocol):
         attempts: int,
         payload: bytes,
         /,
-    ) -> int:
-        """Append a PUBLISH record without headers; its offset in the batch."""
+    ) -> object:
+        """Append a PUBLISH record without headers, its timestamp ``published_at`` (as the
+        journal writes every PUBLISH); its offset in the batch, an int (typed ``object`` so
+        that the compiled journal keeps the int object the encoder made for its list of the
+        batch's publishes, instead of unboxing it and boxing it again)."""
         ...
 
-    def deliver(self, name16: bytes, timestamp: int, seq: int, attempts: int, /) -> None: ...
+    def stamp(self, timestamp: int, /) -> None:
+        """The timestamp of the DELIVER and SETTLE records appended from now on (the journal
+        reads the clock once a write batch; 0 until stamped)."""
+        ...
 
-    def settle(
-        self, name16: bytes, timestamp: int, seq: int, reason: int, detail: str, /
-    ) -> None: ...
+    def deliver(self, name16: bytes, seq: int, attempts: int, /) -> None: ...
+
+    def settle(self, name16: bytes, seq: int, reason: int, detail: str, /) -> None: ...
+
+    def settle_all(self, name16: bytes, seqs: list[int], reason: int, /) -> None:
+        """A SETTLE record without detail for each of ``seqs``, in order (a read's acks in
+        one call); a bad seq appends none of them."""
+        ...
 
     def take(self) -> bytes:
         """The records appended since the last take; the batch starts over."""
@@ -57,15 +67,17 @@ _DELIVER: Final = int(RecordType.DELIVER)
 _SETTLE: Final = int(RecordType.SETTLE)
 _pack_prefix: Final = RECORD_PREFIX.pack
 _crc32: Final = zlib.crc32
+_U64: Final = Struct(">Q")
 
 
 class PyRecordBuffer:
     """:class:`RecordSink` in Python: the C one's fallback, and its reference in the tests."""
 
-    __slots__ = ("_buf", "_structs")
+    __slots__ = ("_buf", "_structs", "_ts")
 
     def __init__(self) -> None:
         self._buf = bytearray()
+        self._ts = 0
         # the layout up to the payload (or the end) per record type and field lengths
         self._structs: dict[tuple[int, int, int], Struct] = {}
 
@@ -93,7 +105,6 @@ class PyRecordBuffer:
     def publish(
         self,
         name16: bytes,
-        timestamp: int,
         seq: int,
         message_id: str,
         published_at: int,
@@ -105,7 +116,7 @@ class PyRecordBuffer:
         mid = message_id.encode()
         head = self._struct(_PUBLISH, len(name16), len(mid)).pack(
             _PUBLISH,
-            timestamp,
+            published_at,
             seq,
             published_at,
             expires_at,
@@ -119,14 +130,24 @@ class PyRecordBuffer:
         )
         return self._add(head, payload)
 
-    def deliver(self, name16: bytes, timestamp: int, seq: int, attempts: int) -> None:
-        st = self._struct(_DELIVER, len(name16), 0)
-        self._add(st.pack(_DELIVER, timestamp, seq, attempts, name16))
+    def stamp(self, timestamp: int) -> None:
+        _U64.pack(timestamp)  # (refused out of range, as the C one does)
+        self._ts = timestamp
 
-    def settle(self, name16: bytes, timestamp: int, seq: int, reason: int, detail: str) -> None:
+    def deliver(self, name16: bytes, seq: int, attempts: int) -> None:
+        st = self._struct(_DELIVER, len(name16), 0)
+        self._add(st.pack(_DELIVER, self._ts, seq, attempts, name16))
+
+    def settle(self, name16: bytes, seq: int, reason: int, detail: str) -> None:
         raw = detail.encode()
         st = self._struct(_SETTLE, len(name16), len(raw))
-        self._add(st.pack(_SETTLE, timestamp, seq, reason, name16, len(raw), raw))
+        self._add(st.pack(_SETTLE, self._ts, seq, reason, name16, len(raw), raw))
+
+    def settle_all(self, name16: bytes, seqs: list[int], reason: int) -> None:
+        st = self._struct(_SETTLE, len(name16), 0)
+        heads = [st.pack(_SETTLE, self._ts, seq, reason, name16, 0, b"") for seq in seqs]
+        for head in heads:  # (all packed first: a bad seq appends none)
+            self._add(head)
 
     def take(self) -> bytes:
         out = bytes(self._buf)

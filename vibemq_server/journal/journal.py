@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final, cast
 
 import structlog
 
@@ -65,6 +65,8 @@ INDEX_SUFFIX = ".qidx"
 _SMALL_LIVE = 1000
 #: buffers per os.writev (Linux's IOV_MAX)
 _IOV_MAX = 1024
+# (Final: the compiled build reads it as a constant, not from the module's dict every publish)
+_PASS_THROUGH: Final = PASS_THROUGH
 
 
 class FsyncPolicy(StrEnum):
@@ -128,7 +130,8 @@ class Journal:
         self._retry: bytes = b""
         # Client publishes in _buf (index, offset in that chunk or -1 for all of it, queue,
         # message): withdrawn if their write fails.
-        self._batch_publishes: list[tuple[int, int, Queue, StoredMessage]] = []
+        # (the offset is kept as the encoder's int object: see RecordSink.publish)
+        self._batch_publishes: list[tuple[int, object, Queue, StoredMessage]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(FSYNCS_IN_FLIGHT, "vibemq-fsync")
         # builds the queue index of each sealed segment (qindex.py): off the loop, and not on
@@ -277,14 +280,16 @@ class Journal:
         return records
 
     def _stamp(self) -> int:
-        """The clock, kept as the batch's timestamp until the flush that a record being
-        added schedules (so never older than one loop turn)."""
+        """The clock, kept as the batch's timestamp (and the encoder's, so the records do not
+        pass it again) until the flush that a record being added schedules (so never older
+        than one loop turn)."""
         now = self.clock()
         if self._loop is not None:
             self._batch_ts = now
+        self._enc.stamp(now)
         return now
 
-    def published(self, queue: Queue, msg: StoredMessage, *, client: bool = False) -> None:
+    def published(self, queue: Queue, msg: StoredMessage, client: bool = False, /) -> None:
         name = queue.name
         records = self._records(name)
         payload, headers = msg.payload, msg.headers
@@ -292,10 +297,10 @@ class Journal:
             # (the form changes only messages with headers: a raw one says so in them)
             payload, headers = self.payload_form(payload, headers)
         # The record's timestamp is the publish time itself: no second clock read.
-        if headers or len(payload) >= PASS_THROUGH:
+        if headers or len(payload) >= _PASS_THROUGH:
             # headers, or a payload that the write passes through rather than copies
             self._drain()
-            at = -1
+            at: object = -1
             index = len(self._buf)
             self._buf.append(
                 records.publish(
@@ -314,7 +319,6 @@ class Journal:
             index = len(self._buf)
             at = self._enc.publish(
                 records.name16,
-                msg.published_at,
                 msg.seq,
                 msg.id,
                 msg.published_at,
@@ -335,20 +339,20 @@ class Journal:
         seg.published += 1
 
     def delivered(self, queue: Queue, msg: StoredMessage) -> None:
-        ts = self._batch_ts or self._stamp()
-        name = queue.name
-        records = self._records(name)
-        self._enc.deliver(records.name16, ts, msg.seq, msg.attempts)
+        if not self._batch_ts:
+            self._stamp()  # (the encoder keeps the batch's timestamp)
+        records = self._records(queue.name)
+        self._enc.deliver(records.name16, msg.seq, msg.attempts)
         if not self._flush_scheduled:
             self._schedule_flush()
 
     def settled(
         self, queue: Queue, msg: StoredMessage, reason: SettleReason, detail: str = ""
     ) -> None:
-        ts = self._batch_ts or self._stamp()
-        name = queue.name
-        records = self._records(name)
-        self._enc.settle(records.name16, ts, msg.seq, reason, detail)
+        if not self._batch_ts:
+            self._stamp()
+        records = self._records(queue.name)
+        self._enc.settle(records.name16, msg.seq, reason, detail)
         if not self._flush_scheduled:
             self._schedule_flush()
         seg = self.segments.get(msg.seg)
@@ -357,15 +361,15 @@ class Journal:
         msg.seg = 0
 
     def settled_all(self, queue: Queue, msgs: list[StoredMessage], reason: SettleReason) -> None:
-        """``settled`` for each of ``msgs`` (a read's acks), in order."""
-        ts = self._batch_ts or self._stamp()
-        name = queue.name
-        name16 = self._records(name).name16
-        enc = self._enc
+        """``settled`` for each of ``msgs`` (a read's acks), in order: their records in one
+        call to the encoder."""
+        if not self._batch_ts:
+            self._stamp()
         segments = self.segments
         active = self._active_seg
+        seqs: list[int] = []
         for msg in msgs:
-            enc.settle(name16, ts, msg.seq, reason, "")
+            seqs.append(msg.seq)
             if active is not None and msg.seg == active.number:
                 active.live -= 1  # (most acks settle messages of the segment being written)
             else:
@@ -373,6 +377,7 @@ class Journal:
                 if seg is not None:
                     seg.live -= 1
             msg.seg = 0
+        self._enc.settle_all(self._records(queue.name).name16, seqs, reason)
         if not self._flush_scheduled:
             self._schedule_flush()
 
@@ -521,15 +526,16 @@ class Journal:
             self._maybe_rotate()
 
     def _withdraw(
-        self, records: list[bytes], publishes: list[tuple[int, int, Queue, StoredMessage]]
+        self, records: list[bytes], publishes: list[tuple[int, object, Queue, StoredMessage]]
     ) -> None:
         """The write of these records failed and their publishers get an error: take the
         messages no consumer has yet back out of their queues, and drop their records."""
         if self._manager is None:
             return
         # (last first: cutting a record out of a chunk moves none of the earlier ones)
-        for index, at, queue, msg in reversed(publishes):
+        for index, offset, queue, msg in reversed(publishes):
             if self._manager.withdraw(queue, msg):
+                at = cast(int, offset)
                 chunk = records[index]
                 records[index] = b"" if at < 0 else chunk[:at] + chunk[record_end(chunk, at) :]
                 self._release(msg)
