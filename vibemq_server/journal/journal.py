@@ -742,7 +742,10 @@ class Journal:
         fsyncs, self._fsyncs = self._fsyncs, None
         if fsyncs is not None:
             if self._loop is not None:
-                self._loop.remove_reader(fsyncs.fileno())
+                # (typed as object: uvloop's remove_reader returns None where asyncio's
+                # returns a bool, and the compiled journal checks what a call returns)
+                remove: Callable[[int], object] = self._loop.remove_reader
+                remove(fsyncs.fileno())
             fsyncs.close()
         # an index being built is finished (a half one would only be rebuilt); those not
         # started are left to the next start
