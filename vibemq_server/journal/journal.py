@@ -6,7 +6,10 @@ started after their data was written, and every publish that arrived meanwhile s
 next one (group commit). fsync runs in worker threads so the loop keeps serving, and up to
 ``FSYNCS_IN_FLIGHT`` of them at once (pipelined group commit): while one runs, the next
 group is written and its fsync started, instead of every group waiting for the whole of
-the previous fsync.
+the previous fsync. The fsyncs run in long-lived threads (journal/fsyncer.py) that wake the
+loop once per batch of completions. While every fsync slot is busy a flush writes nothing:
+the records and their waiters gather (one write and one epoch per commit, not per loop turn)
+until a slot frees, which is the earliest their fsync could start anyway.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from vibemq_server.core.manager import options_to_dict
 from vibemq_server.core.message import StoredMessage
 from vibemq_server.core.persistence import SettleReason
 from vibemq_server.journal.batch import RecordSink, new_record_buffer, record_end
+from vibemq_server.journal.fsyncer import Fsyncs, new_fsyncs
 from vibemq_server.journal.records import (
     QueueCreate,
     QueueDelete,
@@ -126,6 +130,9 @@ class Journal:
         self._sync_failed: Exception | None = None
         self._dirty = False  # written since the last fsync (interval policy)
         self._flush_scheduled = False
+        # A flush found every fsync slot busy and left its records gathering: the next
+        # completed fsync flushes.
+        self._flush_deferred = False
         self._failed: Exception | None = None
         self._retry: bytes = b""
         # Client publishes in _buf (index, offset in that chunk or -1 for all of it, queue,
@@ -133,7 +140,7 @@ class Journal:
         # (the offset is kept as the encoder's int object: see RecordSink.publish)
         self._batch_publishes: list[tuple[int, object, Queue, StoredMessage]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._executor = concurrent.futures.ThreadPoolExecutor(FSYNCS_IN_FLIGHT, "vibemq-fsync")
+        self._fsyncs: Fsyncs | None = None  # the fsync threads (from start)
         # builds the queue index of each sealed segment (qindex.py): off the loop, and not on
         # the fsync workers, whose latency every durable publish waits for
         self._indexer = concurrent.futures.ThreadPoolExecutor(1, "vibemq-qidx")
@@ -188,6 +195,12 @@ class Journal:
         """Open a fresh segment (after recovery) and start recording."""
         self._loop = asyncio.get_running_loop()
         self._manager = manager
+        if self.policy is not FsyncPolicy.NEVER:
+            # (the C threads call the real fsync: only for the real system calls)
+            native = type(self.sys) is SystemCalls
+            fsyncs = new_fsyncs(self._fsync_fd, FSYNCS_IN_FLIGHT, native=native)
+            self._fsyncs = fsyncs
+            self._loop.add_reader(fsyncs.fileno(), self._on_synced)
         self._open_segment(max(self.segments, default=0) + 1)
         # Segments sealed before this start (the last one by a stop or a crash) get the queue
         # indexes they lack; what a crash left half written goes.
@@ -398,6 +411,18 @@ class Journal:
         self._batch_ts = 0
         if self._fd < 0:
             return  # closed: the broker is shutting down and nobody waits any more
+        if (
+            self._fsyncs_running >= FSYNCS_IN_FLIGHT
+            and self.policy is FsyncPolicy.ALWAYS
+            and self._failed is None
+            and not self._closing
+        ):
+            # Every fsync slot is busy: what a write now would sync cannot start syncing
+            # before a slot frees. Gather until then (_synced flushes): one write and one
+            # epoch per commit. (_batch_ts starts over: a record's time stays this turn's.)
+            self._flush_deferred = True
+            return
+        self._flush_deferred = False
         self.epoch += 1
         if self._failed is not None:
             self._fail_waiters(self._failed)
@@ -479,14 +504,26 @@ class Journal:
         self._dirty = True
 
     def _start_sync(self) -> None:
-        assert self._loop is not None
+        fsyncs = self._fsyncs
+        assert fsyncs is not None
         batch, self._sync_waiters = self._sync_waiters, []
         self._dirty = False
         self._fsyncs_started = number = self._fsyncs_started + 1
         self._in_flight.append((number, batch))
         self._fsyncs_running += 1
-        future = self._loop.run_in_executor(self._executor, _timed_fsync, self.sys.fsync, self._fd)
-        future.add_done_callback(lambda f: self._synced(f, number))
+        fsyncs.request(self._fd, number)
+
+    def _fsync_fd(self, fd: int) -> None:
+        """fsync in a Python fsync thread (``self.sys`` looked up each time: tests swap it)."""
+        self.sys.fsync(fd)
+
+    def _on_synced(self) -> None:
+        """The fsync threads' eventfd is readable: handle what they completed."""
+        fsyncs = self._fsyncs
+        if fsyncs is None:
+            return
+        for number, seconds, exc in fsyncs.completed():
+            self._synced(number, seconds, exc)
 
     def _done_through(self, number: int) -> list[list[Waiter]]:
         """The batches of fsync ``number`` and of every fsync started before it that is
@@ -498,27 +535,32 @@ class Journal:
             done.append(in_flight.popleft()[1])
         return done
 
-    def _synced(self, future: asyncio.Future[float], number: int) -> None:
+    def _synced(self, number: int, seconds: float, exc: Exception | None) -> None:
         self._fsyncs_running -= 1
         batches = self._done_through(number)
-        exc = future.exception()
         if exc is not None or self._sync_failed is not None:
             # (a writeback error is reported to one fsync only: after a failed one, a later
             # one's success proves nothing about the bytes before it)
             self._dirty = True
             if exc is not None:
-                self._sync_failed = err = exc if isinstance(exc, Exception) else OSError(str(exc))
-                self._fail(err, b"")
+                self._sync_failed = exc
+                self._fail(exc, b"")
             for batch in batches:
                 for waiter in batch:
                     waiter(self._failed or self._sync_failed)
+            if self._flush_deferred:
+                self._flush()  # (fails the gathered waiters: _failed is set)
             return
-        self.fsync_seconds.observe(future.result())
+        self.fsync_seconds.observe(seconds)
         for batch in batches:
             if batch:
                 self.commit_batch.observe(len(batch))
             for waiter in batch:
                 waiter(None)
+        if self._flush_deferred:
+            # a slot is free: write what gathered meanwhile and start its fsync
+            self._flush()
+            return
         if self._sync_waiters and self._failed is None:
             if self._fsyncs_running < FSYNCS_IN_FLIGHT:
                 self._start_sync()
@@ -703,20 +745,20 @@ class Journal:
                 self.sys.fsync(self._fd)
             self.sys.close(self._fd)
             self._fd = -1
-        self._executor.shutdown(wait=True)
+        fsyncs, self._fsyncs = self._fsyncs, None
+        if fsyncs is not None:
+            if self._loop is not None:
+                # (typed as object: uvloop's remove_reader returns None where asyncio's
+                # returns a bool, and the compiled journal checks what a call returns)
+                remove: Callable[[int], object] = self._loop.remove_reader
+                remove(fsyncs.fileno())
+            fsyncs.close()
         # an index being built is finished (a half one would only be rebuilt); those not
         # started are left to the next start
         indexer = self._indexer
         await asyncio.get_running_loop().run_in_executor(
             None, lambda: indexer.shutdown(wait=True, cancel_futures=True)
         )
-
-
-def _timed_fsync(fsync: Callable[[int], None], fd: int) -> float:
-    """fsync (in the worker thread) and how long it took, seconds."""
-    started = time.perf_counter()
-    fsync(fd)
-    return time.perf_counter() - started
 
 
 def _index_sealed(directory: Path | None, paths: list[Path]) -> None:
