@@ -141,6 +141,34 @@ def test_a_large_document_and_a_memoryview() -> None:
     assert valid(memoryview(doc)[1:30])  # the first object alone
 
 
+#: what may stop a string's vector-wide step, valid in a string or not
+_STOPPERS = [
+    b'\\"',
+    b"\\u00e9",
+    b"\xc3\xa9",
+    b"\xf0\x9f\x98\x80",
+    b"\x1f",
+    b"\x7f",
+    b"\xff",
+    b"\xed\xa0\x80",
+    b"\\",
+]
+
+
+def test_long_strings_with_a_stopper_at_every_offset() -> None:
+    """The string's plain runs are skipped 64, 16 or 8 bytes at a time: a special byte at
+    every position of the first 130 (every lane of every step, the scalar tail) and strings
+    of every length around the steps' widths are judged as the pure checker judges them."""
+    for length in (*range(0, 140), 255, 256, 257, 1000):
+        doc = b'"' + b"x" * length + b'"'
+        assert _compiled(doc)
+        assert _compiled(doc[:-1]) is False
+    for stopper in _STOPPERS:
+        for at in range(130):
+            doc = b'["' + b"a" * at + stopper + b"b" * (150 - at) + b'", 1]'
+            assert _compiled(doc) == jsoncheck.valid_slow(doc), (stopper, at)
+
+
 json_values = st.recursive(
     st.none()
     | st.booleans()

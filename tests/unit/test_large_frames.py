@@ -34,14 +34,17 @@ from vibemq_server.adapters.mqtt.packets import Pingreq, Publish
 from vibemq_server.adapters.mqtt.packets5 import Properties, Publish5
 from vibemq_server.protocol.bigcopy import CopiedRead, read_buffer
 from vibemq_server.protocol.codec import (
+    LARGE_PAYLOAD,
     CommandType,
     FrameDecoder,
     Message,
+    Split,
     decode_body,
     deliver_around,
 )
 from vibemq_server.protocol.codec import encode as encode_native
 from vibemq_server.protocol.codec import encode_deliver as encode_native_deliver
+from vibemq_server.protocol.errors import ProtocolError
 from vibemq_server.protocol.held import HeldInput
 from vibemq_server.server.transport import (
     COPY_BELOW,
@@ -121,15 +124,53 @@ def test_mqtt_publish_head_is_encode_publish_less_the_payload() -> None:
         assert publish_head(b"a/b", len(payload), qos, pid) + payload == whole
 
 
-def test_native_publish_cut_anywhere() -> None:
+def _native(frames: list[bytes | Split], split_from: int = 0) -> list[Message]:
+    """The messages of a native decoder's frames, a :class:`Split` one put back together (and
+    every frame with a payload of ``split_from`` bytes or more came as one)."""
+    out = []
+    for frame in frames:
+        if isinstance(frame, Split):
+            assert split_from and len(frame.payload) >= split_from
+            msg = decode_body(frame.skeleton)
+            assert msg.payload == b""
+            msg.payload = frame.payload
+        else:
+            msg = decode_body(frame)
+            assert not split_from or len(msg.payload) < split_from
+        out.append(msg)
+    return out
+
+
+@pytest.mark.parametrize("split_from", [0, LARGE_PAYLOAD])
+def test_native_publish_cut_anywhere(split_from: int) -> None:
     msg = Message(CommandType.PUBLISH, "m1", "big-queue", _payload(), {"k": "v"})
     small = Message(CommandType.PING, "p1")
     stream = encode_native(msg) + encode_native(small)
     for pieces in _splits(stream):
-        decoder = FrameDecoder(1024 * 1024)
-        bodies = _feed_all(decoder.feed, pieces)
-        assert [decode_body(b) for b in bodies] == [msg, small]
+        decoder = FrameDecoder(1024 * 1024, split_from=split_from)
+        frames = _feed_all(decoder.feed_frames, pieces)
+        assert _native(frames, split_from) == [msg, small]
         assert decoder.buffered == 0
+
+
+def test_native_split_falls_back_to_the_whole_body() -> None:
+    """What a split cannot take apart comes as the body, whose decoder names the defect as
+    before: a payload longer than its frame, a payload under ``split_from`` among large
+    headers, an id too long for the head looked at when the frame came in several reads."""
+    bad = bytearray(encode_native(Message(CommandType.PUBLISH, "m1", "q", _payload(40_000))))
+    bad[13:17] = (50_000).to_bytes(4, "big")  # the payload's length, past the frame's end
+    small = Message(CommandType.PUBLISH, "m2", "q", b"[1]", {"h": "v" * 4000, "i": "w" * 4000})
+    long_id = encode_native(Message(CommandType.PUBLISH, "m" * 600, "q", _payload(40_000)))
+    cases = [(bytes(bad), True), (encode_native(small), True), (long_id, False)]
+    for stream, whole_too in cases:
+        for pieces in ([stream], [stream[:100], stream[100:]])[0 if whole_too else 1 :]:
+            decoder = FrameDecoder(1024 * 1024, split_from=LARGE_PAYLOAD)
+            frames = _feed_all(decoder.feed_frames, pieces)
+            assert [type(f) for f in frames] == [bytes]
+            assert frames == [stream[4:]]
+    with pytest.raises(ProtocolError) as caught:
+        decode_body(bytes(bad)[4:])
+    assert caught.value.message_id == "m1"
 
 
 def test_native_deliver_around_is_encode_deliver_less_the_payload() -> None:
@@ -424,11 +465,12 @@ def test_frames_after_a_cut_one_parse_from_its_last_read(read: int) -> None:
     stream5 = b"".join(map(encode5, mqtt5))
     assert _feed_all(parser5.feed, list(_chunked(stream5, read))) == mqtt5
     assert parser5.buffered == 0
-    decoder = FrameDecoder(1024 * 1024)
     stream = b"".join(map(encode_native, native))
-    bodies = _feed_all(decoder.feed, list(_chunked(stream, read)))
-    assert [decode_body(b) for b in bodies] == native
-    assert decoder.buffered == 0
+    for split_from in (0, LARGE_PAYLOAD):
+        decoder = FrameDecoder(1024 * 1024, split_from=split_from)
+        frames = _feed_all(decoder.feed_frames, list(_chunked(stream, read)))
+        assert _native(frames, split_from) == native
+        assert decoder.buffered == 0
 
 
 def test_held_cut_gives_the_last_read_itself() -> None:

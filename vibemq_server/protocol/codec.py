@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from struct import Struct
 from struct import error as StructError
-from typing import Final
+from typing import Final, cast
 
 from vibemq_server.protocol.errors import ErrorCode, ProtocolError
 from vibemq_server.protocol.held import Buffer, HeldInput, join_range, prefix
@@ -552,8 +552,66 @@ class BigFrame:
         return join_range(self.parts, 4, self.size)
 
 
-#: a frame body, or a large one still in its reads
-Body = bytes | BigFrame
+class Split:
+    """A frame body with a large payload, taken apart as it is cut out of the reads: the
+    payload copied once straight out of them, and the rest of the body (the payload's length
+    zeroed: it decodes as a payload-less message, whose ``payload`` is then this one). Slicing
+    the body out first and the payload out of the body copied the payload twice."""
+
+    __slots__ = ("payload", "skeleton")
+
+    def __init__(self, skeleton: bytes, payload: bytes) -> None:
+        self.skeleton = skeleton
+        self.payload = payload
+
+
+#: a frame body, a large one still in its reads, or one with its payload apart
+Body = bytes | BigFrame | Split
+
+#: the bytes of a frame looked at for its payload's place when it came in several reads: the
+#: head, ids and queue names of every usual size (a longer one: the body is joined whole)
+_HEAD_PEEK: Final = 512
+
+
+def _payload_at(head: bytes, start: int, end: int) -> int:
+    """Where the payload's length lies in a body starting at ``start`` (its version byte) of
+    ``head``, which holds it up to ``end``; -1 when that is not within ``end``."""
+    if end - start < 4:
+        return -1
+    pos = start + 4 + (head[start + 2] << 8 | head[start + 3])
+    if pos + 2 > end:
+        return -1
+    pos += 2 + (head[pos] << 8 | head[pos + 1])
+    return pos if pos + 4 <= end else -1
+
+
+def _split_read(src: bytes, start: int, end: int, split_from: int) -> Split | None:
+    """The body ``src[start:end]`` apart from its payload of ``split_from`` bytes or more;
+    None for a smaller payload or lengths that do not add up (the body is decoded whole)."""
+    pos = _payload_at(src, start, end)
+    if pos < 0:
+        return None
+    plen = src[pos] << 24 | src[pos + 1] << 16 | src[pos + 2] << 8 | src[pos + 3]
+    stop = pos + 4 + plen
+    if plen < split_from or stop > end:
+        return None
+    return Split(src[start:pos] + b"\0\0\0\0" + src[stop:end], src[pos + 4 : stop])
+
+
+def _split_parts(parts: list[Buffer], size: int, split_from: int) -> Split | None:
+    """As :func:`_split_read`, for a frame (its length field first) cut over the reads
+    ``parts`` of ``size`` bytes in all: the payload joined straight out of them."""
+    first = parts[0]
+    head = bytes(first[:_HEAD_PEEK]) if len(first) >= _HEAD_PEEK else prefix(parts, _HEAD_PEEK)
+    pos = _payload_at(head, 4, len(head))
+    if pos < 0:
+        return None
+    plen = head[pos] << 24 | head[pos + 1] << 16 | head[pos + 2] << 8 | head[pos + 3]
+    stop = pos + 4 + plen
+    if plen < split_from or stop > size:
+        return None
+    tail = join_range(parts, stop, size)
+    return Split(head[4:pos] + b"\0\0\0\0" + tail, join_range(parts, pos + 4, stop))
 
 
 class FrameDecoder:
@@ -563,15 +621,23 @@ class FrameDecoder:
     cannot be resynchronised: the bodies before it are still returned, ``error`` is set to a
     *fatal* ProtocolError, and every later ``feed`` raises it. With ``big_from``, a frame body of
     that many bytes or more is not joined: ``feed`` leaves it in ``big`` (before the bodies it
-    returns) as a :class:`BigFrame`, and the caller takes it from there.
+    returns) as a :class:`BigFrame`, and the caller takes it from there. With ``split_from``,
+    :meth:`feed_frames` gives a body whose payload has that many bytes or more as a
+    :class:`Split` (the payload copied once, not the body and then the payload out of it).
     """
 
-    __slots__ = ("_big_from", "_held", "_max", "big", "error")
+    __slots__ = ("_big_from", "_held", "_max", "_split_from", "big", "error")
 
-    def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE, big_from: int = 0) -> None:
+    def __init__(
+        self,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        big_from: int = 0,
+        split_from: int = 0,
+    ) -> None:
         self._held = HeldInput()
         self._max = max_message_size
         self._big_from = big_from
+        self._split_from = split_from
         self.error: ProtocolError | None = None
         #: the large frame that came before the bodies ``feed`` returned (with ``big_from``)
         self.big: BigFrame | None = None
@@ -582,10 +648,16 @@ class FrameDecoder:
         return self._held.size
 
     def feed(self, data: bytes) -> list[bytes]:
+        """Every complete frame body so far (a decoder made without ``split_from``)."""
+        return cast(list[bytes], self.feed_frames(data))
+
+    def feed_frames(self, data: bytes) -> list[bytes | Split]:
+        """Every complete frame so far: a body, or (``split_from``) a :class:`Split` one."""
         if self.error is not None:
             raise self.error
         held = self._held
-        bodies: list[bytes] = []
+        bodies: list[bytes | Split] = []
+        split_from = self._split_from
         if held.size:
             # A frame cut over reads: held as the reads, copied once when all of it is in.
             if not held.add_part(data):
@@ -596,7 +668,8 @@ class FrameDecoder:
                 if self._big_from and need - 4 >= self._big_from:
                     self.big = BigFrame(parts)
                 else:
-                    bodies.append(join_range(parts, 4, sum(map(len, parts))))
+                    split = _split_parts(parts, need, split_from) if split_from else None
+                    bodies.append(split or join_range(parts, 4, need))
             else:
                 src = held.take()
                 pos = 0
@@ -622,7 +695,11 @@ class FrameDecoder:
             if end - pos - 4 < n:
                 need = 4 + n
                 break
-            bodies.append(src[pos + 4 : pos + 4 + n])
+            if split_from and n > split_from:
+                split = _split_read(src, pos + 4, pos + 4 + n, split_from)
+                bodies.append(split or src[pos + 4 : pos + 4 + n])
+            else:
+                bodies.append(src[pos + 4 : pos + 4 + n])
             pos += 4 + n
         if pos < end:
             held.hold(src, pos, need)

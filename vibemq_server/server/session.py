@@ -50,6 +50,7 @@ from vibemq_server.protocol.codec import (
     LARGE_PAYLOAD,
     BigFrame,
     Body,
+    Split,
     deliver_around,
     encode_deliver,
     encode_publish_ack,
@@ -187,8 +188,9 @@ class Session:
         self._handlers = _HANDLERS[self._state]
         self.limits = Limits(config.max_message_size, config.max_headers, config.max_header_value)
         # (a frame of _BIG_FROM bytes or more comes as its reads: its payload is joined off
-        # the loop, see _join_off_loop)
-        self.decoder = FrameDecoder(config.max_message_size, _BIG_FROM)
+        # the loop, see _join_off_loop; one with a payload of LARGE_PAYLOAD or more comes
+        # with its payload apart, copied once out of the reads: _handle_split)
+        self.decoder = FrameDecoder(config.max_message_size, _BIG_FROM, LARGE_PAYLOAD)
         self._last_rx = link.time()
         # Since when a frame has been incomplete without progress (stall.py).
         self._stall = StallClock()
@@ -237,8 +239,8 @@ class Session:
         decoder = self.decoder
         self._last_rx = now = self.link.time()
         try:
-            # (the list is this call's own and only read: bytes bodies, a Body list)
-            bodies = cast(list[Body], decoder.feed(data))
+            # (the list is this call's own and only read: bytes and Split bodies, a Body list)
+            bodies = cast(list[Body], decoder.feed_frames(data))
         except ProtocolError as exc:  # the stream is beyond repair; decoder.error says why
             bodies = []
             self.log.debug("framing error", error=str(exc))
@@ -290,7 +292,10 @@ class Session:
                     if acks:
                         self._settle_acks(acks)
                         acks = []
-                    self._join_off_loop(body)
+                    if isinstance(body, Split):
+                        self._handle_split(body)
+                    else:
+                        self._join_off_loop(body)
                     if self._state is _CLOSED:
                         break
                     if self._authenticating:
@@ -354,6 +359,18 @@ class Session:
         """Decode and run one frame body; protocol errors become Error replies."""
         try:
             msg = decode_body(body, self.limits)
+            handler = self._handlers[msg.type]
+            if handler is None:
+                raise self._refusal(msg)
+            handler(self, msg)
+        except ProtocolError as exc:
+            self.reply_error(exc)
+
+    def _handle_split(self, split: Split) -> None:
+        """A frame with a large payload, its payload apart: the rest decoded, then run."""
+        try:
+            msg = decode_body(split.skeleton, self.limits)
+            msg.payload = split.payload
             handler = self._handlers[msg.type]
             if handler is None:
                 raise self._refusal(msg)
