@@ -10,7 +10,9 @@ subscriber):
 * ``rabbitmq`` / ``vibemq-amqp``: AMQP 0-9-1, publisher confirms, manual acks with a
   prefetch, a transient queue; a body over 128 KiB is split into body frames (frame_max
   131,072, RabbitMQ's and our default);
-* ``vibemq-native``: the native protocol, a transient RoundRobin queue, the same bytes.
+* ``vibemq-native``: the native protocol, a transient RoundRobin queue, the same bytes; the
+  subscriber's prefetch is 1,000 (``--native-prefetch``), the deliveries in flight both MQTT
+  brokers grant theirs, so that native and MQTT are compared under the same flow control.
 
 Payloads are JSON texts (bench.common.make_payload) of exactly the size asked for. Reported
 per case: messages/s and MB/s delivered, the broker's CPU per MB delivered (user + system
@@ -219,7 +221,13 @@ def make_cases(args: argparse.Namespace, started: list[Broker]) -> list[Case]:
                     "native",
                     vb,
                     lambda s, w: VibeDriver(
-                        vb.host, vb.port, "bench-large", w, s, durable=False, name="vibemq"
+                        vb.host,
+                        vb.port,
+                        "bench-large",
+                        args.native_prefetch or w,
+                        s,
+                        durable=False,
+                        name="vibemq",
                     ),
                 )
             )
@@ -358,6 +366,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-messages", type=int, default=8)
     parser.add_argument("--max-messages", type=int, default=20_000)
     parser.add_argument("--window-bytes", type=int, default=8 * MIB, help="bytes in flight")
+    parser.add_argument(
+        "--native-prefetch",
+        type=int,
+        default=1000,
+        help="the native subscriber's prefetch: 1,000 by default, the deliveries in flight both"
+        " MQTT brokers grant their subscriber (like with like); 0 = the publisher's window, as"
+        " the AMQP consumers' prefetch",
+    )
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--baseline", help="also run VibeMQ with PYTHONPATH=BASELINE")
     parser.add_argument(
