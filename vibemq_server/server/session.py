@@ -358,11 +358,7 @@ class Session:
     def _handle_body(self, body: bytes) -> None:
         """Decode and run one frame body; protocol errors become Error replies."""
         try:
-            msg = decode_body(body, self.limits)
-            handler = self._handlers[msg.type]
-            if handler is None:
-                raise self._refusal(msg)
-            handler(self, msg)
+            self._run(decode_body(body, self.limits))
         except ProtocolError as exc:
             self.reply_error(exc)
 
@@ -371,12 +367,16 @@ class Session:
         try:
             msg = decode_body(split.skeleton, self.limits)
             msg.payload = split.payload
-            handler = self._handlers[msg.type]
-            if handler is None:
-                raise self._refusal(msg)
-            handler(self, msg)
+            self._run(msg)
         except ProtocolError as exc:
             self.reply_error(exc)
+
+    def _run(self, msg: Message) -> None:
+        """One decoded message to its handler, or refused in this state."""
+        handler = self._handlers[msg.type]
+        if handler is None:
+            raise self._refusal(msg)
+        handler(self, msg)
 
     def _join_off_loop(self, frame: BigFrame) -> None:
         """A big frame: the rest of it is decoded here, its payload (the one copy of ~64 MiB,
