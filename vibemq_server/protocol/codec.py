@@ -585,15 +585,22 @@ def _payload_at(head: bytes, start: int, end: int) -> int:
     return pos if pos + 4 <= end else -1
 
 
+def _payload_stop(head: bytes, pos: int, end: int, split_from: int) -> int:
+    """Where the payload whose length lies at ``pos`` of ``head`` (-1: nowhere) ends; -1
+    for a payload under ``split_from`` bytes or one that runs past ``end``."""
+    if pos < 0:
+        return -1
+    plen = head[pos] << 24 | head[pos + 1] << 16 | head[pos + 2] << 8 | head[pos + 3]
+    stop = pos + 4 + plen
+    return -1 if plen < split_from or stop > end else stop
+
+
 def _split_read(src: bytes, start: int, end: int, split_from: int) -> Split | None:
     """The body ``src[start:end]`` apart from its payload of ``split_from`` bytes or more;
     None for a smaller payload or lengths that do not add up (the body is decoded whole)."""
     pos = _payload_at(src, start, end)
-    if pos < 0:
-        return None
-    plen = src[pos] << 24 | src[pos + 1] << 16 | src[pos + 2] << 8 | src[pos + 3]
-    stop = pos + 4 + plen
-    if plen < split_from or stop > end:
+    stop = _payload_stop(src, pos, end, split_from)
+    if stop < 0:
         return None
     return Split(src[start:pos] + b"\0\0\0\0" + src[stop:end], src[pos + 4 : stop])
 
@@ -604,11 +611,8 @@ def _split_parts(parts: list[Buffer], size: int, split_from: int) -> Split | Non
     first = parts[0]
     head = bytes(first[:_HEAD_PEEK]) if len(first) >= _HEAD_PEEK else prefix(parts, _HEAD_PEEK)
     pos = _payload_at(head, 4, len(head))
-    if pos < 0:
-        return None
-    plen = head[pos] << 24 | head[pos + 1] << 16 | head[pos + 2] << 8 | head[pos + 3]
-    stop = pos + 4 + plen
-    if plen < split_from or stop > size:
+    stop = _payload_stop(head, pos, size, split_from)
+    if stop < 0:
         return None
     tail = join_range(parts, stop, size)
     return Split(head[4:pos] + b"\0\0\0\0" + tail, join_range(parts, pos + 4, stop))

@@ -483,19 +483,7 @@ class StreamTransport(asyncio.BufferedProtocol):
         session = self.session
         if session is None or self._closing:
             return
-        self.bytes_received += nbytes
-        self._ctx.stats.bytes_received += nbytes
-        batch = self._ctx.batch
-        batch.begin()
-        try:
-            session.data_received(b"")
-        except Exception:  # as in data_received
-            self.log.exception("internal error handling input")
-            self.abort()
-        finally:
-            batch.end()
-        if nbytes >= FAIR_READ_BYTES:
-            self._yield_reading()
+        self._hand_over(session, b"", nbytes)  # (the bytes are in the fill)
 
     def read_into(self, fill: Fill) -> None:
         if self._tls is None and not self._closing and len(fill):
@@ -517,8 +505,13 @@ class StreamTransport(asyncio.BufferedProtocol):
                 self.log.warning("TLS handshake on a plain port: closed")
                 self.abort()
                 return
-        self.bytes_received += len(data)
-        self._ctx.stats.bytes_received += len(data)
+        self._hand_over(session, data, len(data))
+
+    def _hand_over(self, session: Session, data: bytes, nbytes: int) -> None:
+        """``data`` to the session, ``nbytes`` read from the socket for it (counted, and
+        not read again this turn after a large read)."""
+        self.bytes_received += nbytes
+        self._ctx.stats.bytes_received += nbytes
         batch = self._ctx.batch
         batch.begin()
         try:
@@ -528,7 +521,7 @@ class StreamTransport(asyncio.BufferedProtocol):
             self.abort()
         finally:
             batch.end()
-        if len(data) >= FAIR_READ_BYTES:
+        if nbytes >= FAIR_READ_BYTES:
             self._yield_reading()
 
     def eof_received(self) -> bool | None:
