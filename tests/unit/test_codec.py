@@ -22,7 +22,8 @@ from vibemq_server.protocol import (
     encode_body,
     validate_json,
 )
-from vibemq_server.protocol.codec import encode_deliver, encode_publish_ack
+from vibemq_server.protocol.bigcopy import read_target
+from vibemq_server.protocol.codec import Split, encode_deliver, encode_publish_ack
 
 
 def s16(text: str) -> bytes:
@@ -237,6 +238,32 @@ def test_one_shot_equals_byte_at_a_time(msgs: list[Message]) -> None:
     assert len(one_shot) == len(msgs)
 
 
+def _frames(frames: list[bytes | Split]) -> list[object]:
+    return [(f.skeleton, f.payload) if isinstance(f, Split) else f for f in frames]
+
+
+@given(st.lists(messages, min_size=1, max_size=6), st.booleans())
+def test_one_shot_equals_byte_at_a_time_filled_in_place(msgs: list[Message], into: bool) -> None:
+    """With every payload split out and filled in place from its first byte still to come
+    (``fill_from=1``): one byte at a time, fed or read straight into the fill as the
+    transport does, gives the frames the whole stream gives at once."""
+    stream = b"".join(encode(m) for m in msgs)
+    one_shot = FrameDecoder(split_from=1, fill_from=1).feed_frames(stream)
+    dec = FrameDecoder(split_from=1, fill_from=1)
+    trickled: list[bytes | Split] = []
+    for i in range(len(stream)):
+        fill = dec.filling
+        if into and fill is not None:
+            with memoryview(read_target(fill)) as view:
+                view[:1] = stream[i : i + 1]
+            fill.advance(1)
+            trickled.extend(dec.feed_frames(b""))
+        else:
+            trickled.extend(dec.feed_frames(stream[i : i + 1]))
+    assert _frames(trickled) == _frames(one_shot)
+    assert dec.buffered == 0 and dec.filling is None
+
+
 @settings(max_examples=300)
 @given(st.binary(max_size=300), st.integers(min_value=1, max_value=50))
 def test_arbitrary_bytes_raise_only_protocol_error(data: bytes, chunk: int) -> None:
@@ -248,6 +275,21 @@ def test_arbitrary_bytes_raise_only_protocol_error(data: bytes, chunk: int) -> N
                     decode_body(body)
     except ProtocolError as exc:
         assert exc.fatal
+    # the same with every payload split out and filled in place: what comes out, whole
+    # or split, is what the stream at once gives (bad lengths left to the body's decoder)
+    filled = FrameDecoder(max_message_size=200, split_from=1, fill_from=1)
+    whole = FrameDecoder(max_message_size=200, split_from=1)
+    got: list[bytes | Split] = []
+    try:
+        for i in range(0, len(data), chunk):
+            got += filled.feed_frames(data[i : i + chunk])
+    except ProtocolError as exc:
+        assert exc.fatal
+    try:
+        expected = whole.feed_frames(data)
+    except ProtocolError:
+        expected = []
+    assert _frames(got) == _frames(expected)[: len(got)]
 
 
 @given(messages, st.data())

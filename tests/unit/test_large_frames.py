@@ -32,7 +32,7 @@ from vibemq_server.adapters.mqtt.codec import MqttParser, encode, publish_head
 from vibemq_server.adapters.mqtt.codec5 import Mqtt5Parser, encode5
 from vibemq_server.adapters.mqtt.packets import Pingreq, Publish
 from vibemq_server.adapters.mqtt.packets5 import Properties, Publish5
-from vibemq_server.protocol.bigcopy import CopiedRead, read_buffer
+from vibemq_server.protocol.bigcopy import FILL_FROM, CopiedRead, read_buffer, read_target
 from vibemq_server.protocol.codec import (
     LARGE_PAYLOAD,
     CommandType,
@@ -153,7 +153,52 @@ def test_native_publish_cut_anywhere(split_from: int) -> None:
         assert decoder.buffered == 0
 
 
-def test_native_split_falls_back_to_the_whole_body() -> None:
+def _native_fill_feed(
+    decoder: FrameDecoder, pieces: list[bytes], into: bool
+) -> tuple[list[Any], bool]:
+    """``pieces`` as reads; with ``into``, while the decoder fills a payload the reads go
+    straight into it (as the transport does, ``Link.read_into``) and it is fed ``b""``.
+    The frames, and whether a payload was filled in place at all."""
+    got: list[Any] = []
+    filled = False
+    for piece in pieces:
+        data = piece
+        while into and data and decoder.filling is not None:
+            fill = decoder.filling
+            with memoryview(read_target(fill)) as view:
+                n = min(len(view), len(data))
+                view[:n] = data[:n]
+            fill.advance(n)
+            data = data[n:]
+            got.extend(decoder.feed_frames(b""))
+        if data or not into:
+            got.extend(decoder.feed_frames(data))
+        filled = filled or decoder.filling is not None
+    assert decoder.buffered == 0 and decoder.filling is None
+    return got, filled
+
+
+@pytest.mark.parametrize("into", [False, True])
+@pytest.mark.parametrize("fill_from", [1, FILL_FROM])
+def test_native_publish_filled_in_place_cut_anywhere(fill_from: int, into: bool) -> None:
+    """A frame whose payload is filled in place (the rest read straight into it, or copied
+    in) comes out as the Split it comes out as whole, its headers after the payload and
+    the frames after it intact, however the stream is cut."""
+    msg = Message(CommandType.PUBLISH, "m1", "big-queue", _payload(), {"k": "v" * 300})
+    small = Message(CommandType.PING, "p1")
+    bare = Message(CommandType.PUBLISH, "m2", "q", _payload(SIZE - 7))
+    stream = encode_native(msg) + encode_native(small) + encode_native(bare)
+    filled = 0
+    for pieces in _splits(stream):
+        decoder = FrameDecoder(1024 * 1024, split_from=LARGE_PAYLOAD, fill_from=fill_from)
+        frames, any_fill = _native_fill_feed(decoder, pieces, into)
+        assert _native(frames, LARGE_PAYLOAD) == [msg, small, bare]
+        filled += any_fill
+    assert filled >= len(list(_cuts(len(stream)))) // 2
+
+
+@pytest.mark.parametrize("fill_from", [0, 1])
+def test_native_split_falls_back_to_the_whole_body(fill_from: int) -> None:
     """What a split cannot take apart comes as the body, whose decoder names the defect as
     before: a payload longer than its frame, a payload under ``split_from`` among large
     headers, an id too long for the head looked at when the frame came in several reads."""
@@ -164,7 +209,7 @@ def test_native_split_falls_back_to_the_whole_body() -> None:
     cases = [(bytes(bad), True), (encode_native(small), True), (long_id, False)]
     for stream, whole_too in cases:
         for pieces in ([stream], [stream[:100], stream[100:]])[0 if whole_too else 1 :]:
-            decoder = FrameDecoder(1024 * 1024, split_from=LARGE_PAYLOAD)
+            decoder = FrameDecoder(1024 * 1024, split_from=LARGE_PAYLOAD, fill_from=fill_from)
             frames = _feed_all(decoder.feed_frames, pieces)
             assert [type(f) for f in frames] == [bytes]
             assert frames == [stream[4:]]

@@ -27,6 +27,7 @@ from vibemq_server.protocol import (
     encode,
     encode_body,
 )
+from vibemq_server.protocol.bigcopy import Fill, read_target
 from vibemq_server.protocol.codec import frame
 from vibemq_server.server.session import Session
 
@@ -48,6 +49,7 @@ class Link:
         self.reading_paused = False
         self.now = 1000.0
         self.soon: list[Callable[[], None]] = []
+        self.into: Fill | None = None
 
     @property
     def writable(self) -> bool:
@@ -81,6 +83,26 @@ class Link:
 
     def time(self) -> float:
         return self.now
+
+    def read_into(self, fill: Fill) -> None:
+        if not self.closed and len(fill):
+            self.into = fill
+
+    def receive(self, session: Session, data: bytes) -> None:
+        """A socket read passed on as the transport does: while the session has asked for
+        its next bytes in a fill of its own (``read_into``), they go there first, and the
+        session gets ``data_received(b"")`` after each such read."""
+        while self.into is not None and data and not self.closed:
+            fill = self.into
+            with memoryview(read_target(fill)) as view:
+                n = min(len(view), len(data))
+                view[:n] = data[:n]
+            if fill.advance(n):
+                self.into = None
+            data = data[n:]
+            session.data_received(b"")
+        if data:
+            session.data_received(data)
 
 
 names = st.sampled_from(["q", "q2", "q.dlq", "bad name", "", "x" * 300])
@@ -238,7 +260,7 @@ class Client:
         self.pending += data
         now, self.pending = self.pending[:cut], self.pending[cut:]
         if now:
-            session.data_received(now)
+            self.link.receive(session, now)
 
     def run_soon(self) -> None:
         for link in self.links:
@@ -422,7 +444,7 @@ def _received(link: Link) -> list[Message]:
 def _feed_cut(client: Client, data: bytes, cuts: list[int]) -> None:
     edges = [0, *sorted({c for c in cuts if 0 < c < len(data)}), len(data)]
     for a, b in itertools.pairwise(edges):
-        client.session.data_received(data[a:b])
+        client.link.receive(client.session, data[a:b])
         client.run_soon()
 
 
@@ -447,7 +469,7 @@ def _arrive_slowly(piece: int, every: float) -> tuple[Client, Client]:
     for at in range(0, len(BIG_FRAME), piece):
         if pub.link.closed:
             break
-        pub.session.data_received(BIG_FRAME[at : at + piece])
+        pub.link.receive(pub.session, BIG_FRAME[at : at + piece])
         pub.link.now += every
         pub.session.check_timers(pub.link.now, cfg.keepalive_timeout_s, cfg.frame_timeout_s)
         pub.run_soon()

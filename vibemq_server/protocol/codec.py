@@ -19,6 +19,7 @@ from struct import Struct
 from struct import error as StructError
 from typing import Final, cast
 
+from vibemq_server.protocol.bigcopy import Fill, payload_fill
 from vibemq_server.protocol.errors import ErrorCode, ProtocolError
 from vibemq_server.protocol.held import Buffer, HeldInput, join_range, prefix
 from vibemq_server.protocol.jsoncheck import valid as json_valid
@@ -618,6 +619,78 @@ def _split_parts(parts: list[Buffer], size: int, split_from: int) -> Split | Non
     return Split(head[4:pos] + b"\0\0\0\0" + tail, join_range(parts, pos + 4, stop))
 
 
+class _Filling:
+    """A frame whose payload is being filled in place (``bigcopy.payload_fill``: the
+    transport reads the rest straight into it, ``Link.read_into``, or ``add`` copies it in),
+    then the fields after the payload (``tail``: header count, headers, error fields)
+    gathered; it comes out as a :class:`Split`, as a frame cut out of its reads does."""
+
+    __slots__ = ("before", "fill", "parts", "payload", "skeleton", "tail", "tail_size")
+
+    def __init__(self, fill: Fill, skeleton: bytes, before: int, tail: int) -> None:
+        self.fill: Fill | None = fill
+        #: the body up to the payload, the payload's length zeroed
+        self.skeleton = skeleton
+        #: the frame's bytes before the payload (its length field included)
+        self.before = before
+        #: the bytes after the payload, how many of them are in, and those
+        self.tail = tail
+        self.tail_size = 0
+        self.parts: list[bytes] = []
+        self.payload = b""
+
+    @property
+    def buffered(self) -> int:
+        fill = self.fill
+        got = len(self.payload) if fill is None else fill.filled
+        return self.before + got + self.tail_size
+
+    def add(self, data: bytes) -> int:
+        """``data`` (maybe empty: the transport read into the fill) into the frame; how much
+        of it the frame took once it is complete, else -1."""
+        used = 0
+        fill = self.fill
+        if fill is not None:
+            if data:
+                used = fill.write(data)
+            if not fill.full:
+                return -1
+            self.payload = fill.take()
+            self.fill = None
+        take = min(self.tail - self.tail_size, len(data) - used)
+        if take > 0:
+            self.parts.append(bytes(data[used : used + take]))
+            self.tail_size += take
+        return used + take if self.tail_size == self.tail else -1
+
+    def split(self) -> Split:
+        tail = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+        return Split(self.skeleton + tail, self.payload)
+
+
+def _start_fill(
+    parts: list[Buffer], head: bytes, have: int, need: int, split_from: int, fill_from: int
+) -> _Filling | None:
+    """A frame of ``need`` bytes (its length field first) of which ``parts`` hold the first
+    ``have`` (``head``: at least their first ``_HEAD_PEEK``) with a payload of ``split_from``
+    bytes or more and ``fill_from`` of it still to come: its payload's fill, what is held of
+    the payload copied in; None otherwise (the frame is held and cut as before: a short
+    payload, or lengths that do not add up, whose defect the decoder names)."""
+    pos = _payload_at(head, 4, len(head))
+    stop = _payload_stop(head, pos, need, split_from)
+    if stop < 0 or stop - have < fill_from:
+        return None
+    start = pos + 4
+    fill = payload_fill(stop - start)
+    at = 0
+    for part in parts:
+        end = at + len(part)
+        if end > start:
+            fill.write(part if at >= start else memoryview(part)[start - at :])
+        at = end
+    return _Filling(fill, head[4:pos] + b"\0\0\0\0", start, need - stop)
+
+
 class FrameDecoder:
     """Incremental splitter of a byte stream into frame bodies.
 
@@ -628,20 +701,37 @@ class FrameDecoder:
     returns) as a :class:`BigFrame`, and the caller takes it from there. With ``split_from``,
     :meth:`feed_frames` gives a body whose payload has that many bytes or more as a
     :class:`Split` (the payload copied once, not the body and then the payload out of it).
+    With ``fill_from`` too, such a frame with ``fill_from`` bytes or more of its payload
+    still to come once its head is in has its payload filled in place (``filling``: the
+    transport reads the rest straight into it, ``Link.read_into``): no copy at all.
     """
 
-    __slots__ = ("_big_from", "_held", "_max", "_split_from", "big", "error")
+    __slots__ = (
+        "_big_from",
+        "_filling",
+        "_held",
+        "_max",
+        "_split_from",
+        "big",
+        "error",
+        "fill_from",
+    )
 
     def __init__(
         self,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         big_from: int = 0,
         split_from: int = 0,
+        fill_from: int = 0,
     ) -> None:
         self._held = HeldInput()
         self._max = max_message_size
         self._big_from = big_from
         self._split_from = split_from
+        #: from how much payload still to come a payload is filled in place (0: never; only
+        #: with ``split_from``, so a frame comes out as a Split however it is cut)
+        self.fill_from = fill_from if split_from else 0
+        self._filling: _Filling | None = None
         self.error: ProtocolError | None = None
         #: the large frame that came before the bodies ``feed`` returned (with ``big_from``)
         self.big: BigFrame | None = None
@@ -649,7 +739,14 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes held that do not yet form a complete frame."""
-        return self._held.size
+        filling = self._filling
+        return self._held.size if filling is None else filling.buffered
+
+    @property
+    def filling(self) -> Fill | None:
+        """The payload being filled in place, while it is (for ``Link.read_into``)."""
+        filling = self._filling
+        return filling.fill if filling is not None else None
 
     def feed(self, data: bytes) -> list[bytes]:
         """Every complete frame body so far (a decoder made without ``split_from``)."""
@@ -662,9 +759,20 @@ class FrameDecoder:
         held = self._held
         bodies: list[bytes | Split] = []
         split_from = self._split_from
-        if held.size:
+        filling = self._filling
+        if filling is not None:
+            # A payload filled in place, then the rest of its frame: parsing goes on after it.
+            pos = filling.add(data)
+            if pos < 0:
+                return []
+            self._filling = None
+            bodies.append(filling.split())
+            src = data if type(data) is bytes else bytes(data)
+        elif held.size:
             # A frame cut over reads: held as the reads, copied once when all of it is in.
             if not held.add_part(data):
+                if self.fill_from and held.need - held.size >= self.fill_from:
+                    self._fill_held()
                 return []
             need = held.need
             if need >= 4096:  # (a length known: the body joined straight from the reads)
@@ -706,5 +814,30 @@ class FrameDecoder:
                 bodies.append(src[pos + 4 : pos + 4 + n])
             pos += 4 + n
         if pos < end:
+            fill_from = self.fill_from
+            if fill_from and need - (end - pos) >= fill_from:
+                start = _start_fill(
+                    [memoryview(src)[pos:]],
+                    src[pos : pos + _HEAD_PEEK],
+                    end - pos,
+                    need,
+                    split_from,
+                    fill_from,
+                )
+                if start is not None:
+                    self._filling = start
+                    return bodies
             held.hold(src, pos, need)
         return bodies
+
+    def _fill_held(self) -> None:
+        """The frame held over reads has its payload filled in place from here on, once its
+        head is in (and its payload large: :func:`_start_fill`)."""
+        held = self._held
+        parts = held.parts
+        first = parts[0]
+        head = bytes(first[:_HEAD_PEEK]) if len(first) >= _HEAD_PEEK else prefix(parts, _HEAD_PEEK)
+        start = _start_fill(parts, head, held.size, held.need, self._split_from, self.fill_from)
+        if start is not None:
+            held.clear()
+            self._filling = start

@@ -45,6 +45,7 @@ from vibemq_server.protocol import (
     validate_json,
 )
 from vibemq_server.protocol.bigcopy import BIG_FROM as _BIG_FROM
+from vibemq_server.protocol.bigcopy import FILL_FROM
 from vibemq_server.protocol.bigcopy import join_range as _join_range
 from vibemq_server.protocol.codec import (
     LARGE_PAYLOAD,
@@ -190,7 +191,9 @@ class Session:
         # (a frame of _BIG_FROM bytes or more comes as its reads: its payload is joined off
         # the loop, see _join_off_loop; one with a payload of LARGE_PAYLOAD or more comes
         # with its payload apart, copied once out of the reads: _handle_split)
-        self.decoder = FrameDecoder(config.max_message_size, _BIG_FROM, LARGE_PAYLOAD)
+        # (and one with FILL_FROM bytes or more of its payload still to come once its head
+        # is in has the rest read straight into the payload: link.read_into)
+        self.decoder = FrameDecoder(config.max_message_size, _BIG_FROM, LARGE_PAYLOAD, FILL_FROM)
         self._last_rx = link.time()
         # Since when a frame has been incomplete without progress (stall.py).
         self._stall = StallClock()
@@ -248,6 +251,9 @@ class Session:
         if big is not None:  # (it came before the bodies of this read)
             decoder.big = None
             bodies = [big, *bodies]
+        fill = decoder.filling
+        if fill is not None:
+            self.link.read_into(fill)
         if self._authenticating:  # (reading is paused; bytes already on their way)
             self._after_auth.extend(bodies)
             return
