@@ -14,7 +14,9 @@ commits with it. Best of ``--repeat`` runs (the least disturbed), ``time.process
 
 Large payloads (issue 16): ``--size 65536 --read 256000`` sends ``bench.common.make_payload``
 JSON texts of that size, the publisher's stream cut into reads of ``--read`` bytes (uvloop's
-read size), as they come off the socket; the figure is then also given per MB.
+read size), as they come off the socket; the figure is then also given per MB. A payload the
+session fills in place (``Link.read_into``) gets its reads copied straight in, as the kernel
+reads them on a socket: that copy is not timed (the socket read's own, made either way).
 
     PYTHONPATH=. .venv/bin/python -m bench.native_micro --messages 4000 --size 65536 --read 256000
 """
