@@ -8,7 +8,7 @@ import asyncio
 import itertools
 import json
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from vibemq_server.protocol import (
 from vibemq_server.protocol.bigcopy import Fill, read_target
 from vibemq_server.protocol.codec import frame
 from vibemq_server.server.session import Session
+from vibemq_server.server.transport import Session as TransportSession
 
 
 class Link:
@@ -50,6 +51,7 @@ class Link:
         self.now = 1000.0
         self.soon: list[Callable[[], None]] = []
         self.into: Fill | None = None
+        self.replaced: TransportSession | None = None
 
     @property
     def writable(self) -> bool:
@@ -83,6 +85,12 @@ class Link:
 
     def time(self) -> float:
         return self.now
+
+    def send_parts(self, parts: Sequence[bytes | memoryview]) -> None:
+        self.send(b"".join(parts))
+
+    def replace_session(self, session: TransportSession) -> None:
+        self.replaced = session  # (not the native session's way: kept for the Link protocol)
 
     def read_into(self, fill: Fill) -> None:
         if not self.closed and len(fill):
