@@ -5,6 +5,7 @@ steps like the journal (including its out-of-order failure path) and with the re
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import threading
 from collections import deque
@@ -20,7 +21,7 @@ from waits import wait_for
 from vibemq_server.config import QueueDefaults
 from vibemq_server.core import ManualClock, PublishOutcome, QueueManager
 from vibemq_server.core.durable_replies import EARLY_COMMIT, DurableReplies
-from vibemq_server.journal.journal import FsyncPolicy, Journal
+from vibemq_server.journal.journal import _EARLY_SPARE, FSYNCS_IN_FLIGHT, FsyncPolicy, Journal
 from vibemq_server.journal.sysio import SystemCalls
 
 Waiter = Callable[[Exception | None], None]
@@ -366,7 +367,8 @@ async def test_with_the_journal_a_long_batch_commits_early_and_answers_in_parts(
     manager, journal = open_journal(tmp_path / "journal", fsync=FsyncPolicy.ALWAYS, system=fake)
     batches: list[tuple[list[int], Exception | None]] = []
     replies: DurableReplies[int] = DurableReplies(journal, lambda i, e: batches.append((i, e)))
-    total = 3 * EARLY_COMMIT
+    early = FSYNCS_IN_FLIGHT - _EARLY_SPARE  # early commits one turn can start
+    total = (early + 2) * EARLY_COMMIT
     try:
         written = journal.bytes_written
         for n in range(total):
@@ -377,16 +379,19 @@ async def test_with_the_journal_a_long_batch_commits_early_and_answers_in_parts(
                 assert journal.early_commits == 1
                 assert journal.bytes_written > written
                 assert journal._fsyncs_running == 1
-        # one early commit only: the other slot is the end of the turn's
-        assert journal.early_commits == 1
+        # no more than the slots left beside the end of the turn's
+        assert journal.early_commits == early
         assert batches == []
-        await wait_for(lambda: len(fake.gates) == 2, what="the end of the turn's fsync")
-        fake.gates[0].set()  # the early part's fsync ends: only its replies go out
-        await wait_for(lambda: len(batches) == 1, what="the early part")
+        await wait_for(lambda: len(fake.gates) == early + 1, what="the end of the turn's fsync")
+        fake.gates[0].set()  # the first part's fsync ends: only its replies go out
+        await wait_for(lambda: len(batches) == 1, what="the first part")
         assert batches == [(list(range(EARLY_COMMIT)), None)]
-        fake.gates[1].set()
+        fake.gates[early].set()  # the end of the turn's ends: it completes all the others
         await wait_for(lambda: not replies.waiting, what="the rest")
-        assert batches[1] == (list(range(EARLY_COMMIT, total)), None)
+        parts = [EARLY_COMMIT * k for k in range(1, early + 1)] + [total]
+        assert batches[1:] == [
+            (list(range(start, stop)), None) for start, stop in itertools.pairwise(parts)
+        ]
     finally:
         fake.release_all()
         await journal.close()

@@ -24,7 +24,7 @@ T = TypeVar("T")
 #: many more while the batch stays open): a publisher's window of a thousand publishes read in
 #: one turn is then committed in parts whose fsyncs overlap the processing of the next part,
 #: and the first part's replies go out while the rest waits (a pipeline, not a cycle).
-EARLY_COMMIT: Final = 128
+EARLY_COMMIT: Final = 64
 
 
 class Flushes(Protocol):

@@ -59,9 +59,11 @@ Waiter = Callable[[Exception | None], None]
 
 #: fsyncs running at once under ``fsync = always``. With one, a group that gathers while an
 #: fsync runs waits for it to end before its own starts: two fsync latencies for most
-#: publishes. With two, its fsync starts at once (a later fsync covers every byte written
-#: before it started, so it also completes the groups of earlier ones still running).
-FSYNCS_IN_FLIGHT = 2
+#: publishes. With more, its fsync starts at once (a later fsync covers every byte written
+#: before it started, so it also completes the groups of earlier ones still running). Four:
+#: early commits (``commit_early``) take up to three within one loop turn, whose completions
+#: the loop sees only at the next turn, and the end of the turn keeps one.
+FSYNCS_IN_FLIGHT = 4
 
 #: fsync slots an early commit (``commit_early``) leaves free for the flush at the end of the
 #: loop turn: with none left, the rest of the turn's publishes would wait for the early
