@@ -41,6 +41,8 @@ class Settles:
 
     def when_durable(self, callback: object) -> None: ...
 
+    def commit_early(self) -> None: ...
+
 
 @pytest.fixture
 def mgr() -> QueueManager:

@@ -5,6 +5,7 @@ steps like the journal (including its out-of-order failure path) and with the re
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import threading
 from collections import deque
@@ -19,8 +20,8 @@ from waits import wait_for
 
 from vibemq_server.config import QueueDefaults
 from vibemq_server.core import ManualClock, PublishOutcome, QueueManager
-from vibemq_server.core.durable_replies import DurableReplies
-from vibemq_server.journal.journal import FsyncPolicy, Journal
+from vibemq_server.core.durable_replies import EARLY_COMMIT, DurableReplies
+from vibemq_server.journal.journal import _EARLY_SPARE, FSYNCS_IN_FLIGHT, FsyncPolicy, Journal
 from vibemq_server.journal.sysio import SystemCalls
 
 Waiter = Callable[[Exception | None], None]
@@ -38,6 +39,7 @@ class SteppedPersistence:
         self.syncing: deque[list[tuple[int, Waiter]]] = deque()
         self.registered: list[int] = []  # the epoch of every when_durable
         self.outcome: dict[int, Exception | None] = {}  # what each epoch's flush gave
+        self.early = 0  # commit_early calls
 
     def when_durable(self, callback: Waiter) -> None:
         self.registered.append(self.epoch)
@@ -47,6 +49,10 @@ class SteppedPersistence:
         for epoch, callback in group:
             self.outcome[epoch] = err
             callback(err)
+
+    def commit_early(self) -> None:
+        self.early += 1
+        self.flush()
 
     def flush(self) -> None:
         self.epoch += 1
@@ -131,6 +137,9 @@ class AtOnce:
     def when_durable(self, callback: Waiter) -> None:
         callback(None)
 
+    def commit_early(self) -> None:
+        pass
+
 
 def test_a_reply_added_while_handing_over_keeps_its_place() -> None:
     handed: list[str] = []
@@ -146,6 +155,21 @@ def test_a_reply_added_while_handing_over_keeps_its_place() -> None:
     replies.add("c")
     assert handed == ["a", "after b", "b", "c"]
     assert not replies.waiting
+
+
+def test_a_long_batch_asks_for_an_early_commit_every_early_commit_replies() -> None:
+    persistence = SteppedPersistence()
+    batches: list[list[int]] = []
+    replies: DurableReplies[int] = DurableReplies(persistence, lambda i, e: batches.append(i))
+    total = 2 * EARLY_COMMIT + 44
+    for n in range(total):
+        replies.add(n)
+    assert persistence.early == 2
+    persistence.flush()
+    while persistence.syncing:
+        persistence.synced(None)
+    assert [len(b) for b in batches] == [EARLY_COMMIT, EARLY_COMMIT, 44]
+    assert [n for b in batches for n in b] == list(range(total))
 
 
 # -- with the real journal -------------------------------------------------------------------
@@ -329,4 +353,74 @@ async def test_with_the_journal_a_segment_is_not_rotated_under_an_fsync_still_ru
         assert batches[-1] == (["c"], None)
     finally:
         fake.release_all()
+        await journal.close()
+
+
+async def test_with_the_journal_a_long_batch_commits_early_and_answers_in_parts(
+    tmp_path: Path,
+) -> None:
+    """A window of publishes handled in one turn: after ``EARLY_COMMIT`` of them the journal
+    writes and starts their fsync at once (one slot kept for the end of the turn, which
+    commits the rest); the first part is answered when its own fsync ends, never from inside
+    ``add``, and the parts come back in order."""
+    fake = GatedFsyncOs(workers_only=True)
+    manager, journal = open_journal(tmp_path / "journal", fsync=FsyncPolicy.ALWAYS, system=fake)
+    batches: list[tuple[list[int], Exception | None]] = []
+    replies: DurableReplies[int] = DurableReplies(journal, lambda i, e: batches.append((i, e)))
+    early = FSYNCS_IN_FLIGHT - _EARLY_SPARE  # early commits one turn can start
+    total = (early + 2) * EARLY_COMMIT
+    try:
+        written = journal.bytes_written
+        for n in range(total):
+            assert manager.publish("d", f"m{n}", b"{}", {}) is PublishOutcome.ACCEPTED_DURABLE
+            replies.add(n)
+            if n + 1 == EARLY_COMMIT:
+                # written, and its fsync started after the write, within the turn
+                assert journal.early_commits == 1
+                assert journal.bytes_written > written
+                assert journal._fsyncs_running == 1
+        # no more than the slots left beside the end of the turn's
+        assert journal.early_commits == early
+        assert batches == []
+        await wait_for(lambda: len(fake.gates) == early + 1, what="the end of the turn's fsync")
+        fake.gates[0].set()  # the first part's fsync ends: only its replies go out
+        await wait_for(lambda: len(batches) == 1, what="the first part")
+        assert batches == [(list(range(EARLY_COMMIT)), None)]
+        fake.gates[early].set()  # the end of the turn's ends: it completes all the others
+        await wait_for(lambda: not replies.waiting, what="the rest")
+        parts = [EARLY_COMMIT * k for k in range(1, early + 1)] + [total]
+        assert batches[1:] == [
+            (list(range(start, stop)), None) for start, stop in itertools.pairwise(parts)
+        ]
+    finally:
+        fake.release_all()
+        await journal.close()
+
+
+async def test_with_the_journal_an_early_commit_that_fails_answers_after_the_handler(
+    tmp_path: Path,
+) -> None:
+    """A write failing in an early commit fails its replies, but not from inside ``add`` (the
+    session is still handling its read): in a later callback, in order."""
+    fake = SlowFsyncOs()
+    fake.release.set()
+    manager, journal = open_journal(tmp_path / "journal", fsync=FsyncPolicy.ALWAYS, system=fake)
+    batches: list[tuple[list[int], Exception | None]] = []
+    replies: DurableReplies[int] = DurableReplies(journal, lambda i, e: batches.append((i, e)))
+    try:
+        for n in range(EARLY_COMMIT):
+            if n + 1 == EARLY_COMMIT:
+                fake.fail_writes = True
+            assert manager.publish("d", f"m{n}", b"{}", {}) is PublishOutcome.ACCEPTED_DURABLE
+            replies.add(n)
+        assert journal.early_commits == 1
+        assert not journal.available
+        assert batches == []  # not from inside add
+        await wait_for(lambda: not replies.waiting, what="the failure")
+        assert [items for items, _ in batches] == [list(range(EARLY_COMMIT))]
+        err = batches[0][1]
+        assert isinstance(err, OSError) and err.errno == errno.ENOSPC
+    finally:
+        fake.fail_writes = False
+        journal.maintain()
         await journal.close()

@@ -2,8 +2,10 @@
 
 A reply joins the batch of the persistence's current flush epoch, and each batch registers one
 ``when_durable`` callback: a thousand publishes recorded before one flush cost one callback and
-are answered with one write. The protocol says what a batch becomes (acks on success, errors or
-a dropped connection on failure); this module knows no protocol.
+are answered with one write. A batch grown long (``EARLY_COMMIT`` replies) asks the
+persistence to commit early, at that safe point between two publishes, so every protocol gets
+it. The protocol says what a batch becomes (acks on success, errors or a dropped connection on
+failure); this module knows no protocol.
 
 Batches are handed over in the order they were opened, whatever order the persistence calls
 back in (a failing journal fails its newest waiters before the batch its fsync thread still
@@ -14,9 +16,15 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Generic, Protocol, TypeVar
+from typing import Final, Generic, Protocol, TypeVar
 
 T = TypeVar("T")
+
+#: replies in one batch after which ``add`` asks the persistence to commit early (every so
+#: many more while the batch stays open): a publisher's window of a thousand publishes read in
+#: one turn is then committed in parts whose fsyncs overlap the processing of the next part,
+#: and the first part's replies go out while the rest waits (a pipeline, not a cycle).
+EARLY_COMMIT: Final = 64
 
 
 class Flushes(Protocol):
@@ -29,6 +37,12 @@ class Flushes(Protocol):
 
     def when_durable(self, callback: Callable[[Exception | None], None]) -> None:
         """Call back once everything recorded so far is as durable as configured."""
+        ...
+
+    def commit_early(self) -> None:
+        """A safe point (no publish half recorded): start making what is recorded so far
+        durable now, if that can start at once, rather than at the end of the loop turn.
+        Never calls back from inside; may do nothing."""
         ...
 
 
@@ -70,7 +84,12 @@ class DurableReplies(Generic[T]):
         batch = self._open
         epoch = self._persistence.epoch
         if batch is not None and self._epoch == epoch:
-            batch.items.append(item)
+            items = batch.items
+            items.append(item)
+            if len(items) % EARLY_COMMIT == 0:
+                # A safe point (the publish this confirms is recorded whole): a long batch
+                # starts its commit now, overlapping the rest of the read's processing.
+                self._persistence.commit_early()
             return
         batch = _Batch(item)
         self._open = batch

@@ -58,3 +58,9 @@ class Persistence(Protocol):
     def when_durable(self, callback: Callable[[Exception | None], None]) -> None:
         """Call back once everything recorded so far is as durable as configured."""
         ...
+
+    def commit_early(self) -> None:
+        """A safe point (no publish half recorded): start making what is recorded so far
+        durable now, if that can start at once, rather than at the end of the loop turn.
+        Never calls back from inside; may do nothing."""
+        ...

@@ -59,9 +59,16 @@ Waiter = Callable[[Exception | None], None]
 
 #: fsyncs running at once under ``fsync = always``. With one, a group that gathers while an
 #: fsync runs waits for it to end before its own starts: two fsync latencies for most
-#: publishes. With two, its fsync starts at once (a later fsync covers every byte written
-#: before it started, so it also completes the groups of earlier ones still running).
-FSYNCS_IN_FLIGHT = 2
+#: publishes. With more, its fsync starts at once (a later fsync covers every byte written
+#: before it started, so it also completes the groups of earlier ones still running). Four:
+#: early commits (``commit_early``) take up to three within one loop turn, whose completions
+#: the loop sees only at the next turn, and the end of the turn keeps one.
+FSYNCS_IN_FLIGHT = 4
+
+#: fsync slots an early commit (``commit_early``) leaves free for the flush at the end of the
+#: loop turn: with none left, the rest of the turn's publishes would wait for the early
+#: fsync to complete before theirs could start.
+_EARLY_SPARE: Final = 1
 
 #: the queue index beside a sealed segment (qindex.INDEX_SUFFIX)
 INDEX_SUFFIX = ".qidx"
@@ -133,6 +140,10 @@ class Journal:
         # A flush found every fsync slot busy and left its records gathering: the next
         # completed fsync flushes.
         self._flush_deferred = False
+        # Inside commit_early (a session's handler): failures call back in a later callback.
+        self._early = False
+        #: commits started early, at a safe point within a loop turn (for the metrics)
+        self.early_commits = 0
         self._failed: Exception | None = None
         self._retry: bytes = b""
         # Client publishes in _buf (index, offset in that chunk or -1 for all of it, queue,
@@ -406,8 +417,35 @@ class Journal:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
+    def commit_early(self) -> None:
+        """A safe point (every publish so far recorded whole, none half): when an fsync slot
+        is free beside the one kept for the end of the loop turn, write what gathered and
+        start its fsync now, so that it runs while the rest of the turn is processed instead
+        of after it (the durable window becomes a pipeline, not a cycle). Its waiters hear
+        back in a later turn, as always, never from inside this call. Otherwise nothing: the
+        flush at the end of the turn commits it all."""
+        if (
+            self._fsyncs_running + _EARLY_SPARE < FSYNCS_IN_FLIGHT
+            and self._waiters
+            and self.policy is FsyncPolicy.ALWAYS
+            and self._failed is None
+            and not self._closing
+            and self._fsyncs is not None
+            and self._fd >= 0
+        ):
+            self.early_commits += 1
+            self._early = True
+            try:
+                self._commit()
+            finally:
+                self._early = False
+
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._commit()
+
+    def _commit(self) -> None:
+        """Write what gathered and start its fsync (or hand it to a running fsync's end)."""
         self._batch_ts = 0
         if self._fd < 0:
             return  # closed: the broker is shutting down and nobody waits any more
@@ -593,6 +631,14 @@ class Journal:
     def _fail_waiters(self, exc: Exception) -> None:
         waiters = self._waiters + self._sync_waiters
         self._waiters, self._sync_waiters = [], []
+        if self._early and self._loop is not None:
+            # (an early commit runs inside a session's handler: its waiters hear back after)
+            self._loop.call_soon(self._call_waiters, waiters, exc)
+            return
+        self._call_waiters(waiters, exc)
+
+    @staticmethod
+    def _call_waiters(waiters: list[Waiter], exc: Exception) -> None:
         for waiter in waiters:
             waiter(exc)
 
