@@ -47,6 +47,18 @@ HOT_MODULES = (
     # the MQTT routing: route, deliver, the shared groups' round robin (issue 18: a shared
     # group of 4 spent about 30 % of the broker in it, interpreted)
     "vibemq_server.adapters.mqtt.server",
+    # the AMQP adapter (issues 15 and 16): the codec, the connection's frame dispatch and
+    # per-message handlers, the channels' deliveries and acks, the mapper and the routing
+    "vibemq_server.adapters.amqp.codec",
+    "vibemq_server.adapters.amqp.states",
+    "vibemq_server.adapters.amqp.base",
+    "vibemq_server.adapters.amqp.handshake",
+    "vibemq_server.adapters.amqp.declarations",
+    "vibemq_server.adapters.amqp.connection",
+    "vibemq_server.adapters.amqp.basic",
+    "vibemq_server.adapters.amqp.channel",
+    "vibemq_server.adapters.amqp.mapping",
+    "vibemq_server.adapters.amqp.server",
 )
 
 

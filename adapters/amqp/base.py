@@ -3,8 +3,9 @@
 ``ConnectionBase`` holds one connection's negotiated limits, channels and per-read work (the
 queues to refill, the confirms to send) and the helpers the method handlers share; the
 handlers live in ``handshake.py`` (channel 0), ``declarations.py`` (exchange.*, queue.*) and
-``basic.py`` (basic.*, confirm.*, tx.*), and ``connection.AmqpConnection`` puts them together
-and dispatches to them by table.
+``basic.py`` (basic.*, confirm.*, tx.*), one subclass on the other (a single chain, not
+mixins: mypyc compiles single inheritance only), and ``connection.AmqpConnection``, the last,
+dispatches to them by table.
 
 What a connection uses of the broker's AMQP side is the ``Server`` protocol below
 (``server.AmqpServer`` implements it), so no module of the session imports the server.
@@ -97,7 +98,7 @@ class Server(Protocol):
 NOTHING_HELD: tuple[list[Frame], int, AmqpError | None] = ([], 0, None)
 #: queues to refill after a read: none (shared, never added to: ``to_refill`` makes a
 #: connection's own set; an idle connection keeps no set of 216 bytes)
-NOTHING_TO_REFILL: set[str] = frozenset()  # type: ignore[assignment]
+NOTHING_TO_REFILL: frozenset[str] = frozenset()
 #: a client that said nothing of its capabilities (shared, read only)
 _NO_CAPABILITIES: dict[str, Any] = {}
 
@@ -182,7 +183,7 @@ class ConnectionBase:
         self.blocked = False
         self._published = False  # this read published something (memory alarm)
         #: queues to dispatch once the read is done (acks, recover, a new consumer, qos)
-        self._refill: set[str] = NOTHING_TO_REFILL  # (its own: to_refill)
+        self._refill: set[str] | frozenset[str] = NOTHING_TO_REFILL  # (its own: to_refill)
         #: publisher confirms to send once the read is done (not waiting for the journal)
         self._confirms: dict[Channel, list[int]] = {}
         #: publisher confirms that wait for the journal, by flush epoch
@@ -191,9 +192,11 @@ class ConnectionBase:
     def to_refill(self) -> set[str]:
         """The set of queues to dispatch once the read is done, this connection's own."""
         refill = self._refill
-        if refill is NOTHING_TO_REFILL:
-            refill = self._refill = set()
-        return refill
+        if isinstance(refill, set):
+            return refill
+        own: set[str] = set()
+        self._refill = own
+        return own
 
     # -- the state table ---------------------------------------------------------------------------
 

@@ -14,7 +14,6 @@ from typing import Any
 
 from pamqp import commands
 
-from vibemq_server.adapters.amqp.base import NOTHING_TO_REFILL, ConnectionBase
 from vibemq_server.adapters.amqp.channel import (
     UNLIMITED,
     AmqpConsumer,
@@ -32,12 +31,13 @@ from vibemq_server.adapters.amqp.codec import (
     encode_return,
     text,
 )
+from vibemq_server.adapters.amqp.declarations import DeclarationMethods
 from vibemq_server.adapters.amqp.states import Event, State
 from vibemq_server.core.durable_replies import DurableReplies
 from vibemq_server.protocol.bigcopy import BIG_FROM, join_range
 
 
-class BasicMethods(ConnectionBase):
+class BasicMethods(DeclarationMethods):
     __slots__ = ()
 
     def b_qos(self, channel: Channel, method: commands.Basic.Qos) -> None:
@@ -275,9 +275,10 @@ class BasicMethods(ConnectionBase):
             channel.tx.append(lambda: self.to_refill().update(channel.ack(tag, multiple)))
             return
         refill = self._refill  # (inline: the ack is the hot path)
-        if refill is NOTHING_TO_REFILL:
-            refill = self._refill = set()
-        refill |= channel.ack(tag, multiple)
+        if isinstance(refill, set):
+            refill |= channel.ack(tag, multiple)
+        else:
+            self._refill = channel.ack(tag, multiple)
 
     def b_nack(self, channel: Channel, method: Any) -> None:
         tag, multiple, requeue = method.delivery_tag, bool(method.multiple), bool(method.requeue)

@@ -404,8 +404,8 @@ def _decode_method(channel: int, view: bytes, start: int, stop: int) -> MethodFr
         if exc.code is ReplyCode.NOT_IMPLEMENTED:
             raise
         cause: Exception = exc
-    except (_Malformed, UnicodeDecodeError) as exc:
-        cause = exc
+    except (_Malformed, UnicodeDecodeError) as bad:  # (its own name: mypyc types ``exc`` once)
+        cause = bad
     raise _error(
         ReplyCode.SYNTAX_ERROR,
         f"cannot decode arguments of method {index >> 16}.{index & 0xFFFF}",

@@ -43,8 +43,7 @@ from vibemq_server.adapters.amqp.codec import (
     encode_method,
     text,
 )
-from vibemq_server.adapters.amqp.declarations import DeclarationMethods
-from vibemq_server.adapters.amqp.handshake import AUTH_FAILURE_DELAY_S, HandshakeMethods
+from vibemq_server.adapters.amqp.handshake import AUTH_FAILURE_DELAY_S
 from vibemq_server.adapters.amqp.permissions import check as check_access
 from vibemq_server.adapters.amqp.states import CHANNEL_TRANSITIONS, ChannelState, Event, State
 from vibemq_server.core import CoreError, QueueExists, QueueNotFound
@@ -85,7 +84,7 @@ def _error_name(code: int) -> str:
         return "ERROR"
 
 
-class AmqpConnection(HandshakeMethods, DeclarationMethods, BasicMethods):
+class AmqpConnection(BasicMethods):
     """Implements the transport's ``Session`` for one AMQP client: ``AmqpConnection(link,
     server)`` (``base.ConnectionBase`` holds its state)."""
 

@@ -13,15 +13,15 @@ import contextlib
 from pamqp import commands
 
 from vibemq_server.adapters.amqp.arguments import validate_arguments
-from vibemq_server.adapters.amqp.base import ConnectionBase
 from vibemq_server.adapters.amqp.channel import Channel, consumer_count
 from vibemq_server.adapters.amqp.codec import AmqpError, ReplyCode, encode_method, text
+from vibemq_server.adapters.amqp.handshake import HandshakeMethods
 from vibemq_server.adapters.amqp.permissions import require
 from vibemq_server.core.exchanges import ExchangeNotFound
 from vibemq_server.core.permissions import Operation
 
 
-class DeclarationMethods(ConnectionBase):
+class DeclarationMethods(HandshakeMethods):
     __slots__ = ()
 
     # exchanges

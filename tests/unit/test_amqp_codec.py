@@ -8,6 +8,7 @@ for the hand-written fast paths: they must decode and encode exactly as it does.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import struct
 from decimal import Decimal
@@ -92,7 +93,8 @@ def norm(item: Frame) -> tuple[Any, ...]:
     """A comparable form: pamqp command objects have no __eq__."""
     if isinstance(item, MethodFrame):
         return ("method", item.channel, type(item.method), tuple(item.method))
-    return (type(item).__name__, *(getattr(item, slot) for slot in item.__slots__))
+    # (the dataclass's fields, not its __slots__: a compiled dataclass has none)
+    return (type(item).__name__, *(getattr(item, f.name) for f in dataclasses.fields(item)))
 
 
 def make_props(**values: Any) -> commands.Basic.Properties:
