@@ -62,6 +62,7 @@ from vibemq_server.adapters.mqtt.packets import (
 )
 from vibemq_server.adapters.mqtt.packets5 import ReasonCode
 from vibemq_server.adapters.mqtt.topics import topic_filter_error, topic_name_error
+
 # (bigcopy's join_range: the C one when built, one call instead of an interpreted loop)
 from vibemq_server.protocol.bigcopy import Fill, Unjoined, join_range, payload_fill
 from vibemq_server.protocol.held import Buffer, Filling, HeldInput, prefix
