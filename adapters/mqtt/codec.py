@@ -62,8 +62,10 @@ from vibemq_server.adapters.mqtt.packets import (
 )
 from vibemq_server.adapters.mqtt.packets5 import ReasonCode
 from vibemq_server.adapters.mqtt.topics import topic_filter_error, topic_name_error
-from vibemq_server.protocol.bigcopy import Fill, Unjoined, payload_fill
-from vibemq_server.protocol.held import Buffer, Filling, HeldInput, join_range, prefix
+
+# (bigcopy's join_range: the C one when built, one call instead of an interpreted loop)
+from vibemq_server.protocol.bigcopy import Fill, Unjoined, join_range, payload_fill
+from vibemq_server.protocol.held import Buffer, Filling, HeldInput, prefix
 
 MAX_REMAINING_LENGTH = 268_435_455
 MAX_REMAINING_LENGTH_BYTES = 4
@@ -191,15 +193,22 @@ def encode_remaining_length(value: int) -> bytes:
     """The 1..4 byte encoding of a remaining length in ``0..268,435,455``."""
     if not 0 <= value <= MAX_REMAINING_LENGTH:
         raise ValueError(f"remaining length {value} outside 0..{MAX_REMAINING_LENGTH}")
-    out = bytearray()
-    while True:
-        digit = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(digit | 0x80)
-        else:
-            out.append(digit)
-            return bytes(out)
+    # Spelled out per length (no bytearray grown byte by byte): every large PUBLISH's
+    # header needs one (publish_head), beyond the table of the small ones.
+    if value < 0x80:
+        return bytes((value,))
+    if value < 0x4000:
+        return bytes((value & 0x7F | 0x80, value >> 7))
+    if value < 0x200000:
+        return bytes((value & 0x7F | 0x80, (value >> 7) & 0x7F | 0x80, value >> 14))
+    return bytes(
+        (
+            value & 0x7F | 0x80,
+            (value >> 7) & 0x7F | 0x80,
+            (value >> 14) & 0x7F | 0x80,
+            value >> 21,
+        )
+    )
 
 
 def decode_remaining_length(
@@ -814,7 +823,10 @@ def _publish_head(
     """A large PUBLISH's fixed and variable header decoded from a small copy of the start
     of ``parts`` (``total`` bytes of it held): the packet (its payload empty) and where its
     payload starts; None when the variable header runs past what is held."""
-    head = prefix(parts, 7)
+    # The first part (the tail of the read the packet began in) usually holds the whole
+    # header: sliced from it, not gathered by prefix() (one small copy either way).
+    first = parts[0]
+    head = bytes(first[:7]) if len(first) >= 7 else prefix(parts, 7)
     decoded = decode_remaining_length(head, 1)
     if decoded is None:
         return None
@@ -833,7 +845,7 @@ def _publish_head(
         end += block[1] + block[0]
     if end > total:
         return None
-    head = prefix(parts, end)
+    head = bytes(first[:end]) if len(first) >= end else prefix(parts, end)
     return decode(head[0] & 0x0F, head[header:end]), end
 
 
@@ -1043,8 +1055,11 @@ class MqttParser:
             while pos < size:
                 first = buf[pos]
                 packet_type = first >> 4
-                # PUBLISH (the hot path) checks its own flags: QoS 3, or DUP at QoS 0.
-                if packet_type != 3 or (first & 0x06) == 0x06 or (first & 0x0E) == 0x08:
+                # PUBLISH (the hot path) checks its own flags: QoS 3, or DUP at QoS 0; a
+                # PUBACK's (the other packet of every QoS 1 message) are right when it is 0x40.
+                if first != 0x40 and (
+                    packet_type != 3 or (first & 0x06) == 0x06 or (first & 0x0E) == 0x08
+                ):
                     _check_first_byte(first)
                 if pos + 1 < size and buf[pos + 1] < 0x80:
                     length = buf[pos + 1]
@@ -1078,6 +1093,13 @@ class MqttParser:
                     # copied out (a bytes slice of the body would copy it twice).
                     view = memoryview(buf)[pos + header : pos + total]
                     append(_decode_publish(first & 0x0F, view))
+                elif first == 0x40:
+                    # PUBACK inline (its length, 2, was checked): the decoder table's generic
+                    # call and body slice cost more than the packet itself.
+                    packet_id = (buf[pos + header] << 8) | buf[pos + header + 1]
+                    if packet_id == 0:
+                        raise _fail(MqttErrorCode.INVALID_PACKET_ID, "PUBACK has packet id 0")
+                    append(Puback(packet_id))
                 else:
                     append(_DECODERS[packet_type](first & 0x0F, buf[pos + header : pos + total]))
                 pos += total

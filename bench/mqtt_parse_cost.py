@@ -1,0 +1,42 @@
+"""Instructions of the MQTT 3.1.1 parser a QoS 1 message, for callgrind (issue 16, 64 KiB):
+``pub``, 400 QoS 1 PUBLISHes of 64 KiB in reads of 256,000 bytes (about one in four cut over
+two reads, as the broker reads them under ``bench.large_bench``); ``ack``, 4,000 PUBACKs in
+reads of 64 bytes. Only ``MqttParser.feed`` is counted::
+
+    PYTHONPATH=$PWD valgrind --tool=callgrind --callgrind-out-file=pub.out \\
+        --toggle-collect='CPyPy_mqtt___codec___MqttParser___feed' \\
+        .venv/bin/python -m bench.mqtt_parse_cost pub
+    callgrind_annotate pub.out | grep -E 'PROGRAM TOTALS|__memcpy_avx_unaligned_erms \\['
+
+(the compiled build's entry point; the payload's ``memcpy`` is counted apart, it is the same
+in every build). Without callgrind it only checks that every packet comes out.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from vibemq_server.adapters.mqtt.codec import MqttParser, encode
+from vibemq_server.adapters.mqtt.packets import Puback, Publish
+
+
+def main() -> None:
+    if sys.argv[1:] == ["pub"]:
+        payload = b"x" * 65_536
+        stream = b"".join(
+            encode(Publish("bench/large", payload, 1, packet_id=i % 65_535 + 1)) for i in range(400)
+        )
+        reads, count = [stream[a : a + 256_000] for a in range(0, len(stream), 256_000)], 400
+    elif sys.argv[1:] == ["ack"]:
+        acks = b"".join(encode(Puback(i % 65_535 + 1)) for i in range(4000))
+        reads, count = [acks[a : a + 64] for a in range(0, len(acks), 64)], 4000
+    else:
+        raise SystemExit("usage: python -m bench.mqtt_parse_cost pub|ack")
+    parser = MqttParser(1 << 26)
+    got = sum(len(parser.feed(read)) for read in reads)
+    if got != count:
+        raise SystemExit(f"decoded {got} of {count}")
+
+
+if __name__ == "__main__":
+    main()
