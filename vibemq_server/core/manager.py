@@ -392,8 +392,7 @@ class QueueManager:
         self.drop_log.forget(name)
         self.retired_stats.add(queue.stats)
         queue.deleted = True
-        subs, queue.subscriptions = queue.subscriptions, []
-        for sub in subs:
+        for sub in queue.drop_subscriptions():
             sub.inflight.clear()
             sub.consumer.subscription_cancelled(sub, "queue_deleted")
         self.memory_bytes -= queue.nbytes
@@ -676,7 +675,7 @@ class QueueManager:
             sub.prefetch = prefetch
         else:
             sub = Subscription(sub_id, queue, consumer, prefetch)
-            queue.subscriptions.append(sub)
+            queue.add_subscription(sub)
         if dispatch:
             queue.dispatch()
         return sub
@@ -684,8 +683,7 @@ class QueueManager:
     def unsubscribe(self, sub: Subscription) -> None:
         """Remove a subscription; its unacknowledged deliveries go back to the queue."""
         queue = sub.queue
-        if sub in queue.subscriptions:
-            queue.subscriptions.remove(sub)
+        queue.remove_subscription(sub)
         returned = list(sub.inflight.values())
         sub.inflight.clear()
         if not queue.deleted:
@@ -776,8 +774,7 @@ class QueueManager:
     def detach(self, sub: Subscription) -> None:
         """Stop delivering to a subscription but leave its unacknowledged deliveries with it
         (AMQP basic.cancel: they can still be acked, or go back when the channel ends)."""
-        if sub in sub.queue.subscriptions:
-            sub.queue.subscriptions.remove(sub)
+        sub.queue.remove_subscription(sub)
 
     def purge(self, name: str) -> int:
         """Drop every queued (not in-flight) message of a queue; how many there were."""

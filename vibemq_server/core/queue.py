@@ -293,7 +293,11 @@ class Queue:
     #: ready messages and their payload bytes
     count: int = 0
     nbytes: int = 0
+    #: change it only through add_subscription / remove_subscription / drop_subscriptions
     subscriptions: list[Subscription] = field(default_factory=list)
+    #: the one subscription when there is exactly one (the usual case), else None: the
+    #: publish and refill paths reach it without touching the list (two more cold lines)
+    lone: Subscription | None = None
     _dispatching: bool = False
     deleted: bool = False
     #: the options' ``needs_ack`` and "is a fan-out mode", kept at hand for every delivery
@@ -343,6 +347,30 @@ class Queue:
     @property
     def full(self) -> bool:
         return self.count >= self.options.max_queue_size
+
+    # -- subscriptions ----------------------------------------------------------------------
+
+    def add_subscription(self, sub: Subscription) -> None:
+        self.subscriptions.append(sub)
+        self._subscriptions_changed()
+
+    def remove_subscription(self, sub: Subscription) -> bool:
+        """Take ``sub`` out (False: it was not here)."""
+        if sub not in self.subscriptions:
+            return False
+        self.subscriptions.remove(sub)
+        self._subscriptions_changed()
+        return True
+
+    def drop_subscriptions(self) -> list[Subscription]:
+        """Take every subscription out (the queue is deleted); they are returned."""
+        subs, self.subscriptions = self.subscriptions, []
+        self._subscriptions_changed()
+        return subs
+
+    def _subscriptions_changed(self) -> None:
+        subs = self.subscriptions
+        self.lone = subs[0] if len(subs) == 1 else None
 
     # -- the ready messages --------------------------------------------------------------
 
@@ -439,8 +467,8 @@ class Queue:
         enqueue + dispatch would do, without the round trip through the store)."""
         if self.count or self._dispatching:
             return False
-        subs = self.subscriptions
         if self.fan_out:
+            subs = self.subscriptions
             if not self.shared or not subs or self.manager.holding:
                 return False  # (held: the read's publishes go out in one run at its end)
             for each in subs:
@@ -452,8 +480,9 @@ class Queue:
             finally:
                 self._dispatching = False
             return True
-        if len(subs) == 1:  # (the usual case, without the round-robin bookkeeping)
-            sub = subs[0]
+        lone = self.lone
+        if lone is not None:  # (the usual case, without the round-robin bookkeeping)
+            sub = lone
             if len(sub.inflight) >= sub.prefetch or not sub.consumer.writable:
                 return False
         else:
@@ -472,16 +501,17 @@ class Queue:
 
     def dispatch(self) -> None:
         """Hand ready messages to subscriptions that can take them, until one side runs out."""
-        subs = self.subscriptions
-        if self._dispatching or not subs or not self.count:
+        if self._dispatching or not self.count:
             return
-        if len(subs) == 1 and not self.fan_out:
+        lone = self.lone
+        if lone is not None and not self.fan_out:
             # A publish into a backed-up queue lands here every time: when its one subscriber
             # has no room, say so without setting up the dispatch loop.
-            sub = subs[0]
-            if len(sub.inflight) >= sub.prefetch or not sub.consumer.writable:
+            if len(lone.inflight) >= lone.prefetch or not lone.consumer.writable:
                 self.manager.after_dequeue(self)
                 return
+        elif not self.subscriptions:
+            return
         if self.shared and self.manager.holding:
             self.manager.defer(self)
             return
@@ -504,9 +534,9 @@ class Queue:
         # checks expiries and ack timeouts (tick).
         now = manager.clock()
         while self.count:
-            subs = self.subscriptions
-            if len(subs) == 1:  # (the usual case, without the round-robin bookkeeping)
-                sub = subs[0]
+            lone = self.lone
+            if lone is not None:  # (the usual case, without the round-robin bookkeeping)
+                sub = lone
                 if len(sub.inflight) >= sub.prefetch or not sub.consumer.writable:
                     return
             else:
