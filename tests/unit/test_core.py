@@ -304,16 +304,19 @@ def test_ack_held_settles_each_ack_at_its_subscription(mgr: QueueManager) -> Non
     make(mgr, "a")
     make(mgr, "b")
     r = Recorder()
-    sa = mgr.subscribe("a", "sa", r, 10)
+    sa = mgr.subscribe("a", "sa", r, 2)
     sb = mgr.subscribe("b", "sb", r, 10)
-    publish(mgr, "a", "m1", "m2")
+    publish(mgr, "a", "m1", "m2", "m4")  # (m4 waits: a's prefetch is 2)
     publish(mgr, "b", "m3")
     holders = {"m1": sa, "m2": sa, "m3": sb, "m9": sb}
     touched: dict[str, Queue] = {}
     assert mgr.ack_held(holders, ["m3", "m1", "m7", "m9"], touched) == ["m7", "m9"]
     assert list(sa.inflight) == ["m2"] and not sb.inflight
     assert holders == {"m2": sa}
-    assert touched == {"b": sb.queue, "a": sa.queue}
+    # only a queue with a ready message needs a refill (b has none)
+    assert touched == {"a": sa.queue}
+    sa.queue.dispatch()
+    assert list(sa.inflight) == ["m2", "m4"]
     assert (sa.queue.stats.acked, sb.queue.stats.acked) == (1, 1)
 
 

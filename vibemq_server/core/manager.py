@@ -334,7 +334,7 @@ class QueueManager:
         """Put recovered messages back, in journal order (no record, no dispatch)."""
         if queue.fan_out:
             msgs = [as_fan_out(m) for m in msgs]
-        queue.store.extend(msgs)
+        queue.push_all(msgs)
         self.memory_bytes += sum(len(m.payload) for m in msgs)
         if any(m.expires_at for m in msgs):
             queue.message_ttls = True  # (a message's own TTL, from before the restart)
@@ -345,10 +345,10 @@ class QueueManager:
     def withdraw(self, queue: Queue, msg: StoredMessage) -> bool:
         """Take back a just-published message that storage failed to record, unless a
         consumer already has it. Only the newest messages can be withdrawn (in reverse)."""
-        if queue.deleted or not queue.store.pop_if_newest(msg):
+        if queue.deleted or not queue.pop_if_newest(msg):
             return False
         self.memory_bytes -= len(msg.payload)
-        queue.stats.published -= 1
+        queue.n_published -= 1
         return True
 
     def _durable(self, queue: Queue) -> Persistence | None:
@@ -392,12 +392,11 @@ class QueueManager:
         self.drop_log.forget(name)
         self.retired_stats.add(queue.stats)
         queue.deleted = True
-        subs, queue.subscriptions = queue.subscriptions, []
-        for sub in subs:
+        for sub in queue.drop_subscriptions():
             sub.inflight.clear()
             sub.consumer.subscription_cancelled(sub, "queue_deleted")
-        self.memory_bytes -= queue.store.nbytes
-        queue.store.clear()
+        self.memory_bytes -= queue.nbytes
+        queue.take_all()
         self._wake(queue)
 
     def queue_info(self, name: str) -> dict[str, Any]:
@@ -418,13 +417,13 @@ class QueueManager:
             "maxRetryAttempts": o.max_retry_attempts,
             "ackTimeout": o.ack_timeout_ms,
             "stats": {
-                "published": q.stats.published,
-                "delivered": q.stats.delivered,
-                "acked": q.stats.acked,
-                "redelivered": q.stats.redelivered,
-                "deadLettered": q.stats.dead_lettered,
-                "expired": q.stats.expired,
-                "dropped": q.stats.dropped,
+                "published": q.n_published,
+                "delivered": q.n_delivered,
+                "acked": q.n_acked,
+                "redelivered": q.n_redelivered,
+                "deadLettered": q.n_dead_lettered,
+                "expired": q.n_expired,
+                "dropped": q.n_dropped,
             },
         }
 
@@ -437,7 +436,7 @@ class QueueManager:
         In-flight (unacknowledged) deliveries are not ready, so not listed."""
         queue = self.get(name)
         now = self.clock()
-        live = (m for m in queue.store if not m.expired(now))
+        live = (m for m in queue.ready() if not m.expired(now))
         return list(itertools.islice(live, offset, offset + limit))
 
     def move_messages(
@@ -452,7 +451,7 @@ class QueueManager:
         its destination (journaled when that queue is durable)."""
         source = self.get(name)
         result = MoveResult()
-        pending = deque(source.store.clear())
+        pending = deque(source.take_all())
         kept: list[StoredMessage] = []
         try:
             while pending:
@@ -479,7 +478,7 @@ class QueueManager:
                 result.moved[dest.name] = result.moved.get(dest.name, 0) + 1
         finally:
             # What stays goes back in its order (the store was emptied to walk it).
-            source.store.extend([*kept, *pending])
+            source.push_all([*kept, *pending])
         self._wake(source)
         return result
 
@@ -539,21 +538,21 @@ class QueueManager:
         if persistence is not None:  # (a seq is the journal's identity of a message)
             msg.seq = self.next_seq
             self.next_seq += 1
-        if queue.store.count >= opts.max_queue_size and self._deferred.get(queue_name) is queue:
+        if queue.count >= opts.max_queue_size and self._deferred.get(queue_name) is queue:
             self._dispatch_held(queue)  # full only if its subscribers cannot take it now
-        if queue.store.count >= opts.max_queue_size:
+        if queue.count >= opts.max_queue_size:
             outcome = self._overflow(queue, msg)
             if outcome is not None:
                 # A refused publish is retried or reported by its publisher: route it then.
                 if route and outcome.accepted and self._to_sinks(queue_name, ready(msg), None):
                     return PublishOutcome.ACCEPTED_DURABLE
                 return outcome
-        queue.stats.published += 1
+        queue.n_published += 1
         self.memory_bytes += len(payload)
         if persistence is not None:
             persistence.published(queue, msg, True)  # (a client's: positional, see there)
         if not queue.deliver_now(msg):
-            queue.store.append(msg)
+            queue.push(msg)
             queue.dispatch()
         durable = persistence is not None
         if route and self.address_router.sinks and self._to_sinks(queue_name, ready(msg), None):
@@ -624,7 +623,7 @@ class QueueManager:
     def drop_oldest(self, queue: Queue) -> bool:
         """Make room: the oldest of the lowest priority goes (dead-lettered when the queue's
         adapter dead-letters overflow, else dropped). False when the queue is empty."""
-        old = queue.store.pop_oldest_lowest()
+        old = queue.pop_oldest_lowest()
         if old is None:
             return False
         self.memory_bytes -= len(old.payload)
@@ -638,9 +637,8 @@ class QueueManager:
     def _dropped(self, queue: Queue, reason: str) -> None:
         """Count a message a queue lost (not an operator's purge) and say so in the log,
         rate-limited: the first drop of a queue at once, then once a minute at most."""
-        stats = queue.stats
-        stats.dropped += 1
-        self.drop_log.dropped(queue.name, reason, stats.dropped)
+        queue.n_dropped += 1
+        self.drop_log.dropped(queue.name, reason, queue.n_dropped)
 
     def _overflow(self, queue: Queue, msg: StoredMessage) -> PublishOutcome | None:
         """Apply the queue's overflow strategy; None means go on and enqueue ``msg``."""
@@ -651,7 +649,7 @@ class QueueManager:
             self.drop_oldest(queue)
             return None
         if strategy is OverflowStrategy.REDIRECT_TO_DLQ and queue.options.enable_dead_letter_queue:
-            queue.stats.published += 1
+            queue.n_published += 1
             self.dead_letter(queue, msg, DeadLetterReason.QUEUE_OVERFLOW, stored=False)
             dlq = self.queues.get(self._dlq_name(queue))
             durable = dlq is not None and self._durable(dlq) is not None
@@ -677,7 +675,7 @@ class QueueManager:
             sub.prefetch = prefetch
         else:
             sub = Subscription(sub_id, queue, consumer, prefetch)
-            queue.subscriptions.append(sub)
+            queue.add_subscription(sub)
         if dispatch:
             queue.dispatch()
         return sub
@@ -685,8 +683,7 @@ class QueueManager:
     def unsubscribe(self, sub: Subscription) -> None:
         """Remove a subscription; its unacknowledged deliveries go back to the queue."""
         queue = sub.queue
-        if sub in queue.subscriptions:
-            queue.subscriptions.remove(sub)
+        queue.remove_subscription(sub)
         returned = list(sub.inflight.values())
         sub.inflight.clear()
         if not queue.deleted:
@@ -700,9 +697,9 @@ class QueueManager:
         if msg is None:
             return False
         queue = sub.queue
-        queue.stats.acked += 1
+        queue.n_acked += 1
         self._settle(queue, msg, SettleReason.ACKED)
-        if dispatch and queue.store.count:
+        if dispatch and queue.count:
             queue.dispatch()
         return True
 
@@ -731,7 +728,7 @@ class QueueManager:
         if journaled:
             assert persistence is not None
             persistence.settled_all(queue, journaled, _ACKED)
-        queue.stats.acked += settled
+        queue.n_acked += settled
         return missing
 
     def ack_held(
@@ -741,8 +738,9 @@ class QueueManager:
         ``holders`` names for it (its map of delivery id -> subscription; the entries are
         taken out), as ``ack`` with ``dispatch=False`` would one by one, in one call: a read's
         Acks each hit another queue there, so no run per subscription. The queues settled in
-        go into ``touched`` (the caller refills them); returns the ids not settled, in order
-        (not in ``holders``, or no longer held there)."""
+        that have ready messages go into ``touched`` (the caller refills them; an empty one has
+        nothing to refill, and a publish into it meanwhile delivers itself); returns the ids
+        not settled, in order (not in ``holders``, or no longer held there)."""
         rest: list[str] = []
         persistence = self.persistence
         # journaled messages that are no fan-out copy, by queue: settled in one call each
@@ -755,8 +753,9 @@ class QueueManager:
                 rest.append(msg_id)
                 continue
             queue = sub.queue
-            queue.stats.acked += 1
-            touched[queue.name] = queue
+            queue.n_acked += 1
+            if queue.count:  # (nothing waits: nothing to refill; a later publish delivers)
+                touched[queue.name] = queue
             # (_settle does nothing for a message neither journaled nor one of fan-out copies)
             if msg.group is not None:
                 self._settle(queue, msg, _ACKED)
@@ -775,16 +774,15 @@ class QueueManager:
     def detach(self, sub: Subscription) -> None:
         """Stop delivering to a subscription but leave its unacknowledged deliveries with it
         (AMQP basic.cancel: they can still be acked, or go back when the channel ends)."""
-        if sub in sub.queue.subscriptions:
-            sub.queue.subscriptions.remove(sub)
+        sub.queue.remove_subscription(sub)
 
     def purge(self, name: str) -> int:
         """Drop every queued (not in-flight) message of a queue; how many there were."""
         queue = self.get(name)
-        msgs = queue.store.clear()
+        msgs = queue.take_all()
         for msg in msgs:
             self.memory_bytes -= len(msg.payload)
-            queue.stats.dropped += 1
+            queue.n_dropped += 1
             self._settle(queue, msg, SettleReason.DROPPED, "Purged")
         self._wake(queue)
         return len(msgs)
@@ -797,7 +795,7 @@ class QueueManager:
             return False
         queue = sub.queue
         if requeue:
-            queue.store.appendleft(msg)
+            queue.push_front(msg)
             self.memory_bytes += len(msg.payload)
             if dispatch:
                 queue.dispatch()
@@ -810,8 +808,8 @@ class QueueManager:
         subscription now (a client's "get"), whatever its capacity; None when empty."""
         queue = sub.queue
         now = self.clock()
-        while queue.store.count:
-            msg = queue.store.popleft()
+        while queue.count:
+            msg = queue.pop_ready()
             if msg is None:
                 break
             if msg.expires_at and msg.expired(now):
@@ -836,13 +834,12 @@ class QueueManager:
         if needs_ack and msg_id in inflight:
             # A publisher reused an id that this subscriber still holds; tracking both under
             # one key would lose one, so hold this one back until the first is acked.
-            queue.store.appendleft(msg)
+            queue.push_front(msg)
             raise DeliveryDeferred
         msg.attempts = attempts = msg.attempts + 1
-        stats = queue.stats
-        stats.delivered += 1
+        queue.n_delivered += 1
         if attempts > 1:
-            stats.redelivered += 1
+            queue.n_redelivered += 1
         self.memory_bytes -= len(msg.payload)
         if needs_ack:
             options = queue.options
@@ -874,9 +871,8 @@ class QueueManager:
             nbytes += len(msg.payload)
             if durable:
                 self._settle(queue, msg, SettleReason.DELIVERED_NO_ACK)
-        stats = queue.stats
-        stats.delivered += n * len(msgs)
-        stats.redelivered += n * redelivered
+        queue.n_delivered += n * len(msgs)
+        queue.n_redelivered += n * redelivered
         self.memory_bytes -= nbytes
         for sub in subs:
             many = sub.deliver_many
@@ -926,7 +922,7 @@ class QueueManager:
         return queue.options.dead_letter_queue_name or f"{queue.name}.dlq"
 
     def expire(self, queue: Queue, msg: StoredMessage) -> None:
-        queue.stats.expired += 1
+        queue.n_expired += 1
         self.memory_bytes -= len(msg.payload)
         self.dead_letter(queue, msg, DeadLetterReason.MESSAGE_EXPIRED)
 
@@ -939,7 +935,7 @@ class QueueManager:
         dead-letter exchanges) hands the message to it instead."""
         hook = queue.dead_letter_hook
         if hook is not None:
-            queue.stats.dead_lettered += 1
+            queue.n_dead_lettered += 1
             if stored:
                 self._settle(queue, msg, SettleReason.DEAD_LETTERED, reason)
             hook(queue, msg, reason)
@@ -954,14 +950,14 @@ class QueueManager:
                 self._dropped(queue, reason)
             else:
                 # An expiry or a consumer's reject without a dead-letter queue: meant so.
-                queue.stats.dropped += 1
+                queue.n_dropped += 1
             log.debug("message dropped", queue=queue.name, message_id=msg.id, reason=reason)
             if stored:
                 expired = reason == DeadLetterReason.MESSAGE_EXPIRED
                 why = SettleReason.EXPIRED if expired else SettleReason.DROPPED
                 self._settle(queue, msg, why, reason)
             return False
-        queue.stats.dead_lettered += 1
+        queue.n_dead_lettered += 1
         dlq = self.queues.get(dlq_name)
         if dlq is None:
             dlq, _ = self.create_queue(dlq_name, self._dlq_options(queue))
@@ -980,14 +976,14 @@ class QueueManager:
         )
         dead.seq = self.next_seq
         self.next_seq += 1
-        if dlq.store.count >= dlq.options.max_queue_size:
-            old = dlq.store.pop_oldest_lowest()
+        if dlq.count >= dlq.options.max_queue_size:
+            old = dlq.pop_oldest_lowest()
             if old is not None:
                 self.memory_bytes -= len(old.payload)
                 self._dropped(dlq, DeadLetterReason.QUEUE_OVERFLOW)
                 self._settle(dlq, old, SettleReason.DROPPED, "QueueOverflow")
-        dlq.stats.published += 1
-        dlq.store.append(dead)
+        dlq.n_published += 1
+        dlq.push(dead)
         self.memory_bytes += len(dead.payload)
         persistence = self._durable(dlq)
         if persistence is not None:
@@ -1011,7 +1007,7 @@ class QueueManager:
             if fan_out:
                 msg = as_fan_out(msg)  # (msg itself: a fan-out queue holds FanOutMessages)
                 msg.target = owner if owner is not None else ANY_SUBSCRIBER
-            queue.store.appendleft(msg)
+            queue.push_front(msg)
             self.memory_bytes += len(msg.payload)
 
     def tick(self) -> None:
@@ -1028,8 +1024,8 @@ class QueueManager:
         for name, queue in list(self._expiring.items()):
             if queue.deleted:
                 del self._expiring[name]
-            elif queue.store.count:
-                expired = list(queue.store.pop_expired(now))
+            elif queue.count:
+                expired = list(queue.pop_expired(now))
                 for msg in expired:
                     self.expire(queue, msg)
                 if expired:

@@ -122,8 +122,29 @@ class Subscription:
         return self.consumer.writable and len(self.inflight) < self.prefetch
 
 
+class StatsLike(Protocol):
+    """A queue's counters, read-only: ``QueueStats`` (the totals) or ``Queue.stats``."""
+
+    @property
+    def published(self) -> int: ...
+    @property
+    def delivered(self) -> int: ...
+    @property
+    def acked(self) -> int: ...
+    @property
+    def redelivered(self) -> int: ...
+    @property
+    def dead_lettered(self) -> int: ...
+    @property
+    def expired(self) -> int: ...
+    @property
+    def dropped(self) -> int: ...
+
+
 @dataclass(slots=True)
 class QueueStats:
+    """Counters summed over queues (the deleted queues' totals, a scrape's sums)."""
+
     published: int = 0
     delivered: int = 0
     acked: int = 0
@@ -132,7 +153,7 @@ class QueueStats:
     expired: int = 0
     dropped: int = 0
 
-    def add(self, other: QueueStats) -> None:
+    def add(self, other: StatsLike) -> None:
         """Add another queue's counts to these (a deleted queue's, into the totals)."""
         self.published += other.published
         self.delivered += other.delivered
@@ -143,49 +164,245 @@ class QueueStats:
         self.dropped += other.dropped
 
 
-class _Store:
-    """Ready messages: one FIFO, or one FIFO per priority level (highest served first)."""
+class QueueCounters:
+    """``Queue.stats``: the queue's own counters, which live on the queue itself (one object
+    less per message at 10,000 queues), seen and set as a stats object."""
 
-    __slots__ = ("_levels", "count", "nbytes")
+    __slots__ = ("_q",)
 
-    def __init__(self, prioritised: bool) -> None:
-        self._levels: list[deque[StoredMessage]] = [
-            deque() for _ in range(len(Priority) if prioritised else 1)
-        ]
-        self.nbytes = 0
-        self.count = 0
+    def __init__(self, queue: Queue) -> None:
+        self._q = queue
+
+    @property
+    def published(self) -> int:
+        return self._q.n_published
+
+    @published.setter
+    def published(self, value: int) -> None:
+        self._q.n_published = value
+
+    @property
+    def delivered(self) -> int:
+        return self._q.n_delivered
+
+    @delivered.setter
+    def delivered(self, value: int) -> None:
+        self._q.n_delivered = value
+
+    @property
+    def acked(self) -> int:
+        return self._q.n_acked
+
+    @acked.setter
+    def acked(self, value: int) -> None:
+        self._q.n_acked = value
+
+    @property
+    def redelivered(self) -> int:
+        return self._q.n_redelivered
+
+    @redelivered.setter
+    def redelivered(self, value: int) -> None:
+        self._q.n_redelivered = value
+
+    @property
+    def dead_lettered(self) -> int:
+        return self._q.n_dead_lettered
+
+    @dead_lettered.setter
+    def dead_lettered(self, value: int) -> None:
+        self._q.n_dead_lettered = value
+
+    @property
+    def expired(self) -> int:
+        return self._q.n_expired
+
+    @expired.setter
+    def expired(self, value: int) -> None:
+        self._q.n_expired = value
+
+    @property
+    def dropped(self) -> int:
+        return self._q.n_dropped
+
+    @dropped.setter
+    def dropped(self, value: int) -> None:
+        self._q.n_dropped = value
+
+
+class ReadyView:
+    """``Queue.store``: the queue's ready messages as one collection (iteration, ``len``,
+    ``count``, ``nbytes`` and the store operations), for callers outside the core's hot
+    path; the messages and their counts live on the queue itself."""
+
+    __slots__ = ("_q",)
+
+    def __init__(self, queue: Queue) -> None:
+        self._q = queue
+
+    @property
+    def count(self) -> int:
+        return self._q.count
+
+    @property
+    def nbytes(self) -> int:
+        return self._q.nbytes
+
+    def __len__(self) -> int:
+        return self._q.count
+
+    def __iter__(self) -> Iterator[StoredMessage]:
+        return self._q.ready()
+
+    def append(self, msg: StoredMessage) -> None:
+        self._q.push(msg)
+
+    def extend(self, msgs: list[StoredMessage]) -> None:
+        self._q.push_all(msgs)
+
+    def appendleft(self, msg: StoredMessage) -> None:
+        self._q.push_front(msg)
+
+    def popleft(self) -> StoredMessage | None:
+        return self._q.pop_ready()
+
+    def pop_if_newest(self, msg: StoredMessage) -> bool:
+        return self._q.pop_if_newest(msg)
+
+    def pop_oldest_lowest(self) -> StoredMessage | None:
+        return self._q.pop_oldest_lowest()
+
+    def pop_expired(self, now: int) -> Iterator[StoredMessage]:
+        return self._q.pop_expired(now)
+
+    def clear(self) -> list[StoredMessage]:
+        return self._q.take_all()
+
+
+@dataclass(slots=True, eq=False)
+class Queue:
+    """A queue. Its ready messages (one FIFO, or one per priority level, highest served
+    first) and its counters are fields of this one object, the fields every publish, delivery
+    and Ack reads declared first: at 10,000 queues each message meets a queue cold in the
+    caches, and each separate object (a store, a stats record) was another line to fetch."""
+
+    name: str
+    options: QueueOptions
+    created_at: int
+    manager: QueueHost
+    #: ready messages and their payload bytes
+    count: int = 0
+    nbytes: int = 0
+    #: change it only through add_subscription / remove_subscription / drop_subscriptions
+    subscriptions: list[Subscription] = field(default_factory=list)
+    #: the one subscription when there is exactly one (the usual case), else None: the
+    #: publish and refill paths reach it without touching the list (two more cold lines)
+    lone: Subscription | None = None
+    _dispatching: bool = False
+    deleted: bool = False
+    #: the options' ``needs_ack`` and "is a fan-out mode", kept at hand for every delivery
+    needs_ack: bool = field(init=False)
+    fan_out: bool = field(init=False)
+    #: FanOutWithoutAck: one message object for all subscribers, handed over in runs
+    shared: bool = field(init=False)
+    # Some message has its own TTL (so expiry must be checked even without a queue TTL).
+    message_ttls: bool = False
+    # the counters (``stats`` shows them as a stats object)
+    n_published: int = 0
+    n_delivered: int = 0
+    n_acked: int = 0
+    n_redelivered: int = 0
+    n_dead_lettered: int = 0
+    n_expired: int = 0
+    n_dropped: int = 0
+    _rr: int = 0
+    room_waiters: list[Callable[[], None]] = field(default_factory=list)
+    #: one FIFO, or one per priority level (lowest first)
+    _levels: list[deque[StoredMessage]] = field(init=False)
+    # Messages held by key outside delivery (a DurableTable's entries): live for the journal.
+    parked: dict[str, StoredMessage] = field(default_factory=dict)
+    # An adapter's dead-lettering for this queue (see QueueManager.dead_letter).
+    dead_letter_hook: Callable[[Queue, StoredMessage, str], object] | None = None
+    #: the views of the counters and the ready messages for callers outside the core
+    stats: QueueCounters = field(init=False)
+    store: ReadyView = field(init=False)
+
+    def __post_init__(self) -> None:
+        prioritised = self.options.delivery_mode is DeliveryMode.PRIORITY_BASED
+        self._levels = [deque() for _ in range(len(Priority) if prioritised else 1)]
+        self.needs_ack = self.options.needs_ack
+        self.fan_out = self.options.delivery_mode in _FAN_OUT
+        self.shared = self.fan_out and not self.needs_ack
+        self.stats = QueueCounters(self)
+        self.store = ReadyView(self)
+
+    @property
+    def message_count(self) -> int:
+        return self.count
+
+    @property
+    def unacked_count(self) -> int:
+        return sum(len(s.inflight) for s in self.subscriptions)
+
+    @property
+    def full(self) -> bool:
+        return self.count >= self.options.max_queue_size
+
+    # -- subscriptions ----------------------------------------------------------------------
+
+    def add_subscription(self, sub: Subscription) -> None:
+        self.subscriptions.append(sub)
+        self._subscriptions_changed()
+
+    def remove_subscription(self, sub: Subscription) -> bool:
+        """Take ``sub`` out (False: it was not here)."""
+        if sub not in self.subscriptions:
+            return False
+        self.subscriptions.remove(sub)
+        self._subscriptions_changed()
+        return True
+
+    def drop_subscriptions(self) -> list[Subscription]:
+        """Take every subscription out (the queue is deleted); they are returned."""
+        subs, self.subscriptions = self.subscriptions, []
+        self._subscriptions_changed()
+        return subs
+
+    def _subscriptions_changed(self) -> None:
+        subs = self.subscriptions
+        self.lone = subs[0] if len(subs) == 1 else None
+
+    # -- the ready messages --------------------------------------------------------------
 
     def _level(self, msg: StoredMessage) -> deque[StoredMessage]:
         levels = self._levels
         return levels[msg.priority] if len(levels) > 1 else levels[0]
 
-    def __len__(self) -> int:
-        return self.count
-
-    def __iter__(self) -> Iterator[StoredMessage]:
+    def ready(self) -> Iterator[StoredMessage]:
+        """The ready messages in the order they would be delivered."""
         for level in reversed(self._levels):
             yield from level
 
-    def append(self, msg: StoredMessage) -> None:
+    def push(self, msg: StoredMessage) -> None:
         self._level(msg).append(msg)
         self.nbytes += len(msg.payload)
         self.count += 1
 
-    def extend(self, msgs: list[StoredMessage]) -> None:
+    def push_all(self, msgs: list[StoredMessage]) -> None:
         if len(self._levels) == 1:
             self._levels[0].extend(msgs)
             self.nbytes += sum(len(m.payload) for m in msgs)
             self.count += len(msgs)
         else:
             for msg in msgs:
-                self.append(msg)
+                self.push(msg)
 
-    def appendleft(self, msg: StoredMessage) -> None:
+    def push_front(self, msg: StoredMessage) -> None:
         self._level(msg).appendleft(msg)
         self.nbytes += len(msg.payload)
         self.count += 1
 
-    def popleft(self) -> StoredMessage | None:
+    def pop_ready(self) -> StoredMessage | None:
         for level in reversed(self._levels):
             if level:
                 msg = level.popleft()
@@ -223,7 +440,7 @@ class _Store:
                 self.count -= 1
                 yield msg
 
-    def clear(self) -> list[StoredMessage]:
+    def take_all(self) -> list[StoredMessage]:
         out = [m for level in self._levels for m in level]
         for level in self._levels:
             level.clear()
@@ -231,49 +448,7 @@ class _Store:
         self.count = 0
         return out
 
-
-@dataclass(slots=True)
-class Queue:
-    name: str
-    options: QueueOptions
-    created_at: int
-    manager: QueueHost
-    store: _Store = field(init=False)
-    subscriptions: list[Subscription] = field(default_factory=list)
-    stats: QueueStats = field(default_factory=QueueStats)
-    room_waiters: list[Callable[[], None]] = field(default_factory=list)
-    # Messages held by key outside delivery (a DurableTable's entries): live for the journal.
-    parked: dict[str, StoredMessage] = field(default_factory=dict)
-    deleted: bool = False
-    # Some message has its own TTL (so expiry must be checked even without a queue TTL).
-    message_ttls: bool = False
-    # An adapter's dead-lettering for this queue (see QueueManager.dead_letter).
-    dead_letter_hook: Callable[[Queue, StoredMessage, str], object] | None = None
-    _rr: int = 0
-    _dispatching: bool = False
-    #: the options' ``needs_ack`` and "is a fan-out mode", kept at hand for every delivery
-    needs_ack: bool = field(init=False)
-    fan_out: bool = field(init=False)
-    #: FanOutWithoutAck: one message object for all subscribers, handed over in runs
-    shared: bool = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.store = _Store(self.options.delivery_mode is DeliveryMode.PRIORITY_BASED)
-        self.needs_ack = self.options.needs_ack
-        self.fan_out = self.options.delivery_mode in _FAN_OUT
-        self.shared = self.fan_out and not self.needs_ack
-
-    @property
-    def message_count(self) -> int:
-        return len(self.store)
-
-    @property
-    def unacked_count(self) -> int:
-        return sum(len(s.inflight) for s in self.subscriptions)
-
-    @property
-    def full(self) -> bool:
-        return self.store.count >= self.options.max_queue_size
+    # -- dispatch -------------------------------------------------------------------------
 
     def _next_with_capacity(self) -> Subscription | None:
         subs = self.subscriptions
@@ -290,10 +465,10 @@ class Queue:
     def deliver_now(self, msg: StoredMessage) -> bool:
         """Hand a new message straight to a subscriber when nothing waits ahead of it (what
         enqueue + dispatch would do, without the round trip through the store)."""
-        if self.store.count or self._dispatching:
+        if self.count or self._dispatching:
             return False
-        subs = self.subscriptions
         if self.fan_out:
+            subs = self.subscriptions
             if not self.shared or not subs or self.manager.holding:
                 return False  # (held: the read's publishes go out in one run at its end)
             for each in subs:
@@ -305,8 +480,9 @@ class Queue:
             finally:
                 self._dispatching = False
             return True
-        if len(subs) == 1:  # (the usual case, without the round-robin bookkeeping)
-            sub = subs[0]
+        lone = self.lone
+        if lone is not None:  # (the usual case, without the round-robin bookkeeping)
+            sub = lone
             if len(sub.inflight) >= sub.prefetch or not sub.consumer.writable:
                 return False
         else:
@@ -325,16 +501,17 @@ class Queue:
 
     def dispatch(self) -> None:
         """Hand ready messages to subscriptions that can take them, until one side runs out."""
-        subs = self.subscriptions
-        if self._dispatching or not subs or not self.store.count:
+        if self._dispatching or not self.count:
             return
-        if len(subs) == 1 and not self.fan_out:
+        lone = self.lone
+        if lone is not None and not self.fan_out:
             # A publish into a backed-up queue lands here every time: when its one subscriber
             # has no room, say so without setting up the dispatch loop.
-            sub = subs[0]
-            if len(sub.inflight) >= sub.prefetch or not sub.consumer.writable:
+            if len(lone.inflight) >= lone.prefetch or not lone.consumer.writable:
                 self.manager.after_dequeue(self)
                 return
+        elif not self.subscriptions:
+            return
         if self.shared and self.manager.holding:
             self.manager.defer(self)
             return
@@ -351,16 +528,15 @@ class Queue:
         self.manager.after_dequeue(self)
 
     def _dispatch_one_each(self) -> None:
-        store = self.store
         manager = self.manager
         # One clock reading per run (TTL checks and ack deadlines): a run is bounded by the
         # subscribers' prefetch and takes a few ms at most, finer than the timer that
         # checks expiries and ack timeouts (tick).
         now = manager.clock()
-        while store.count:
-            subs = self.subscriptions
-            if len(subs) == 1:  # (the usual case, without the round-robin bookkeeping)
-                sub = subs[0]
+        while self.count:
+            lone = self.lone
+            if lone is not None:  # (the usual case, without the round-robin bookkeeping)
+                sub = lone
                 if len(sub.inflight) >= sub.prefetch or not sub.consumer.writable:
                     return
             else:
@@ -368,7 +544,7 @@ class Queue:
                 if found is None:
                     return
                 sub = found
-            msg = store.popleft()
+            msg = self.pop_ready()
             if msg is None:
                 return
             if msg.expires_at and msg.expired(now):
@@ -383,11 +559,10 @@ class Queue:
         if not self.needs_ack:
             self._dispatch_without_ack()
             return
-        store = self.store
         manager = self.manager
         subs = self.subscriptions
-        while store.count:
-            head = store.popleft()
+        while self.count:
+            head = self.pop_ready()
             if head is None:
                 return
             if head.expires_at and head.expired(manager.clock()):
@@ -396,12 +571,12 @@ class Queue:
             if head.single:
                 sub = self._redelivery_target(head)
                 if sub is None:
-                    store.appendleft(head)
+                    self.push_front(head)
                     return
                 manager.send(sub, head)
                 continue
             if not all(s.has_capacity() and head.id not in s.inflight for s in subs):
-                store.appendleft(head)
+                self.push_front(head)
                 return
             # Each copy is accounted for when it is sent; only ``head`` was counted on enqueue.
             manager.memory_bytes += len(head.payload) * (len(subs) - 1)
@@ -415,17 +590,16 @@ class Queue:
         # deadline, nothing comes back), so every subscriber is handed the same message
         # objects, not copies, in runs of up to FAN_OUT_RUN (one call per subscriber and
         # run where the consumer has deliver_many), and the accounting is done once.
-        store = self.store
         manager = self.manager
         subs = self.subscriptions
         now = manager.clock()  # (one reading per dispatch, as in _dispatch_one_each)
-        while store.count:
+        while self.count:
             for sub in subs:
                 if not sub.consumer.writable:
                     return
             run: list[StoredMessage] = []
-            while store.count and len(run) < FAN_OUT_RUN:
-                head = store.popleft()
+            while self.count and len(run) < FAN_OUT_RUN:
+                head = self.pop_ready()
                 if head is None:
                     break
                 if head.expires_at and head.expired(now):

@@ -338,7 +338,7 @@ class Session:
                 return
         for sub in self.subs.values():
             left = ack_many(sub, msg_ids)
-            if len(left) != len(msg_ids):
+            if len(left) != len(msg_ids) and sub.queue.count:
                 self._acked[sub.queue.name] = sub.queue
             if not left:
                 return
@@ -358,7 +358,7 @@ class Session:
         if self._acked:
             queues, self._acked = self._acked, {}
             for queue in queues.values():
-                if not queue.deleted and queue.store.count:
+                if not queue.deleted and queue.count:
                     queue.dispatch()
 
     def _handle_body(self, body: bytes) -> None:
