@@ -44,7 +44,7 @@ from vibemq_server.config import Config
 from vibemq_server.core import QueueManager
 from vibemq_server.logs import configure_logging
 from vibemq_server.protocol import CommandType, FrameDecoder, Message, encode
-from vibemq_server.protocol.bigcopy import Fill, read_target
+from vibemq_server.protocol.bigcopy import Fill, read_through
 from vibemq_server.server.allocator import tune_allocator
 from vibemq_server.server.session import Session
 
@@ -112,21 +112,14 @@ def feed(session: Session, link: CollectingLink, data: bytes) -> float:
     straight there (the socket read's own copy, made by the kernel either way: not timed)
     and the session is told with ``data_received(b"")``."""
     spent = 0.0
-    while link.into is not None and data:
-        fill = link.into
-        with memoryview(read_target(fill)) as view:
-            n = min(len(view), len(data))
-            view[:n] = data[:n]
-        if fill.advance(n):
-            link.into = None
-        data = data[n:]
+
+    def received(chunk: bytes) -> None:
+        nonlocal spent
         t0 = time.process_time()
-        session.data_received(b"")
+        session.data_received(chunk)
         spent += time.process_time() - t0
-    if data:
-        t0 = time.process_time()
-        session.data_received(data)
-        spent += time.process_time() - t0
+
+    read_through(data, lambda: link.into, received)
     return spent
 
 

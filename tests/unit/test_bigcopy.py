@@ -211,10 +211,8 @@ def _drive_fill(fill: bigcopy.Fill, steps: list[tuple[bool, bytes]]) -> tuple[li
     used = 0
     for read, data in steps:
         if read:
-            with memoryview(bigcopy.read_target(fill)) as view:
-                n = min(len(view), len(data))
-                view[:n] = data[:n]
-            seen.append(fill.advance(n))
+            n, full = bigcopy.read_into_fill(fill, data)
+            seen.append(full)
         else:
             n = fill.write(data)
             seen.append(n)
@@ -263,18 +261,15 @@ def _fill_feed(parser: MqttParser | Mqtt5Parser, pieces: list[bytes], into: bool
     """``pieces`` as reads; with ``into``, while the parser fills a payload the reads go
     straight into it (as the transport does) and the parser is fed ``b""`` after each."""
     got: list[object] = []
+
+    def feed(data: bytes) -> None:
+        got.extend(parser.feed(data))
+
     for piece in pieces:
-        data = piece
-        while into and data and parser.filling is not None:
-            fill = parser.filling
-            with memoryview(bigcopy.read_target(fill)) as view:
-                n = min(len(view), len(data))
-                view[:n] = data[:n]
-            fill.advance(n)
-            data = data[n:]
-            got.extend(parser.feed(b""))
-        if data or not into:
-            got.extend(parser.feed(data))
+        if into:
+            bigcopy.read_through(piece, lambda: parser.filling, feed)
+        else:
+            feed(piece)
     assert parser.buffered == 0 and parser.filling is None
     return got
 

@@ -22,7 +22,7 @@ from vibemq_server.protocol import (
     encode_body,
     validate_json,
 )
-from vibemq_server.protocol.bigcopy import read_target
+from vibemq_server.protocol.bigcopy import read_through
 from vibemq_server.protocol.codec import Split, encode_deliver, encode_publish_ack
 
 
@@ -251,15 +251,15 @@ def test_one_shot_equals_byte_at_a_time_filled_in_place(msgs: list[Message], int
     one_shot = FrameDecoder(split_from=1, fill_from=1).feed_frames(stream)
     dec = FrameDecoder(split_from=1, fill_from=1)
     trickled: list[bytes | Split] = []
+
+    def feed(data: bytes) -> None:
+        trickled.extend(dec.feed_frames(data))
+
     for i in range(len(stream)):
-        fill = dec.filling
-        if into and fill is not None:
-            with memoryview(read_target(fill)) as view:
-                view[:1] = stream[i : i + 1]
-            fill.advance(1)
-            trickled.extend(dec.feed_frames(b""))
+        if into:
+            read_through(stream[i : i + 1], lambda: dec.filling, feed)
         else:
-            trickled.extend(dec.feed_frames(stream[i : i + 1]))
+            feed(stream[i : i + 1])
     assert _frames(trickled) == _frames(one_shot)
     assert dec.buffered == 0 and dec.filling is None
 

@@ -32,7 +32,7 @@ from vibemq_server.adapters.mqtt.codec import MqttParser, encode, publish_head
 from vibemq_server.adapters.mqtt.codec5 import Mqtt5Parser, encode5
 from vibemq_server.adapters.mqtt.packets import Pingreq, Publish
 from vibemq_server.adapters.mqtt.packets5 import Properties, Publish5
-from vibemq_server.protocol.bigcopy import FILL_FROM, CopiedRead, read_buffer, read_target
+from vibemq_server.protocol.bigcopy import FILL_FROM, CopiedRead, read_buffer, read_through
 from vibemq_server.protocol.codec import (
     LARGE_PAYLOAD,
     CommandType,
@@ -161,18 +161,15 @@ def _native_fill_feed(
     The frames, and whether a payload was filled in place at all."""
     got: list[Any] = []
     filled = False
+
+    def feed(data: bytes) -> None:
+        got.extend(decoder.feed_frames(data))
+
     for piece in pieces:
-        data = piece
-        while into and data and decoder.filling is not None:
-            fill = decoder.filling
-            with memoryview(read_target(fill)) as view:
-                n = min(len(view), len(data))
-                view[:n] = data[:n]
-            fill.advance(n)
-            data = data[n:]
-            got.extend(decoder.feed_frames(b""))
-        if data or not into:
-            got.extend(decoder.feed_frames(data))
+        if into:
+            read_through(piece, lambda: decoder.filling, feed)
+        else:
+            feed(piece)
         filled = filled or decoder.filling is not None
     assert decoder.buffered == 0 and decoder.filling is None
     return got, filled

@@ -92,7 +92,7 @@ from vibemq_server.auth import Authenticator
 from vibemq_server.config import Config
 from vibemq_server.core import QueueManager
 from vibemq_server.journal import FsyncPolicy, Journal
-from vibemq_server.protocol.bigcopy import Fill, read_target
+from vibemq_server.protocol.bigcopy import Fill, read_through
 from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.server.adapter import AdapterContext
 from vibemq_server.server.broker import with_payload_forms
@@ -229,17 +229,10 @@ class TestLink:
         """A read; while the connection has asked for its next bytes in a fill of its own
         (``read_into``), they go there first, as the transport reads them, and the
         connection gets ``data_received(b"")`` after each such read."""
-        while self._into is not None and data and not self.closed:
-            fill = self._into
-            with memoryview(read_target(fill)) as view:
-                n = min(len(view), len(data))
-                view[:n] = data[:n]
-            if fill.advance(n):
-                self._into = None
-            data = data[n:]
-            self._deliver(b"")
-        if data:
-            self._deliver(data)
+        read_through(data, self._filling, self._deliver)
+
+    def _filling(self) -> Fill | None:
+        return None if self.closed else self._into
 
     def _deliver(self, data: bytes) -> None:
         if self.session is None or self.closed:

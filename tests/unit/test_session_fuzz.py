@@ -27,7 +27,7 @@ from vibemq_server.protocol import (
     encode,
     encode_body,
 )
-from vibemq_server.protocol.bigcopy import Fill, read_target
+from vibemq_server.protocol.bigcopy import Fill, read_through
 from vibemq_server.protocol.codec import frame
 from vibemq_server.server.session import Session
 from vibemq_server.server.transport import Session as TransportSession
@@ -100,17 +100,10 @@ class Link:
         """A socket read passed on as the transport does: while the session has asked for
         its next bytes in a fill of its own (``read_into``), they go there first, and the
         session gets ``data_received(b"")`` after each such read."""
-        while self.into is not None and data and not self.closed:
-            fill = self.into
-            with memoryview(read_target(fill)) as view:
-                n = min(len(view), len(data))
-                view[:n] = data[:n]
-            if fill.advance(n):
-                self.into = None
-            data = data[n:]
-            session.data_received(b"")
-        if data:
-            session.data_received(data)
+        read_through(data, self._filling, session.data_received)
+
+    def _filling(self) -> Fill | None:
+        return None if self.closed else self.into
 
 
 names = st.sampled_from(["q", "q2", "q.dlq", "bad name", "", "x" * 300])

@@ -175,6 +175,36 @@ def read_target(fill: Fill) -> ReadTarget:
     return cast("PayloadFill", fill)
 
 
+def read_into_fill(fill: Fill, data: Buffer) -> tuple[int, bool]:
+    """One socket read of ``data`` landing in ``fill`` the way the transport's reads do
+    (``Link.read_into``: into :func:`read_target`, then ``advance``; not ``Fill.write``), for
+    the tests and benches that stand in for the transport: as much of ``data`` as ``fill``
+    has room for. The bytes it took, and whether ``fill`` is full now."""
+    with memoryview(read_target(fill)) as view:
+        n = min(len(view), len(data))
+        view[:n] = memoryview(data)[:n]
+    return n, fill.advance(n)
+
+
+def read_through(
+    data: bytes, filling: Callable[[], Fill | None], received: Callable[[bytes], object]
+) -> None:
+    """``data``, one socket read, passed on as StreamTransport passes it (for the tests and
+    benches that stand in for it): while ``filling()`` gives a fill with room (the one the
+    session asked its next bytes to go to, ``Link.read_into``), as much as it holds is read
+    straight into it (:func:`read_into_fill`) and ``received(b"")`` is called after each such
+    read; the rest, if any, is ``received`` as it is. A full fill is read into no more."""
+    while data:
+        fill = filling()
+        if fill is None or not len(fill):
+            break
+        n = read_into_fill(fill, data)[0]
+        data = data[n:]
+        received(b"")
+    if data:
+        received(data)
+
+
 class Unjoined:
     """A decoded packet whose payload is still bytes ``start:stop`` of the reads it came in
     (``parts``): a decoder leaves a large one so, its connection joins it off the loop."""
