@@ -23,6 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../_cext/common.h"
+
 typedef struct {
     long long number;
     int fd;
@@ -178,27 +180,9 @@ static PyObject *Fsyncs_fileno(Fsyncs *self, PyObject *unused) {
     return PyLong_FromLong(self->efd);
 }
 
-static int grow(void **buf, size_t *cap, size_t need, size_t item) {
-    if (need <= *cap)
-        return 0;
-    size_t cap2 = *cap ? *cap * 2 : 8;
-    while (cap2 < need)
-        cap2 *= 2;
-    void *p = PyMem_Realloc(*buf, cap2 * item);
-    if (p == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    *buf = p;
-    *cap = cap2;
-    return 0;
-}
-
 static PyObject *Fsyncs_request(Fsyncs *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "request(fd, number)");
+    if (vmq_nargs(nargs, 2, "request") < 0)
         return NULL;
-    }
     long fd = PyLong_AsLong(args[0]);
     if (fd == -1 && PyErr_Occurred())
         return NULL;
@@ -214,9 +198,9 @@ static PyObject *Fsyncs_request(Fsyncs *self, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     pthread_mutex_lock(&self->mu);
-    int rc = grow((void **)&self->reqs, &self->rcap, self->rlen + 1, sizeof(Request));
+    int rc = vmq_grow((void **)&self->reqs, &self->rcap, self->rlen + 1, sizeof(Request), 8);
     if (rc == 0)
-        rc = grow((void **)&self->done, &self->dcap, self->outstanding + 1, sizeof(Done));
+        rc = vmq_grow((void **)&self->done, &self->dcap, self->outstanding + 1, sizeof(Done), 8);
     if (rc == 0) {
         self->reqs[self->rlen].fd = (int)fd;
         self->reqs[self->rlen].number = number;
@@ -318,16 +302,6 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__fsyncer(void) {
-    if (PyType_Ready(&FsyncsType) < 0)
-        return NULL;
-    PyObject *m = PyModule_Create(&module);
-    if (m == NULL)
-        return NULL;
-    Py_INCREF(&FsyncsType);
-    if (PyModule_AddObject(m, "Fsyncs", (PyObject *)&FsyncsType) < 0) {
-        Py_DECREF(&FsyncsType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+    static PyTypeObject *const types[] = {&FsyncsType, NULL};
+    return vmq_module(&module, types);
 }

@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../_cext/common.h"
+
 #define PUBLISH 3
 #define DELIVER 4
 #define SETTLE 5
@@ -61,7 +63,7 @@ typedef struct {
     PyObject_HEAD
     unsigned char *buf;
     Py_ssize_t len;
-    Py_ssize_t cap;
+    size_t cap;
     uint64_t ts; /* the DELIVER and SETTLE records' timestamp (stamp()) */
 } RecordBuffer;
 
@@ -70,20 +72,7 @@ static int reserve(RecordBuffer *self, Py_ssize_t more) {
         PyErr_NoMemory();
         return -1;
     }
-    Py_ssize_t need = self->len + more;
-    if (need <= self->cap)
-        return 0;
-    Py_ssize_t cap = self->cap ? self->cap : 64 * 1024;
-    while (cap < need)
-        cap = cap > PY_SSIZE_T_MAX / 2 ? need : cap * 2;
-    unsigned char *grown = PyMem_Realloc(self->buf, (size_t)cap);
-    if (grown == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    self->buf = grown;
-    self->cap = cap;
-    return 0;
+    return vmq_grow((void **)&self->buf, &self->cap, (size_t)(self->len + more), 1, 64 * 1024);
 }
 
 static inline unsigned char *put16(unsigned char *p, unsigned int v) {
@@ -170,10 +159,8 @@ static void seal(RecordBuffer *self, Py_ssize_t start, unsigned char *end) {
  * -> offset of the record in the buffer (no headers: records.py writes those). The record's
  * timestamp is the publish time itself (as the journal always wrote it): one int less to pass. */
 static PyObject *rb_publish(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "publish takes 8 arguments");
+    if (vmq_nargs(nargs, 8, "publish") < 0)
         return NULL;
-    }
     const char *name, *mid;
     Py_ssize_t name_len, mid_len;
     uint64_t seq, published_at, expires_at, priority, attempts;
@@ -249,10 +236,8 @@ static int put_deliver(RecordBuffer *self, const char *name, Py_ssize_t name_len
 
 /* deliver(name16, seq, attempts): at the stamped timestamp */
 static PyObject *rb_deliver(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "deliver takes 3 arguments");
+    if (vmq_nargs(nargs, 3, "deliver") < 0)
         return NULL;
-    }
     const char *name;
     Py_ssize_t name_len;
     uint64_t seq, attempts;
@@ -285,10 +270,8 @@ static int put_settle(RecordBuffer *self, const char *name, Py_ssize_t name_len,
 
 /* settle(name16, seq, reason, detail): at the stamped timestamp */
 static PyObject *rb_settle(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "settle takes 4 arguments");
+    if (vmq_nargs(nargs, 4, "settle") < 0)
         return NULL;
-    }
     const char *name, *detail;
     Py_ssize_t name_len, detail_len;
     uint64_t seq, reason;
@@ -306,10 +289,8 @@ static PyObject *rb_settle(RecordBuffer *self, PyObject *const *args, Py_ssize_t
  * order, at the stamped timestamp (a read's acks: one call, not one per message). All the seqs
  * are checked before any record is appended, so a bad one leaves the batch as it was. */
 static PyObject *rb_settle_all(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "settle_all takes 3 arguments");
+    if (vmq_nargs(nargs, 3, "settle_all") < 0)
         return NULL;
-    }
     const char *name;
     Py_ssize_t name_len;
     uint64_t seq, reason;
@@ -668,17 +649,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__recbuf(void) {
+    static PyTypeObject *const types[] = {&RecordBufferType, NULL};
     make_crc_tables();
-    if (PyType_Ready(&RecordBufferType) < 0)
-        return NULL;
-    PyObject *m = PyModule_Create(&module);
-    if (m == NULL)
-        return NULL;
-    Py_INCREF(&RecordBufferType);
-    if (PyModule_AddObject(m, "RecordBuffer", (PyObject *)&RecordBufferType) < 0) {
-        Py_DECREF(&RecordBufferType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+    return vmq_module(&module, types);
 }

@@ -15,6 +15,8 @@
 #include <Python.h>
 #include <string.h>
 
+#include "../_cext/common.h"
+
 /* below this the GIL's release and re-take costs more than it lets others do */
 #define NOGIL_FROM (64 * 1024)
 
@@ -106,8 +108,8 @@ static void ReadBuffer_dealloc(ReadBufferObject *self) {
 }
 
 static PyObject *ReadBuffer_get(ReadBufferObject *self, PyObject *arg) {
-    Py_ssize_t size = PyLong_AsSsize_t(arg);
-    if (size == -1 && PyErr_Occurred())
+    Py_ssize_t size;
+    if (vmq_ssize(arg, &size) < 0)
         return NULL;
     if (size <= 0) {
         PyErr_SetString(PyExc_ValueError, "ReadBuffer.get: size must be positive");
@@ -124,8 +126,8 @@ static PyObject *ReadBuffer_get(ReadBufferObject *self, PyObject *arg) {
 }
 
 static PyObject *ReadBuffer_take(ReadBufferObject *self, PyObject *arg) {
-    Py_ssize_t n = PyLong_AsSsize_t(arg);
-    if (n == -1 && PyErr_Occurred())
+    Py_ssize_t n;
+    if (vmq_ssize(arg, &n) < 0)
         return NULL;
     PyObject *out = self->held;
     if (out == NULL || n < 0 || n > PyBytes_GET_SIZE(out)) {
@@ -247,8 +249,8 @@ static PyObject *PayloadFill_write(PayloadFillObject *self, PyObject *arg) {
 }
 
 static PyObject *PayloadFill_advance(PayloadFillObject *self, PyObject *arg) {
-    Py_ssize_t n = PyLong_AsSsize_t(arg);
-    if (n == -1 && PyErr_Occurred())
+    Py_ssize_t n;
+    if (vmq_ssize(arg, &n) < 0)
         return NULL;
     if (!fill_open(self))
         return NULL;
@@ -347,15 +349,9 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__bigcopy(void) {
-    PyObject *m = PyModule_Create(&module);
-    if (m == NULL)
-        return NULL;
-    if (PyType_Ready(&ReadBufferType) < 0 || PyType_Ready(&PayloadFillType) < 0 ||
-        PyModule_AddObjectRef(m, "ReadBuffer", (PyObject *)&ReadBufferType) < 0 ||
-        PyModule_AddObjectRef(m, "PayloadFill", (PyObject *)&PayloadFillType) < 0 ||
-        PyModule_AddIntConstant(m, "NOGIL_FROM", NOGIL_FROM) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
+    static PyTypeObject *const types[] = {&ReadBufferType, &PayloadFillType, NULL};
+    PyObject *m = vmq_module(&module, types);
+    if (m != NULL && PyModule_AddIntConstant(m, "NOGIL_FROM", NOGIL_FROM) < 0)
+        Py_CLEAR(m);
     return m;
 }
