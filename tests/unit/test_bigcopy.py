@@ -154,13 +154,41 @@ def test_a_big_frame_whose_lengths_do_not_add_up_is_decoded_whole() -> None:
     assert frame.body() == bytes(stream[4:])
 
 
-@pytest.mark.parametrize("qos", [0, 1])
-def test_mqtt_big_publish_left_unjoined_then_joined(qos: int) -> None:
-    publish = Publish("big/topic", _payload(), qos, packet_id=7 if qos else None)
+Parser = MqttParser | Mqtt5Parser
+
+
+def _big_publish(qos: int = 1, packet_id: int = 3) -> Publish:
+    return Publish("big/topic", _payload(), qos, packet_id=packet_id if qos else None)
+
+
+def _mqtt_case(version: int, qos: int) -> tuple[type[Parser], bytes, list[object]]:
+    """A parser class, a stream of two big PUBLISHes (a PINGREQ between them in 3.1.1) and
+    the packets it decodes to."""
+    if version == 5:
+        publish5 = Publish5(
+            "big/topic", _payload(), qos, packet_id=9, properties=Properties(content_type="a/b")
+        )
+        return Mqtt5Parser, encode5(publish5) * 2, [publish5, publish5]
+    publish = _big_publish(qos, packet_id=7)
     stream = encode(publish) + encode(Pingreq()) + encode(publish)
+    return MqttParser, stream, [publish, Pingreq(), publish]
+
+
+def _parser(new: type[Parser] = MqttParser, *, defer_from: int = 0, fill_from: int = 0) -> Parser:
+    parser = new()
+    parser.defer_from = defer_from
+    parser.fill_from = fill_from
+    return parser
+
+
+_MQTT_CASES = pytest.mark.parametrize(("version", "qos"), [(4, 0), (4, 1), (5, 1)])
+
+
+@_MQTT_CASES
+def test_mqtt_big_publish_left_unjoined_then_joined(version: int, qos: int) -> None:
+    new_parser, stream, expected = _mqtt_case(version, qos)
     for pieces in _splits(stream):
-        parser = MqttParser()
-        parser.defer_from = BIG_FROM
+        parser = _parser(new_parser, defer_from=BIG_FROM)
         got: list[object] = []
         deferred = 0
         for piece in pieces:
@@ -173,32 +201,8 @@ def test_mqtt_big_publish_left_unjoined_then_joined(qos: int) -> None:
                 assert unjoined.packet.payload == b""
                 unjoined.fill()
             got.extend(packets)
-        assert got == [publish, Pingreq(), publish]
+        assert got == expected
         assert deferred or len(pieces) == 2  # (in even chunks every one comes over reads)
-
-
-def test_mqtt5_big_publish_left_unjoined_then_joined() -> None:
-    publish = Publish5(
-        "big/topic", _payload(), 1, packet_id=9, properties=Properties(content_type="a/b")
-    )
-    stream = encode5(publish) + encode5(publish)
-    for pieces in _splits(stream):
-        parser = Mqtt5Parser()
-        parser.defer_from = BIG_FROM
-        got: list[object] = []
-        deferred = 0
-        for piece in pieces:
-            packets = parser.feed(piece)
-            unjoined = parser.unjoined
-            if unjoined is not None:
-                deferred += 1
-                parser.unjoined = None
-                unjoined.packet.payload = bigcopy.join_range(
-                    unjoined.parts, unjoined.start, unjoined.stop
-                )
-            got.extend(packets)
-        assert got == [publish, publish]
-        assert deferred or len(pieces) == 2
 
 
 # -- a large payload filled in place (payload_fill, the parsers' fill_from) --------------------
@@ -257,7 +261,7 @@ def test_a_fill_refuses_a_write_during_a_read() -> None:
         assert len(view) == 7  # the unfilled rest
 
 
-def _fill_feed(parser: MqttParser | Mqtt5Parser, pieces: list[bytes], into: bool) -> list[object]:
+def _fill_feed(parser: Parser, pieces: list[bytes], into: bool) -> list[object]:
     """``pieces`` as reads; with ``into``, while the parser fills a payload the reads go
     straight into it (as the transport does) and the parser is fed ``b""`` after each."""
     got: list[object] = []
@@ -275,33 +279,18 @@ def _fill_feed(parser: MqttParser | Mqtt5Parser, pieces: list[bytes], into: bool
 
 
 @pytest.mark.parametrize("into", [False, True])
-@pytest.mark.parametrize("qos", [0, 1])
-def test_mqtt_big_publish_filled_in_place(qos: int, into: bool) -> None:
-    publish = Publish("big/topic", _payload(), qos, packet_id=7 if qos else None)
-    stream = encode(publish) + encode(Pingreq()) + encode(publish)
+@_MQTT_CASES
+def test_mqtt_big_publish_filled_in_place(version: int, qos: int, into: bool) -> None:
+    new_parser, stream, expected = _mqtt_case(version, qos)
     for pieces in _splits(stream):
-        parser = MqttParser()
-        parser.fill_from = BIG_FROM
-        assert _fill_feed(parser, pieces, into) == [publish, Pingreq(), publish]
-
-
-@pytest.mark.parametrize("into", [False, True])
-def test_mqtt5_big_publish_filled_in_place(into: bool) -> None:
-    publish = Publish5(
-        "big/topic", _payload(), 1, packet_id=9, properties=Properties(content_type="a/b")
-    )
-    stream = encode5(publish) + encode5(publish)
-    for pieces in _splits(stream):
-        parser = Mqtt5Parser()
-        parser.fill_from = BIG_FROM
-        assert _fill_feed(parser, pieces, into) == [publish, publish]
+        parser = _parser(new_parser, fill_from=BIG_FROM)
+        assert _fill_feed(parser, pieces, into) == expected
 
 
 def test_a_fill_starts_once_the_header_is_in() -> None:
-    publish = Publish("big/topic", _payload(), 1, packet_id=3)
+    publish = _big_publish()
     data = encode(publish)
-    parser = MqttParser()
-    parser.fill_from = BIG_FROM
+    parser = _parser(fill_from=BIG_FROM)
     assert parser.feed(data[:3]) == [] and parser.filling is None  # (the topic is cut)
     assert parser.feed(data[3:1000]) == []
     fill = parser.filling
@@ -311,12 +300,10 @@ def test_a_fill_starts_once_the_header_is_in() -> None:
 
 
 def test_a_malformed_big_publish_is_refused_as_before() -> None:
-    publish = Publish("big/topic", _payload(), 1, packet_id=3)
-    data = bytearray(encode(publish))
+    data = bytearray(encode(_big_publish()))
     at = data.index(b"big/topic")
     data[at + 3] = ord("#")  # a wildcard in a topic name
-    parser = MqttParser()
-    parser.fill_from = BIG_FROM
+    parser = _parser(fill_from=BIG_FROM)
     assert parser.feed(bytes(data[:2000])) == [] and parser.filling is None
     with pytest.raises(MqttProtocolError):
         parser.feed(bytes(data[2000:]))
