@@ -36,7 +36,6 @@ import json
 import multiprocessing as mp
 import os
 import selectors
-import statistics
 import struct
 import sys
 import time
@@ -76,15 +75,20 @@ from bench.amqp_driver import (
     queue_declare,
     queue_delete_frame,
 )
-from bench.brokers import Broker, NotInstalled, RabbitMQBroker, VibeMQBroker
+from bench.brokers import Broker, NotInstalled, RabbitMQBroker, VibeMQBroker, check_alive
 from bench.common import (
     BenchError,
     BlockingConn,
     cpu_seconds,
     expect_report,
+    format_num,
     install_sigterm_exit,
+    leading_bytes,
+    median_of,
+    parse_target,
     percentiles_us,
     raise_nofile_limit,
+    result_failed,
 )
 
 PAYLOAD_SIZE = 64
@@ -175,11 +179,6 @@ class Layout:
         return encode_publish(self.queue, body, persistent=self.durable)
 
 
-def _leading(column: bytes, value: bytes) -> int:
-    """How many bytes at the start of ``column`` equal the single byte ``value``."""
-    return len(column) - len(column.lstrip(value))
-
-
 # --------------------------------------------------------------------------------------------
 # scanners
 
@@ -243,7 +242,7 @@ class ConfirmCounter:
                 stop = pos + n * ACK_SIZE
                 k = n
                 for off, col in _ACK_COLUMNS:
-                    k = min(k, _leading(buf[pos + off : stop : ACK_SIZE], col))
+                    k = min(k, leading_bytes(buf[pos + off : stop : ACK_SIZE], col))
                     if not k:
                         break
                 if k:
@@ -340,7 +339,7 @@ class DeliveryScanner:
                     stop = pos + n * size
                     k = n
                     for off, col in self.columns:
-                        k = min(k, _leading(buf[pos + off : stop : size], col))
+                        k = min(k, leading_bytes(buf[pos + off : stop : size], col))
                         if not k:
                             break
                     if k:
@@ -950,10 +949,6 @@ def run_latency(opts: Options, scen: Scenario, samples: int, warmup: int) -> Lat
 # per broker
 
 
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians over the runs of every headline number (failed runs left out)."""
     out: dict[str, Any] = {}
@@ -961,14 +956,14 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         ok = [r[scen.name] for r in runs if scen.name in r and not r[scen.name]["errors"]]
         timed = [r for r in ok if r["elapsed_s"]]
         out[scen.name] = {
-            "deliveries_per_s": _median([r["deliveries_per_s"] for r in ok]),
-            "publish_per_s": _median([r["publish_per_s"] for r in ok]),
-            "loss_pct": _median([r["loss_pct"] for r in ok]),
+            "deliveries_per_s": median_of([r["deliveries_per_s"] for r in ok]),
+            "publish_per_s": median_of([r["publish_per_s"] for r in ok]),
+            "loss_pct": median_of([r["loss_pct"] for r in ok]),
             # of one core, over the timed interval: ~100% = a one-core broker was the limit
-            "broker_cpu_pct": _median(
+            "broker_cpu_pct": median_of(
                 [100 * r["broker_cpu_s"] / r["elapsed_s"] for r in timed if r["broker_cpu_s"]]
             ),
-            "generator_cpu_pct": _median(
+            "generator_cpu_pct": median_of(
                 [100 * (r["publisher_cpu_s"] + r["consumer_cpu_s"]) / r["elapsed_s"] for r in timed]
             ),
             "ok_runs": len(ok),
@@ -976,7 +971,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for scen in LATENCY:
         ok = [r[scen.name] for r in runs if scen.name in r and not r[scen.name]["errors"]]
         out[scen.name] = {
-            key: _median([r[key] for r in ok if r[key] is not None])
+            key: median_of([r[key] for r in ok if r[key] is not None])
             for key in ("p50_us", "p99_us", "confirm_p50_us", "confirm_p99_us")
         }
         out[scen.name]["ok_runs"] = len(ok)
@@ -1069,7 +1064,7 @@ def bench_broker(name: str, args: argparse.Namespace) -> dict[str, Any]:
                     res = run_scenario(scen, opts, args.messages, pids)
                     _report(name, res)
                     one[scen.name] = asdict(res)
-                _check_alive(broker)
+                check_alive(broker)
         if broker is not None:
             out["broker_rss_kib"] = broker.rss_kib()
     except NotInstalled as exc:
@@ -1087,20 +1082,6 @@ def bench_broker(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _check_alive(broker: Broker | None) -> None:
-    """Stop measuring a broker we started once it has exited."""
-    if broker is not None and broker.proc is not None and broker.proc.poll() is not None:
-        raise BenchError(
-            f"{broker.name} exited with code {broker.proc.returncode}; log tail:\n"
-            + broker.log_tail()
-        )
-
-
-def parse_target(value: str, default_host: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    return host or default_host, int(port)
-
-
 def make_broker(name: str, args: argparse.Namespace) -> Broker:
     if name == "rabbitmq":
         return RabbitMQBroker()
@@ -1110,16 +1091,6 @@ def make_broker(name: str, args: argparse.Namespace) -> Broker:
 
 # --------------------------------------------------------------------------------------------
 # table
-
-
-def _num(v: float | None, unit: str = "") -> str:
-    if v is None:
-        return "-"
-    if unit == "%":
-        return f"{v:.2f}%"
-    if unit == "cpu":
-        return f"{v:.0f}%"
-    return f"{v:,.0f}"
 
 
 _ROWS: list[tuple[str, str, str]] = [  # label, section, key
@@ -1163,7 +1134,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
         values = {n: by_name[n]["median"].get(section, {}).get(key) for n in names}
         if all(v is None for v in values.values()):
             continue
-        line = f"{label:<32}" + "".join(f"{_num(values[n], unit):>14}" for n in names)
+        line = f"{label:<32}" + "".join(f"{format_num(values[n], unit):>14}" for n in names)
         if ratio:
             ours, theirs = values["vibemq"], values["rabbitmq"]
             cell = f"{ours / theirs:.2f}x" if ours and theirs and not unit else "-"
@@ -1265,14 +1236,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
         print(f"wrote {args.json}")
-    return 1 if any(_failed(r) for r in results) else 0
-
-
-def _failed(result: dict[str, Any]) -> bool:
-    """The broker could not be measured, or some phase of some run reported an error."""
-    if "error" in result:
-        return True
-    return any(phase["errors"] for run in result["runs"] for k, phase in run.items() if k != "run")
+    return 1 if any(result_failed(r) for r in results) else 0
 
 
 if __name__ == "__main__":

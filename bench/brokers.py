@@ -348,3 +348,12 @@ class RabbitMQBroker(Broker):
             time.sleep(0.2)
         self.stop()
         raise BenchError(f"rabbitmq did not listen within {timeout:.0f}s:\n{self.log_tail()}")
+
+
+def check_alive(broker: Broker | None) -> None:
+    """Stop measuring a broker we started once it has exited."""
+    if broker is not None and broker.proc is not None and broker.proc.poll() is not None:
+        raise BenchError(
+            f"{broker.name} exited with code {broker.proc.returncode}; log tail:\n"
+            + broker.log_tail()
+        )

@@ -30,7 +30,7 @@ import ssl
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -152,6 +152,41 @@ def percentiles_us(samples_ns: list[int]) -> dict[str, float]:
         "min_us": ordered[0] / 1000.0,
         "max_us": ordered[-1] / 1000.0,
     }
+
+
+def median_of(values: Iterable[float | None]) -> float | None:
+    """The median of the values known (None where none is)."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def parse_target(value: str, default_host: str) -> tuple[str, int]:
+    """``HOST:PORT`` (or ``:PORT``, on ``default_host``) as a pair."""
+    host, _, port = value.rpartition(":")
+    return host or default_host, int(port)
+
+
+def leading_bytes(column: bytes, value: bytes) -> int:
+    """How many bytes at the start of ``column`` equal the single byte ``value``."""
+    return len(column) - len(column.lstrip(value))
+
+
+def format_num(v: float | None, unit: str = "") -> str:
+    """A table cell: ``-`` for no figure, a percentage or CPU share, or a count."""
+    if v is None:
+        return "-"
+    if unit == "%":
+        return f"{v:.2f}%"
+    if unit == "cpu":
+        return f"{v:.0f}%"
+    return f"{v:,.0f}"
+
+
+def result_failed(result: dict[str, Any]) -> bool:
+    """The broker could not be measured, or some phase of some run reported an error."""
+    if "error" in result:
+        return True
+    return any(phase["errors"] for run in result["runs"] for k, phase in run.items() if k != "run")
 
 
 def run_loop(coro: Coroutine[Any, Any, T]) -> T:

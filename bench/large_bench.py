@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import struct
 import sys
 from collections.abc import Callable
@@ -57,6 +56,7 @@ from bench.common import (
     Driver,
     install_sigterm_exit,
     make_payload,
+    median_of,
     raise_nofile_limit,
     run_throughput,
 )
@@ -286,10 +286,6 @@ def measure(case: Case, size: int, args: argparse.Namespace) -> Sample:
     )
 
 
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
 def summarize(samples: list[Sample]) -> dict[tuple[str, int], dict[str, float | None]]:
     groups: dict[tuple[str, int], list[Sample]] = {}
     for s in samples:
@@ -297,9 +293,9 @@ def summarize(samples: list[Sample]) -> dict[tuple[str, int], dict[str, float | 
             groups.setdefault((s.case, s.size), []).append(s)
     return {
         key: {
-            "msg_s": _median([s.msg_s for s in group]),
-            "mb_s": _median([s.mb_s for s in group]),
-            "cpu_ms_per_mb": _median([s.cpu_ms_per_mb for s in group if s.cpu_ms_per_mb]),
+            "msg_s": median_of([s.msg_s for s in group]),
+            "mb_s": median_of([s.mb_s for s in group]),
+            "cpu_ms_per_mb": median_of([s.cpu_ms_per_mb for s in group if s.cpu_ms_per_mb]),
         }
         for key, group in groups.items()
     }

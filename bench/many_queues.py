@@ -45,7 +45,6 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import statistics
 import sys
 import time
 from multiprocessing.connection import Connection
@@ -63,6 +62,7 @@ from bench.common import (
     encode_batches,
     expect_report,
     install_sigterm_exit,
+    median_of,
     publish_pipelined,
     raise_nofile_limit,
     run_loop,
@@ -261,11 +261,6 @@ def measure(count: int, a: argparse.Namespace, kind: str = "vibemq") -> dict[str
     return out
 
 
-def _median(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
-
-
 def summarize(runs: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
     rows = []
     for (kind, count), rs in runs.items():
@@ -276,10 +271,10 @@ def summarize(runs: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict[st
                 "queues": count,
                 "connections": rs[0]["connections"] if rs else None,
                 "mode": rs[0]["mode"] if rs else None,
-                "rate": _median([r["rate"] for r in ok]),
-                "cpu_us_per_msg": _median([r["cpu_us_per_msg"] for r in ok]),
-                "rss_mib": _median([(r.get("broker_rss_kib") or 0) / 1024 for r in ok]),
-                "setup_s": _median([r["setup_s"] for r in ok]),
+                "rate": median_of([r["rate"] for r in ok]),
+                "cpu_us_per_msg": median_of([r["cpu_us_per_msg"] for r in ok]),
+                "rss_mib": median_of([(r.get("broker_rss_kib") or 0) / 1024 for r in ok]),
+                "setup_s": median_of([r["setup_s"] for r in ok]),
                 "ok_runs": len(ok),
                 "runs": len(rs),
             }

@@ -37,7 +37,6 @@ import multiprocessing as mp
 import os
 import selectors
 import socket
-import statistics
 import struct
 import sys
 import tempfile
@@ -51,16 +50,21 @@ from typing import Any, cast
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.brokers import Broker, MosquittoBroker, NotInstalled, VibeMQBroker
+from bench.brokers import Broker, MosquittoBroker, NotInstalled, VibeMQBroker, check_alive
 from bench.common import (
     BenchError,
     BlockingConn,
     cpu_seconds,
     expect_report,
+    format_num,
     install_sigterm_exit,
+    leading_bytes,
     make_tls_cert,
+    median_of,
+    parse_target,
     percentiles_us,
     raise_nofile_limit,
+    result_failed,
 )
 from bench.mqtt_driver import (
     CONNACK,
@@ -216,11 +220,6 @@ class Layout:
         return self.header + _str16(self.topic) + ident + self.props + payload
 
 
-def _leading(column: bytes, value: bytes) -> int:
-    """How many bytes at the start of ``column`` equal the single byte ``value``."""
-    return len(column) - len(column.lstrip(value))
-
-
 class DeliveryScanner:
     """Counts the PUBLISH packets of a subscriber's byte stream and builds the PUBACKs for QoS
     1. Fast path: ``n`` whole packets of the scenario's size are checked at once, one strided
@@ -248,7 +247,7 @@ class DeliveryScanner:
                 stop = pos + n * size
                 k = n
                 for i, col in enumerate(self.columns):
-                    k = min(k, _leading(buf[pos + i : stop : size], col))
+                    k = min(k, leading_bytes(buf[pos + i : stop : size], col))
                     if not k:
                         break
                 if k:
@@ -299,9 +298,9 @@ class PubackCounter:
         while pos < end:
             n = (end - pos) // 4
             if n:
-                k = _leading(buf[pos : pos + 4 * n : 4], b"\x40")
+                k = leading_bytes(buf[pos : pos + 4 * n : 4], b"\x40")
                 if k:
-                    k = _leading(buf[pos + 1 : pos + 4 * k : 4], b"\x02")
+                    k = leading_bytes(buf[pos + 1 : pos + 4 * k : 4], b"\x02")
                 if k:
                     self.acked += k
                     pos += 4 * k
@@ -725,10 +724,6 @@ def run_latency(opts: Options, qos: int, samples: int, warmup: int) -> LatencyRe
 # per broker
 
 
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians over the runs of every headline number (failed runs left out)."""
     out: dict[str, Any] = {}
@@ -736,13 +731,13 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         ok = [r[scen.name] for r in runs if scen.name in r and not r[scen.name]["errors"]]
         timed = [r for r in ok if r["elapsed_s"]]
         out[scen.name] = {
-            "deliveries_per_s": _median([r["deliveries_per_s"] for r in ok]),
-            "loss_pct": _median([r["loss_pct"] for r in ok]),
+            "deliveries_per_s": median_of([r["deliveries_per_s"] for r in ok]),
+            "loss_pct": median_of([r["loss_pct"] for r in ok]),
             # of one core, over the timed interval: ~100% = the broker was the limit
-            "broker_cpu_pct": _median(
+            "broker_cpu_pct": median_of(
                 [100 * r["broker_cpu_s"] / r["elapsed_s"] for r in timed if r["broker_cpu_s"]]
             ),
-            "generator_cpu_pct": _median(
+            "generator_cpu_pct": median_of(
                 [
                     100 * (r["publisher_cpu_s"] + r["subscriber_cpu_s"]) / r["elapsed_s"]
                     for r in timed
@@ -754,8 +749,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         key = f"latency-qos{qos}"
         ok = [r[key] for r in runs if key in r and not r[key]["errors"]]
         out[key] = {
-            "p50_us": _median([r["p50_us"] for r in ok]),
-            "p99_us": _median([r["p99_us"] for r in ok]),
+            "p50_us": median_of([r["p50_us"] for r in ok]),
+            "p99_us": median_of([r["p99_us"] for r in ok]),
             "ok_runs": len(ok),
         }
     return out
@@ -824,7 +819,7 @@ def bench_broker(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 res = run_scenario(scen, opts, messages, pids)
                 _report(name, res)
                 one[scen.name] = asdict(res)
-                _check_alive(broker)
+                check_alive(broker)
             for qos in (0, 1) if args.samples else ():
                 lat = run_latency(opts, qos, args.samples, args.latency_warmup)
                 print(
@@ -834,7 +829,7 @@ def bench_broker(name: str, args: argparse.Namespace) -> dict[str, Any]:
                     flush=True,
                 )
                 one[f"latency-qos{qos}"] = asdict(lat)
-                _check_alive(broker)
+                check_alive(broker)
         if broker is not None:
             out["broker_rss_kib"] = broker.rss_kib()
     except NotInstalled as exc:
@@ -852,20 +847,6 @@ def bench_broker(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _check_alive(broker: Broker | None) -> None:
-    """Stop measuring a broker we started once it has exited."""
-    if broker is not None and broker.proc is not None and broker.proc.poll() is not None:
-        raise BenchError(
-            f"{broker.name} exited with code {broker.proc.returncode}; log tail:\n"
-            + broker.log_tail()
-        )
-
-
-def parse_target(value: str, default_host: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    return host or default_host, int(port)
-
-
 def make_broker(name: str, args: argparse.Namespace) -> Broker:
     tls = (args.tls_cert, args.tls_key) if args.tls_cert is not None else None
     if name == "mosquitto":
@@ -880,16 +861,6 @@ def make_broker(name: str, args: argparse.Namespace) -> Broker:
 
 # --------------------------------------------------------------------------------------------
 # table
-
-
-def _num(v: float | None, unit: str = "") -> str:
-    if v is None:
-        return "-"
-    if unit == "%":
-        return f"{v:.2f}%"
-    if unit == "cpu":
-        return f"{v:.0f}%"
-    return f"{v:,.0f}"
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
@@ -917,7 +888,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
     for label, section, key in rows:
         unit = "%" if key == "loss_pct" else "cpu" if key.endswith("cpu_pct") else ""
         values = {n: by_name[n]["median"].get(section, {}).get(key) for n in names}
-        line = f"{label:<28}" + "".join(f"{_num(values[n], unit):>14}" for n in names)
+        line = f"{label:<28}" + "".join(f"{format_num(values[n], unit):>14}" for n in names)
         if ratio:
             ours, theirs = values["vibemq"], values["mosquitto"]
             cell = f"{ours / theirs:.2f}x" if ours and theirs and not unit else "-"
@@ -1026,14 +997,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
         print(f"wrote {args.json}")
-    return 1 if any(_failed(r) for r in results) else 0
-
-
-def _failed(result: dict[str, Any]) -> bool:
-    """The broker could not be measured, or some phase of some run reported an error."""
-    if "error" in result:
-        return True
-    return any(phase["errors"] for run in result["runs"] for k, phase in run.items() if k != "run")
+    return 1 if any(result_failed(r) for r in results) else 0
 
 
 if __name__ == "__main__":

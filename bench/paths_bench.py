@@ -43,7 +43,6 @@ import dataclasses
 import json
 import multiprocessing as mp
 import os
-import statistics
 import sys
 import time
 import uuid
@@ -69,6 +68,7 @@ from bench.common import (
     encode_batches,
     expect_report,
     install_sigterm_exit,
+    median_of,
     publish_pipelined,
     raise_nofile_limit,
     run_latency,
@@ -429,11 +429,6 @@ def build_cases(s: Setup) -> list[Case]:
 # rounds and the report
 
 
-def _median(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
-
-
 def run_rounds(cases: list[Case], a: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in cases}
     if a.warmup:
@@ -480,11 +475,11 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]
         ok = [r for r in rs if not r["errors"]]
         lats = [r["latency"] for r in rs if r.get("latency") and not r["latency"]["errors"]]
         out[name] = {
-            "rate": _median([r["rate"] for r in ok]),
-            "cpu_us_per_msg": _median([r.get("cpu_us_per_msg") for r in ok]),
-            "loss_pct": _median([r.get("loss_pct") for r in ok]),
-            "p50_us": _median([x["p50_us"] for x in lats]),
-            "p99_us": _median([x["p99_us"] for x in lats]),
+            "rate": median_of([r["rate"] for r in ok]),
+            "cpu_us_per_msg": median_of([r.get("cpu_us_per_msg") for r in ok]),
+            "loss_pct": median_of([r.get("loss_pct") for r in ok]),
+            "p50_us": median_of([x["p50_us"] for x in lats]),
+            "p99_us": median_of([x["p99_us"] for x in lats]),
             "ok_runs": len(ok),
             "runs": len(rs),
         }
