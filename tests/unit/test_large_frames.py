@@ -6,9 +6,10 @@ given apart (``send`` pieces, ``send_parts`` views) as one intact stream."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -50,8 +51,10 @@ from vibemq_server.server.transport import (
     COPY_BELOW,
     ListenerContexts,
     ReadBatch,
+    Session,
     SessionInfo,
     StreamTransport,
+    TransportContext,
 )
 
 SIZE = 300_000
@@ -332,6 +335,38 @@ class _Sender:
         pass
 
 
+def _context() -> TransportContext:
+    """A plain listener's context with no broker behind it (every connection let in)."""
+    return ListenerContexts(
+        log=structlog.get_logger("test"),
+        out_limit=64 * 1024,
+        batch=ReadBatch(),
+        register=lambda t: True,
+        unregister=lambda t: None,
+    ).get(None)
+
+
+@contextlib.asynccontextmanager
+async def _connected(
+    session: Callable[[StreamTransport], Session], context: TransportContext
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A client connected over loopback to a listener whose connections are StreamTransports
+    with ``session`` behind them; listener and client closed after."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: StreamTransport(session, conn_id="t1", context=context), "127.0.0.1", 0
+    )
+    try:
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            yield reader, writer
+        finally:
+            writer.close()
+    finally:
+        server.close()
+
+
 async def test_transport_writes_header_and_payload_intact() -> None:
     payload = _payload(1_000_003)
     expected = (
@@ -345,31 +380,9 @@ async def test_transport_writes_header_and_payload_intact() -> None:
         + b"".join(b"%03d" % i for i in range(50))
         + payload
     )
-    loop = asyncio.get_running_loop()
-    context = ListenerContexts(
-        log=structlog.get_logger("test"),
-        out_limit=64 * 1024,
-        batch=ReadBatch(),
-        register=lambda t: True,
-        unregister=lambda t: None,
-    ).get(None)
-    server = await loop.create_server(
-        lambda: StreamTransport(
-            lambda link: _Sender(link, payload),
-            conn_id="t1",
-            context=context,
-        ),
-        "127.0.0.1",
-        0,
-    )
-    try:
-        port = server.sockets[0].getsockname()[1]
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async with _connected(lambda link: _Sender(link, payload), _context()) as (reader, writer):
         writer.write(b"go")
         got = await asyncio.wait_for(reader.readexactly(len(expected)), 30)
-        writer.close()
-    finally:
-        server.close()
     assert hashlib.sha256(got).hexdigest() == hashlib.sha256(expected).hexdigest()
     assert json.loads(got[6 : 6 + len(payload)]) == json.loads(payload)
 
@@ -397,29 +410,13 @@ async def test_transport_reads_into_the_bytes_it_hands_on(copied: bool) -> None:
     cut to its length; without the extension ``CopiedRead``, one copy): a large stream in
     reads of any size, small writes among them, arrives whole and in order."""
     payload = _payload(3_000_017)
-    loop = asyncio.get_running_loop()
-    context = ListenerContexts(
-        log=structlog.get_logger("test"),
-        out_limit=64 * 1024,
-        batch=ReadBatch(),
-        register=lambda t: True,
-        unregister=lambda t: None,
-    ).get(None)
+    context = _context()
     if copied:
         context.reader = CopiedRead()
     else:
         assert type(context.reader) is not CopiedRead, "build it: scripts/build_ext.sh"
         context.reader = read_buffer(COPY_BELOW)  # (as with the broker's allocator thresholds)
-    server = await loop.create_server(
-        lambda: StreamTransport(
-            lambda link: _Recorder(link, payload), conn_id="t2", context=context
-        ),
-        "127.0.0.1",
-        0,
-    )
-    try:
-        port = server.sockets[0].getsockname()[1]
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async with _connected(lambda link: _Recorder(link, payload), context) as (reader, writer):
         at = 0
         for step in (1, 2, 100, 70_000, 1, 300_000, 5, 1_000_000):
             writer.write(payload[at : at + step])
@@ -427,9 +424,6 @@ async def test_transport_reads_into_the_bytes_it_hands_on(copied: bool) -> None:
             at += step
         writer.write(payload[at:])
         got = await asyncio.wait_for(reader.readexactly(32), 30)
-        writer.close()
-    finally:
-        server.close()
     assert got == hashlib.sha256(payload).digest()
 
 
