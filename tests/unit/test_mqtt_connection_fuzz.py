@@ -517,45 +517,27 @@ async def broker(
 
 def check_output(world: World, client: Client) -> list[Packet]:
     """Property 2 for one client: well-formed, server-to-client only, CONNACK first and once,
-    publishes only on subscribed topics, nothing written after the close."""
+    publishes only on subscribed topics, nothing written after the close (and in v5 a
+    server DISCONNECT, if any, last)."""
     assert not client.link.late_sends, "sent after the connection closed its link"
     packets = client.received()
     if not packets:
         return packets
     first, rest = packets[0], packets[1:]
-    if client.v5:
-        return _check_output5(world, client, packets)
-    assert isinstance(first, Connack), f"first packet {first!r}"
-    if first.return_code != 0:
+    allowed, publish = (SERVER_TO_CLIENT5, Publish5) if client.v5 else (SERVER_TO_CLIENT, Publish)
+    assert isinstance(first, Connack5 if client.v5 else Connack), f"first packet {first!r}"
+    if (first.reason_code if isinstance(first, Connack5) else first.return_code) != 0:
         assert not rest, f"packets after a refused CONNECT: {rest!r}"
         assert client.link.closed
         return packets
-    filters = world.filters.get(client.session_key or "", set())
-    for packet in rest:
-        assert isinstance(packet, SERVER_TO_CLIENT), f"{packet!r} is not server-to-client"
-        if isinstance(packet, Publish):
-            assert any(matches(f, packet.topic) for f in filters), (
-                f"PUBLISH on {packet.topic!r} matches none of {sorted(filters)}"
-            )
-    return packets
-
-
-def _check_output5(world: World, client: Client, packets: list[Any]) -> list[Any]:
-    """check_output for a v5 client: CONNACK first, a server DISCONNECT only last."""
-    first, rest = packets[0], packets[1:]
-    assert isinstance(first, Connack5), f"first packet {first!r}"
-    if first.reason_code != 0:
-        assert not rest, f"packets after a refused CONNECT: {rest!r}"
-        assert client.link.closed
-        return packets
-    if rest and isinstance(rest[-1], Disconnect5):
+    if client.v5 and rest and isinstance(rest[-1], Disconnect5):
         assert rest[-1].reason_code >= 0x80, rest[-1]
         assert client.link.closed
         rest = rest[:-1]
     filters = world.filters.get(client.session_key or "", set())
     for packet in rest:
-        assert isinstance(packet, SERVER_TO_CLIENT5), f"{packet!r} is not server-to-client"
-        if isinstance(packet, Publish5):
+        assert isinstance(packet, allowed), f"{packet!r} is not server-to-client"
+        if isinstance(packet, publish):
             assert any(matches(f, packet.topic) for f in filters), (
                 f"PUBLISH on {packet.topic!r} matches none of {sorted(filters)}"
             )
