@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -34,6 +34,23 @@ async def wait_for(cond: Callable[[], bool], timeout: float = TIMEOUT, what: str
     while not cond():
         assert loop.time() < deadline, f"condition not met in {timeout}s: {what or cond}"
         await asyncio.sleep(0.001)
+
+
+class _Durable(Protocol):
+    def when_durable(self, callback: Callable[[Exception | None], None], /) -> None: ...
+
+
+async def durable(journal: _Durable, timeout: float = TIMEOUT) -> Exception | None:
+    """What ``journal.when_durable`` calls back with (None: what was written is fsynced),
+    waited for in the event loop; fail after ``timeout`` seconds."""
+    fut: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+
+    def done(err: Exception | None) -> None:
+        if not fut.done():
+            fut.set_result(err)
+
+    journal.when_durable(done)
+    return await asyncio.wait_for(fut, timeout)
 
 
 def read_until_closed(

@@ -4,7 +4,6 @@ recovery of durable exchanges and bindings through a real Journal."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 from collections.abc import AsyncIterator, Iterator
 from decimal import Decimal
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from waits import durable
 
 from vibemq_server.config import QueueDefaults
 from vibemq_server.core import CoreError, ManualClock, QueueManager, QueueNotFound
@@ -824,17 +824,6 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
     yield e
     for journal in list(e.journals):
         await journal.close()
-
-
-async def durable(journal: Journal, timeout: float = 5.0) -> Exception | None:
-    fut: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
-
-    def done(err: Exception | None) -> None:
-        if not fut.done():
-            fut.set_result(err)
-
-    journal.when_durable(done)
-    return await asyncio.wait_for(fut, timeout)
 
 
 def create(mgr: QueueManager, name: str, durable_queue: bool) -> None:

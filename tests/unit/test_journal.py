@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from waits import wait_for
+from waits import durable, wait_for
 
 from vibemq_server.config import QueueDefaults
 from vibemq_server.core import (
@@ -160,18 +160,6 @@ async def env(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Env]:
     yield e
     for journal in list(e.open_journals):
         await journal.close()
-
-
-async def durable(journal: Journal, timeout: float = 5.0) -> Exception | None:
-    """Wait for a when_durable callback (bounded)."""
-    fut: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
-
-    def done(err: Exception | None) -> None:
-        if not fut.done():
-            fut.set_result(err)
-
-    journal.when_durable(done)
-    return await asyncio.wait_for(fut, timeout)
 
 
 def make(mgr: QueueManager, name: str, **options: object) -> None:
