@@ -632,6 +632,28 @@ async def _ack_batches(mgr: QueueManager, journal: Journal, sub: Subscription) -
         assert await durable(journal) is None
 
 
+async def _compact_oldest(env: Env, mgr: QueueManager, journal: Journal) -> Subscription:
+    """Churn through queue "work" (300 publishes, all acked: five segments and more) and
+    maintain until the oldest segment, where what the test keeps was written, is compacted
+    away; the work queue's subscription."""
+    sub = mgr.subscribe("work", "w", Consumer(), 10_000)
+    await _publish_batches(mgr, journal, "work", 300, "w")
+    await _ack_batches(mgr, journal, sub)
+    oldest = env.segments()[0][1]
+    assert len(env.segments()) >= 5
+    journal.maintain()  # compacts the oldest: what is live there is copied to the active one
+    await wait_for(lambda: not oldest.exists())
+    return sub
+
+
+async def _reclaim_all(env: Env, journal: Journal) -> None:
+    """Maintain until only the active segment (or one more) is left."""
+    for _ in range(5):
+        journal.maintain()
+        await durable(journal)
+    assert len(env.segments()) <= 2
+
+
 async def test_acks_of_a_read_settle_in_the_journal_and_release_segments(env: Env) -> None:
     """ack_many (a read's acks, settled in one settled_all) is as durable as one ack each:
     nothing acked comes back, the rest does, and the settled segment can be reclaimed."""
@@ -726,20 +748,9 @@ async def test_compaction_moves_a_long_lived_message(env: Env) -> None:
     mgr.subscribe("hold", "h", holder, 1)
     mgr.publish("hold", "keep", PAYLOAD, {"x": "y"})
     assert holder.seen == [("keep", 1)]  # delivered, never acked
-    c = Consumer()
-    sub = mgr.subscribe("work", "w", c, 10_000)
-    await _publish_batches(mgr, journal, "work", 300, "w")
-    await _ack_batches(mgr, journal, sub)
-    oldest = env.segments()[0]
-    assert len(env.segments()) >= 5
-
-    journal.maintain()  # compacts the oldest: the copy goes to the active segment
-    await wait_for(lambda: not oldest[1].exists())
+    await _compact_oldest(env, mgr, journal)
     assert live(journal) == 1
-    for _ in range(5):
-        journal.maintain()
-        await durable(journal)
-    assert len(env.segments()) <= 2
+    await _reclaim_all(env, journal)
 
     mgr2, _ = await env.restart(journal, segment_size=4096)
     assert ready(mgr2, "hold") == [("keep", 1)]
@@ -759,21 +770,12 @@ async def test_compacted_copy_is_settled_and_reclaimed(env: Env) -> None:
     holder = Consumer()
     hsub = mgr.subscribe("hold", "h", holder, 1)
     mgr.publish("hold", "keep", PAYLOAD, {})
-    c = Consumer()
-    sub = mgr.subscribe("work", "w", c, 10_000)
-    await _publish_batches(mgr, journal, "work", 300, "w")
-    await _ack_batches(mgr, journal, sub)
-    oldest = env.segments()[0][1]
-    journal.maintain()
-    await wait_for(lambda: not oldest.exists())
+    sub = await _compact_oldest(env, mgr, journal)
     assert mgr.ack(hsub, "keep")
     # push the segment holding the copy out of the active position, then reclaim
     await _publish_batches(mgr, journal, "work", 60, "z")
     await _ack_batches(mgr, journal, sub)
-    for _ in range(5):
-        journal.maintain()
-        await durable(journal)
-    assert len(env.segments()) <= 2
+    await _reclaim_all(env, journal)
     mgr2, _ = await env.restart(journal, segment_size=4096)
     assert ready(mgr2, "hold") == []
 
@@ -789,23 +791,13 @@ async def test_compaction_of_fan_out_copies(env: Env) -> None:
     sb = mgr.subscribe("fan", "b", b, 1)
     mgr.publish("fan", "f", PAYLOAD, {})
     assert a.seen == b.seen == [("f", 1)]
-    c = Consumer()
-    sub = mgr.subscribe("work", "w", c, 10_000)
-    await _publish_batches(mgr, journal, "work", 300, "w")
-    await _ack_batches(mgr, journal, sub)
-    oldest = env.segments()[0][1]
-    journal.maintain()
-    await wait_for(lambda: not oldest.exists())
+    sub = await _compact_oldest(env, mgr, journal)
     assert live(journal) == 1
     assert mgr.ack(sa, "f") and mgr.ack(sb, "f")
     assert live(journal) == 0
     await _publish_batches(mgr, journal, "work", 60, "z")
     await _ack_batches(mgr, journal, sub)
-    for _ in range(5):
-        journal.maintain()
-        await durable(journal)
-    # every publish is settled: only the active segment (or one more) may remain
-    assert len(env.segments()) <= 2
+    await _reclaim_all(env, journal)  # every publish is settled
     mgr2, _ = await env.restart(journal, segment_size=4096)
     assert ready(mgr2, "fan") == []
 
