@@ -8,6 +8,7 @@ wait here is bounded; none of them measures speed.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections import deque
 from collections.abc import Callable
@@ -51,6 +52,22 @@ async def durable(journal: _Durable, timeout: float = TIMEOUT) -> Exception | No
 
     journal.when_durable(done)
     return await asyncio.wait_for(fut, timeout)
+
+
+def recv_by(sock: socket.socket, deadline: float, size: int) -> bytes:
+    """A raw client's one read on its blocking socket, by ``deadline`` (``time.monotonic``):
+    up to ``size`` bytes, ``b""`` once the broker has closed or reset the connection;
+    AssertionError when the deadline passes first."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise AssertionError("timed out waiting for the broker")
+    sock.settimeout(remaining)
+    try:
+        return sock.recv(size)
+    except TimeoutError:
+        raise AssertionError("timed out waiting for the broker") from None
+    except (ConnectionResetError, BrokenPipeError):
+        return b""
 
 
 def read_until_closed(

@@ -43,7 +43,7 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
 from waits import TIMEOUT as WAIT
-from waits import read_until_closed
+from waits import read_until_closed, recv_by
 
 from vibemq_server.server import Broker
 
@@ -502,16 +502,7 @@ class RawAmqp:
     def _read(self, deadline: float) -> None:
         if self.eof:
             raise Closed
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise AssertionError("timed out waiting for the broker")
-        self.sock.settimeout(remaining)
-        try:
-            chunk = self.sock.recv(262144)
-        except TimeoutError:
-            raise AssertionError("timed out waiting for the broker") from None
-        except (ConnectionResetError, BrokenPipeError):
-            chunk = b""
+        chunk = recv_by(self.sock, deadline, 262144)
         if not chunk:
             self.eof = True
             raise Closed

@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from serverproc import clean_env, server_args
-from waits import read_until_closed, wait_for
+from waits import read_until_closed, recv_by, wait_for
 
 from vibemq_server.adapters.mqtt.codec import MqttParser, encode
 from vibemq_server.adapters.mqtt.codec5 import Mqtt5Parser, encode5
@@ -108,16 +108,7 @@ class RawMqtt:
         """One read into ``pending``; Closed at EOF or reset, AssertionError at the deadline."""
         if self.eof:
             raise Closed("the broker closed the connection")
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise AssertionError("timed out waiting for the broker")
-        self.sock.settimeout(remaining)
-        try:
-            chunk = self.sock.recv(65536)
-        except TimeoutError:
-            raise AssertionError("timed out waiting for the broker") from None
-        except (ConnectionResetError, BrokenPipeError):
-            chunk = b""
+        chunk = recv_by(self.sock, deadline, 65536)
         if not chunk:
             self.eof = True
             raise Closed("the broker closed the connection")
