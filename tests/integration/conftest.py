@@ -3,8 +3,8 @@ tests/conftest.py).
 
 MQTT, synchronous tests (broker on a thread of its own): ``make_mqtt_broker``, ``mqtt_broker``,
 ``mqtt_clients``, ``broker_log``, ``will_watcher``. MQTT, async tests (broker in the test's
-event loop): ``mqtt_env``; real server processes: ``mqtt_procs``; paho clients for those:
-``paho_factory``.
+event loop): ``mqtt_env``; real server processes (any protocol): ``servers``; paho clients
+for those: ``paho_factory``.
 
 AMQP (helpers in amqputil.py), a broker on a thread of its own: ``brokers`` (a factory),
 ``amqp`` (one broker), pika ``clients`` (any port) and ``pikas`` (bound to ``amqp``, no
@@ -39,10 +39,10 @@ from amqputil import (
     amqp_brokers,
     queue_counts,
 )
-from mqttkit import MqttEnv, PahoFactory, Procs
+from mqttkit import MqttEnv, PahoFactory
 from mqttutil import Clients, LogEntries, MakeBroker, Paho, ThreadBroker
 from mqttutil import brokers as mqtt_brokers
-from serverproc import ServerProcess
+from serverproc import ServerProcess, Servers
 from structlog.testing import capture_logs
 from waits import wait_until
 
@@ -103,12 +103,13 @@ async def mqtt_env(broker_factory: Callable[..., Awaitable[Broker]]) -> AsyncIte
 
 
 @pytest.fixture
-async def mqtt_procs(tmp_path: Path) -> AsyncIterator[Procs]:
-    procs = Procs(tmp_path)
+async def servers(tmp_path: Path) -> AsyncIterator[Servers]:
+    """Server processes of the test's own (``python -m vibemq_server``), killed at the end."""
+    s = Servers(tmp_path)
     try:
-        yield procs
+        yield s
     finally:
-        await procs.cleanup()
+        await s.cleanup()
 
 
 @pytest.fixture

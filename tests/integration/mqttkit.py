@@ -12,8 +12,8 @@ async tests' environment.
 * :class:`PahoClient` wraps a real paho-mqtt 2.x client the same way (paho's network loop runs
   in a thread of its own; every wait runs in a worker thread).
 * :class:`MqttEnv` is one async test's in-process broker and the clients it made (closed at
-  teardown); :class:`Procs` starts real ``python -m vibemq_server`` processes. The fixtures
-  are in conftest.py.
+  teardown); real ``python -m vibemq_server`` processes are serverproc's ``Servers``. The
+  fixtures are in conftest.py.
 
 Every wait is bounded (``TIMEOUT``): a missing packet fails the test, it never hangs.
 """
@@ -23,20 +23,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import queue
-import signal
 import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
-from serverproc import clean_env, server_args
 from waits import read_until_closed, recv_by, wait_for
 
 from vibemq_server.adapters.mqtt.codec import MqttParser, encode
@@ -484,76 +480,3 @@ class MqttEnv:
             await raw.close()
         for client in self.clients:
             await client.close()
-
-
-# -- real server processes ---------------------------------------------------------------------
-
-
-class Proc:
-    """One ``python -m vibemq_server`` process; its ports come from its ready file."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, log_path: Path) -> None:
-        self.proc = proc
-        self.log_path = log_path
-        self.mqtt_port = 0
-        self.port = 0
-
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    async def stop(self) -> int:
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return await asyncio.wait_for(self.proc.wait(), 15)
-
-    async def kill(self) -> None:
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-        await asyncio.wait_for(self.proc.wait(), 15)
-
-
-class Procs:
-    """Starts server processes in ``workdir``; ``cleanup`` kills whatever still runs."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.started: list[Proc] = []
-
-    async def start(self, data_dir: Path) -> Proc:
-        n = len(self.started) + 1
-        ready = self.workdir / f"ready{n}.json"
-        log_path = self.workdir / f"server{n}.log"
-        with log_path.open("wb") as log_file:
-            process = await asyncio.create_subprocess_exec(
-                *server_args(data_dir, ready),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=log_file,
-                env=clean_env(),
-                cwd=self.workdir,
-            )
-        proc = Proc(process, log_path)
-        self.started.append(proc)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(15):
-                while not ready.exists() and process.returncode is None:
-                    await asyncio.sleep(0.01)
-        if not ready.exists():
-            await proc.kill()
-            raise AssertionError(f"server did not start:\n{proc.log}")
-        ports = json.loads(ready.read_text())
-        proc.port, proc.mqtt_port = ports["vibemq"], ports["mqtt"]
-        assert proc.mqtt_port
-        return proc
-
-    async def restart(self, proc: Proc, data_dir: Path) -> Proc:
-        """Stop ``proc`` cleanly (exit status 0) and start a new one on ``data_dir``."""
-        assert await proc.stop() == 0, proc.log
-        return await self.start(data_dir)
-
-    async def cleanup(self) -> None:
-        for proc in self.started:
-            with contextlib.suppress(Exception):
-                await proc.kill()

@@ -1,15 +1,18 @@
 """Starting a real `vibemq-server` process in tests: its command line and a clean environment,
-``launch`` for async tests and :class:`ServerProcess` for synchronous ones."""
+``launch`` and :class:`Servers` for async tests, :class:`ServerProcess` for synchronous
+ones."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,10 @@ from waits import wait_until
 
 #: How long a server process may take to write its ready file.
 START_TIMEOUT = 15.0
+#: How long a server process may take to exit once told to (or killed).
+EXIT_TIMEOUT = 15.0
+#: numbers the ready and log files of every server started (unique in a shared workdir)
+_starts = itertools.count(1)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -147,3 +154,104 @@ class ServerProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(15.0)
+
+
+@dataclass
+class ServerProc:
+    """One server process of :class:`Servers` (async tests); its ports from its ready file."""
+
+    proc: asyncio.subprocess.Process
+    log_path: Path
+    port: int = 0
+    mqtt_port: int = 0
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+    async def kill(self) -> None:
+        """SIGKILL and reap."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+        await asyncio.wait_for(self.proc.wait(), EXIT_TIMEOUT)
+
+    async def stop(self) -> int:
+        """SIGTERM; wait for the exit (bounded), return the exit code."""
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return await asyncio.wait_for(self.proc.wait(), EXIT_TIMEOUT)
+
+    async def wait_exit(self, timeout: float = EXIT_TIMEOUT) -> int:
+        return await asyncio.wait_for(self.proc.wait(), timeout)
+
+
+class Servers:
+    """Starts server processes in ``workdir`` (their logs in files there, so nothing blocks
+    on a full pipe) for async tests; ``cleanup`` kills whatever is still running."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.procs: list[ServerProc] = []
+
+    async def spawn(self, data_dir: Path, *flags: str) -> tuple[ServerProc, Path]:
+        n = next(_starts)
+        ready = self.workdir / f"ready{n}.json"
+        log_path = self.workdir / f"server{n}.log"
+        with log_path.open("wb") as log_file:
+            proc = await asyncio.create_subprocess_exec(
+                *server_args(data_dir, ready, *flags),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=log_file,
+                env=clean_env(),
+                cwd=self.workdir,
+            )
+        server = ServerProc(proc, log_path)
+        self.procs.append(server)
+        return server, ready
+
+    async def start(self, data_dir: Path, *flags: str) -> ServerProc:
+        """Start and wait until it is listening; fails with the server's log otherwise."""
+        server, ready = await self.spawn(data_dir, *flags)
+        try:
+            async with asyncio.timeout(START_TIMEOUT):
+                while not ready.exists():
+                    if server.proc.returncode is not None:
+                        break
+                    await asyncio.sleep(0.01)
+        except TimeoutError:
+            pass
+        if not ready.exists():
+            await server.kill()
+            raise AssertionError(
+                f"server did not start (rc={server.proc.returncode}):\n{server.log}"
+            )
+        ports = json.loads(ready.read_text())
+        server.port, server.mqtt_port = ports["vibemq"], ports.get("mqtt") or 0
+        return server
+
+    async def restart(self, server: ServerProc, data_dir: Path, *flags: str) -> ServerProc:
+        """Stop ``server`` cleanly (exit status 0) and start a new one on ``data_dir``."""
+        assert await server.stop() == 0, server.log
+        return await self.start(data_dir, *flags)
+
+    async def run_to_exit(self, data_dir: Path, *flags: str) -> tuple[int, str]:
+        """Start a server that is expected to refuse to start: its exit code and log."""
+        server, ready = await self.spawn(data_dir, *flags)
+        try:
+            rc = await server.wait_exit()
+        except TimeoutError:
+            await server.kill()
+            raise AssertionError(f"server did not exit:\n{server.log}") from None
+        assert not ready.exists(), "a server that refused to start wrote its ready file"
+        return rc, server.log
+
+    async def cleanup(self) -> None:
+        for server in self.procs:
+            with contextlib.suppress(Exception):
+                await server.kill()

@@ -12,12 +12,13 @@ import contextlib
 import json
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from rawclient import RawClient, assert_error, assert_ok
-from test_durability import ServerProc, Servers, info_of, log_events, publish_all
+from serverproc import ServerProc, Servers
+from test_durability import info_of, log_events, publish_all
 
 from vibemq_server.protocol import CommandType, Message
 
@@ -50,15 +51,6 @@ def tmpfs(path: Path, size: str, *, read_only: bool = False) -> Iterator[Path]:
 def remount(path: Path, mode: str) -> None:
     done = _run("mount", "-o", f"remount,{mode}", str(path))
     assert done.returncode == 0, f"remount {mode} failed: {done.stderr}"
-
-
-@pytest.fixture
-async def servers(tmp_path: Path) -> AsyncIterator[Servers]:
-    s = Servers(tmp_path)
-    try:
-        yield s
-    finally:
-        await s.cleanup()
 
 
 async def publish_until_refused(c: RawClient, queue: str, limit: int) -> tuple[list[str], Message]:

@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import random
-import signal
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
 from rawclient import Closed, RawClient, assert_error, assert_ok
-from serverproc import clean_env, server_args
+from serverproc import START_TIMEOUT, Servers
 
 from vibemq_server.journal.records import (
     SEGMENT_HEADER_SIZE,
@@ -31,109 +27,6 @@ from vibemq_server.journal.records import (
 from vibemq_server.protocol import CommandType, Message
 
 T = CommandType
-START_TIMEOUT = 15.0
-EXIT_TIMEOUT = 15.0
-_starts = itertools.count(1)
-
-
-@dataclass
-class ServerProc:
-    proc: asyncio.subprocess.Process
-    log_path: Path
-    port: int = 0
-
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.returncode is None
-
-    async def kill(self) -> None:
-        """SIGKILL and reap."""
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-        await asyncio.wait_for(self.proc.wait(), EXIT_TIMEOUT)
-
-    async def stop(self) -> int:
-        """SIGTERM; wait for the exit (bounded), return the exit code."""
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return await asyncio.wait_for(self.proc.wait(), EXIT_TIMEOUT)
-
-    async def wait_exit(self, timeout: float = EXIT_TIMEOUT) -> int:
-        return await asyncio.wait_for(self.proc.wait(), timeout)
-
-
-class Servers:
-    """Starts server processes in ``workdir``; ``cleanup`` kills whatever is still running."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.procs: list[ServerProc] = []
-
-    async def spawn(self, data_dir: Path, *flags: str) -> tuple[ServerProc, Path]:
-        n = next(_starts)
-        ready = self.workdir / f"ready{n}.json"
-        log_path = self.workdir / f"server{n}.log"
-        with log_path.open("wb") as log_file:
-            proc = await asyncio.create_subprocess_exec(
-                *server_args(data_dir, ready, *flags),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=log_file,
-                env=clean_env(),
-                cwd=self.workdir,
-            )
-        server = ServerProc(proc, log_path)
-        self.procs.append(server)
-        return server, ready
-
-    async def start(self, data_dir: Path, *flags: str) -> ServerProc:
-        """Start and wait until it is listening; fails with the server's log otherwise."""
-        server, ready = await self.spawn(data_dir, *flags)
-        try:
-            async with asyncio.timeout(START_TIMEOUT):
-                while not ready.exists():
-                    if server.proc.returncode is not None:
-                        break
-                    await asyncio.sleep(0.01)
-        except TimeoutError:
-            pass
-        if not ready.exists():
-            await server.kill()
-            raise AssertionError(
-                f"server did not start (rc={server.proc.returncode}):\n{server.log}"
-            )
-        server.port = json.loads(ready.read_text())["vibemq"]
-        return server
-
-    async def run_to_exit(self, data_dir: Path, *flags: str) -> tuple[int, str]:
-        """Start a server that is expected to refuse to start: its exit code and log."""
-        server, ready = await self.spawn(data_dir, *flags)
-        try:
-            rc = await server.wait_exit()
-        except TimeoutError:
-            await server.kill()
-            raise AssertionError(f"server did not exit:\n{server.log}") from None
-        assert not ready.exists(), "a server that refused to start wrote its ready file"
-        return rc, server.log
-
-    async def cleanup(self) -> None:
-        for server in self.procs:
-            with contextlib.suppress(Exception):
-                await server.kill()
-
-
-@pytest.fixture
-async def servers(tmp_path: Path) -> AsyncIterator[Servers]:
-    s = Servers(tmp_path)
-    try:
-        yield s
-    finally:
-        await s.cleanup()
 
 
 def _trouble(text: str) -> list[str]:

@@ -3,7 +3,7 @@ QoS 2 across reconnects, the in-flight window, retained messages, and durability
 restart of a real server process.
 
 Brokers run in the test's event loop (``mqtt_env``) except for the restart tests, which
-start ``python -m vibemq_server`` processes on one data directory (``mqtt_procs``). Clients
+start ``python -m vibemq_server`` processes on one data directory (``servers``). Clients
 are real: paho-mqtt (:class:`mqttkit.PahoClient`) or raw sockets with the project's MQTT codec
 (:class:`mqttkit.AsyncRawMqtt`) where a test needs exact control over packet ids and acks.
 Fixtures are in conftest.py.
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
-from mqttkit import AsyncRawMqtt, MqttEnv, PahoFactory, Procs
+from mqttkit import AsyncRawMqtt, MqttEnv, PahoFactory
+from serverproc import Servers
 from waits import wait_for
 
 from vibemq_server.adapters.mqtt.packets import (
@@ -579,10 +580,10 @@ async def test_retained_message_is_replaced_and_cleared(mqtt_env: MqttEnv) -> No
 
 
 async def test_retained_and_persistent_session_survive_restart(
-    mqtt_procs: Procs, paho_factory: PahoFactory, tmp_path: Path
+    servers: Servers, paho_factory: PahoFactory, tmp_path: Path
 ) -> None:
     data = tmp_path / "data"
-    server = await mqtt_procs.start(data)
+    server = await servers.start(data)
 
     # A persistent session with a subscription, away while QoS 1 messages arrive for it.
     sub, connack = await AsyncRawMqtt.connected(
@@ -601,7 +602,7 @@ async def test_retained_and_persistent_session_survive_restart(
     await pub.publish("keep/c", b"", qos=1, retain=True)
     await pub.disconnect()
 
-    server = await mqtt_procs.restart(server, data)
+    server = await servers.restart(server, data)
 
     check = await paho_factory("check-1", port=server.mqtt_port)
     await check.subscribe("keep/#", 2)
@@ -629,7 +630,7 @@ async def test_retained_and_persistent_session_survive_restart(
     # Clearing after a restart works, and stays cleared through the next one.
     await pub.publish("keep/b", b"", qos=1, retain=True)
     await pub.disconnect()
-    server = await mqtt_procs.restart(server, data)
+    server = await servers.restart(server, data)
     check = await paho_factory("check-2", port=server.mqtt_port)
     await check.subscribe("keep/#", 1)
     only = await check.get()
@@ -643,10 +644,10 @@ async def test_retained_and_persistent_session_survive_restart(
 
 
 async def test_unacked_deliveries_and_unsubscribe_survive_restart(
-    mqtt_procs: Procs, paho_factory: PahoFactory, tmp_path: Path
+    servers: Servers, paho_factory: PahoFactory, tmp_path: Path
 ) -> None:
     data = tmp_path / "data"
-    server = await mqtt_procs.start(data)
+    server = await servers.start(data)
     raw, connack = await AsyncRawMqtt.connected(
         server.mqtt_port, "restart-raw", clean_session=False
     )
@@ -673,7 +674,7 @@ async def test_unacked_deliveries_and_unsubscribe_survive_restart(
 
     assert await server.stop() == 0, server.log  # closes the connection, session kept
     await raw.close()
-    server = await mqtt_procs.start(data)
+    server = await servers.start(data)
 
     raw2, connack = await AsyncRawMqtt.connected(
         server.mqtt_port, "restart-raw", clean_session=False
