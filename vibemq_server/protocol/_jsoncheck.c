@@ -403,6 +403,8 @@ static inline int utf8_lead(unsigned char b0, unsigned char *lo, unsigned char *
 static void resume(CheckerObject *s, const unsigned char *p, const unsigned char *end) {
     int mode = s->mode;
     int depth = s->depth;
+    int aux = s->aux; /* (locals: a store through s could alias the bytes read) */
+    unsigned char key = s->key;
     unsigned char b;
     for (;;) {
         switch (mode) {
@@ -411,7 +413,7 @@ static void resume(CheckerObject *s, const unsigned char *p, const unsigned char
                 goto out;
             if (*p == 0xEF) {
                 p++;
-                s->aux = 1;
+                aux = 1;
                 mode = M_BOM;
             } else {
                 mode = M_VALUE;
@@ -420,10 +422,10 @@ static void resume(CheckerObject *s, const unsigned char *p, const unsigned char
         case M_BOM:
             if (p == end)
                 goto out;
-            if (*p != (s->aux == 1 ? 0xBB : 0xBF))
+            if (*p != (aux == 1 ? 0xBB : 0xBF))
                 goto fail;
             p++;
-            if (++s->aux == 3)
+            if (++aux == 3)
                 mode = M_VALUE;
             break;
         case M_VALUE:
@@ -448,39 +450,39 @@ static void resume(CheckerObject *s, const unsigned char *p, const unsigned char
                 mode = M_OPEN_ARR;
                 break;
             case '"':
-                s->key = 0;
+                key = 0;
                 mode = M_STR;
                 break;
             case 't':
                 s->lit = "true";
                 s->litlen = 4;
-                s->aux = 1;
+                aux = 1;
                 mode = M_LIT;
                 break;
             case 'f':
                 s->lit = "false";
                 s->litlen = 5;
-                s->aux = 1;
+                aux = 1;
                 mode = M_LIT;
                 break;
             case 'n':
                 s->lit = "null";
                 s->litlen = 4;
-                s->aux = 1;
+                aux = 1;
                 mode = M_LIT;
                 break;
             case '-':
-                s->aux = N_MINUS;
+                aux = N_MINUS;
                 mode = M_NUM;
                 break;
             case '0':
-                s->aux = N_ZERO;
+                aux = N_ZERO;
                 mode = M_NUM;
                 break;
             default:
                 if (b < '1' || b > '9')
                     goto fail;
-                s->aux = N_INT;
+                aux = N_INT;
                 mode = M_NUM;
             }
             break;
@@ -505,7 +507,7 @@ static void resume(CheckerObject *s, const unsigned char *p, const unsigned char
                 goto out;
             if (*p++ != '"')
                 goto fail;
-            s->key = 1;
+            key = 1;
             mode = M_STR;
             break;
         case M_COLON:
@@ -545,7 +547,7 @@ static void resume(CheckerObject *s, const unsigned char *p, const unsigned char
                 b = *p;
                 if (b == '"') {
                     p++;
-                    mode = s->key ? M_COLON : M_AFTER;
+                    mode = key ? M_COLON : M_AFTER;
                     break;
                 }
                 if (b == '\\') {
@@ -577,8 +579,8 @@ static void resume(CheckerObject *s, const unsigned char *p, const unsigned char
                     p = c.p;
                     continue;
                 }
-                s->aux = utf8_lead(b, &s->lo, &s->hi);
-                if (!s->aux)
+                aux = utf8_lead(b, &s->lo, &s->hi);
+                if (!aux)
                     goto fail;
                 p++;
                 mode = M_UTF8;
@@ -590,7 +592,7 @@ static void resume(CheckerObject *s, const unsigned char *p, const unsigned char
                 goto out;
             b = *p++;
             if (b == 'u') {
-                s->aux = 4;
+                aux = 4;
                 mode = M_UHEX;
             } else if (b == '"' || b == '\\' || b == '/' || b == 'b' || b == 'f' || b == 'n' ||
                        b == 'r' || b == 't') {
@@ -600,27 +602,27 @@ static void resume(CheckerObject *s, const unsigned char *p, const unsigned char
             }
             break;
         case M_UHEX:
-            while (s->aux && p < end) {
+            while (aux && p < end) {
                 if (!is_hex(*p))
                     goto fail;
                 p++;
-                s->aux--;
+                aux--;
             }
-            if (s->aux)
+            if (aux)
                 goto out;
             mode = M_STR;
             break;
         case M_UTF8:
-            while (s->aux && p < end) {
+            while (aux && p < end) {
                 b = *p;
                 if (b < s->lo || b > s->hi)
                     goto fail;
                 p++;
                 s->lo = 0x80;
                 s->hi = 0xBF;
-                s->aux--;
+                aux--;
             }
-            if (s->aux)
+            if (aux)
                 goto out;
             mode = M_STR;
             break;
@@ -629,11 +631,11 @@ static void resume(CheckerObject *s, const unsigned char *p, const unsigned char
             while (p < end) {
                 b = *p;
                 int digit = b >= '0' && b <= '9';
-                switch (s->aux) {
+                switch (aux) {
                 case N_MINUS:
                     if (!digit)
                         goto fail;
-                    s->aux = b == '0' ? N_ZERO : N_INT;
+                    aux = b == '0' ? N_ZERO : N_INT;
                     p++;
                     continue;
                 case N_INT:
@@ -644,12 +646,12 @@ static void resume(CheckerObject *s, const unsigned char *p, const unsigned char
                     /* fall through: '.', an exponent, or the end */
                 case N_ZERO:
                     if (b == '.') {
-                        s->aux = N_DOT;
+                        aux = N_DOT;
                         p++;
                         continue;
                     }
                     if (b == 'e' || b == 'E') {
-                        s->aux = N_E;
+                        aux = N_E;
                         p++;
                         continue;
                     }
@@ -657,7 +659,7 @@ static void resume(CheckerObject *s, const unsigned char *p, const unsigned char
                 case N_DOT:
                     if (!digit)
                         goto fail;
-                    s->aux = N_FRAC;
+                    aux = N_FRAC;
                     p++;
                     continue;
                 case N_FRAC:
@@ -666,14 +668,14 @@ static void resume(CheckerObject *s, const unsigned char *p, const unsigned char
                         continue;
                     }
                     if (b == 'e' || b == 'E') {
-                        s->aux = N_E;
+                        aux = N_E;
                         p++;
                         continue;
                     }
                     goto number_end;
                 case N_E:
                     if (b == '+' || b == '-') {
-                        s->aux = N_ESIGN;
+                        aux = N_ESIGN;
                         p++;
                         continue;
                     }
@@ -681,7 +683,7 @@ static void resume(CheckerObject *s, const unsigned char *p, const unsigned char
                 case N_ESIGN:
                     if (!digit)
                         goto fail;
-                    s->aux = N_EXP;
+                    aux = N_EXP;
                     p++;
                     continue;
                 default: /* N_EXP */
@@ -697,13 +699,13 @@ static void resume(CheckerObject *s, const unsigned char *p, const unsigned char
             mode = M_AFTER;
             break;
         case M_LIT:
-            while (s->aux < s->litlen && p < end) {
-                if (*p != (unsigned char)s->lit[s->aux])
+            while (aux < s->litlen && p < end) {
+                if (*p != (unsigned char)s->lit[aux])
                     goto fail;
                 p++;
-                s->aux++;
+                aux++;
             }
-            if (s->aux < s->litlen)
+            if (aux < s->litlen)
                 goto out;
             mode = M_AFTER;
             break;
@@ -716,6 +718,8 @@ fail:
 out:
     s->mode = mode;
     s->depth = depth;
+    s->aux = aux;
+    s->key = key;
 }
 
 static int finish_state(CheckerObject *s) {
