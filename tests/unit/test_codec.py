@@ -20,9 +20,10 @@ from vibemq_server.protocol import (
     decode_body,
     encode,
     encode_body,
+    jsoncheck,
     validate_json,
 )
-from vibemq_server.protocol.bigcopy import read_through
+from vibemq_server.protocol.bigcopy import read_into_fill, read_through
 from vibemq_server.protocol.codec import Split, encode_deliver, encode_publish_ack
 
 
@@ -262,6 +263,60 @@ def test_one_shot_equals_byte_at_a_time_filled_in_place(msgs: list[Message], int
             feed(stream[i : i + 1])
     assert _frames(trickled) == _frames(one_shot)
     assert dec.buffered == 0 and dec.filling is None
+
+
+#: payloads JSON or not: JSON texts, the same with a byte changed, any bytes
+_any_payloads = st.one_of(
+    st.recursive(
+        st.none() | st.booleans() | st.floats(allow_nan=False) | st.text(max_size=20),
+        lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+        max_leaves=10,
+    )
+    .map(lambda v: json.dumps(v, ensure_ascii=False).encode())
+    .flatmap(
+        lambda doc: st.tuples(
+            st.integers(min_value=0, max_value=len(doc) - 1), st.integers(0, 255), st.booleans()
+        ).map(lambda m: doc[: m[0]] + bytes([m[1]]) + doc[m[0] + 1 :] if m[2] else doc)
+    ),
+    st.binary(min_size=1, max_size=60),
+)
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(st.tuples(text, _any_payloads), min_size=1, max_size=4),
+    st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=5),
+    st.booleans(),
+)
+def test_a_filled_payload_is_checked_as_its_parts_land(
+    items: list[tuple[str, bytes]], chunks: list[int], into: bool
+) -> None:
+    """A payload filled in place is checked part by part (the first part where it is
+    copied in, the rest as reads land in the fill or are copied in): the verdict it comes out
+    with is ``valid`` of the whole payload, however the reads cut it; every payload filled
+    from its first byte (one byte a read) has one when the checker is compiled."""
+    stream = b"".join(encode(Message(CommandType.PUBLISH, i, "q", p)) for i, p in items)
+    for sizes in (chunks, [1]):
+        dec = FrameDecoder(split_from=1, fill_from=1)
+        out: list[bytes | Split] = []
+        at = turn = 0
+        while at < len(stream):
+            size = sizes[turn % len(sizes)]
+            turn += 1
+            fill = dec.filling
+            if into and fill is not None:
+                size = read_into_fill(fill, stream[at : at + size])[0]
+                out += dec.feed_frames(b"")
+            else:
+                out += dec.feed_frames(stream[at : at + size])
+            at += size
+        assert [f.payload for f in out if isinstance(f, Split)] == [p for _, p in items]
+        for split in out:
+            assert isinstance(split, Split)
+            if split.json_ok is not None:
+                assert split.json_ok == jsoncheck.valid(split.payload)
+            else:
+                assert sizes != [1] or not jsoncheck.COMPILED
 
 
 @settings(max_examples=300)

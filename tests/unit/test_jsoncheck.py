@@ -227,3 +227,118 @@ def test_random_bytes_agree_with_the_reference(raw: bytes) -> None:
     assert compiled == jsoncheck.valid_slow(raw)
     if _orjson(raw):
         assert compiled
+
+
+# -- the check fed in parts (jsoncheck.checker: a payload checked read by read) ----------------
+
+
+def _compiled_checker() -> jsoncheck.Resumable:
+    from vibemq_server.protocol._jsoncheck import Checker
+
+    return Checker()
+
+
+CHECKERS: dict[str, Callable[[], jsoncheck.Resumable]] = {
+    "compiled": _compiled_checker,
+    "pure": jsoncheck.PureChecker,
+}
+
+
+def _fed(make: Callable[[], jsoncheck.Resumable], doc: bytes, cuts: list[int]) -> bool:
+    """``doc`` fed to a new checker in the parts ``cuts`` make (any order, repeats: empty
+    parts), then finished."""
+    check = make()
+    start = 0
+    for cut in [*sorted(cuts), len(doc)]:
+        check.feed(doc, start, cut)
+        start = cut
+    return check.finish()
+
+
+_EDGE_CASES = [*VALID, *VALID_ORJSON_REFUSES, *INVALID[:-2], INVALID[-1]]  # (not 1,025 deep)
+
+
+@pytest.mark.parametrize("make", CHECKERS.values(), ids=CHECKERS.keys())
+def test_every_cut_of_the_edge_cases_gives_the_whole_answer(
+    make: Callable[[], jsoncheck.Resumable],
+) -> None:
+    """Every cut point, every pair of cut points up to 8 bytes apart, and a byte at a time:
+    inside a byte order mark, an escape, \\uXXXX, a UTF-8 sequence, a number, a literal."""
+    for doc in _EDGE_CASES:
+        whole = _compiled(doc)
+        if len(doc) > 64:
+            doc_cuts = [[at] for at in range(len(doc) + 1)]
+        else:
+            doc_cuts = [[i, j] for i in range(len(doc) + 1) for j in range(i, len(doc) + 1)]
+        for cuts in doc_cuts:
+            assert _fed(make, doc, cuts) == whole, (doc, cuts)
+        assert _fed(make, doc, list(range(len(doc)))) == whole, doc
+
+
+def test_the_nesting_bound_cut_anywhere() -> None:
+    for depth, whole in ((1024, True), (1025, False)):
+        doc = b"[" * depth + b"]" * depth
+        for at in (0, 1, depth - 1, depth, depth + 1, 2 * depth - 1):
+            assert _fed(_compiled_checker, doc, [at]) is whole
+
+
+def test_long_strings_with_a_stopper_cut_around_it() -> None:
+    """A special byte at every lane of the vector-wide step, the text cut at and around it
+    (an escape or a UTF-8 sequence split over two parts, or whole at the part's end)."""
+    for stopper in _STOPPERS:
+        for at in range(0, 130, 7):
+            doc = b'["' + b"a" * at + stopper + b"b" * (150 - at) + b'", 1]'
+            whole = _compiled(doc)
+            for cut in range(at, at + 2 + len(stopper) + 8):
+                assert _fed(_compiled_checker, doc, [cut]) == whole, (stopper, at, cut)
+
+
+def test_a_part_as_a_buffer_and_what_feed_says() -> None:
+    from vibemq_server.protocol._jsoncheck import Checker
+
+    check = Checker()
+    assert check.feed(memoryview(b'{"a": [1, ')) is True
+    assert check.feed(bytearray(b"2.5e3]}")) is True
+    assert check.finish() is True
+    check = Checker()
+    assert check.feed(b"[1, x", 0, 5) is False  # refused at the x: stays refused
+    assert check.feed(b"]", 0, 1) is False
+    assert check.finish() is False
+    with pytest.raises(ValueError):
+        Checker().feed(b"[]", 1, 3)
+    with pytest.raises(TypeError):
+        Checker().feed(b"[]", 0)
+
+
+def test_a_large_document_in_parts_without_the_gil() -> None:
+    doc = b"[" + b",".join([b'{"k": "v\\u00e9", "n": -1.5e3}'] * 100_000) + b"]"
+    cuts = list(range(0, len(doc), 256_000 - 7))
+    assert _fed(_compiled_checker, doc, cuts) is True
+    assert _fed(_compiled_checker, doc[:-1], cuts) is False
+
+
+@st.composite
+def mutated_texts(draw: st.DrawFn) -> bytes:
+    """A generated JSON text with a byte deleted, inserted or replaced (or kept whole)."""
+    doc = draw(json_texts())
+    where = draw(st.integers(min_value=0, max_value=len(doc)))
+    byte = bytes([draw(st.integers(min_value=0, max_value=255))])
+    how = draw(st.sampled_from(["keep", "delete", "insert", "replace"]))
+    if how == "delete":
+        return doc[:where] + doc[where + 1 :]
+    if how == "insert":
+        return doc[:where] + byte + doc[where:]
+    if how == "replace":
+        return doc[:where] + byte + doc[where + 1 :]
+    return doc
+
+
+@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(mutated_texts() | st.binary(max_size=64), st.data())
+def test_any_cuts_give_the_whole_answer(doc: bytes, data: st.DataObject) -> None:
+    """Valid or not, a text cut anywhere, in any number of parts: the compiled checker fed
+    the parts says what ``valid`` says of the whole, and so does the pure one (C == pure)."""
+    cuts = data.draw(st.lists(st.integers(min_value=0, max_value=len(doc)), max_size=6))
+    whole = _compiled(doc)
+    assert _fed(_compiled_checker, doc, cuts) == whole
+    assert _fed(jsoncheck.PureChecker, doc, cuts) == whole

@@ -33,7 +33,13 @@ from vibemq_server.adapters.mqtt.codec import MqttParser, encode, publish_head
 from vibemq_server.adapters.mqtt.codec5 import Mqtt5Parser, encode5
 from vibemq_server.adapters.mqtt.packets import Pingreq, Publish
 from vibemq_server.adapters.mqtt.packets5 import Properties, Publish5
-from vibemq_server.protocol.bigcopy import FILL_FROM, CopiedRead, read_buffer, read_through
+from vibemq_server.protocol import jsoncheck
+from vibemq_server.protocol.bigcopy import (
+    FILL_FROM,
+    CopiedRead,
+    read_buffer,
+    read_through,
+)
 from vibemq_server.protocol.codec import (
     LARGE_PAYLOAD,
     CommandType,
@@ -195,6 +201,42 @@ def test_native_publish_filled_in_place_cut_anywhere(fill_from: int, into: bool)
         assert _native(frames, LARGE_PAYLOAD) == [msg, small, bare]
         filled += any_fill
     assert filled >= len(list(_cuts(len(stream)))) // 2
+
+
+def _spoilt(at: int, bad: bytes) -> bytes:
+    """The test payload with ``bad`` in its string at ``at``: no longer JSON."""
+    payload = _payload()
+    return payload[:at] + bad + payload[at + len(bad) :]
+
+
+@pytest.mark.parametrize("into", [False, True])
+def test_native_filled_payload_checked_as_it_lands_cut_anywhere(into: bool) -> None:
+    """A payload filled in place is checked as its parts land: the verdict a frame comes
+    out with (``Split.json_ok``) is the whole payload's, valid or not, wherever the reads cut
+    it (a bad UTF-8 byte, a control character, a bad escape, a cut ``\\u`` escape or UTF-8
+    sequence at the edge of a part); the compiled checker gives one to every filled payload."""
+    payloads = [
+        _payload(),
+        _spoilt(150_000, b"\xff"),
+        _spoilt(SIZE - 40, b"\x01"),
+        _spoilt(100, b"\\x"),
+        _spoilt(65_530, b"\\u00e9\xe2\x82\xac"),  # valid, at a 64 KiB read's edge
+        _spoilt(65_533, b"\\u00g9"),
+        _payload()[:-1],  # the object never closed
+    ]
+    for payload in payloads:
+        msg = Message(CommandType.PUBLISH, "m1", "big-queue", payload, {"k": "v"})
+        stream = encode_native(msg) + encode_native(Message(CommandType.PING, "p1"))
+        whole = jsoncheck.valid(payload)
+        for pieces in _splits(stream):
+            decoder = FrameDecoder(1024 * 1024, split_from=LARGE_PAYLOAD, fill_from=1)
+            frames, any_fill = _native_fill_feed(decoder, pieces, into)
+            split = frames[0]
+            assert isinstance(split, Split) and split.payload == payload
+            if any_fill and jsoncheck.COMPILED:
+                assert split.json_ok is whole
+            else:
+                assert split.json_ok is None
 
 
 @pytest.mark.parametrize("fill_from", [0, 1])

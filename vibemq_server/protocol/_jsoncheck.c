@@ -330,6 +330,480 @@ after: /* a value ended: a separator, a closing bracket, or the end of the text 
     }
 }
 
+/* ---- The same check resumable across parts: a Checker is fed a text in parts of any size
+ * (cut anywhere: inside a string, an escape, a number, a literal, a UTF-8 sequence, a byte
+ * order mark) and says at finish() what valid() says of the whole. The grammar is the one of
+ * check() above, written as states so that every place check() would meet the end of its
+ * input is a place to stop and resume; the common cases (plain string runs, an escape or a
+ * UTF-8 sequence with its bytes all in the part) take check()'s own fast paths. */
+
+enum {
+    M_START,    /* nothing yet: a byte order mark, or the value */
+    M_BOM,      /* inside a byte order mark (aux: its bytes seen) */
+    M_VALUE,    /* a value expected */
+    M_OPEN_OBJ, /* just after '{': '}' or a member's name */
+    M_OPEN_ARR, /* just after '[': ']' or a value */
+    M_KEY,      /* a member's name expected */
+    M_COLON,    /* after a member's name: ':' */
+    M_AFTER,    /* a value ended: ',' or a closing bracket (at depth 0: whitespace only) */
+    M_STR,      /* inside a string (key: it is a member's name) */
+    M_ESC,      /* after a backslash */
+    M_UHEX,     /* inside \uXXXX (aux: hex digits to go) */
+    M_UTF8,     /* inside a UTF-8 sequence (aux: bytes to go; lo/hi: the next one's range) */
+    M_NUM,      /* inside a number (aux: which part, N_*) */
+    M_LIT,      /* inside true/false/null (lit, litlen; aux: bytes matched) */
+    M_FAIL,     /* refused: stays so */
+};
+
+enum { N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
+
+typedef struct {
+    PyObject_HEAD
+    int mode;
+    int depth;
+    int aux;
+    int litlen;
+    const char *lit;
+    unsigned char lo, hi, key;
+    unsigned char stack[MAX_DEPTH / 8];
+} CheckerObject;
+
+static inline int is_ws(unsigned char b) {
+    return b == ' ' || b == '\n' || b == '\r' || b == '\t';
+}
+
+static inline int is_plain(unsigned char b) {
+    return b >= 0x20 && b < 0x80 && b != '"' && b != '\\';
+}
+
+/* A UTF-8 lead byte (>= 0x80) starts a sequence: how many continuation bytes it needs and
+ * the first one's range (check()'s utf8_seq, as ranges); 0 for a byte no sequence starts with. */
+static inline int utf8_lead(unsigned char b0, unsigned char *lo, unsigned char *hi) {
+    *lo = 0x80;
+    *hi = 0xBF;
+    if (b0 >= 0xC2 && b0 <= 0xDF)
+        return 1;
+    if (b0 >= 0xE0 && b0 <= 0xEF) {
+        if (b0 == 0xE0)
+            *lo = 0xA0; /* no overlong form */
+        else if (b0 == 0xED)
+            *hi = 0x9F; /* no U+D800..U+DFFF */
+        return 2;
+    }
+    if (b0 >= 0xF0 && b0 <= 0xF4) {
+        if (b0 == 0xF0)
+            *lo = 0x90; /* no overlong form */
+        else if (b0 == 0xF4)
+            *hi = 0x8F; /* nothing above U+10FFFF */
+        return 3;
+    }
+    return 0;
+}
+
+static void resume(CheckerObject *s, const unsigned char *p, const unsigned char *end) {
+    int mode = s->mode;
+    int depth = s->depth;
+    int aux = s->aux; /* (locals: a store through s could alias the bytes read) */
+    unsigned char key = s->key;
+    unsigned char b;
+    for (;;) {
+        switch (mode) {
+        case M_START:
+            if (p == end)
+                goto out;
+            if (*p == 0xEF) {
+                p++;
+                aux = 1;
+                mode = M_BOM;
+            } else {
+                mode = M_VALUE;
+            }
+            break;
+        case M_BOM:
+            if (p == end)
+                goto out;
+            if (*p != (aux == 1 ? 0xBB : 0xBF))
+                goto fail;
+            p++;
+            if (++aux == 3)
+                mode = M_VALUE;
+            break;
+        case M_VALUE:
+            while (p < end && is_ws(*p))
+                p++;
+            if (p == end)
+                goto out;
+            b = *p++;
+            switch (b) {
+            case '{':
+                if (depth == MAX_DEPTH)
+                    goto fail;
+                s->stack[depth >> 3] |= (unsigned char)(1u << (depth & 7));
+                depth++;
+                mode = M_OPEN_OBJ;
+                break;
+            case '[':
+                if (depth == MAX_DEPTH)
+                    goto fail;
+                s->stack[depth >> 3] &= (unsigned char)~(1u << (depth & 7));
+                depth++;
+                mode = M_OPEN_ARR;
+                break;
+            case '"':
+                key = 0;
+                mode = M_STR;
+                break;
+            case 't':
+                s->lit = "true";
+                s->litlen = 4;
+                aux = 1;
+                mode = M_LIT;
+                break;
+            case 'f':
+                s->lit = "false";
+                s->litlen = 5;
+                aux = 1;
+                mode = M_LIT;
+                break;
+            case 'n':
+                s->lit = "null";
+                s->litlen = 4;
+                aux = 1;
+                mode = M_LIT;
+                break;
+            case '-':
+                aux = N_MINUS;
+                mode = M_NUM;
+                break;
+            case '0':
+                aux = N_ZERO;
+                mode = M_NUM;
+                break;
+            default:
+                if (b < '1' || b > '9')
+                    goto fail;
+                aux = N_INT;
+                mode = M_NUM;
+            }
+            break;
+        case M_OPEN_OBJ:
+        case M_OPEN_ARR:
+            while (p < end && is_ws(*p))
+                p++;
+            if (p == end)
+                goto out;
+            if (*p == (mode == M_OPEN_OBJ ? '}' : ']')) {
+                p++;
+                depth--;
+                mode = M_AFTER;
+            } else {
+                mode = mode == M_OPEN_OBJ ? M_KEY : M_VALUE;
+            }
+            break;
+        case M_KEY:
+            while (p < end && is_ws(*p))
+                p++;
+            if (p == end)
+                goto out;
+            if (*p++ != '"')
+                goto fail;
+            key = 1;
+            mode = M_STR;
+            break;
+        case M_COLON:
+            while (p < end && is_ws(*p))
+                p++;
+            if (p == end)
+                goto out;
+            if (*p++ != ':')
+                goto fail;
+            mode = M_VALUE;
+            break;
+        case M_AFTER:
+            while (p < end && is_ws(*p))
+                p++;
+            if (p == end)
+                goto out;
+            if (depth == 0)
+                goto fail; /* something after the text */
+            {
+                int in_object = (s->stack[(depth - 1) >> 3] >> ((depth - 1) & 7)) & 1;
+                b = *p++;
+                if (b == ',')
+                    mode = in_object ? M_KEY : M_VALUE;
+                else if (b == (in_object ? '}' : ']'))
+                    depth--;
+                else
+                    goto fail;
+            }
+            break;
+        case M_STR:
+            for (;;) {
+                p = plain_run(p, end);
+                while (p < end && is_plain(*p))
+                    p++;
+                if (p == end)
+                    goto out;
+                b = *p;
+                if (b == '"') {
+                    p++;
+                    mode = key ? M_COLON : M_AFTER;
+                    break;
+                }
+                if (b == '\\') {
+                    if (end - p >= 6) { /* all of it here: check()'s way */
+                        unsigned char e = p[1];
+                        if (e == 'u') {
+                            if (!is_hex(p[2]) || !is_hex(p[3]) || !is_hex(p[4]) || !is_hex(p[5]))
+                                goto fail;
+                            p += 6;
+                            continue;
+                        }
+                        if (e == '"' || e == '\\' || e == '/' || e == 'b' || e == 'f' ||
+                            e == 'n' || e == 'r' || e == 't') {
+                            p += 2;
+                            continue;
+                        }
+                        goto fail;
+                    }
+                    p++;
+                    mode = M_ESC;
+                    break;
+                }
+                if (b < 0x20)
+                    goto fail;
+                if (end - p >= 4) { /* all of it here: check()'s way */
+                    cursor c = {p, end};
+                    if (!utf8_seq(&c))
+                        goto fail;
+                    p = c.p;
+                    continue;
+                }
+                aux = utf8_lead(b, &s->lo, &s->hi);
+                if (!aux)
+                    goto fail;
+                p++;
+                mode = M_UTF8;
+                break;
+            }
+            break;
+        case M_ESC:
+            if (p == end)
+                goto out;
+            b = *p++;
+            if (b == 'u') {
+                aux = 4;
+                mode = M_UHEX;
+            } else if (b == '"' || b == '\\' || b == '/' || b == 'b' || b == 'f' || b == 'n' ||
+                       b == 'r' || b == 't') {
+                mode = M_STR;
+            } else {
+                goto fail;
+            }
+            break;
+        case M_UHEX:
+            while (aux && p < end) {
+                if (!is_hex(*p))
+                    goto fail;
+                p++;
+                aux--;
+            }
+            if (aux)
+                goto out;
+            mode = M_STR;
+            break;
+        case M_UTF8:
+            while (aux && p < end) {
+                b = *p;
+                if (b < s->lo || b > s->hi)
+                    goto fail;
+                p++;
+                s->lo = 0x80;
+                s->hi = 0xBF;
+                aux--;
+            }
+            if (aux)
+                goto out;
+            mode = M_STR;
+            break;
+        case M_NUM:
+            /* -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?, as number() */
+            while (p < end) {
+                b = *p;
+                int digit = b >= '0' && b <= '9';
+                switch (aux) {
+                case N_MINUS:
+                    if (!digit)
+                        goto fail;
+                    aux = b == '0' ? N_ZERO : N_INT;
+                    p++;
+                    continue;
+                case N_INT:
+                    if (digit) {
+                        p++;
+                        continue;
+                    }
+                    /* fall through: '.', an exponent, or the end */
+                case N_ZERO:
+                    if (b == '.') {
+                        aux = N_DOT;
+                        p++;
+                        continue;
+                    }
+                    if (b == 'e' || b == 'E') {
+                        aux = N_E;
+                        p++;
+                        continue;
+                    }
+                    goto number_end;
+                case N_DOT:
+                    if (!digit)
+                        goto fail;
+                    aux = N_FRAC;
+                    p++;
+                    continue;
+                case N_FRAC:
+                    if (digit) {
+                        p++;
+                        continue;
+                    }
+                    if (b == 'e' || b == 'E') {
+                        aux = N_E;
+                        p++;
+                        continue;
+                    }
+                    goto number_end;
+                case N_E:
+                    if (b == '+' || b == '-') {
+                        aux = N_ESIGN;
+                        p++;
+                        continue;
+                    }
+                    /* fall through: a digit */
+                case N_ESIGN:
+                    if (!digit)
+                        goto fail;
+                    aux = N_EXP;
+                    p++;
+                    continue;
+                default: /* N_EXP */
+                    if (digit) {
+                        p++;
+                        continue;
+                    }
+                    goto number_end;
+                }
+            }
+            goto out;
+        number_end: /* the byte that ended it is the next token's (not consumed) */
+            mode = M_AFTER;
+            break;
+        case M_LIT:
+            while (aux < s->litlen && p < end) {
+                if (*p != (unsigned char)s->lit[aux])
+                    goto fail;
+                p++;
+                aux++;
+            }
+            if (aux < s->litlen)
+                goto out;
+            mode = M_AFTER;
+            break;
+        default: /* M_FAIL */
+            goto out;
+        }
+    }
+fail:
+    mode = M_FAIL;
+out:
+    s->mode = mode;
+    s->depth = depth;
+    s->aux = aux;
+    s->key = key;
+}
+
+static int finish_state(CheckerObject *s) {
+    int mode = s->mode;
+    if (mode == M_NUM && (s->aux == N_ZERO || s->aux == N_INT || s->aux == N_FRAC ||
+                          s->aux == N_EXP))
+        mode = M_AFTER; /* a number ends where the text does */
+    return mode == M_AFTER && s->depth == 0;
+}
+
+static int Checker_init(CheckerObject *self, PyObject *args, PyObject *kwds) {
+    if (PyTuple_GET_SIZE(args) || (kwds != NULL && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "Checker() takes no arguments");
+        return -1;
+    }
+    self->mode = M_START;
+    self->depth = 0;
+    self->aux = 0;
+    return 0;
+}
+
+/* feed(data[, start, stop]): the next part of the text (bytes start:stop of data); False once
+ * the text so far can be no JSON text's beginning (then every later feed is a no-op). */
+static PyObject *Checker_feed(CheckerObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_buffer view;
+    Py_ssize_t start = 0, stop;
+    if (nargs != 1 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "feed(data) or feed(data, start, stop)");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    stop = view.len;
+    if (nargs == 3) {
+        start = PyLong_AsSsize_t(args[1]);
+        if (start == -1 && PyErr_Occurred())
+            goto error;
+        stop = PyLong_AsSsize_t(args[2]);
+        if (stop == -1 && PyErr_Occurred())
+            goto error;
+        if (start < 0 || stop < start || stop > view.len) {
+            PyErr_SetString(PyExc_ValueError, "Checker.feed: start:stop outside the data");
+            goto error;
+        }
+    }
+    if (self->mode != M_FAIL) {
+        const unsigned char *p = (const unsigned char *)view.buf;
+        if (stop - start >= NOGIL_FROM) {
+            Py_BEGIN_ALLOW_THREADS
+            resume(self, p + start, p + stop);
+            Py_END_ALLOW_THREADS
+        } else {
+            resume(self, p + start, p + stop);
+        }
+    }
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(self->mode != M_FAIL);
+error:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+static PyObject *Checker_finish(CheckerObject *self, PyObject *Py_UNUSED(ignored)) {
+    return PyBool_FromLong(finish_state(self));
+}
+
+static PyMethodDef Checker_methods[] = {
+    {"feed", (PyCFunction)(void (*)(void))Checker_feed, METH_FASTCALL,
+     "feed(data[, start, stop]) -> bool: the text's next part; False once it cannot be JSON."},
+    {"finish", (PyCFunction)Checker_finish, METH_NOARGS,
+     "finish() -> bool: whether the parts fed make one UTF-8 JSON text (as valid() of them)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject CheckerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "vibemq_server.protocol._jsoncheck.Checker",
+    .tp_basicsize = sizeof(CheckerObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A JSON check fed in parts (cut anywhere); finish() gives valid() of the whole.",
+    .tp_methods = Checker_methods,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Checker_init,
+};
+
 static PyObject *jsoncheck_valid(PyObject *self, PyObject *arg) {
     Py_buffer view;
     int ok;
@@ -364,9 +838,15 @@ PyMODINIT_FUNC PyInit__jsoncheck(void) {
     __builtin_cpu_init();
     have_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
 #endif
+    if (PyType_Ready(&CheckerType) < 0)
+        return NULL;
     m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
+    if (PyModule_AddObjectRef(m, "Checker", (PyObject *)&CheckerType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddIntConstant(m, "MAX_DEPTH", MAX_DEPTH) < 0 ||
         PyModule_AddIntConstant(m, "NOGIL_FROM", NOGIL_FROM) < 0) {
         Py_DECREF(m);

@@ -19,9 +19,11 @@ from struct import Struct
 from struct import error as StructError
 from typing import Final, cast
 
-from vibemq_server.protocol.bigcopy import Fill, payload_fill
+from vibemq_server.protocol.bigcopy import Fill, payload_fill, read_target
 from vibemq_server.protocol.errors import ErrorCode, ProtocolError
 from vibemq_server.protocol.held import Buffer, HeldInput, join_range, prefix
+from vibemq_server.protocol.jsoncheck import COMPILED as _JSON_COMPILED
+from vibemq_server.protocol.jsoncheck import Resumable, checker
 from vibemq_server.protocol.jsoncheck import valid as json_valid
 
 # (Final: the compiled build reads these as constants, not from the module's dict per use)
@@ -557,13 +559,16 @@ class Split:
     """A frame body with a large payload, taken apart as it is cut out of the reads: the
     payload copied once straight out of them, and the rest of the body (the payload's length
     zeroed: it decodes as a payload-less message, whose ``payload`` is then this one). Slicing
-    the body out first and the payload out of the body copied the payload twice."""
+    the body out first and the payload out of the body copied the payload twice.
+    ``json_ok``: whether the payload is JSON, when it was checked as its parts landed (a
+    payload filled in place, with the compiled checker); None: not checked yet."""
 
-    __slots__ = ("payload", "skeleton")
+    __slots__ = ("json_ok", "payload", "skeleton")
 
-    def __init__(self, skeleton: bytes, payload: bytes) -> None:
+    def __init__(self, skeleton: bytes, payload: bytes, json_ok: bool | None = None) -> None:
         self.skeleton = skeleton
         self.payload = payload
+        self.json_ok = json_ok
 
 
 #: a frame body, a large one still in its reads, or one with its payload apart
@@ -623,12 +628,39 @@ class _Filling:
     """A frame whose payload is being filled in place (``bigcopy.payload_fill``: the
     transport reads the rest straight into it, ``Link.read_into``, or ``add`` copies it in),
     then the fields after the payload (``tail``: header count, headers, error fields)
-    gathered; it comes out as a :class:`Split`, as a frame cut out of its reads does."""
+    gathered; it comes out as a :class:`Split`, as a frame cut out of its reads does.
 
-    __slots__ = ("before", "fill", "parts", "payload", "skeleton", "tail", "tail_size")
+    With the compiled JSON checker the payload is checked part by part as it lands, while it
+    is in cache (``check``): a part copied in (``write``) where it is copied from, a part the
+    kernel read into the fill through ``rest`` (a view of the fill's unfilled rest as it was
+    at ``base``, held while reads land in it) up to ``checked``; once it is full only the
+    checker's state is looked at (``Split.json_ok``). The verdict is used at the frame's
+    end, so an invalid payload is refused where it was before."""
 
-    def __init__(self, fill: Fill, skeleton: bytes, before: int, tail: int) -> None:
+    __slots__ = (
+        "base",
+        "before",
+        "check",
+        "checked",
+        "fill",
+        "json_ok",
+        "parts",
+        "payload",
+        "rest",
+        "skeleton",
+        "tail",
+        "tail_size",
+    )
+
+    def __init__(
+        self, fill: Fill, skeleton: bytes, before: int, tail: int, check: Resumable | None
+    ) -> None:
         self.fill: Fill | None = fill
+        self.check = check
+        self.checked = self.base = fill.filled
+        # (held from here: the transport's first read into the fill comes before any add)
+        self.rest: memoryview | None = None if check is None else memoryview(read_target(fill))
+        self.json_ok: bool | None = None
         #: the body up to the payload, the payload's length zeroed
         self.skeleton = skeleton
         #: the frame's bytes before the payload (its length field included)
@@ -651,10 +683,25 @@ class _Filling:
         used = 0
         fill = self.fill
         if fill is not None:
-            if data:
+            check = self.check
+            if check is not None:
+                self._check_read(fill, check)
+                if data:
+                    self._release()  # (a write would move the rest under the view)
+                    used = fill.write(data)
+                    check.feed(data, 0, used)
+                    self.checked += used
+            elif data:
                 used = fill.write(data)
             if not fill.full:
+                if check is not None and self.rest is None:
+                    self.base = fill.filled
+                    self.rest = memoryview(read_target(fill))
                 return -1
+            if check is not None:
+                self._release()
+                # (every byte fed, or no verdict: then the payload is checked whole, as before)
+                self.json_ok = check.finish() if self.checked == fill.filled else None
             self.payload = fill.take()
             self.fill = None
         take = min(self.tail - self.tail_size, len(data) - used)
@@ -663,9 +710,24 @@ class _Filling:
             self.tail_size += take
         return used + take if self.tail_size == self.tail else -1
 
+    def _check_read(self, fill: Fill, check: Resumable) -> None:
+        """Check what the transport read into the fill since the last look (still hot)."""
+        filled = fill.filled
+        rest = self.rest
+        if filled > self.checked and rest is not None:
+            base = self.base
+            check.feed(rest, self.checked - base, filled - base)
+            self.checked = filled
+
+    def _release(self) -> None:
+        rest = self.rest
+        if rest is not None:
+            rest.release()
+            self.rest = None
+
     def split(self) -> Split:
         tail = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
-        return Split(self.skeleton + tail, self.payload)
+        return Split(self.skeleton + tail, self.payload, self.json_ok)
 
 
 def _start_fill(
@@ -682,13 +744,25 @@ def _start_fill(
         return None
     start = pos + 4
     fill = payload_fill(stop - start)
+    # (the payload's first bytes checked as they are copied in: _Filling checks the rest)
+    check = checker() if _JSON_COMPILED else None
     at = 0
     for part in parts:
         end = at + len(part)
         if end > start:
-            fill.write(part if at >= start else memoryview(part)[start - at :])
+            skip = 0 if at >= start else start - at
+            used = fill.write(part if not skip else memoryview(part)[skip:])
+            if check is not None:
+                check.feed(part, skip, skip + used)
         at = end
-    return _Filling(fill, head[4:pos] + b"\0\0\0\0", start, need - stop)
+    return _Filling(fill, head[4:pos] + b"\0\0\0\0", start, need - stop, check)
+
+
+def _head_in(head: bytes) -> bool:
+    """Whether ``head`` (a held frame's first ``_HEAD_PEEK`` bytes, or all there are) has the
+    frame's head (up to its payload's length) or all it is looked for in: then whether the
+    payload can be filled is known for good (:func:`_start_fill`'s answer does not change)."""
+    return len(head) >= _HEAD_PEEK or _payload_at(head, 4, len(head)) >= 0
 
 
 class FrameDecoder:
@@ -712,6 +786,7 @@ class FrameDecoder:
         "_held",
         "_max",
         "_split_from",
+        "_unfillable",
         "big",
         "error",
         "fill_from",
@@ -732,6 +807,9 @@ class FrameDecoder:
         #: with ``split_from``, so a frame comes out as a Split however it is cut)
         self.fill_from = fill_from if split_from else 0
         self._filling: _Filling | None = None
+        #: the held frame's head is in and its payload is not to be filled (_fill_held's
+        #: answer is known: it is not asked again on every read)
+        self._unfillable = False
         self.error: ProtocolError | None = None
         #: the large frame that came before the bodies ``feed`` returned (with ``big_from``)
         self.big: BigFrame | None = None
@@ -771,7 +849,11 @@ class FrameDecoder:
         elif held.size:
             # A frame cut over reads: held as the reads, copied once when all of it is in.
             if not held.add_part(data):
-                if self.fill_from and held.need - held.size >= self.fill_from:
+                if (
+                    self.fill_from
+                    and not self._unfillable
+                    and held.need - held.size >= self.fill_from
+                ):
                     self._fill_held()
                 return []
             need = held.need
@@ -815,18 +897,17 @@ class FrameDecoder:
             pos += 4 + n
         if pos < end:
             fill_from = self.fill_from
+            unfillable = False
             if fill_from and need - (end - pos) >= fill_from:
+                head = src[pos : pos + _HEAD_PEEK]
                 start = _start_fill(
-                    [memoryview(src)[pos:]],
-                    src[pos : pos + _HEAD_PEEK],
-                    end - pos,
-                    need,
-                    split_from,
-                    fill_from,
+                    [memoryview(src)[pos:]], head, end - pos, need, split_from, fill_from
                 )
                 if start is not None:
                     self._filling = start
                     return bodies
+                unfillable = _head_in(head)
+            self._unfillable = unfillable
             held.hold(src, pos, need)
         return bodies
 
@@ -841,3 +922,5 @@ class FrameDecoder:
         if start is not None:
             held.clear()
             self._filling = start
+        elif _head_in(head):
+            self._unfillable = True

@@ -11,23 +11,45 @@ surrounded by JSON whitespace; numbers of any size and exponent; ``\\uXXXX`` esc
 unit, lone surrogates too (the grammar allows them); a leading UTF-8 byte order mark (RFC 8259
 8.1 lets a parser ignore it). Refused: NaN/Infinity, invalid UTF-8 (encoded surrogates, overlong
 forms), control characters in strings, and nesting deeper than 1,024 (orjson's bound).
+
+:func:`checker` is the same check fed in parts (a payload filled read by read): the compiled
+``Checker`` carries its state across a part's edge (inside a string, an escape, a number, a
+UTF-8 sequence ...), so each part is checked while it is still in cache and ``finish`` only
+says what the state means; :class:`PureChecker` keeps the parts and checks their join.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol
 
 import orjson
 
+from vibemq_server.protocol.held import Buffer
+
+
+class Resumable(Protocol):
+    """A JSON text checked in parts: ``feed`` each (bytes ``start:stop`` of ``data``),
+    ``finish`` says whether all of them make one UTF-8 JSON text (what ``valid`` says of
+    their join, however the text was cut)."""
+
+    def feed(self, data: Buffer, start: int, stop: int, /) -> bool: ...
+
+    def finish(self) -> bool: ...
+
+
 _valid: Callable[[bytes], bool] | None
+_checker: Callable[[], Resumable] | None
 try:
+    from vibemq_server.protocol._jsoncheck import Checker as _compiled_checker
     from vibemq_server.protocol._jsoncheck import valid as _compiled
 
     _valid = _compiled
+    _checker = _compiled_checker
 except ImportError:  # not built: orjson and the standard parser
     _valid = None
+    _checker = None
 
 #: Whether the compiled checker is built (it releases the GIL: worth a worker thread).
 COMPILED: Final = _valid is not None
@@ -80,3 +102,26 @@ def valid(payload: bytes) -> bool:
     if _valid is not None:
         return _valid(payload)
     return valid_slow(payload)
+
+
+class PureChecker:
+    """Without the extension: the parts kept (copied) and their join checked by ``finish``
+    with :func:`valid_slow` (the same answers as the compiled ``Checker`` of the whole)."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def feed(self, data: Buffer, start: int, stop: int, /) -> bool:
+        with memoryview(data) as view:
+            self._parts.append(bytes(view[start:stop]))
+        return True
+
+    def finish(self) -> bool:
+        return valid_slow(b"".join(self._parts))
+
+
+def checker() -> Resumable:
+    """A new check fed in parts (the compiled one when built)."""
+    return _checker() if _checker is not None else PureChecker()

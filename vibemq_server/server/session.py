@@ -142,6 +142,7 @@ class Session:
         "_handlers",
         "_holders",
         "_holders_limit",
+        "_json_ok",
         "_last_rx",
         "_memory_paused",
         "_rate",
@@ -224,6 +225,9 @@ class Session:
         # that came after it, handled once the verdict is in (reading paused meanwhile).
         self._authenticating = False
         self._after_auth: list[Body] = []
+        # The payload of the Split being run when the decoder checked it as its parts landed
+        # and found it JSON (b"": none): on_publish does not check it again.
+        self._json_ok = b""
 
     @property
     def state(self) -> State:
@@ -373,9 +377,12 @@ class Session:
         try:
             msg = decode_body(split.skeleton, self.limits)
             msg.payload = split.payload
+            if split.json_ok:
+                self._json_ok = split.payload
             self._run(msg)
         except ProtocolError as exc:
             self.reply_error(exc)
+        self._json_ok = b""
 
     def _run(self, msg: Message) -> None:
         """One decoded message to its handler, or refused in this state."""
@@ -626,7 +633,7 @@ class Session:
             self._permit(Operation.WRITE, msg, queue)
             self._permit_auto_create(msg, queue)
         payload = msg.payload
-        if payload:
+        if payload and payload is not self._json_ok:  # (not checked as it landed)
             if _JSON_OFF_LOOP and len(payload) >= _JSON_OFFLOAD_FROM:
                 self._check_off_loop(msg)
                 return
