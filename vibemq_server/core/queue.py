@@ -170,8 +170,8 @@ class Queue:
     first) and its counters are fields of this one object: at 10,000 queues each message
     meets a queue cold in the caches, and each separate object (a store, a stats record) was
     another line to fetch. The fields every publish, delivery and Ack reads come first (the
-    compiled build lays them out in this order: two cache lines, not three); the
-    ``__init__`` is written out (a dataclass's generated one runs interpreted there)."""
+    compiled build lays the fields out in the order declared here); the ``__init__`` is
+    written out (a dataclass's generated one runs interpreted there)."""
 
     __slots__ = (
         "_dispatching",
