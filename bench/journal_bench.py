@@ -502,7 +502,7 @@ def _recover_child(journal_dir: str, pipe: Any) -> None:
         seconds = time.perf_counter() - t0
         cpu = time.process_time() - cpu0
         after = rss_kib(os.getpid()) or 0
-        count = sum(q.store.count for q in manager.queues.values())
+        count = sum(q.count for q in manager.queues.values())
         pipe.send(
             (
                 "done",

@@ -52,8 +52,8 @@ async def measure(queues: int, runs: int, max_depth: int, per_queue_limit: int) 
                 queue, _ = manager.create_queue(name, options)
                 for i in range(n % (max_depth + 1)):
                     manager.publish(name, f"m{i}", b'{"n":1}', {})
-                queue.stats.delivered = n  # counts as a busy broker's would be
-                queue.stats.acked = n
+                queue.n_delivered = n  # counts as a busy broker's would be
+                queue.n_acked = n
             setup_s = time.perf_counter() - setup
             render(broker)  # the registry is built on the first scrape
             times: list[float] = []

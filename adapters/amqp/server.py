@@ -568,7 +568,7 @@ class AmqpServer:
             return True
         if size > limit:
             return False
-        while queue.store.nbytes + size > limit:
+        while queue.nbytes + size > limit:
             if args.get("x-overflow", "drop-head") != "drop-head":
                 return False
             if not self.manager.drop_oldest(queue):

@@ -973,7 +973,7 @@ class MqttServer:
         (``SharedMember.leave``), so the queue stays the truth for everything not
         acknowledged."""
         queue = self.manager.queues.get(group)
-        if queue is None or queue.store.count or qos == 2:
+        if queue is None or queue.count or qos == 2:
             return False
         subs = queue.subscriptions
         for sub in subs:

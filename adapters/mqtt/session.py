@@ -388,7 +388,7 @@ class MqttSession:
         waiting = set(self.packet_ids)
         present: set[str] = set()
         if self.queue is not None:
-            for msg in self.queue.store:
+            for msg in self.queue.ready():
                 if msg.id in waiting:
                     present.add(msg.id)
                     if len(present) == len(waiting):
@@ -646,7 +646,7 @@ class MqttSession:
                 member.dispatch()
         if self._pending:
             self._pump()
-        elif self.queue is not None and self.queue.store.count:
+        elif self.queue is not None and self.queue.count:
             self.queue.dispatch()
         else:
             return
@@ -686,7 +686,7 @@ class MqttSession:
             return False
         if self._backlog:
             return True
-        queued = len(self._pending) if self.queue is None else self.queue.store.count
+        queued = len(self._pending) if self.queue is None else self.queue.count
         return queued >= max(1, self.max_backlog // 2)
 
     def when_drained(self, waiter: Callable[[], None]) -> None:

@@ -116,7 +116,7 @@ def _expiry_left_ms(amqp: AmqpBroker, queue: str) -> list[int]:
 
     def look(b: Any) -> list[int]:
         now = b.manager.clock()
-        return [m.expires_at - now if m.expires_at else 0 for m in b.manager.queues[queue].store]
+        return [m.expires_at - now if m.expires_at else 0 for m in b.manager.queues[queue].ready()]
 
     return list(amqp.call(look))
 
@@ -217,7 +217,7 @@ def test_expired_message_is_not_delivered_from_a_persistent_session(
         def look(b: Any) -> bool:
             session = b.adapters["mqtt"].sessions["exp-sub"]
             now = b.manager.clock()
-            ttls = [m.expires_at - now for m in session.queue.store if m.expires_at]
+            ttls = [m.expires_at - now for m in session.queue.ready() if m.expires_at]
             return any(t > 60_000 for t in ttls) and all(t <= 0 or t > 60_000 for t in ttls)
 
         return bool(amqp.call(look))

@@ -712,7 +712,7 @@ def in_publish_order(queue: Queue) -> list[StoredMessage]:
     position as in RabbitMQ, so after deliveries to several consumers are returned the live
     order differs from the publish order (and from the order after a restart)."""
     levels = queue.options.delivery_mode is DeliveryMode.PRIORITY_BASED
-    return sorted(queue.store, key=lambda m: (-m.priority if levels else 0, m.seq))
+    return sorted(queue.ready(), key=lambda m: (-m.priority if levels else 0, m.seq))
 
 
 def durable_state(manager: QueueManager, amqp: AmqpServer) -> dict[str, Any]:
@@ -756,7 +756,7 @@ def check_tables(manager: QueueManager) -> None:
     """The adapters' durable tables are the broker's: no client message ever lands there."""
     for name, queue in manager.queues.items():
         if name.startswith("$amqp."):
-            assert not queue.store.count, f"{queue.store.count} client messages in {name}"
+            assert not queue.count, f"{queue.count} client messages in {name}"
             assert not queue.subscriptions, f"a subscription to {name}"
 
 
@@ -771,7 +771,7 @@ def recovered_state(config: Config) -> dict[str, Any]:
     amqp.restore()
     for queue in manager.queues.values():
         assert queue.options.durable, f"transient queue {queue.name} recovered"
-        assert list(queue.store) == in_publish_order(queue), f"{queue.name} out of order"
+        assert list(queue.ready()) == in_publish_order(queue), f"{queue.name} out of order"
     assert amqp.exchanges is not None
     for name in EXCHANGES:
         exchange = amqp.exchanges.get(name)

@@ -107,7 +107,7 @@ def test_fan_out_without_ack_waits_for_every_subscriber_and_counts_each(
     b.writable = True
     queue.dispatch()
     assert a.got == b.got == [("m1", 1, {}), ("m2", 1, {})]
-    assert queue.stats.delivered == 4 and queue.stats.redelivered == 0
+    assert queue.n_delivered == 4 and queue.n_redelivered == 0
     assert queue.message_count == 0 and mgr.memory_bytes == 0
 
 
@@ -123,7 +123,7 @@ def test_fan_out_without_ack_held_publishes_go_out_in_one_run(mgr: QueueManager)
     assert len(a.runs) == 1 and a.runs[0] is b.runs[0]  # one list for all: encoded once
     assert a.ids == b.ids == ["m1", "m2", "m3"]
     queue = mgr.queues["q"]
-    assert queue.stats.delivered == 6 and queue.message_count == 0 and mgr.memory_bytes == 0
+    assert queue.n_delivered == 6 and queue.message_count == 0 and mgr.memory_bytes == 0
     publish(mgr, "q", "m4")  # not held: at once
     assert a.ids[-1] == b.ids[-1] == "m4"
 
@@ -137,7 +137,7 @@ def test_a_full_held_queue_is_handed_over_before_it_overflows(mgr: QueueManager)
     mgr.release()
     assert outcomes == [PublishOutcome.ACCEPTED] * 5
     assert a.ids == [f"m{i}" for i in range(5)]
-    assert mgr.queues["q"].stats.dropped == 0
+    assert mgr.queues["q"].n_dropped == 0
 
 
 def test_priority_based_highest_first_fifo_within_level(mgr: QueueManager) -> None:
@@ -228,7 +228,7 @@ def test_ttl_expired_never_delivered(mgr: QueueManager, clock: ManualClock) -> N
     g = Recorder()
     mgr.subscribe("graveyard", "g", g, 10)
     assert g.got[0][0] == "m1" and g.got[0][2]["deadLetterReason"] == "MessageExpired"
-    assert mgr.queues["drop"].stats.expired == 1
+    assert mgr.queues["drop"].n_expired == 1
 
 
 def test_tick_times_out_only_attached_subscriptions(mgr: QueueManager, clock: ManualClock) -> None:
@@ -317,7 +317,7 @@ def test_ack_held_settles_each_ack_at_its_subscription(mgr: QueueManager) -> Non
     assert touched == {"a": sa.queue}
     sa.queue.dispatch()
     assert list(sa.inflight) == ["m2", "m4"]
-    assert (sa.queue.stats.acked, sb.queue.stats.acked) == (1, 1)
+    assert (sa.queue.n_acked, sb.queue.n_acked) == (1, 1)
 
 
 def test_tick_sweeps_a_bounded_share_of_idle_queues(mgr: QueueManager) -> None:
@@ -344,7 +344,7 @@ def test_a_restored_message_with_its_own_ttl_expires(mgr: QueueManager, clock: M
     mgr.restore_messages(queue, [msg])
     clock.advance(100)
     mgr.tick()
-    assert queue.message_count == 0 and queue.stats.expired == 1
+    assert queue.message_count == 0 and queue.n_expired == 1
 
 
 def test_overflow_drop_oldest(mgr: QueueManager) -> None:
@@ -465,7 +465,7 @@ def test_duplicate_id_waits_for_first_ack(mgr: QueueManager) -> None:
     mgr.ack(sub, "same")
     assert r.ids == ["same", "same"]
     mgr.ack(sub, "same")
-    assert mgr.queues["q"].stats.acked == 2
+    assert mgr.queues["q"].n_acked == 2
 
 
 def test_queue_info_live_figures(mgr: QueueManager) -> None:
@@ -491,7 +491,7 @@ def test_ack_many_settles_in_order_and_returns_unknown_ids(mgr: QueueManager) ->
     publish(mgr, "q", "m1", "m2", "m3")
     assert mgr.ack_many(sa, ["m1", "x", "m3", "m1"]) == ["x", "m1"]
     assert list(sa.inflight) == ["m2"]
-    assert mgr.queues["q"].stats.acked == 2
+    assert mgr.queues["q"].n_acked == 2
     assert a.ids == ["m1", "m2", "m3"]  # no refill: the caller dispatches
     assert mgr.ack_many(sb, ["m1", "m2", "m3"]) == []
     assert mgr.queues["q"].unacked_count == 1

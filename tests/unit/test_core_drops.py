@@ -52,8 +52,8 @@ def test_drop_oldest_counts_every_drop_and_logs_the_first_at_once(
 ) -> None:
     mgr.create_queue("q", mgr.options_from({"maxQueueSize": 2}))
     fill(mgr, "q", 5)
-    assert mgr.queues["q"].stats.dropped == 3
-    assert [m.id for m in mgr.queues["q"].store] == ["m3", "m4"]
+    assert mgr.queues["q"].n_dropped == 3
+    assert [m.id for m in mgr.queues["q"].ready()] == ["m3", "m4"]
     lines = drop_lines(logs)
     assert len(lines) == 1, lines
     first = lines[0]
@@ -89,7 +89,7 @@ def test_later_drops_make_at_most_one_line_a_minute_with_their_count(
     mgr.tick()
     lines = drop_lines(logs)
     assert len(lines) == 3 and lines[2]["dropped"] == 3
-    assert mgr.queues["q"].stats.dropped == 8
+    assert mgr.queues["q"].n_dropped == 8
 
 
 def test_each_queue_has_its_own_first_line(mgr: QueueManager, logs: Logs) -> None:
@@ -102,8 +102,8 @@ def test_each_queue_has_its_own_first_line(mgr: QueueManager, logs: Logs) -> Non
 def test_drop_newest_counts_and_logs(mgr: QueueManager, logs: Logs) -> None:
     mgr.create_queue("q", mgr.options_from({"maxQueueSize": 1, "overflowStrategy": "DropNewest"}))
     fill(mgr, "q", 3)
-    assert mgr.queues["q"].stats.dropped == 2
-    assert [m.id for m in mgr.queues["q"].store] == ["m0"]
+    assert mgr.queues["q"].n_dropped == 2
+    assert [m.id for m in mgr.queues["q"].ready()] == ["m0"]
     assert len(drop_lines(logs)) == 1
 
 
@@ -112,7 +112,7 @@ def test_redirect_without_dlq_is_refused_and_counted(mgr: QueueManager, logs: Lo
         "q", mgr.options_from({"maxQueueSize": 1, "overflowStrategy": "RedirectToDlq"})
     )
     fill(mgr, "q", 2)
-    assert mgr.queues["q"].stats.dropped == 1
+    assert mgr.queues["q"].n_dropped == 1
     assert len(drop_lines(logs)) == 1
 
 
@@ -125,8 +125,8 @@ def test_dead_letter_queue_overflow_counts_on_the_dlq(clock: ManualClock, logs: 
         ),
     )
     fill(mgr, "q", 5)  # m0 stays; m1..m4 to the DLQ, which holds 2
-    assert mgr.queues["q"].stats.dead_lettered == 4
-    assert mgr.queues["q.dlq"].stats.dropped == 2
+    assert mgr.queues["q"].n_dead_lettered == 4
+    assert mgr.queues["q.dlq"].n_dropped == 2
     assert [line["queue"] for line in drop_lines(logs)] == ["q.dlq"]
 
 
@@ -140,7 +140,7 @@ def test_retries_exhausted_without_dlq_is_a_logged_drop(
     clock.advance(11)
     mgr.tick()
     assert sink.got == ["m0"]
-    assert mgr.queues["q"].stats.dropped == 1
+    assert mgr.queues["q"].n_dropped == 1
     lines = drop_lines(logs)
     assert len(lines) == 1 and lines[0]["reason"] == "MaxRetriesExceeded"
 
@@ -161,8 +161,8 @@ def test_expiry_reject_and_purge_count_without_a_warning(
     mgr.unsubscribe(sub)
     fill(mgr, "q", 3, start=3)
     assert mgr.purge("q") == 3
-    stats = mgr.queues["q"].stats
-    assert (stats.expired, stats.dropped) == (2, 2 + 1 + 3)
+    queue = mgr.queues["q"]
+    assert (queue.n_expired, queue.n_dropped) == (2, 2 + 1 + 3)
     assert drop_lines(logs) == []
 
 
@@ -172,7 +172,7 @@ def test_a_deleted_queue_keeps_its_counts_in_the_totals_and_starts_afresh(
     mgr.create_queue("q", mgr.options_from({"maxQueueSize": 1}))
     fill(mgr, "q", 3)
     mgr.delete_queue("q")
-    assert (mgr.retired_stats.published, mgr.retired_stats.dropped) == (3, 2)
+    assert (mgr.retired_stats.n_published, mgr.retired_stats.n_dropped) == (3, 2)
     mgr.create_queue("q", mgr.options_from({"maxQueueSize": 1}))
     fill(mgr, "q", 2)
     assert [line["event"] for line in drop_lines(logs)] == ["first message dropped"] * 2

@@ -117,7 +117,7 @@ def test_move_keeps_what_cannot_go_back(mgr: QueueManager) -> None:
     assert result.moved == {} and result.kept == 3
     # kept in their order, and nothing was dropped anywhere
     assert [m.id for m in mgr.browse("dlq")] == ["a1", "g1", "stray"]
-    assert mgr.queues["a"].stats.dropped == 0 and mgr.queues["dlq"].stats.dropped == 0
+    assert mgr.queues["a"].n_dropped == 0 and mgr.queues["dlq"].n_dropped == 0
     mgr.purge("a")
     assert mgr.move_messages("dlq").moved == {"a": 1}
     assert [m.id for m in mgr.browse("dlq")] == ["g1", "stray"]

@@ -30,7 +30,7 @@ class Taker:
 
 
 def queued(mgr: QueueManager, name: str) -> list[StoredMessage]:
-    return list(mgr.queues[name].store)
+    return list(mgr.queues[name].ready())
 
 
 def test_publishers_share_the_name_the_empty_headers_and_the_clock_reading(

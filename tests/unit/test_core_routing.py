@@ -188,7 +188,7 @@ def test_a_refusing_queue_does_not_keep_the_message_from_the_sinks(mgr: QueueMan
     (sink,) = sinks(mgr, "sink")
     mgr.route("full", Source("full", "m1"))
     mgr.route("full", Source("full", "m2"))  # DropNewest: the queue refuses this one
-    assert [m.id for m in mgr.queues["full"].store] == ["m1"]
+    assert [m.id for m in mgr.queues["full"].ready()] == ["m1"]
     assert [g[1] for g in sink.got] == ["m1", "m2"]
 
 

@@ -13,7 +13,7 @@ def test_totals_sum_every_queue_in_counter_order() -> None:
     for i in range(3):
         manager.publish("a", f"a{i}", b"1", {}, route=False)
     manager.publish("b", "b0", b"1", {}, route=False)
-    manager.queues["b"].stats.dropped = 7
+    manager.queues["b"].n_dropped = 7
     sums = dict(zip(COUNTERS, totals(manager), strict=True))
     assert sums["published"] == 4 and sums["dropped"] == 7 and sums["acked"] == 0
 

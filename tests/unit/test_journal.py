@@ -179,7 +179,7 @@ def live(journal: Journal) -> int:
 
 
 def ready(mgr: QueueManager, queue: str) -> list[tuple[str, int]]:
-    return [(m.id, m.attempts) for m in mgr.queues[queue].store]
+    return [(m.id, m.attempts) for m in mgr.queues[queue].ready()]
 
 
 # -- what a restart brings back --------------------------------------------------------------
@@ -247,7 +247,7 @@ async def test_large_records_among_small_ones_survive_whole(env: Env) -> None:
         publish(mgr, "big", mid, payload=payload)
     assert await durable(journal) is None
     mgr2, _ = await env.restart(journal)
-    assert [(m.id, m.payload) for m in mgr2.queues["big"].store] == expected
+    assert [(m.id, m.payload) for m in mgr2.queues["big"].ready()] == expected
 
 
 async def test_all_acked_means_nothing_comes_back(env: Env) -> None:
@@ -280,10 +280,10 @@ async def test_message_fields_survive(env: Env, clock: ManualClock) -> None:
     make(mgr, "q", messageTtl=100_000)
     payload = '{"text":"héllo"}'.encode()
     mgr.publish("q", "id-1", payload, {"k": "v", "correlationId": "x"})
-    original = next(iter(mgr.queues["q"].store))
+    original = next(iter(mgr.queues["q"].ready()))
     clock.advance(50)
     mgr2, _ = await env.restart(journal)
-    got = next(iter(mgr2.queues["q"].store))
+    got = next(iter(mgr2.queues["q"].ready()))
     assert (got.id, got.queue, got.payload, dict(got.headers)) == (
         "id-1",
         "q",
@@ -307,12 +307,12 @@ async def test_dead_lettered_messages_are_in_the_dlq(env: Env) -> None:
     publish(mgr, "q", "m1", "m2")
     mgr.unsubscribe(sub)  # both come back at attempt 1 of 1: dead-lettered
     assert ready(mgr, "q") == []
-    order = [m.id for m in mgr.queues["q.dlq"].store]
+    order = [m.id for m in mgr.queues["q.dlq"].ready()]
     assert sorted(order) == ["m1", "m2"]
 
     mgr2, _ = await env.restart(journal)
     assert ready(mgr2, "q") == []
-    dead = list(mgr2.queues["q.dlq"].store)
+    dead = list(mgr2.queues["q.dlq"].ready())
     assert [m.id for m in dead] == order  # the dead-letter queue's own order is kept
     headers = dict(dead[0].headers)
     assert headers["deadLetterReason"] == "MaxRetriesExceeded"
@@ -366,19 +366,19 @@ async def test_ttl_expires_by_wall_clock_across_restart(env: Env, clock: ManualC
     mgr2, journal2 = env.open()
     mgr2.tick()
     assert [m for m, _ in ready(mgr2, "t")] == ["late"]
-    dead = list(mgr2.queues["t.dlq"].store)
+    dead = list(mgr2.queues["t.dlq"].ready())
     assert [m.id for m in dead] == ["early"]
     assert dead[0].headers["deadLetterReason"] == "MessageExpired"
 
     mgr3, journal3 = await env.restart(journal2)
     assert [m for m, _ in ready(mgr3, "t")] == ["late"]
-    assert [m.id for m in mgr3.queues["t.dlq"].store] == ["early"]
+    assert [m.id for m in mgr3.queues["t.dlq"].ready()] == ["early"]
     await env.close(journal3)
     clock.advance(400)
     mgr4, _ = env.open()
     mgr4.tick()
     assert ready(mgr4, "t") == []
-    assert [m.id for m in mgr4.queues["t.dlq"].store] == ["early", "late"]
+    assert [m.id for m in mgr4.queues["t.dlq"].ready()] == ["early", "late"]
 
 
 async def test_ttl_expiry_without_dlq_drops_for_good(env: Env, clock: ManualClock) -> None:
@@ -999,7 +999,7 @@ async def test_broker_recovers_from_its_data_dir(tmp_path: Path) -> None:
     await second.start()
     try:
         assert second.manager.queues["q"].options.max_queue_size == 9
-        assert [m.id for m in second.manager.queues["q"].store] == ["m1"]
+        assert [m.id for m in second.manager.queues["q"].ready()] == ["m1"]
     finally:
         await second.stop()
 

@@ -135,7 +135,7 @@ async def test_restart_indexes_the_last_segment_and_recovers_as_before(broker: B
     (last.parent / f"{qindex.index_path(last).name}.123.tmp").write_bytes(b"half")
     (last.parent / "00000000000000009999.qidx").write_bytes(b"orphan")
     mgr2, _journal2 = broker.open()
-    assert sorted(len(mgr2.queues[q].store) for q in ("q0", "q1", "q2")) == [20, 20, 20]
+    assert sorted(mgr2.queues[q].count for q in ("q0", "q1", "q2")) == [20, 20, 20]
     await wait_for(lambda: qindex.load(last) is not None, what="the last segment indexed")
     await wait_for(
         lambda: (

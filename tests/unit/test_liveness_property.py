@@ -287,14 +287,14 @@ class Scenario:
                 return "output left unwritten in a connection's own buffer"
         paused = self.sub.write_paused
         for queue in self.broker.manager.queues.values():
-            if not queue.store.count:
+            if not queue.count:
                 continue
             for sub in queue.subscriptions:
                 # has_capacity: under the prefetch, and the consumer writable (its socket
                 # and output not over their bounds, its AMQP channel's global window open)
                 if sub.has_capacity() and not paused:
                     return (
-                        f"{queue.store.count} ready in {queue.name!r}, "
+                        f"{queue.count} ready in {queue.name!r}, "
                         f"{len(sub.inflight)}/{sub.prefetch} in flight, socket not paused"
                     )
         mqtt = self.broker.adapters.get("mqtt")

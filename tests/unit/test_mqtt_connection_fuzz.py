@@ -853,7 +853,7 @@ def check_nothing_stuck(world: World) -> None:
             # as the rest of that packet, which the packet timeout ends, not a delivery.
             continue
         if session is not None and session.link is client.link:
-            queued = session.queue.store.count if session.queue is not None else 0
+            queued = session.queue.count if session.queue is not None else 0
             assert not (session._backlog or session._pending or queued), (
                 f"{session.client_id}: messages stuck with nothing in flight"
             )
@@ -1042,7 +1042,7 @@ def durable_state(server: MqttServer) -> dict[str, Any]:
     queues: dict[str, list[str]] = {}
     for name, queue in manager.queues.items():
         if queue.options.durable and name not in tables:
-            ids = [m.id for m in queue.store]
+            ids = [m.id for m in queue.ready()]
             for sub in queue.subscriptions:
                 ids.extend(m.id for m in sub.inflight.values())
             queues[name] = sorted(ids)

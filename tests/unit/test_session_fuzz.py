@@ -304,7 +304,7 @@ def assert_live(manager: QueueManager) -> None:
     connection is writable, and it does not still hold a delivery of the same id)."""
     now = manager.clock()
     for queue in manager.queues.values():
-        head = next(iter(queue.store), None)
+        head = next(iter(queue.ready()), None)
         subs = queue.subscriptions
         if head is None or head.expired(now) or not subs:
             continue
@@ -354,7 +354,7 @@ def test_no_input_escapes_as_an_exception(script: list[Step], auth: bool, ticks:
     manager.tick()
     assert_server_frames(clients[0].links + clients[1].links)
     # Queued bytes are accounted exactly.
-    assert manager.memory_bytes == sum(q.store.nbytes for q in manager.queues.values())
+    assert manager.memory_bytes == sum(q.nbytes for q in manager.queues.values())
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -376,7 +376,7 @@ def _live_ids(manager: QueueManager) -> dict[str, list[int]]:
     out = {}
     for name, queue in manager.queues.items():
         if queue.options.durable:
-            seqs = [m.seq for m in queue.store]
+            seqs = [m.seq for m in queue.ready()]
             for sub in queue.subscriptions:
                 seqs.extend(m.seq for m in sub.inflight.values())
             out[name] = sorted(set(seqs))

@@ -390,7 +390,7 @@ class QueueManager:
             self.persistence.queue_deleted(name)
         del self.queues[name]
         self.drop_log.forget(name)
-        self.retired_stats.add(queue.stats)
+        self.retired_stats.add(queue)
         queue.deleted = True
         for sub in queue.drop_subscriptions():
             sub.inflight.clear()

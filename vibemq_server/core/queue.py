@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from vibemq_server.config import DeliveryMode, OverflowStrategy
@@ -123,191 +123,29 @@ class Subscription:
 
 
 class StatsLike(Protocol):
-    """A queue's counters, read-only: ``QueueStats`` (the totals) or ``Queue.stats``."""
+    """A queue's counters, read-only: a ``Queue`` itself, or ``QueueStats`` (the totals)."""
 
     @property
-    def published(self) -> int: ...
+    def n_published(self) -> int: ...
     @property
-    def delivered(self) -> int: ...
+    def n_delivered(self) -> int: ...
     @property
-    def acked(self) -> int: ...
+    def n_acked(self) -> int: ...
     @property
-    def redelivered(self) -> int: ...
+    def n_redelivered(self) -> int: ...
     @property
-    def dead_lettered(self) -> int: ...
+    def n_dead_lettered(self) -> int: ...
     @property
-    def expired(self) -> int: ...
+    def n_expired(self) -> int: ...
     @property
-    def dropped(self) -> int: ...
+    def n_dropped(self) -> int: ...
 
 
 @dataclass(slots=True)
 class QueueStats:
-    """Counters summed over queues (the deleted queues' totals, a scrape's sums)."""
+    """Counters summed over queues (the deleted queues' totals, a scrape's sums): the same
+    names as a ``Queue``'s own counters."""
 
-    published: int = 0
-    delivered: int = 0
-    acked: int = 0
-    redelivered: int = 0
-    dead_lettered: int = 0
-    expired: int = 0
-    dropped: int = 0
-
-    def add(self, other: StatsLike) -> None:
-        """Add another queue's counts to these (a deleted queue's, into the totals)."""
-        self.published += other.published
-        self.delivered += other.delivered
-        self.acked += other.acked
-        self.redelivered += other.redelivered
-        self.dead_lettered += other.dead_lettered
-        self.expired += other.expired
-        self.dropped += other.dropped
-
-
-class QueueCounters:
-    """``Queue.stats``: the queue's own counters, which live on the queue itself (one object
-    less per message at 10,000 queues), seen and set as a stats object."""
-
-    __slots__ = ("_q",)
-
-    def __init__(self, queue: Queue) -> None:
-        self._q = queue
-
-    @property
-    def published(self) -> int:
-        return self._q.n_published
-
-    @published.setter
-    def published(self, value: int) -> None:
-        self._q.n_published = value
-
-    @property
-    def delivered(self) -> int:
-        return self._q.n_delivered
-
-    @delivered.setter
-    def delivered(self, value: int) -> None:
-        self._q.n_delivered = value
-
-    @property
-    def acked(self) -> int:
-        return self._q.n_acked
-
-    @acked.setter
-    def acked(self, value: int) -> None:
-        self._q.n_acked = value
-
-    @property
-    def redelivered(self) -> int:
-        return self._q.n_redelivered
-
-    @redelivered.setter
-    def redelivered(self, value: int) -> None:
-        self._q.n_redelivered = value
-
-    @property
-    def dead_lettered(self) -> int:
-        return self._q.n_dead_lettered
-
-    @dead_lettered.setter
-    def dead_lettered(self, value: int) -> None:
-        self._q.n_dead_lettered = value
-
-    @property
-    def expired(self) -> int:
-        return self._q.n_expired
-
-    @expired.setter
-    def expired(self, value: int) -> None:
-        self._q.n_expired = value
-
-    @property
-    def dropped(self) -> int:
-        return self._q.n_dropped
-
-    @dropped.setter
-    def dropped(self, value: int) -> None:
-        self._q.n_dropped = value
-
-
-class ReadyView:
-    """``Queue.store``: the queue's ready messages as one collection (iteration, ``len``,
-    ``count``, ``nbytes`` and the store operations), for callers outside the core's hot
-    path; the messages and their counts live on the queue itself."""
-
-    __slots__ = ("_q",)
-
-    def __init__(self, queue: Queue) -> None:
-        self._q = queue
-
-    @property
-    def count(self) -> int:
-        return self._q.count
-
-    @property
-    def nbytes(self) -> int:
-        return self._q.nbytes
-
-    def __len__(self) -> int:
-        return self._q.count
-
-    def __iter__(self) -> Iterator[StoredMessage]:
-        return self._q.ready()
-
-    def append(self, msg: StoredMessage) -> None:
-        self._q.push(msg)
-
-    def extend(self, msgs: list[StoredMessage]) -> None:
-        self._q.push_all(msgs)
-
-    def appendleft(self, msg: StoredMessage) -> None:
-        self._q.push_front(msg)
-
-    def popleft(self) -> StoredMessage | None:
-        return self._q.pop_ready()
-
-    def pop_if_newest(self, msg: StoredMessage) -> bool:
-        return self._q.pop_if_newest(msg)
-
-    def pop_oldest_lowest(self) -> StoredMessage | None:
-        return self._q.pop_oldest_lowest()
-
-    def pop_expired(self, now: int) -> Iterator[StoredMessage]:
-        return self._q.pop_expired(now)
-
-    def clear(self) -> list[StoredMessage]:
-        return self._q.take_all()
-
-
-@dataclass(slots=True, eq=False)
-class Queue:
-    """A queue. Its ready messages (one FIFO, or one per priority level, highest served
-    first) and its counters are fields of this one object, the fields every publish, delivery
-    and Ack reads declared first: at 10,000 queues each message meets a queue cold in the
-    caches, and each separate object (a store, a stats record) was another line to fetch."""
-
-    name: str
-    options: QueueOptions
-    created_at: int
-    manager: QueueHost
-    #: ready messages and their payload bytes
-    count: int = 0
-    nbytes: int = 0
-    #: change it only through add_subscription / remove_subscription / drop_subscriptions
-    subscriptions: list[Subscription] = field(default_factory=list)
-    #: the one subscription when there is exactly one (the usual case), else None: the
-    #: publish and refill paths reach it without touching the list (two more cold lines)
-    lone: Subscription | None = None
-    _dispatching: bool = False
-    deleted: bool = False
-    #: the options' ``needs_ack`` and "is a fan-out mode", kept at hand for every delivery
-    needs_ack: bool = field(init=False)
-    fan_out: bool = field(init=False)
-    #: FanOutWithoutAck: one message object for all subscribers, handed over in runs
-    shared: bool = field(init=False)
-    # Some message has its own TTL (so expiry must be checked even without a queue TTL).
-    message_ttls: bool = False
-    # the counters (``stats`` shows them as a stats object)
     n_published: int = 0
     n_delivered: int = 0
     n_acked: int = 0
@@ -315,26 +153,126 @@ class Queue:
     n_dead_lettered: int = 0
     n_expired: int = 0
     n_dropped: int = 0
-    _rr: int = 0
-    room_waiters: list[Callable[[], None]] = field(default_factory=list)
-    #: one FIFO, or one per priority level (lowest first)
-    _levels: list[deque[StoredMessage]] = field(init=False)
-    # Messages held by key outside delivery (a DurableTable's entries): live for the journal.
-    parked: dict[str, StoredMessage] = field(default_factory=dict)
-    # An adapter's dead-lettering for this queue (see QueueManager.dead_letter).
-    dead_letter_hook: Callable[[Queue, StoredMessage, str], object] | None = None
-    #: the views of the counters and the ready messages for callers outside the core
-    stats: QueueCounters = field(init=False)
-    store: ReadyView = field(init=False)
 
-    def __post_init__(self) -> None:
-        prioritised = self.options.delivery_mode is DeliveryMode.PRIORITY_BASED
-        self._levels = [deque() for _ in range(len(Priority) if prioritised else 1)]
-        self.needs_ack = self.options.needs_ack
-        self.fan_out = self.options.delivery_mode in _FAN_OUT
+    def add(self, other: StatsLike) -> None:
+        """Add another queue's counts to these (a deleted queue's, into the totals)."""
+        self.n_published += other.n_published
+        self.n_delivered += other.n_delivered
+        self.n_acked += other.n_acked
+        self.n_redelivered += other.n_redelivered
+        self.n_dead_lettered += other.n_dead_lettered
+        self.n_expired += other.n_expired
+        self.n_dropped += other.n_dropped
+
+
+class Queue:
+    """A queue. Its ready messages (one FIFO, or one per priority level, highest served
+    first) and its counters are fields of this one object: at 10,000 queues each message
+    meets a queue cold in the caches, and each separate object (a store, a stats record) was
+    another line to fetch. The fields every publish, delivery and Ack reads come first (the
+    compiled build lays the fields out in the order declared here); the ``__init__`` is
+    written out (a dataclass's generated one runs interpreted there)."""
+
+    __slots__ = (
+        "_dispatching",
+        "_levels",
+        "_rr",
+        "count",
+        "created_at",
+        "dead_letter_hook",
+        "deleted",
+        "fan_out",
+        "lone",
+        "manager",
+        "message_ttls",
+        "n_acked",
+        "n_dead_lettered",
+        "n_delivered",
+        "n_dropped",
+        "n_expired",
+        "n_published",
+        "n_redelivered",
+        "name",
+        "nbytes",
+        "needs_ack",
+        "options",
+        "parked",
+        "room_waiters",
+        "shared",
+        "subscriptions",
+    )
+
+    # -- what a message touches, first --
+    #: ready messages
+    count: int
+    #: the one subscription when there is exactly one (the usual case), else None: the
+    #: publish and refill paths reach it without touching the list (two more cold lines)
+    lone: Subscription | None
+    options: QueueOptions
+    name: str
+    manager: QueueHost
+    n_published: int
+    n_delivered: int
+    n_acked: int
+    _dispatching: bool
+    deleted: bool
+    #: the options' ``needs_ack`` and "is a fan-out mode", kept at hand for every delivery
+    needs_ack: bool
+    fan_out: bool
+    #: FanOutWithoutAck: one message object for all subscribers, handed over in runs
+    shared: bool
+    # -- the rest --
+    #: the ready messages' payload bytes
+    nbytes: int
+    #: change it only through add_subscription / remove_subscription / drop_subscriptions
+    subscriptions: list[Subscription]
+    # Some message has its own TTL (so expiry must be checked even without a queue TTL).
+    message_ttls: bool
+    # the other counters (all of them read by HTTP and metrics; ``QueueStats`` sums them)
+    n_redelivered: int
+    n_dead_lettered: int
+    n_expired: int
+    n_dropped: int
+    _rr: int
+    created_at: int
+    room_waiters: list[Callable[[], None]]
+    #: one FIFO, or one per priority level (lowest first)
+    _levels: list[deque[StoredMessage]]
+    # Messages held by key outside delivery (a DurableTable's entries): live for the journal.
+    parked: dict[str, StoredMessage]
+    # An adapter's dead-lettering for this queue (see QueueManager.dead_letter).
+    dead_letter_hook: Callable[[Queue, StoredMessage, str], object] | None
+
+    def __init__(
+        self, name: str, options: QueueOptions, created_at: int, manager: QueueHost
+    ) -> None:
+        self.count = 0
+        self.lone = None
+        self.options = options
+        self.name = name
+        self.manager = manager
+        self.n_published = 0
+        self.n_delivered = 0
+        self.n_acked = 0
+        self._dispatching = False
+        self.deleted = False
+        self.needs_ack = options.needs_ack
+        self.fan_out = options.delivery_mode in _FAN_OUT
         self.shared = self.fan_out and not self.needs_ack
-        self.stats = QueueCounters(self)
-        self.store = ReadyView(self)
+        self.nbytes = 0
+        self.subscriptions = []
+        self.message_ttls = False
+        self.n_redelivered = 0
+        self.n_dead_lettered = 0
+        self.n_expired = 0
+        self.n_dropped = 0
+        self._rr = 0
+        self.created_at = created_at
+        self.room_waiters = []
+        prioritised = options.delivery_mode is DeliveryMode.PRIORITY_BASED
+        self._levels = [deque() for _ in range(len(Priority) if prioritised else 1)]
+        self.parked = {}
+        self.dead_letter_hook = None
 
     @property
     def message_count(self) -> int:

@@ -43,7 +43,7 @@ class DurableTable:
             queue, _ = manager.create_queue(name, table_options(durable))
         # Recovery put the surviving entries back as queued messages, oldest first: park
         # them, a later entry for a key replacing (and settling) an earlier one.
-        for msg in queue.store.clear():
+        for msg in queue.take_all():
             manager.memory_bytes -= len(msg.payload)
             self._park(queue, msg)
         self.queue: Queue = queue

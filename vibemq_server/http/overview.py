@@ -80,7 +80,7 @@ async def overview(ctx: Ctx) -> dict[str, Any]:
     now = wall_clock_ms()
     ready = unacked = 0
     for queue in manager.queues.values():
-        ready += queue.store.count
+        ready += queue.count
         unacked += queue.unacked_count
     by_protocol = connections_by_protocol(broker)
     return {

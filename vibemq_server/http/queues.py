@@ -59,20 +59,20 @@ Ctx = Annotated[ApiContext, Depends(api_context)]
 #: full view is built for the page alone)
 SORT_KEYS: dict[str, Callable[[Queue], Any]] = {
     "name": lambda q: q.name,
-    "messageCount": lambda q: q.store.count,
+    "messageCount": lambda q: q.count,
     "unackedCount": lambda q: q.unacked_count,
     "subscriberCount": lambda q: len(q.subscriptions),
-    "memoryBytes": lambda q: q.store.nbytes,
+    "memoryBytes": lambda q: q.nbytes,
     "createdAt": lambda q: q.created_at,
     "deliveryMode": lambda q: str(q.options.delivery_mode),
     "durable": lambda q: q.options.durable,
-    "published": lambda q: q.stats.published,
-    "delivered": lambda q: q.stats.delivered,
-    "acked": lambda q: q.stats.acked,
-    "redelivered": lambda q: q.stats.redelivered,
-    "deadLettered": lambda q: q.stats.dead_lettered,
-    "expired": lambda q: q.stats.expired,
-    "dropped": lambda q: q.stats.dropped,
+    "published": lambda q: q.n_published,
+    "delivered": lambda q: q.n_delivered,
+    "acked": lambda q: q.n_acked,
+    "redelivered": lambda q: q.n_redelivered,
+    "deadLettered": lambda q: q.n_dead_lettered,
+    "expired": lambda q: q.n_expired,
+    "dropped": lambda q: q.n_dropped,
 }
 SortColumn = Literal[
     "name",
@@ -113,7 +113,7 @@ def _changeable(name: str) -> None:
 def queue_view(manager: QueueManager, queue: Queue) -> dict[str, Any]:
     info = manager.queue_info(queue.name)
     info.update(
-        memoryBytes=queue.store.nbytes,
+        memoryBytes=queue.nbytes,
         durable=queue.options.durable,
         internal=queue.name.startswith("$"),
     )

@@ -772,7 +772,7 @@ class Journal:
 
     @staticmethod
     def _all_messages(queue: Queue) -> list[StoredMessage]:
-        msgs = list(queue.store)
+        msgs = list(queue.ready())
         msgs.extend(queue.parked.values())
         for sub in queue.subscriptions:
             msgs.extend(sub.inflight.values())

@@ -41,16 +41,16 @@ from vibemq_server.journal.stats import FixedHistogram
 if TYPE_CHECKING:
     from vibemq_server.server.broker import Broker
 
-#: QueueStats field -> the metric name part and its help text
+#: a Queue's (and QueueStats') counter field -> the metric name part and its help text
 QUEUE_COUNTERS: tuple[tuple[str, str, str], ...] = (
-    ("published", "published", "Messages published into the queue."),
-    ("delivered", "delivered", "Deliveries to consumers, redeliveries included."),
-    ("acked", "acked", "Deliveries acknowledged by consumers."),
-    ("redelivered", "redelivered", "Deliveries of a message delivered before."),
-    ("dead_lettered", "dead_lettered", "Messages moved to a dead-letter queue."),
-    ("expired", "expired", "Messages whose TTL passed while they waited."),
+    ("n_published", "published", "Messages published into the queue."),
+    ("n_delivered", "delivered", "Deliveries to consumers, redeliveries included."),
+    ("n_acked", "acked", "Deliveries acknowledged by consumers."),
+    ("n_redelivered", "redelivered", "Deliveries of a message delivered before."),
+    ("n_dead_lettered", "dead_lettered", "Messages moved to a dead-letter queue."),
+    ("n_expired", "expired", "Messages whose TTL passed while they waited."),
     (
-        "dropped",
+        "n_dropped",
         "dropped",
         "Messages lost: overflow (DropOldest, DropNewest), retries exhausted or expired "
         "without a dead-letter queue, purges.",
@@ -148,13 +148,12 @@ class BrokerCollector(Collector):
         ]
         for queue in top:
             name = [queue.name]
-            stats = queue.stats
-            depth.add_metric(name, queue.store.count)
-            nbytes.add_metric(name, queue.store.nbytes)
+            depth.add_metric(name, queue.count)
+            nbytes.add_metric(name, queue.nbytes)
             unacked.add_metric(name, queue.unacked_count)
             consumers.add_metric(name, len(queue.subscriptions))
             for family, (field, _, _) in zip(counters, QUEUE_COUNTERS, strict=True):
-                family.add_metric(name, getattr(stats, field))
+                family.add_metric(name, getattr(queue, field))
         yield depth
         yield nbytes
         yield unacked
@@ -166,14 +165,13 @@ class BrokerCollector(Collector):
         total.add(manager.retired_stats)
         ready = ready_bytes = in_flight = subscribed = 0
         for queue in queues:
-            store = queue.store
-            ready += store.count
-            ready_bytes += store.nbytes
+            ready += queue.count
+            ready_bytes += queue.nbytes
             subs = queue.subscriptions
             if subs:
                 subscribed += len(subs)
                 in_flight += queue.unacked_count
-            total.add(queue.stats)
+            total.add(queue)
         yield GaugeMetricFamily("vibemq_queues", "Queues that exist now.", value=len(queues))
         yield GaugeMetricFamily(
             "vibemq_queues_exported",
@@ -335,7 +333,7 @@ class BrokerCollector(Collector):
 
 
 def _depth(queue: Queue) -> int:
-    return queue.store.count
+    return queue.count
 
 
 def registry_for(broker: Broker) -> CollectorRegistry:
