@@ -143,8 +143,27 @@ def encode_deliver(
     """A Deliver frame, built directly from pieces encoded once: the hot path of every
     delivery. The queue name (length-prefixed) and the ``deliveryAttempts`` header of the
     usual attempt counts come from caches; the rest comes from small caches and one join."""
-    head, i, q, size, tail = _deliver_pieces(msg_id, queue, len(payload), headers, attempts)
-    return b"".join((head, i, q, size, payload, tail))
+    if headers or attempts >= _CACHED_ATTEMPTS:
+        head, i, q, size, tail = _deliver_pieces(msg_id, queue, len(payload), headers, attempts)
+        return b"".join((head, i, q, size, payload, tail))
+    # The usual delivery (no headers of its own, a small attempt count): its pieces here,
+    # not as a tuple from _deliver_pieces (an allocation and a call a delivery).
+    raw_id = msg_id.encode()
+    piece = _QUEUE_PIECES.get(queue)
+    if piece is None:
+        piece = _queue_piece(queue)
+    attempts_tail = _ATTEMPTS_TAIL[attempts]
+    n = len(raw_id)
+    plen = len(payload)
+    total = 8 + n + len(piece) + plen + len(attempts_tail)
+    key = total << 16 | n
+    packed = _DELIVER_HEADS.get(key)
+    if packed is None:
+        packed = _cache(_DELIVER_HEADS, key, _PACK_DELIVER_HEAD(total, 1, 26, n))
+    plen_piece = _U32_PIECES.get(plen)
+    if plen_piece is None:
+        plen_piece = _cache(_U32_PIECES, plen, _PACK_U32(plen))
+    return b"".join((packed, raw_id, piece, plen_piece, payload, attempts_tail))
 
 
 #: A payload at least this large is written between the bytes :func:`deliver_around` gives
@@ -234,26 +253,33 @@ def encode_publish_ack(msg_id: str, queue: str) -> bytes:
     """The PublishAck frame for a Publish: echoes id and queue, headers messageId and
     queueName. Built directly because every publish pays for it."""
     i = msg_id.encode()
-    q = _QUEUE_PIECES.get(queue)
-    if q is None:
-        q = _queue_piece(queue)
+    pieces = _PUBLISH_ACK_PIECES.get(queue)
+    if pieces is None:
+        pieces = _publish_ack_pieces(queue)
+    middle, end, qlen = pieces
     n = len(i)
     sid = (_SHORT_U16[n] if n < 256 else _PACK_U16(n)) + i
-    total = _PUBLISH_ACK_FIXED + 2 * (n + len(q))
+    total = _PUBLISH_ACK_FIXED + 2 * (n + qlen)
     head = _PUBLISH_ACK_HEADS.get(total)
     if head is None:
         head = _cache(_PUBLISH_ACK_HEADS, total, _PACK_PUBLISH_ACK_HEAD(total, 1, 21))
-    return b"".join(
-        (
-            head,
-            sid,
-            q,
-            _PUBLISH_ACK_HEADERS,
-            sid,
-            _QUEUE_NAME_KEY,
-            q,
-        )
-    )
+    return b"".join((head, sid, middle, sid, end))
+
+
+def _publish_ack_pieces(queue: str) -> tuple[bytes, bytes, int]:
+    """A PublishAck's bytes for ``queue`` between the id and its echo in ``messageId``, after
+    that echo, and the queue piece's length; cached (bounded as the queue pieces)."""
+    q = _QUEUE_PIECES.get(queue)
+    if q is None:
+        q = _queue_piece(queue)
+    if len(_PUBLISH_ACK_PIECES) >= _MAX_QUEUE_PIECES:
+        _PUBLISH_ACK_PIECES.clear()
+    pieces = _PUBLISH_ACK_PIECES[queue] = (q + _PUBLISH_ACK_HEADERS, _QUEUE_NAME_KEY + q, len(q))
+    return pieces
+
+
+#: by queue name: :func:`_publish_ack_pieces`
+_PUBLISH_ACK_PIECES: Final[dict[str, tuple[bytes, bytes, int]]] = {}
 
 
 # length prefix, version 1, type PublishAck (21); the body's bytes besides id and queue
@@ -427,8 +453,10 @@ def peek_ack_target(body: bytes, limits: Limits = DEFAULT_LIMITS) -> str | None:
             n = body[pos + 11] << 8 | body[pos + 12]
             if pos + 13 + n != len(body) or n > limits.max_header_value:
                 return None
-            own_id = own.decode()
-            return body[pos + 13 :].decode() or own_id
+            target = body[pos + 13 :].decode()
+            if not own.isascii():
+                own.decode()  # the Ack's own id must be UTF-8 too (raises if not)
+            return target if target else own.decode()
         target = ""
         for _ in range(count):
             n = body[pos] << 8 | body[pos + 1]

@@ -59,7 +59,7 @@ from vibemq_server.protocol.codec import (
 )
 from vibemq_server.protocol.jsoncheck import COMPILED as _JSON_OFF_LOOP
 from vibemq_server.protocol.jsoncheck import OFFLOAD_FROM as _JSON_OFFLOAD_FROM
-from vibemq_server.protocol.jsoncheck import valid as _json_valid
+from vibemq_server.protocol.jsoncheck import valid as _valid_json
 from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.protocol.payload import PAYLOAD_ENCODING, RAW, as_vibemq
 from vibemq_server.server.stall import StallClock
@@ -77,9 +77,22 @@ class State(Enum):
     CLOSED = "closed"
 
 
+# The JSON check of every payload: the C checker itself where it is built, not the interpreted
+# wrapper choosing it (a generic call and a Python frame a publish, from the compiled build).
+_checker: Callable[[bytes], bool]
+try:
+    from vibemq_server.protocol._jsoncheck import valid as _c_valid_json
+
+    _checker = _c_valid_json
+except ImportError:  # not built: the wrapper, with its fallback
+    _checker = _valid_json
+_json_valid: Final = _checker
+
+
 # Hot paths compare against these: an Enum member looked up on its class costs ~10x a global.
 _OPEN: Final = State.OPEN
 _ERROR: Final = CommandType.ERROR
+_PUBLISH: Final = CommandType.PUBLISH
 _CLOSED: Final = State.CLOSED
 _ACCEPTED: Final = PublishOutcome.ACCEPTED
 _ACCEPTED_DURABLE: Final = PublishOutcome.ACCEPTED_DURABLE
@@ -147,6 +160,7 @@ class Session:
         "_memory_paused",
         "_rate",
         "_refilled",
+        "_send",
         "_stall",
         "_state",
         "_tokens",
@@ -174,6 +188,9 @@ class Session:
         stats: ProtocolStats | None = None,
     ) -> None:
         self.link = link
+        # link.send bound once: the PublishAck and the Deliver of every message go through it
+        # (a Link is a protocol: each ``self.link.send`` looks the method up generically)
+        self._send = link.send
         #: the native protocol's counters (messages in/out, errors), shared by its sessions
         self.stats = stats if stats is not None else ProtocolStats("vibemq")
         self.manager = manager
@@ -368,7 +385,11 @@ class Session:
     def _handle_body(self, body: bytes) -> None:
         """Decode and run one frame body; protocol errors become Error replies."""
         try:
-            self._run(decode_body(body, self.limits))
+            msg = decode_body(body, self.limits)
+            if msg.type is _PUBLISH and self._state is _OPEN:
+                self.on_publish(msg)  # (the state table's entry, called without the table)
+            else:
+                self._run(msg)
         except ProtocolError as exc:
             self.reply_error(exc)
 
@@ -688,7 +709,7 @@ class Session:
             self.reply_error(self._core_error(msg, exc))
             return True
         if outcome is _ACCEPTED:
-            self.link.send(encode_publish_ack(msg.id, msg.queue))
+            self._send(encode_publish_ack(msg.id, msg.queue))
             return True
         if outcome is _ACCEPTED_DURABLE:
             self._await_durable(msg)
@@ -885,7 +906,7 @@ class Session:
             # message reaching a VibeMQ consumer is the cross-protocol case, rarely fanned out).
             payload, headers = as_vibemq(payload, headers)
         if len(payload) < LARGE_PAYLOAD:
-            self.link.send(encode_deliver(msg.id, msg.queue, payload, headers, msg.attempts))
+            self._send(encode_deliver(msg.id, msg.queue, payload, headers, msg.attempts))
         else:  # the payload as its own buffer: the transport writes it without a copy
             head, tail = deliver_around(msg.id, msg.queue, len(payload), headers, msg.attempts)
             self.link.send(head)

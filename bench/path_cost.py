@@ -1,0 +1,202 @@
+"""The broker's work a message on the native and the MQTT QoS 1 paths, in one process, fed
+the bytes ``bench.paths_bench``'s raw generators write (issue 15: native at least our MQTT).
+
+A publisher and a subscriber connection of the protocol -- the native ``Session`` or the
+``MqttConnection`` behind a real ``MqttServer`` -- on one ``QueueManager``, each behind a link
+that only collects what would be written, a transient queue (prefetch 1,000): every round feeds
+the publisher one read of ``--batch`` pre-encoded publishes (``VibeDriver``/``MqttDriver``
+``publish_batch``), then the subscriber one read of the acks that driver's scanner answers the
+deliveries with. Only the connections' ``data_received`` is the broker's work; under callgrind
+count that alone (the compiled build's entry points)::
+
+    PYTHONPATH=$PWD valgrind --tool=callgrind --callgrind-out-file=native.out \\
+        --toggle-collect='CPyPy_session___Session___data_received' \\
+        .venv/bin/python -m bench.path_cost native --messages 20000
+    PYTHONPATH=$PWD valgrind --tool=callgrind --callgrind-out-file=mqtt.out \\
+        --toggle-collect='CPyPy_connection___MqttConnection___data_received' \\
+        .venv/bin/python -m bench.path_cost mqtt --messages 20000
+    callgrind_annotate --inclusive=yes native.out | head -60
+
+(instructions a message: the PROGRAM TOTALS over ``--messages``). Without callgrind it prints
+the CPU microseconds a message of those calls, best of ``--repeat``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import structlog
+
+from bench.mqtt_driver import MqttDeliveryScanner, MqttDriver
+from bench.vibemq_driver import VibeDeliveryScanner, VibeDriver
+from vibemq_server.adapters.mqtt.codec import encode as mqtt_encode
+from vibemq_server.adapters.mqtt.connection import MqttConnection
+from vibemq_server.adapters.mqtt.packets import Connect, Subscribe
+from vibemq_server.adapters.mqtt.server import MqttServer
+from vibemq_server.auth import Authenticator
+from vibemq_server.config import Config
+from vibemq_server.core import QueueManager
+from vibemq_server.logs import configure_logging
+from vibemq_server.protocol import CommandType, Message, encode
+from vibemq_server.protocol.bigcopy import Fill
+from vibemq_server.server.adapter import AdapterContext
+from vibemq_server.server.session import Session
+from vibemq_server.server.transport import ReadBatch
+
+PREFETCH = 1000
+
+
+class Conn(Protocol):
+    def data_received(self, data: bytes) -> None: ...
+
+
+class CollectingLink:
+    """A transport that is always writable and keeps what the connection writes."""
+
+    peer_identity: str | None = None
+    over_tls = False
+    reading_paused = False
+    writable = True
+
+    def __init__(self, conn_id: str) -> None:
+        self.conn_id = conn_id
+        self.peer_host = "127.0.0.1"
+        self.log: Any = structlog.get_logger("path_cost")
+        self.out: list[bytes] = []
+        self.send = self.out.append  # (a bound C method: the link costs as little as it can)
+
+    def send_parts(self, parts: list[bytes]) -> None:
+        self.out.extend(parts)
+
+    def take(self) -> bytes:
+        data = b"".join(self.out)
+        self.out.clear()
+        return data
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        pass
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        callback()
+
+    def offload(self, work: Callable[[], Any], then: Callable[[Any], None]) -> None:
+        then(work())
+
+    def time(self) -> float:
+        return 0.0
+
+    def read_into(self, fill: Fill) -> None:
+        raise AssertionError("64-byte payloads are never filled in place")
+
+    def replace_session(self, session: object) -> None:
+        pass
+
+    def close_by_operator(self, reason: str) -> None:
+        pass
+
+
+def native_pair(
+    manager: QueueManager, config: Config
+) -> tuple[Conn, Conn, CollectingLink, CollectingLink, Any]:
+    pub_link, sub_link = CollectingLink("pub"), CollectingLink("sub")
+    pub = Session(pub_link, manager, config)  # type: ignore[arg-type]
+    sub = Session(sub_link, manager, config)  # type: ignore[arg-type]
+    pub.data_received(encode(Message(CommandType.CONNECT, "c1")))
+    sub.data_received(encode(Message(CommandType.CONNECT, "c2")))
+    create = Message(
+        CommandType.CREATE_QUEUE, "cq", "bench", b'{"mode":"RoundRobin","durable":false}'
+    )
+    sub.data_received(encode(create))
+    subscribe = Message(CommandType.SUBSCRIBE, "s", "bench", headers={"prefetch": str(PREFETCH)})
+    sub.data_received(encode(subscribe))
+    return pub, sub, pub_link, sub_link, VibeDriver("127.0.0.1", 0, "bench")
+
+
+def mqtt_pair(
+    manager: QueueManager, config: Config
+) -> tuple[Conn, Conn, CollectingLink, CollectingLink, Any]:
+    server = MqttServer(
+        AdapterContext(
+            config, manager, lambda _c: True, lambda _c: None, ReadBatch(), Authenticator(config)
+        )
+    )
+    server.restore()
+    pub_link, sub_link = CollectingLink("pub"), CollectingLink("sub")
+    pub = MqttConnection(pub_link, server)  # type: ignore[arg-type]
+    sub = MqttConnection(sub_link, server)  # type: ignore[arg-type]
+    pub.data_received(mqtt_encode(Connect("bench-pub", clean_session=True, keep_alive=600)))
+    sub.data_received(mqtt_encode(Connect("bench-sub", clean_session=True, keep_alive=600)))
+    sub.data_received(mqtt_encode(Subscribe(1, (("bench/t", 1),))))
+    return pub, sub, pub_link, sub_link, MqttDriver("127.0.0.1", 0, "bench/t")
+
+
+def run(path: str, messages: int, batch: int) -> tuple[float, int]:
+    """CPU seconds of the connections' ``data_received`` for ``messages``, and how many
+    deliveries the subscriber acked."""
+    config = Config(queue_defaults={"durable": False})
+    manager = QueueManager(config.queue_defaults)
+    make = native_pair if path == "native" else mqtt_pair
+    pub, sub, pub_link, sub_link, driver = make(manager, config)
+    pub_link.take()
+    sub_link.take()
+    scanner = VibeDeliveryScanner() if path == "native" else MqttDeliveryScanner()
+    reads = [
+        driver.publish_batch(start, min(batch, messages - start))
+        for start in range(0, messages, batch)
+    ]
+    spent = 0.0
+    acked = 0
+    clock = time.process_time
+    for data in reads:
+        t0 = clock()
+        pub.data_received(data)
+        spent += clock() - t0
+        out = bytearray(sub_link.take())
+        _used, delivered, acks = scanner.feed(out)
+        acked += delivered
+        pub_link.take()
+        t0 = clock()
+        sub.data_received(acks)
+        spent += clock() - t0
+    return spent, acked
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("path", choices=("native", "mqtt"))
+    p.add_argument("--messages", type=int, default=20_000)
+    p.add_argument("--batch", type=int, default=100, help="publishes per publisher read")
+    p.add_argument("--repeat", type=int, default=1, help="runs; the best is reported")
+    a = p.parse_args(argv)
+    configure_logging("warning")
+    gc.freeze()
+    best = float("inf")
+    for _ in range(a.repeat):
+        spent, acked = run(a.path, a.messages, a.batch)
+        if acked != a.messages:
+            print(f"only {acked:,} of {a.messages:,} delivered", file=sys.stderr)
+            return 1
+        best = min(best, spent)
+    print(f"{a.path}: {best / a.messages * 1e6:.2f} us CPU/message, best of {a.repeat}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
