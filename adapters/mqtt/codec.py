@@ -823,10 +823,8 @@ def _publish_head(
     """A large PUBLISH's fixed and variable header decoded from a small copy of the start
     of ``parts`` (``total`` bytes of it held): the packet (its payload empty) and where its
     payload starts; None when the variable header runs past what is held."""
-    # The first part (the tail of the read the packet began in) usually holds the whole
-    # header: sliced from it, not gathered by prefix() (one small copy either way).
-    first = parts[0]
-    head = bytes(first[:7]) if len(first) >= 7 else prefix(parts, 7)
+    # (prefix slices the head from the first part, the read's tail, when it is all there)
+    head = prefix(parts, 7)
     decoded = decode_remaining_length(head, 1)
     if decoded is None:
         return None
@@ -845,7 +843,7 @@ def _publish_head(
         end += block[1] + block[0]
     if end > total:
         return None
-    head = bytes(first[:end]) if len(first) >= end else prefix(parts, end)
+    head = prefix(parts, end)
     return decode(head[0] & 0x0F, head[header:end]), end
 
 
