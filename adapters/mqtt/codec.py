@@ -299,7 +299,29 @@ def publish_head(
     """The bytes of a PUBLISH before its payload of ``payload_size`` bytes: what
     :func:`encode_publish` gives, less the payload (a large one is sent as it is)."""
     first = 0x30 | (qos << 1) | (8 if dup else 0) | (1 if retain else 0)
-    head = len(topic).to_bytes(2, "big") + topic
+    size = len(topic)
+    if qos:
+        length = size + 4 + payload_size
+        if 0x4000 <= length < 0x200000:
+            # Every large QoS 1/2 delivery (16 KiB to 2 MiB: a 3-byte remaining length) in
+            # two small bytes and one join, not a concatenation per field.
+            return b"".join(
+                (
+                    bytes(
+                        (
+                            first,
+                            length & 0x7F | 0x80,
+                            (length >> 7) & 0x7F | 0x80,
+                            length >> 14,
+                            size >> 8,
+                            size & 0xFF,
+                        )
+                    ),
+                    topic,
+                    bytes((packet_id >> 8, packet_id & 0xFF)),
+                )
+            )
+    head = size.to_bytes(2, "big") + topic
     if qos:
         head += packet_id.to_bytes(2, "big")
     return bytes((first,)) + encode_remaining_length(len(head) + payload_size) + head
@@ -823,10 +845,8 @@ def _publish_head(
     """A large PUBLISH's fixed and variable header decoded from a small copy of the start
     of ``parts`` (``total`` bytes of it held): the packet (its payload empty) and where its
     payload starts; None when the variable header runs past what is held."""
-    # The first part (the tail of the read the packet began in) usually holds the whole
-    # header: sliced from it, not gathered by prefix() (one small copy either way).
-    first = parts[0]
-    head = bytes(first[:7]) if len(first) >= 7 else prefix(parts, 7)
+    # (prefix slices the head from the first part, the read's tail, when it is all there)
+    head = prefix(parts, 7)
     decoded = decode_remaining_length(head, 1)
     if decoded is None:
         return None
@@ -845,7 +865,7 @@ def _publish_head(
         end += block[1] + block[0]
     if end > total:
         return None
-    head = bytes(first[:end]) if len(first) >= end else prefix(parts, end)
+    head = prefix(parts, end)
     return decode(head[0] & 0x0F, head[header:end]), end
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Protocol, cast
 
 from structlog.typing import FilteringBoundLogger
 
@@ -346,7 +346,14 @@ class MqttConnection:
                 break
             if following is not self._state:
                 self._fire(kind)
-            _HANDLERS[kind](self, packet)
+            # The two packets of every QoS 1 message straight to their handlers (a native
+            # call in the compiled build); the table's entry is a generic call of the same.
+            if kind is Publish:
+                self.on_publish(cast(Publish, packet))
+            elif kind is Puback:
+                self.on_puback(cast(Puback, packet))
+            else:
+                _HANDLERS[kind](self, packet)
             if self._authenticating:
                 self._held = (packets, index + 1)
                 return False
@@ -716,12 +723,14 @@ class MqttConnection:
     def _acknowledge(self, packet: bytes, durable: bool) -> None:
         """PUBACK / PUBREC / PUBCOMP now, or once the journal has what the publish stored;
         either way in the order the publishes came (3.1.1 section 4.6)."""
-        persistence = self.manager.persistence
-        if durable and persistence is not None:
-            if self._durable is None:
-                self._durable = DurableReplies(persistence, self._durable_done)
-            self._durable.add(packet)
-        elif self._durable is None or not self._durable.follow(packet):
+        if durable:  # (the persistence looked up only then: the server's is a generic call)
+            persistence = self.manager.persistence
+            if persistence is not None:
+                if self._durable is None:
+                    self._durable = DurableReplies(persistence, self._durable_done)
+                self._durable.add(packet)
+                return
+        if self._durable is None or not self._durable.follow(packet):
             self.link.send(packet)
 
     def _durable_done(self, batch: list[bytes], err: Exception | None) -> None:

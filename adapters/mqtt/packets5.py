@@ -295,45 +295,109 @@ class Connack5:
     properties: Properties = field(default_factory=_props)
 
 
-@dataclass(slots=True)
+# The per-message packets write their __init__ out (``init=False``): mypyc leaves a
+# dataclass's generated one to the interpreter (as packets.py's 3.1.1 packets do). Without
+# ``properties`` each gets a fresh, empty ``Properties`` of its own, as the field's
+# default_factory gave.
+
+
+@dataclass(slots=True, init=False)
 class Publish5:
     """PUBLISH; ``topic`` may be empty when ``properties.topic_alias`` names it."""
 
     topic: str
-    payload: bytes = b""
-    qos: int = 0
-    retain: bool = False
-    dup: bool = False
-    packet_id: int | None = None
-    properties: Properties = field(default_factory=_props)
+    payload: bytes
+    qos: int
+    retain: bool
+    dup: bool
+    packet_id: int | None
+    properties: Properties
+
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes = b"",
+        qos: int = 0,
+        retain: bool = False,
+        dup: bool = False,
+        packet_id: int | None = None,
+        properties: Properties | None = None,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.dup = dup
+        self.packet_id = packet_id
+        self.properties = Properties() if properties is None else properties
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Puback5:
     packet_id: int
-    reason_code: int = ReasonCode.SUCCESS
-    properties: Properties = field(default_factory=_props)
+    reason_code: int
+    properties: Properties
+
+    def __init__(
+        self,
+        packet_id: int,
+        reason_code: int = ReasonCode.SUCCESS,
+        properties: Properties | None = None,
+    ) -> None:
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = Properties() if properties is None else properties
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Pubrec5:
     packet_id: int
-    reason_code: int = ReasonCode.SUCCESS
-    properties: Properties = field(default_factory=_props)
+    reason_code: int
+    properties: Properties
+
+    def __init__(
+        self,
+        packet_id: int,
+        reason_code: int = ReasonCode.SUCCESS,
+        properties: Properties | None = None,
+    ) -> None:
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = Properties() if properties is None else properties
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Pubrel5:
     packet_id: int
-    reason_code: int = ReasonCode.SUCCESS
-    properties: Properties = field(default_factory=_props)
+    reason_code: int
+    properties: Properties
+
+    def __init__(
+        self,
+        packet_id: int,
+        reason_code: int = ReasonCode.SUCCESS,
+        properties: Properties | None = None,
+    ) -> None:
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = Properties() if properties is None else properties
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Pubcomp5:
     packet_id: int
-    reason_code: int = ReasonCode.SUCCESS
-    properties: Properties = field(default_factory=_props)
+    reason_code: int
+    properties: Properties
+
+    def __init__(
+        self,
+        packet_id: int,
+        reason_code: int = ReasonCode.SUCCESS,
+        properties: Properties | None = None,
+    ) -> None:
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = Properties() if properties is None else properties
 
 
 class RetainHandling(IntEnum):

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import structlog
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vibemq_server.adapters.amqp.codec import (
     PROTOCOL_HEADER,
@@ -52,7 +54,7 @@ from vibemq_server.protocol.codec import (
 from vibemq_server.protocol.codec import encode as encode_native
 from vibemq_server.protocol.codec import encode_deliver as encode_native_deliver
 from vibemq_server.protocol.errors import ProtocolError
-from vibemq_server.protocol.held import HeldInput
+from vibemq_server.protocol.held import HeldInput, prefix
 from vibemq_server.server.transport import (
     COPY_BELOW,
     ListenerContexts,
@@ -127,10 +129,18 @@ def test_mqtt5_publish_cut_anywhere(properties: Properties) -> None:
 
 
 def test_mqtt_publish_head_is_encode_publish_less_the_payload() -> None:
-    payload = _payload()
-    for qos, pid in ((0, 0), (1, 3), (2, 65_535)):
-        whole = encode(Publish("a/b", payload, qos, packet_id=pid or None))
-        assert publish_head(b"a/b", len(payload), qos, pid) + payload == whole
+    # (around the edges of the 3-byte remaining length publish_head spells out at once)
+    for size in (100, 16_370, 16_380, 16_384, 65_536, SIZE, 2_097_140, 2_097_152):
+        payload = b"p" * size
+        for topic, qos, pid, flags in (
+            ("a/b", 0, 0, {}),
+            ("a/b", 1, 3, {}),
+            ("a/b", 2, 65_535, {"retain": True, "dup": True}),
+            ("t" * 300, 1, 258, {"retain": True}),
+        ):
+            whole = encode(Publish(topic, payload, qos, packet_id=pid or None, **flags))
+            head = publish_head(topic.encode(), size, qos, pid, **flags)
+            assert head + payload == whole
 
 
 def _native(frames: list[bytes | Split], split_from: int = 0) -> list[Message]:
@@ -565,6 +575,24 @@ def test_held_cut_gives_the_last_read_itself() -> None:
     assert held.add_part(last)
     parts, rest, start = held.cut()
     assert b"".join(parts) == first + last and rest[start:] == b""
+
+
+@given(
+    st.lists(
+        st.tuples(st.binary(max_size=40), st.sampled_from([bytes, bytearray, memoryview])),
+        max_size=5,
+    ),
+    st.integers(0, 120),
+)
+def test_prefix_is_the_first_bytes_of_the_parts(
+    pieces: list[tuple[bytes, type[bytes | bytearray | memoryview]]], n: int
+) -> None:
+    """The head of a held frame, sliced from its first part when that holds all of it or
+    gathered over the parts, is the first ``n`` bytes of them all (all, when fewer)."""
+    parts: list[bytes | bytearray | memoryview] = [kind(data) for data, kind in pieces]
+    head = prefix(parts, n)
+    assert type(head) is bytes
+    assert head == b"".join(parts)[:n]
 
 
 def test_amqp_cut_body_frame_over_a_lowered_frame_max_is_refused() -> None:

@@ -642,8 +642,7 @@ def _split_read(src: bytes, start: int, end: int, split_from: int) -> Split | No
 def _split_parts(parts: list[Buffer], size: int, split_from: int) -> Split | None:
     """As :func:`_split_read`, for a frame (its length field first) cut over the reads
     ``parts`` of ``size`` bytes in all: the payload joined straight out of them."""
-    first = parts[0]
-    head = bytes(first[:_HEAD_PEEK]) if len(first) >= _HEAD_PEEK else prefix(parts, _HEAD_PEEK)
+    head = prefix(parts, _HEAD_PEEK)
     pos = _payload_at(head, 4, len(head))
     stop = _payload_stop(head, pos, size, split_from)
     if stop < 0:
@@ -944,8 +943,7 @@ class FrameDecoder:
         head is in (and its payload large: :func:`_start_fill`)."""
         held = self._held
         parts = held.parts
-        first = parts[0]
-        head = bytes(first[:_HEAD_PEEK]) if len(first) >= _HEAD_PEEK else prefix(parts, _HEAD_PEEK)
+        head = prefix(parts, _HEAD_PEEK)
         start = _start_fill(parts, head, held.size, held.need, self._split_from, self.fill_from)
         if start is not None:
             held.clear()

@@ -15,13 +15,14 @@ bytes back only then (``add``/``take``), or, for a large payload, the reads them
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Final, Protocol
 
 Buffer = bytes | bytearray | memoryview
 
 #: what an input with nothing held points to (never appended to: ``add_part`` makes the
 #: input its own list), so that an idle connection's decoder holds no empty list of its own
-_NOTHING: list[Buffer] = []
+#: (Final: the compiled build keeps it in a C static, not the module's dict)
+_NOTHING: Final[list[Buffer]] = []
 
 
 class HasPayload(Protocol):
@@ -144,7 +145,15 @@ class HeldInput:
 
 
 def prefix(parts: list[Buffer], n: int) -> bytes:
-    """The first ``n`` bytes of ``parts`` (all, when fewer): a small copy, to read a header."""
+    """The first ``n`` bytes of ``parts`` (all, when fewer): a small copy, to read a header.
+
+    The head of a held frame: the first part (the tail of the read the frame began in)
+    nearly always holds all ``n``, and is sliced (one small copy); the parts are gathered
+    only when the head itself was cut over reads."""
+    if parts:
+        first = parts[0]
+        if len(first) >= n:
+            return bytes(first[:n])
     out = bytearray()
     for part in parts:
         out += part[: n - len(out)]
