@@ -27,12 +27,10 @@ import argparse
 import gc
 import sys
 import time
-from collections.abc import Callable
 from typing import Any, Protocol
 
-import structlog
-
 from bench.mqtt_driver import MqttDeliveryScanner, MqttDriver
+from bench.native_micro import CollectingLink as MicroLink
 from bench.vibemq_driver import VibeDeliveryScanner, VibeDriver
 from vibemq_server.adapters.mqtt.codec import encode as mqtt_encode
 from vibemq_server.adapters.mqtt.connection import MqttConnection
@@ -55,52 +53,17 @@ class Conn(Protocol):
     def data_received(self, data: bytes) -> None: ...
 
 
-class CollectingLink:
-    """A transport that is always writable and keeps what the connection writes."""
-
-    peer_identity: str | None = None
-    over_tls = False
-    reading_paused = False
-    writable = True
+class CollectingLink(MicroLink):
+    """``native_micro``'s link (always writable, keeps what the connection writes), with what
+    the MQTT connection calls besides, and ``send`` the list's own append."""
 
     def __init__(self, conn_id: str) -> None:
-        self.conn_id = conn_id
-        self.peer_host = "127.0.0.1"
-        self.log: Any = structlog.get_logger("path_cost")
-        self.out: list[bytes] = []
-        self.send = self.out.append  # (a bound C method: the link costs as little as it can)
+        super().__init__(conn_id)
+        # a bound C method: the link costs as little as it can
+        self.send = self.out.append  # type: ignore[method-assign]
 
     def send_parts(self, parts: list[bytes]) -> None:
         self.out.extend(parts)
-
-    def take(self) -> bytes:
-        data = b"".join(self.out)
-        self.out.clear()
-        return data
-
-    def close(self) -> None:
-        pass
-
-    def abort(self) -> None:
-        pass
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
-        pass
-
-    def call_soon(self, callback: Callable[[], None]) -> None:
-        callback()
-
-    def offload(self, work: Callable[[], Any], then: Callable[[Any], None]) -> None:
-        then(work())
-
-    def time(self) -> float:
-        return 0.0
 
     def read_into(self, fill: Fill) -> None:
         raise AssertionError("64-byte payloads are never filled in place")
