@@ -6,6 +6,9 @@ edge cases (where orjson is stricter than the grammar, the difference is stated)
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 
 import orjson
@@ -156,17 +159,37 @@ _STOPPERS = [
 
 
 def test_long_strings_with_a_stopper_at_every_offset() -> None:
-    """The string's plain runs are skipped 64, 16 or 8 bytes at a time: a special byte at
-    every position of the first 130 (every lane of every step, the scalar tail) and strings
-    of every length around the steps' widths are judged as the pure checker judges them."""
-    for length in (*range(0, 140), 255, 256, 257, 1000):
+    """The string's plain runs are skipped 256, 64, 16 or 8 bytes at a time: a special byte
+    at every position of the first 530 (every lane of every step, twice, the scalar tail) and
+    strings of every length around the steps' widths are judged as the pure checker judges
+    them."""
+    for length in (*range(0, 140), *range(250, 262), *range(508, 580), 1000):
         doc = b'"' + b"x" * length + b'"'
         assert _compiled(doc)
         assert _compiled(doc[:-1]) is False
     for stopper in _STOPPERS:
-        for at in range(130):
-            doc = b'["' + b"a" * at + stopper + b"b" * (150 - at) + b'", 1]'
+        for at in range(530):
+            doc = b'["' + b"a" * at + stopper + b"b" * (560 - at) + b'", 1]'
             assert _compiled(doc) == jsoncheck.valid_slow(doc), (stopper, at)
+
+
+def test_the_avx2_step_where_avx512_is_used() -> None:
+    """``VIBEMQ_JSONCHECK_NO_AVX512``: the AVX2 step, so a CPU with AVX-512 VBMI (whose step
+    the other tests run) checks the AVX2 one too, in a process of its own."""
+    from vibemq_server.protocol import _jsoncheck
+
+    if _jsoncheck.SIMD != "avx512vbmi":
+        assert _jsoncheck.SIMD in ("avx2", "sse2", "swar")
+        return  # (the tests above ran the step this CPU has)
+    env = {**os.environ, "VIBEMQ_JSONCHECK_NO_AVX512": "1"}
+    code = (
+        "from vibemq_server.protocol import _jsoncheck as j; assert j.SIMD == 'avx2', j.SIMD; "
+        f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); "
+        "import test_jsoncheck as t; "
+        "t.test_long_strings_with_a_stopper_at_every_offset(); "
+        "t.test_long_strings_with_a_stopper_cut_around_it()"
+    )
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
 
 
 json_values = st.recursive(
@@ -286,8 +309,8 @@ def test_long_strings_with_a_stopper_cut_around_it() -> None:
     """A special byte at every lane of the vector-wide step, the text cut at and around it
     (an escape or a UTF-8 sequence split over two parts, or whole at the part's end)."""
     for stopper in _STOPPERS:
-        for at in range(0, 130, 7):
-            doc = b'["' + b"a" * at + stopper + b"b" * (150 - at) + b'", 1]'
+        for at in (*range(0, 130, 7), *range(250, 262), *range(315, 325), 511, 512, 513):
+            doc = b'["' + b"a" * at + stopper + b"b" * (560 - at) + b'", 1]'
             whole = _compiled(doc)
             for cut in range(at, at + 2 + len(stopper) + 8):
                 assert _fed(_compiled_checker, doc, [cut]) == whole, (stopper, at, cut)

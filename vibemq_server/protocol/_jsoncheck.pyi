@@ -2,6 +2,8 @@
 
 MAX_DEPTH: int
 NOGIL_FROM: int
+#: the plain-run step in use: "avx512vbmi", "avx2", "sse2" or "swar"
+SIMD: str
 
 def valid(data: bytes | bytearray | memoryview, /) -> bool:
     """Whether the bytes are one UTF-8 JSON text (RFC 8259)."""
