@@ -137,6 +137,10 @@ def main() -> None:
         )
         print(f"{name:<28}{cells}")
     print(gil_released(docs["64 MB"]))
+    if jsoncheck.COMPILED:
+        from vibemq_server.protocol._jsoncheck import SIMD
+
+        print(f"the compiled checker's plain-run step: {SIMD}")
 
 
 if __name__ == "__main__":
