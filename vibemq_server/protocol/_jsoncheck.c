@@ -892,8 +892,9 @@ PyMODINIT_FUNC PyInit__jsoncheck(void) {
 #if PLAIN_SIMD
     __builtin_cpu_init();
     have_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+    const char *no_avx512 = getenv("VIBEMQ_JSONCHECK_NO_AVX512");
     have_vbmi = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi") &&
-                getenv("VIBEMQ_JSONCHECK_NO_AVX512") == NULL;
+                (no_avx512 == NULL || *no_avx512 == '\0');
 #endif
     if (PyType_Ready(&CheckerType) < 0)
         return NULL;
