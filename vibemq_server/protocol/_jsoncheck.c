@@ -93,6 +93,57 @@ static const unsigned char *plain_sse2(const unsigned char *p, const unsigned ch
     return p;
 }
 
+static int have_avx2 = -1;
+/* (VIBEMQ_JSONCHECK_NO_AVX512 set: the AVX2 step, so it is tested and timed on such a CPU too) */
+static int have_vbmi = -1;
+
+/* 0x80 at the ASCII bytes that stop a plain run (controls, '"', '\\'), 0 at the others:
+ * the 128-byte table VPERMI2B looks each byte's low seven bits up in. */
+static const unsigned char STOPS[128] __attribute__((aligned(64))) = {
+    0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80,
+    0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80,
+    [0x22] = 0x80, [0x5c] = 0x80,
+};
+
+/* AVX-512 VBMI: one table lookup per 64 bytes instead of three compares and their ORs; the
+ * byte itself ORed in, so a byte >= 0x80 (whose low bits index an ASCII entry) stops too.
+ * 256 bytes a step with one test each, the step's first stop found only once there is one.
+ * Taken by the AVX2 step once a run has gone 64 bytes (most strings of a record end sooner,
+ * and the AVX2 compares answer them as before). */
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static inline __m512i
+stops_vbmi(const unsigned char *p, __m512i lo, __m512i hi) {
+    __m512i v = _mm512_loadu_si512((const void *)p);
+    return _mm512_or_si512(_mm512_permutex2var_epi8(lo, v, hi), v);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static const unsigned char *
+plain_vbmi(const unsigned char *p, const unsigned char *end) {
+    uint64_t m;
+    const __m512i lo = _mm512_load_si512((const void *)STOPS);
+    const __m512i hi = _mm512_load_si512((const void *)(STOPS + 64));
+    while (end - p >= 256) {
+        __m512i a = stops_vbmi(p, lo, hi), b = stops_vbmi(p + 64, lo, hi);
+        __m512i c = stops_vbmi(p + 128, lo, hi), d = stops_vbmi(p + 192, lo, hi);
+        if (!_mm512_movepi8_mask(_mm512_or_si512(_mm512_or_si512(a, b), _mm512_or_si512(c, d)))) {
+            p += 256;
+            continue;
+        }
+        if ((m = _mm512_movepi8_mask(a)) != 0)
+            return p + __builtin_ctzll(m);
+        if ((m = _mm512_movepi8_mask(b)) != 0)
+            return p + 64 + __builtin_ctzll(m);
+        if ((m = _mm512_movepi8_mask(c)) != 0)
+            return p + 128 + __builtin_ctzll(m);
+        return p + 192 + __builtin_ctzll(_mm512_movepi8_mask(d));
+    }
+    while (end - p >= 64) {
+        if ((m = _mm512_movepi8_mask(stops_vbmi(p, lo, hi))) != 0)
+            return p + __builtin_ctzll(m);
+        p += 64;
+    }
+    return plain_sse2(p, end);
+}
+
 __attribute__((target("avx2"))) static const unsigned char *plain_avx2(const unsigned char *p,
                                                                        const unsigned char *end) {
     const __m256i quote = _mm256_set1_epi8('"');
@@ -115,69 +166,15 @@ __attribute__((target("avx2"))) static const unsigned char *plain_avx2(const uns
             return p + 32 + __builtin_ctz((unsigned)_mm256_movemask_epi8(bad_b));
         }
         p += 64;
+        if (have_vbmi > 0 && end - p >= 256)
+            return plain_vbmi(p, end);
     }
     return plain_sse2(p, end);
 }
 
-/* 0x80 at the ASCII bytes that stop a plain run (controls, '"', '\\'), 0 at the others:
- * the 128-byte table VPERMI2B looks each byte's low seven bits up in. */
-static const unsigned char STOPS[128] __attribute__((aligned(64))) = {
-    0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80,
-    0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80,
-    [0x22] = 0x80, [0x5c] = 0x80,
-};
-
-/* AVX-512 VBMI: one table lookup per 64 bytes instead of three compares and their ORs; the
- * byte itself ORed in, so a byte >= 0x80 (whose low bits index an ASCII entry) stops too.
- * 256 bytes a step, one test per step; the step's first stop found only once there is one. */
-__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static const unsigned char *
-plain_vbmi(const unsigned char *p, const unsigned char *end) {
-    const __m512i lo = _mm512_load_si512((const void *)STOPS);
-    const __m512i hi = _mm512_load_si512((const void *)(STOPS + 64));
-    for (;;) {
-        if (end - p >= 256) {
-            __m512i a = _mm512_loadu_si512((const void *)p);
-            __m512i b = _mm512_loadu_si512((const void *)(p + 64));
-            __m512i c = _mm512_loadu_si512((const void *)(p + 128));
-            __m512i d = _mm512_loadu_si512((const void *)(p + 192));
-            a = _mm512_or_si512(_mm512_permutex2var_epi8(lo, a, hi), a);
-            b = _mm512_or_si512(_mm512_permutex2var_epi8(lo, b, hi), b);
-            c = _mm512_or_si512(_mm512_permutex2var_epi8(lo, c, hi), c);
-            d = _mm512_or_si512(_mm512_permutex2var_epi8(lo, d, hi), d);
-            if (!_mm512_movepi8_mask(_mm512_or_si512(_mm512_or_si512(a, b), _mm512_or_si512(c, d)))) {
-                p += 256;
-                continue;
-            }
-            uint64_t m;
-            if ((m = _mm512_movepi8_mask(a)) != 0)
-                return p + __builtin_ctzll(m);
-            if ((m = _mm512_movepi8_mask(b)) != 0)
-                return p + 64 + __builtin_ctzll(m);
-            if ((m = _mm512_movepi8_mask(c)) != 0)
-                return p + 128 + __builtin_ctzll(m);
-            return p + 192 + __builtin_ctzll(_mm512_movepi8_mask(d));
-        }
-        if (end - p < 64)
-            return plain_sse2(p, end);
-        __m512i v = _mm512_loadu_si512((const void *)p);
-        uint64_t m = _mm512_movepi8_mask(_mm512_or_si512(_mm512_permutex2var_epi8(lo, v, hi), v));
-        if (m)
-            return p + __builtin_ctzll(m);
-        p += 64;
-    }
-}
-
-static int have_avx2 = -1;
-/* (VIBEMQ_JSONCHECK_NO_AVX512 set: the AVX2 step, so it is tested and timed on such a CPU too) */
-static int have_vbmi = -1;
-
 static inline const unsigned char *plain_run(const unsigned char *p, const unsigned char *end) {
-    if (end - p >= 64) {
-        if (have_vbmi > 0)
-            return plain_vbmi(p, end);
-        if (have_avx2 > 0)
-            return plain_avx2(p, end);
-    }
+    if (have_avx2 > 0 && end - p >= 64)
+        return plain_avx2(p, end);
     return plain_sse2(p, end);
 }
 #else
