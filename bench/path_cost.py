@@ -10,10 +10,10 @@ deliveries with. Only the connections' ``data_received`` is the broker's work; u
 count that alone (the compiled build's entry points)::
 
     PYTHONPATH=$PWD valgrind --tool=callgrind --callgrind-out-file=native.out \\
-        --toggle-collect='CPyPy_session___Session___data_received' \\
+        --toggle-collect='CPyPy_server___session___Session___data_received' \\
         .venv/bin/python -m bench.path_cost native --messages 20000
     PYTHONPATH=$PWD valgrind --tool=callgrind --callgrind-out-file=mqtt.out \\
-        --toggle-collect='CPyPy_connection___MqttConnection___data_received' \\
+        --toggle-collect='CPyPy_mqtt___connection___MqttConnection___data_received' \\
         .venv/bin/python -m bench.path_cost mqtt --messages 20000
     callgrind_annotate --inclusive=yes native.out | head -60
 

@@ -286,6 +286,14 @@ def _frame_error(detail: str, channel: int = 0) -> AmqpError:
     return _error(ReplyCode.FRAME_ERROR, detail, channel)
 
 
+def _too_large(size: int, max_size: int, channel: int) -> AmqpError:
+    return _frame_error(f"frame payload of {size} bytes exceeds frame-max {max_size}", channel)
+
+
+def _bad_end(byte: int, channel: int) -> AmqpError:
+    return _frame_error(f"invalid frame end marker 0x{byte:02x}", channel)
+
+
 def _syntax_error(detail: str) -> AmqpError:
     return _error(ReplyCode.SYNTAX_ERROR, detail)
 
@@ -630,15 +638,30 @@ class FrameParser:
             # large body frame's are not joined at all (_cut_body).
             if not held.add_part(data):
                 return []
-            if held.need >= _CUT_BODY and held.first_byte() == FRAME_BODY:
-                try:
+            need = held.need
+            try:
+                if need >= _CUT_BODY and held.first_byte() == FRAME_BODY:
                     view, pos = self._cut_body(frames)
-                except AmqpError as exc:
-                    self._failure = exc
-                    self._state = _FAILED
-                    raise
-            else:
-                view = held.take()
+                elif need > 7:
+                    # The frame's header was in: the frame joined alone, the rest of the read
+                    # parsed in place (joining the whole read copied all of it once more).
+                    frame, view, pos = held.take_frame()
+                    if (
+                        self.fuse_publish
+                        and frame[0] == FRAME_METHOD
+                        and frame[7:11] == _PUBLISH_ID
+                    ):
+                        # a basic.publish is fused with its content: its frames in one piece
+                        view = b"".join((frame, memoryview(view)[pos:]))
+                        pos = 0
+                    else:
+                        self._decode_cut(frame, frames)
+                else:
+                    view = held.take()  # the header itself was cut
+            except AmqpError as exc:
+                self._failure = exc
+                self._state = _FAILED
+                raise
         else:
             # The common case: nothing pending, parse straight out of the caller's bytes.
             view = data if type(data) is bytes else bytes(data)
@@ -666,9 +689,7 @@ class FrameParser:
                     break
                 frame_type, channel, size = unpack_header(view, pos)
                 if size > max_size:
-                    raise _frame_error(
-                        f"frame payload of {size} bytes exceeds frame-max {max_size}", channel
-                    )
+                    raise _too_large(size, max_size, channel)
                 decode = decoders.get(frame_type)
                 if decode is None:
                     raise _frame_error(f"unknown frame type {frame_type}", channel)
@@ -677,7 +698,7 @@ class FrameParser:
                     self._need = size + 8
                     break
                 if view[stop] != FRAME_END:
-                    raise _frame_error(f"invalid frame end marker 0x{view[stop]:02x}", channel)
+                    raise _bad_end(view[stop], channel)
                 if fuse and frame_type == FRAME_METHOD and view[pos + 7 : pos + 11] == _PUBLISH_ID:
                     fused = _fuse_publish(view, pos + 11, stop, channel, end, max_size)
                     if fused is not None:
@@ -709,15 +730,24 @@ class FrameParser:
         parts, last, keep = self._held.cut()
         _kind, channel, size = _HEADER.unpack(prefix(parts, 7))
         if size > self.max_frame_size:  # (lowered by tune-ok since the frame was held)
-            raise _frame_error(
-                f"frame payload of {size} bytes exceeds frame-max {self.max_frame_size}", channel
-            )
+            raise _too_large(size, self.max_frame_size, channel)
         tail = parts[-1]  # (the frame's last read gave it one byte at least)
         if tail[len(tail) - 1] != FRAME_END:
-            raise _frame_error(f"invalid frame end marker 0x{tail[len(tail) - 1]:02x}", channel)
+            raise _bad_end(tail[len(tail) - 1], channel)
         for piece in _ranges(parts, 7, 7 + size):
             frames.append(BodyFrame(channel, piece))
         return last, keep
+
+    def _decode_cut(self, frame: bytes, frames: list[Frame]) -> None:
+        """Decode a frame that was cut over reads, now whole (``frame``: all of it). Its size
+        is checked again, as in :meth:`_cut_body` (its type was, before it was held)."""
+        size = len(frame) - 8
+        channel = frame[1] << 8 | frame[2]
+        if size > self.max_frame_size:
+            raise _too_large(size, self.max_frame_size, channel)
+        if frame[size + 7] != FRAME_END:
+            raise _bad_end(frame[size + 7], channel)
+        frames.append(_FRAME_DECODERS[frame[0]](channel, frame, 7, size + 7))
 
     def _feed_other(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """feed() outside the frame phase: the protocol header, or a spent parser."""

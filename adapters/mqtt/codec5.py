@@ -48,6 +48,7 @@ from vibemq_server.adapters.mqtt.packets5 import (
     PROTOCOL_LEVEL_V5,
     VALID_REASONS,
     WILL,
+    Ack5,
     Auth5,
     Connack5,
     Connect5,
@@ -297,10 +298,8 @@ def _encode_publish(p: Publish5) -> tuple[int, bytes]:
     return flags, body + encode_properties(p.properties, PacketType.PUBLISH) + p.payload
 
 
-def _ack_encoder(
-    packet_type: int, flags: int
-) -> Callable[[Puback5 | Pubrec5 | Pubrel5 | Pubcomp5], tuple[int, bytes]]:
-    def encode(p: Puback5 | Pubrec5 | Pubrel5 | Pubcomp5) -> tuple[int, bytes]:
+def _ack_encoder(packet_type: int, flags: int) -> Callable[[Ack5], tuple[int, bytes]]:
+    def encode(p: Ack5) -> tuple[int, bytes]:
         pid = _check_pid(p.packet_id)
         code = _check_reason(packet_type, p.reason_code)
         if not p.properties:
@@ -771,6 +770,11 @@ class Mqtt5Parser:
                     # copied out (a bytes slice of the body would copy it twice).
                     view = memoryview(buf)[pos + header : pos + total]
                     packets.append(_decode_publish(first & 0x0F, view))
+                elif first == 0x40 and length == 2 and (buf[pos + 2] or buf[pos + 3]):
+                    # The usual PUBACK (success, no properties; a packet id 0 is the table's
+                    # to refuse) inline: the table's generic call, the body slice and the
+                    # class's generic call cost more than the packet itself.
+                    packets.append(Puback5((buf[pos + 2] << 8) | buf[pos + 3], 0, _EMPTY))
                 else:
                     packets.append(
                         _DECODERS[packet_type](first & 0x0F, buf[pos + header : pos + total])

@@ -333,7 +333,10 @@ class Publish5:
 
 
 @dataclass(slots=True, init=False)
-class Puback5:
+class Ack5:
+    """What PUBACK, PUBREC, PUBREL and PUBCOMP share: their fields and ``__init__`` (written
+    once, compiled; each subclass only names its packet)."""
+
     packet_id: int
     reason_code: int
     properties: Properties
@@ -347,57 +350,27 @@ class Puback5:
         self.packet_id = packet_id
         self.reason_code = reason_code
         self.properties = Properties() if properties is None else properties
+
+
+# (Dataclasses of their own: equality and repr are by the packet's class, as before.)
+@dataclass(slots=True, init=False)
+class Puback5(Ack5):
+    """PUBACK: a QoS 1 PUBLISH acknowledged."""
 
 
 @dataclass(slots=True, init=False)
-class Pubrec5:
-    packet_id: int
-    reason_code: int
-    properties: Properties
-
-    def __init__(
-        self,
-        packet_id: int,
-        reason_code: int = ReasonCode.SUCCESS,
-        properties: Properties | None = None,
-    ) -> None:
-        self.packet_id = packet_id
-        self.reason_code = reason_code
-        self.properties = Properties() if properties is None else properties
+class Pubrec5(Ack5):
+    """PUBREC: a QoS 2 PUBLISH received."""
 
 
 @dataclass(slots=True, init=False)
-class Pubrel5:
-    packet_id: int
-    reason_code: int
-    properties: Properties
-
-    def __init__(
-        self,
-        packet_id: int,
-        reason_code: int = ReasonCode.SUCCESS,
-        properties: Properties | None = None,
-    ) -> None:
-        self.packet_id = packet_id
-        self.reason_code = reason_code
-        self.properties = Properties() if properties is None else properties
+class Pubrel5(Ack5):
+    """PUBREL: a QoS 2 PUBLISH released."""
 
 
 @dataclass(slots=True, init=False)
-class Pubcomp5:
-    packet_id: int
-    reason_code: int
-    properties: Properties
-
-    def __init__(
-        self,
-        packet_id: int,
-        reason_code: int = ReasonCode.SUCCESS,
-        properties: Properties | None = None,
-    ) -> None:
-        self.packet_id = packet_id
-        self.reason_code = reason_code
-        self.properties = Properties() if properties is None else properties
+class Pubcomp5(Ack5):
+    """PUBCOMP: a QoS 2 PUBLISH complete."""
 
 
 class RetainHandling(IntEnum):

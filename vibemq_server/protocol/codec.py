@@ -156,14 +156,9 @@ def encode_deliver(
     n = len(raw_id)
     plen = len(payload)
     total = 8 + n + len(piece) + plen + len(attempts_tail)
-    key = total << 16 | n
-    packed = _DELIVER_HEADS.get(key)
-    if packed is None:
-        packed = _cache(_DELIVER_HEADS, key, _PACK_DELIVER_HEAD(total, 1, 26, n))
-    plen_piece = _U32_PIECES.get(plen)
-    if plen_piece is None:
-        plen_piece = _cache(_U32_PIECES, plen, _PACK_U32(plen))
-    return b"".join((packed, raw_id, piece, plen_piece, payload, attempts_tail))
+    return b"".join(
+        (_deliver_head(total, n), raw_id, piece, _u32_piece(plen), payload, attempts_tail)
+    )
 
 
 #: A payload at least this large is written between the bytes :func:`deliver_around` gives
@@ -195,17 +190,34 @@ def _deliver_pieces(
             extra.append(tail[2:])
             tail = _PACK_U16(len(extra)) + b"".join(extra)
     n = len(i)
-    # The packed head and payload length from small caches: a dict lookup by int costs a
-    # third of a struct pack, and a stream's sizes repeat.
     total = 8 + n + len(q) + plen + len(tail)
+    return _deliver_head(total, n), i, q, _u32_piece(plen), tail
+
+
+# The packed head and payload length come from small caches: a dict lookup by int costs a
+# third of a struct pack, and a stream's sizes repeat.
+def _deliver_head(total: int, n: int) -> bytes:
+    """A Deliver frame's first 8 bytes: its length ``total``, version, type, id length ``n``."""
     key = total << 16 | n
     head = _DELIVER_HEADS.get(key)
     if head is None:
         head = _cache(_DELIVER_HEADS, key, _PACK_DELIVER_HEAD(total, 1, 26, n))
-    size = _U32_PIECES.get(plen)
-    if size is None:
-        size = _cache(_U32_PIECES, plen, _PACK_U32(plen))
-    return head, i, q, size, tail
+    return head
+
+
+def _u32_piece(value: int) -> bytes:
+    """``value`` as a big-endian u32 (a payload's length)."""
+    if value < _SMALL_U32:
+        # (a list by index: boxing the int and hashing it for the dict cost more than the
+        # call this helper costs its two callers)
+        small = _U32_SMALL[value]
+        if small is None:
+            small = _U32_SMALL[value] = _PACK_U32(value)
+        return small
+    piece = _U32_PIECES.get(value)
+    if piece is None:
+        piece = _cache(_U32_PIECES, value, _PACK_U32(value))
+    return piece
 
 
 def _cache(cache: dict[int, bytes], key: int, value: bytes) -> bytes:
@@ -234,6 +246,9 @@ _QUEUE_PIECES: Final[dict[str, bytes]] = {}
 #: heads by frame length (bounded: cleared when full)
 _DELIVER_HEADS: Final[dict[int, bytes]] = {}
 _U32_PIECES: Final[dict[int, bytes]] = {}
+#: the packed lengths under 4 KiB, by length (filled as they are met)
+_SMALL_U32: Final = 4096
+_U32_SMALL: Final[list[bytes | None]] = [None] * _SMALL_U32
 _PUBLISH_ACK_HEADS: Final[dict[int, bytes]] = {}
 _MAX_PACKED: Final = 4096
 #: the u16 length prefix of the usual short id

@@ -23,6 +23,9 @@ Buffer = bytes | bytearray | memoryview
 #: input its own list), so that an idle connection's decoder holds no empty list of its own
 #: (Final: the compiled build keeps it in a C static, not the module's dict)
 _NOTHING: Final[list[Buffer]] = []
+#: a read's share of a frame joined by ``take_frame`` is viewed from this size, copied (then
+#: joined) below it: a view costs more than copying a few KiB
+_VIEW_FROM: Final = 4096
 
 
 class HasPayload(Protocol):
@@ -123,13 +126,23 @@ class HeldInput:
 
         The rest is not copied out (``bytes(last[keep:])``): with 64 KiB frames in 256 KiB
         reads that copy took most of every read once more (a third copy of each payload)."""
+        return self._split(0)
+
+    def take_frame(self) -> tuple[bytes, bytes, int]:
+        """The first ``need`` bytes held, joined (a small frame: only its bytes are copied,
+        not the rest of the read it ends in), then as :meth:`cut`."""
+        parts, last, keep = self._split(_VIEW_FROM)
+        return b"".join(parts), last, keep
+
+    def _split(self, view_from: int) -> tuple[list[Buffer], bytes, int]:
+        """:meth:`cut`, the last read's share a view when at least ``view_from`` bytes."""
         parts, over = self._parts, self.size - self._need
         self.clear()
         last = parts[-1]
         if over <= 0:
             return parts, b"", 0
         keep = len(last) - over
-        parts[-1] = memoryview(last)[:keep]
+        parts[-1] = memoryview(last)[:keep] if keep >= view_from else last[:keep]
         # (a read appended by ``add_part`` is bytes; the first part, a view, is never last)
         return parts, bytes(last) if type(last) is not bytes else last, keep
 
