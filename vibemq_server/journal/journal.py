@@ -124,14 +124,10 @@ class Journal:
         # the last flush, encoded in place (journal/batch.py). Its bytes go to _buf, in order,
         # before any other record is added there and at the flush.
         self._enc: RecordSink = new_record_buffer()
-        # its per-message methods bound once: a call through a protocol-typed attribute looks
-        # the method up by name every time (in the compiled build), a bound one is called
-        enc = self._enc
-        self._enc_publish: Callable[[bytes, int, str, int, int, int, int, bytes], object] = (
-            enc.publish
-        )
-        self._enc_deliver: Callable[[bytes, int, int], None] = enc.deliver
-        self._enc_settle_all: Callable[[bytes, list[int], int], None] = enc.settle_all
+        self._enc_publish: Callable[[bytes, int, str, int, int, int, int, bytes], object]
+        self._enc_deliver: Callable[[bytes, int, int], None]
+        self._enc_settle_all: Callable[[bytes, list[int], int], None]
+        self.use_encoder(self._enc)
         self._waiters: list[Waiter] = []  # written with the next flush
         self._sync_waiters: list[Waiter] = []  # written, waiting for an fsync
         # fsyncs running, in the order they started: (number, the waiters they complete)
@@ -186,6 +182,16 @@ class Journal:
         #: were, and come back raw); None: as stored
         self.payload_form: PayloadForm | None = None
         self.payload_restore: PayloadForm | None = None
+
+    def use_encoder(self, enc: RecordSink) -> None:
+        """Encode the per-message records with ``enc`` (the tests give the pure one)."""
+        self._drain()
+        self._enc = enc
+        # its per-message methods bound once: a call through a protocol-typed attribute looks
+        # the method up by name every time (in the compiled build), a bound one is called
+        self._enc_publish = enc.publish
+        self._enc_deliver = enc.deliver
+        self._enc_settle_all = enc.settle_all
 
     # -- recovery ----------------------------------------------------------------------------
 
