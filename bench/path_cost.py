@@ -19,14 +19,33 @@ count that alone (the compiled build's entry points)::
 
 (instructions a message: the PROGRAM TOTALS over ``--messages``). Without callgrind it prints
 the CPU microseconds a message of those calls, best of ``--repeat``.
+
+``durable`` is the native path on a durable queue: a real ``Journal`` (the broker's payload
+forms) in a temporary directory with ``fsync = always`` and its real fsync threads, run in an
+asyncio loop. After each publisher read the loop runs until that read's PublishAcks are out
+(the journal's flush, fsync and the completion on the loop, as in the broker); the broker's
+work is then also the journal's loop callbacks, so count those too::
+
+    PYTHONPATH=$PWD valgrind --tool=callgrind --callgrind-out-file=durable.out \
+        --toggle-collect='CPyPy_server___session___Session___data_received' \
+        --toggle-collect='CPyPy_journal___Journal____flush' \
+        --toggle-collect='CPyPy_journal___Journal____on_synced' \
+        .venv/bin/python -m bench.path_cost durable --messages 20000
+
+Without callgrind it prints the loop thread's CPU (``thread_time``: the fsync threads'
+excluded) a message over the whole run, the loop's own turns included.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
+import shutil
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Protocol
 
 from bench.mqtt_driver import MqttDeliveryScanner, MqttDriver
@@ -39,10 +58,12 @@ from vibemq_server.adapters.mqtt.server import MqttServer
 from vibemq_server.auth import Authenticator
 from vibemq_server.config import Config
 from vibemq_server.core import QueueManager
+from vibemq_server.journal.journal import FsyncPolicy, Journal
 from vibemq_server.logs import configure_logging
 from vibemq_server.protocol import CommandType, Message, encode
 from vibemq_server.protocol.bigcopy import Fill
 from vibemq_server.server.adapter import AdapterContext
+from vibemq_server.server.broker import with_payload_forms
 from vibemq_server.server.session import Session
 from vibemq_server.server.transport import ReadBatch
 
@@ -76,16 +97,15 @@ class CollectingLink(MicroLink):
 
 
 def native_pair(
-    manager: QueueManager, config: Config
+    manager: QueueManager, config: Config, durable: bool = False
 ) -> tuple[Conn, Conn, CollectingLink, CollectingLink, Any]:
     pub_link, sub_link = CollectingLink("pub"), CollectingLink("sub")
     pub = Session(pub_link, manager, config)  # type: ignore[arg-type]
     sub = Session(sub_link, manager, config)  # type: ignore[arg-type]
     pub.data_received(encode(Message(CommandType.CONNECT, "c1")))
     sub.data_received(encode(Message(CommandType.CONNECT, "c2")))
-    create = Message(
-        CommandType.CREATE_QUEUE, "cq", "bench", b'{"mode":"RoundRobin","durable":false}'
-    )
+    options = b'{"mode":"RoundRobin","durable":%s}' % (b"true" if durable else b"false")
+    create = Message(CommandType.CREATE_QUEUE, "cq", "bench", options)
     sub.data_received(encode(create))
     subscribe = Message(CommandType.SUBSCRIBE, "s", "bench", headers={"prefetch": str(PREFETCH)})
     sub.data_received(encode(subscribe))
@@ -141,9 +161,53 @@ def run(path: str, messages: int, batch: int) -> tuple[float, int]:
     return spent, acked
 
 
+async def run_durable(messages: int, batch: int) -> tuple[float, int]:
+    """``run`` on a durable queue: the loop thread's CPU seconds over the whole run, and how
+    many deliveries the subscriber acked."""
+    directory = Path(tempfile.mkdtemp(prefix="bench-path-cost-"))
+    config = Config(queue_defaults={"durable": True})
+    manager = QueueManager(config.queue_defaults)
+    journal = with_payload_forms(Journal(directory / "journal", fsync=FsyncPolicy.ALWAYS))
+    manager.persistence = journal
+    journal.recover(manager)
+    journal.start(manager)
+    try:
+        pub, sub, pub_link, sub_link, driver = native_pair(manager, config, durable=True)
+        await durable_point(journal)
+        pub_link.take()
+        sub_link.take()
+        scanner = VibeDeliveryScanner()
+        reads = [
+            driver.publish_batch(start, min(batch, messages - start))
+            for start in range(0, messages, batch)
+        ]
+        acked = 0
+        t0 = time.thread_time()
+        for data in reads:
+            pub.data_received(data)
+            await durable_point(journal)  # this read's PublishAcks are out
+            _used, delivered, acks = scanner.feed(bytearray(sub_link.take()))
+            acked += delivered
+            pub_link.take()
+            sub.data_received(acks)
+        await durable_point(journal)  # the last acks' records written
+        spent = time.thread_time() - t0
+        await journal.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return spent, acked
+
+
+async def durable_point(journal: Journal) -> None:
+    """Until everything recorded so far is durable (one waiter more, behind the read's)."""
+    done = asyncio.get_running_loop().create_future()
+    journal.when_durable(lambda _err: done.done() or done.set_result(None))
+    await done
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("path", choices=("native", "mqtt"))
+    p.add_argument("path", choices=("native", "mqtt", "durable"))
     p.add_argument("--messages", type=int, default=20_000)
     p.add_argument("--batch", type=int, default=100, help="publishes per publisher read")
     p.add_argument("--repeat", type=int, default=1, help="runs; the best is reported")
@@ -152,7 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()
     best = float("inf")
     for _ in range(a.repeat):
-        spent, acked = run(a.path, a.messages, a.batch)
+        if a.path == "durable":
+            spent, acked = asyncio.run(run_durable(a.messages, a.batch))
+        else:
+            spent, acked = run(a.path, a.messages, a.batch)
         if acked != a.messages:
             print(f"only {acked:,} of {a.messages:,} delivered", file=sys.stderr)
             return 1

@@ -884,7 +884,7 @@ async def test_a_failed_batch_withdraws_its_publishes_from_inside_the_encoded_re
     fake = FaultyOs()
     mgr, journal = env.open(system=fake)
     if encoder == "pure":
-        journal._enc = PyRecordBuffer()
+        journal.use_encoder(PyRecordBuffer())
     make(mgr, "d")
     assert await durable(journal) is None
     c = Consumer()

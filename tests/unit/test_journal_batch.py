@@ -4,7 +4,10 @@ encoders of records.py (the on-disk format) write, for any run of records."""
 
 from __future__ import annotations
 
+import os
 import struct
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -201,3 +204,27 @@ def test_a_batch_larger_than_the_kept_memory_is_taken_whole_and_the_next_starts_
     compiled.stamp(1)
     compiled.deliver(name16, 2, 3)
     assert compiled.take() == encode_deliver(1, 2, "q", 3)
+
+
+_BOTH_CRCS = """
+import sys
+from vibemq_server.journal._recbuf import RecordBuffer
+buf = RecordBuffer()
+for n in range(300):
+    buf.publish(b"\\x00\\x01q", n, "m" * (n % 7), 1, 0, 0, 1, bytes(range(256))[: n % 256] * 2)
+sys.stdout.buffer.write(buf.take())
+"""
+
+
+@pytest.mark.parametrize("tables", ["", "1"], ids=["folded-if-the-cpu-can", "tables"])
+def test_the_compiled_crc_is_zlibs_by_folding_and_by_tables(tables: str) -> None:
+    """The C encoder's CRC-32 both ways (``VIBEMQ_CRC_TABLES`` forces the table walk where
+    the CPU could fold with PCLMULQDQ): every record, 8 to 600 bytes, checks with zlib."""
+    env = {k: v for k, v in os.environ.items() if k != "VIBEMQ_CRC_TABLES"}
+    if tables:
+        env["VIBEMQ_CRC_TABLES"] = tables
+    out = subprocess.run(
+        [sys.executable, "-c", _BOTH_CRCS], env=env, capture_output=True, check=True
+    ).stdout
+    entries = list(iter_records(out, 0))  # (each record's CRC checked against zlib's)
+    assert [e.record.seq for e in entries] == list(range(300))  # type: ignore[union-attr]

@@ -82,8 +82,7 @@ class DurableReplies(Generic[T]):
     def add(self, item: T) -> None:
         """``item`` goes out with everything recorded so far, once that is durable."""
         batch = self._open
-        epoch = self._persistence.epoch
-        if batch is not None and self._epoch == epoch:
+        if batch is not None and self._epoch == self._persistence.epoch:
             items = batch.items
             items.append(item)
             if len(items) % EARLY_COMMIT == 0:
@@ -91,9 +90,14 @@ class DurableReplies(Generic[T]):
                 # starts its commit now, overlapping the rest of the read's processing.
                 self._persistence.commit_early()
             return
+        self._open_batch(item)
+
+    def _open_batch(self, item: T) -> None:
+        # (apart from ``add``: the callback's closure made the compiled ``add`` allocate its
+        # environment on every call, where one call in a batch needs it)
         batch = _Batch(item)
         self._open = batch
-        self._epoch = epoch
+        self._epoch = self._persistence.epoch
         self._waiting.append(batch)
         # Registered after the item is in: a persistence may call back at once.
         self._persistence.when_durable(lambda err: self._settled(batch, err))

@@ -124,6 +124,10 @@ class Journal:
         # the last flush, encoded in place (journal/batch.py). Its bytes go to _buf, in order,
         # before any other record is added there and at the flush.
         self._enc: RecordSink = new_record_buffer()
+        self._enc_publish: Callable[[bytes, int, str, int, int, int, int, bytes], object]
+        self._enc_deliver: Callable[[bytes, int, int], None]
+        self._enc_settle_all: Callable[[bytes, list[int], int], None]
+        self.use_encoder(self._enc)
         self._waiters: list[Waiter] = []  # written with the next flush
         self._sync_waiters: list[Waiter] = []  # written, waiting for an fsync
         # fsyncs running, in the order they started: (number, the waiters they complete)
@@ -178,6 +182,16 @@ class Journal:
         #: were, and come back raw); None: as stored
         self.payload_form: PayloadForm | None = None
         self.payload_restore: PayloadForm | None = None
+
+    def use_encoder(self, enc: RecordSink) -> None:
+        """Encode the per-message records with ``enc`` (the tests give the pure one)."""
+        self._drain()
+        self._enc = enc
+        # its per-message methods bound once: a call through a protocol-typed attribute looks
+        # the method up by name every time (in the compiled build), a bound one is called
+        self._enc_publish = enc.publish
+        self._enc_deliver = enc.deliver
+        self._enc_settle_all = enc.settle_all
 
     # -- recovery ----------------------------------------------------------------------------
 
@@ -341,7 +355,7 @@ class Journal:
             )
         else:
             index = len(self._buf)
-            at = self._enc.publish(
+            at = self._enc_publish(
                 records.name16,
                 msg.seq,
                 msg.id,
@@ -366,7 +380,7 @@ class Journal:
         if not self._batch_ts:
             self._stamp()  # (the encoder keeps the batch's timestamp)
         records = self._records(queue.name)
-        self._enc.deliver(records.name16, msg.seq, msg.attempts)
+        self._enc_deliver(records.name16, msg.seq, msg.attempts)
         if not self._flush_scheduled:
             self._schedule_flush()
 
@@ -401,7 +415,7 @@ class Journal:
                 if seg is not None:
                     seg.live -= 1
             msg.seg = 0
-        self._enc.settle_all(self._records(queue.name).name16, seqs, reason)
+        self._enc_settle_all(self._records(queue.name).name16, seqs, reason)
         if not self._flush_scheduled:
             self._schedule_flush()
 
