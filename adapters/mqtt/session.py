@@ -81,6 +81,8 @@ class Link(Protocol):
 
     def send(self, data: bytes) -> None: ...
 
+    def send_parts(self, parts: tuple[bytes, bytes]) -> None: ...
+
 
 class Holder(Protocol):
     """The connection holding a session: ``taken_over`` makes it let go (a new CONNECT
@@ -104,8 +106,10 @@ def send_publish(
     if len(payload) < LARGE_PAYLOAD:
         link.send(encode_publish(topic, payload, qos, pid, retain=retain, dup=dup))
     else:
-        link.send(publish_head(topic, len(payload), qos, pid, retain=retain, dup=dup))
-        link.send(payload)
+        # (one call for both: each is a generic call through the Link protocol)
+        link.send_parts(
+            (publish_head(topic, len(payload), qos, pid, retain=retain, dup=dup), payload)
+        )
 
 
 def session_queue_name(client_id: str) -> str:
