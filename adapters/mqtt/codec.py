@@ -211,9 +211,7 @@ def encode_remaining_length(value: int) -> bytes:
     )
 
 
-def decode_remaining_length(
-    data: bytes | bytearray | memoryview, offset: int = 0
-) -> tuple[int, int] | None:
+def decode_remaining_length(data: bytes, offset: int = 0) -> tuple[int, int] | None:
     """Decode the remaining length starting at ``data[offset]``.
 
     Returns ``(value, number of bytes used)``, or None when ``data`` ends before the field

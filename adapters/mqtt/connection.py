@@ -736,7 +736,8 @@ class MqttConnection:
         else:
             durable = self.server.route(packet.topic, packet.payload, qos, packet.retain, session)
         if qos == 1:
-            self._acknowledge(b"\x40\x02" + pid.to_bytes(2, "big"), durable)
+            # (PUBACK's four bytes from one int: no concatenation)
+            self._acknowledge((0x4002_0000 | pid).to_bytes(4, "big"), durable)
         elif qos == 2 and session is not None:
             session.remember_inbound_qos2(pid)
             self._acknowledge(b"\x50\x02" + pid.to_bytes(2, "big"), durable)

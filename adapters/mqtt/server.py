@@ -772,9 +772,11 @@ class MqttServer(Server):
             topic = address_to_topic(address)
             payload = from_core(msg.payload, msg.headers)
             qos, publisher, pause = NATIVE_QOS, None, False
-        # Inline rather than a helper: every MQTT publish runs this loop.
+        # Inline rather than a helper: every MQTT publish runs this loop. (A match that is
+        # not empty is the router's own dict: iterated as one, natively, in the compiled
+        # build; a Mapping's items() is a generic call and iteration.)
         qos0: bytes | None = None
-        for session, granted in targets.items():
+        for session, granted in cast(dict[MqttSession, int], targets).items():
             effective = granted if granted < qos else qos
             if effective == 0:
                 if qos0 is None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from vibemq_server.adapters.mqtt.codec import LARGE_PAYLOAD, encode_publish, publish_head
 from vibemq_server.adapters.mqtt.session_types import NoEntries as _NoEntries
@@ -40,21 +40,21 @@ from vibemq_server.protocol.payload import from_core
 from vibemq_server.server.stats import ProtocolStats
 
 #: Headers of the messages in a session queue.
-TOPIC = "mqttTopic"
-QOS = "mqttQos"
-RETAIN = "mqttRetain"
+TOPIC: Final = "mqttTopic"
+QOS: Final = "mqttQos"
+RETAIN: Final = "mqttRetain"
 
-MAX_PACKET_ID = 65_535
+MAX_PACKET_ID: Final = 65_535
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 
 
-_NO_IDS: set[int] = _NoIds()
+_NO_IDS: Final[set[int]] = _NoIds()
 #: no publisher waiting (shared; a session makes its own list for the first one)
-_NO_WAITERS: list[Any] = []
-NO_ENTRIES: dict[Any, Any] = _NoEntries()
-_NO_ITEMS: deque[Any] = _NoItems()
+_NO_WAITERS: Final[list[Any]] = []
+NO_ENTRIES: Final[dict[Any, Any]] = _NoEntries()
+_NO_ITEMS: Final[deque[Any]] = _NoItems()
 
 
 def _ids(current: set[int]) -> set[int]:
