@@ -13,8 +13,8 @@ packets reach a subscriber that falls behind stops being read until that subscri
 (at most ``max_publisher_pause_s``); publishers are paused while the broker is over its
 memory bound.
 
-What the connection uses of the broker's MQTT side is the ``Server`` protocol below
-(``server.MqttServer`` implements it), so this module imports nothing above it.
+What the connection uses of the broker's MQTT side is the ``Server`` base class below
+(``server.MqttServer`` subclasses it), so this module imports nothing above it.
 """
 
 from __future__ import annotations
