@@ -23,6 +23,11 @@ HOT_MODULES = (
     "vibemq_server.core.message",
     # the shared transport: every protocol's reads and writes (the native path's the most)
     "vibemq_server.server.transport",
+    # once a read and once a write of every connection: the stall clock (an incomplete
+    # frame's) and the joining of a write's small pieces (issue 16: at 64 KiB each was a
+    # generic call into interpreted code from the compiled sessions and transport)
+    "vibemq_server.server.stall",
+    "vibemq_server.core.buffers",
     # the broker's clock (read once a publish) and the protocols' counters (two adds a
     # message): interpreted, each cost a compiled caller a generic call or attribute access
     "vibemq_server.core.clock",

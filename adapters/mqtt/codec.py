@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from enum import Enum
 from struct import Struct
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Final, Protocol, TypeVar, cast
 
 from vibemq_server.adapters.mqtt.packets import (
     MAX_CLIENT_ID_LENGTH_V31,
@@ -67,16 +67,16 @@ from vibemq_server.adapters.mqtt.topics import topic_filter_error, topic_name_er
 from vibemq_server.protocol.bigcopy import Fill, Unjoined, join_range, payload_fill
 from vibemq_server.protocol.held import Buffer, Filling, HeldInput, prefix
 
-MAX_REMAINING_LENGTH = 268_435_455
-MAX_REMAINING_LENGTH_BYTES = 4
+MAX_REMAINING_LENGTH: Final = 268_435_455
+MAX_REMAINING_LENGTH_BYTES: Final = 4
 #: The largest possible packet: 1 type byte, 4 length bytes and the largest body.
-MAX_PACKET_SIZE = 1 + MAX_REMAINING_LENGTH_BYTES + MAX_REMAINING_LENGTH
-MAX_PACKET_ID = 65_535
-MAX_STRING_BYTES = 65_535
+MAX_PACKET_SIZE: Final = 1 + MAX_REMAINING_LENGTH_BYTES + MAX_REMAINING_LENGTH
+MAX_PACKET_ID: Final = 65_535
+MAX_STRING_BYTES: Final = 65_535
 #: A PUBLISH body at least this long is handed to its decoder as a view of the read (only
-#: its payload is copied); a shorter one as a bytes slice (cheaper than a view for a few
-#: bytes). Other packet types are small and always get bytes.
-_VIEW_BODY = 4096
+#: its payload is copied; MQTT 5, codec5.py; 3.1.1 decodes every PUBLISH in place,
+#: ``_decode_publish_at``), and a held one is decoded from its parts (``held_packet``).
+_VIEW_BODY: Final = 4096
 
 _U16 = Struct(">H")
 
@@ -85,20 +85,20 @@ _VALID_SUBACK_CODES = frozenset((0, 1, 2, SUBACK_FAILURE))
 _CONNACK_CODES = frozenset(int(code) for code in ConnackCode)
 
 # CONNECT flags byte.
-_CF_RESERVED = 0x01
-_CF_CLEAN_SESSION = 0x02
-_CF_WILL = 0x04
-_CF_WILL_QOS_SHIFT = 3
-_CF_WILL_QOS_MASK = 0x18
-_CF_WILL_RETAIN = 0x20
-_CF_PASSWORD = 0x40
-_CF_USERNAME = 0x80
+_CF_RESERVED: Final = 0x01
+_CF_CLEAN_SESSION: Final = 0x02
+_CF_WILL: Final = 0x04
+_CF_WILL_QOS_SHIFT: Final = 3
+_CF_WILL_QOS_MASK: Final = 0x18
+_CF_WILL_RETAIN: Final = 0x20
+_CF_PASSWORD: Final = 0x40
+_CF_USERNAME: Final = 0x80
 
 # PUBLISH fixed-header flags.
-_PF_RETAIN = 0x01
-_PF_QOS_SHIFT = 1
-_PF_QOS_MASK = 0x06
-_PF_DUP = 0x08
+_PF_RETAIN: Final = 0x01
+_PF_QOS_SHIFT: Final = 1
+_PF_QOS_MASK: Final = 0x06
+_PF_DUP: Final = 0x08
 
 
 class MqttErrorCode(Enum):
@@ -211,9 +211,7 @@ def encode_remaining_length(value: int) -> bytes:
     )
 
 
-def decode_remaining_length(
-    data: bytes | bytearray | memoryview, offset: int = 0
-) -> tuple[int, int] | None:
+def decode_remaining_length(data: bytes, offset: int = 0) -> tuple[int, int] | None:
     """Decode the remaining length starting at ``data[offset]``.
 
     Returns ``(value, number of bytes used)``, or None when ``data`` ends before the field
@@ -242,7 +240,7 @@ def decode_remaining_length(
 # Encoding
 
 
-_REMAINING_LENGTHS = [encode_remaining_length(n) for n in range(16_384)]
+_REMAINING_LENGTHS: Final = [encode_remaining_length(n) for n in range(16_384)]
 
 
 def encode_publish(
@@ -284,7 +282,7 @@ def encode_publish_qos0(field: bytes, payload: bytes) -> bytes:
 
 #: A payload at least this large is written after its PUBLISH header as a buffer of its own
 #: (:func:`publish_head`), not copied into one packet with it.
-LARGE_PAYLOAD = 16 * 1024
+LARGE_PAYLOAD: Final = 16 * 1024
 
 
 def publish_head(
@@ -303,24 +301,17 @@ def publish_head(
     if qos:
         length = size + 4 + payload_size
         if 0x4000 <= length < 0x200000:
-            # Every large QoS 1/2 delivery (16 KiB to 2 MiB: a 3-byte remaining length) in
-            # two small bytes and one join, not a concatenation per field.
-            return b"".join(
-                (
-                    bytes(
-                        (
-                            first,
-                            length & 0x7F | 0x80,
-                            (length >> 7) & 0x7F | 0x80,
-                            length >> 14,
-                            size >> 8,
-                            size & 0xFF,
-                        )
-                    ),
-                    topic,
-                    bytes((packet_id >> 8, packet_id & 0xFF)),
-                )
+            # Every large QoS 1/2 delivery (16 KiB to 2 MiB: a 3-byte remaining length): the
+            # first byte, the length and the topic's length as one int's six bytes (native
+            # arithmetic in the compiled build), then the topic and the packet id.
+            fixed = (
+                first << 40
+                | (length & 0x7F | 0x80) << 32
+                | ((length >> 7) & 0x7F | 0x80) << 24
+                | (length >> 14) << 16
+                | size
             )
+            return fixed.to_bytes(6, "big") + topic + packet_id.to_bytes(2, "big")
     head = size.to_bytes(2, "big") + topic
     if qos:
         head += packet_id.to_bytes(2, "big")
@@ -460,7 +451,7 @@ def _encode_empty(p: Pingreq | Pingresp | Disconnect) -> tuple[int, bytes]:
     return 0, b""
 
 
-_ENCODERS: dict[type[Packet], Callable[[Any], tuple[int, bytes]]] = {
+_ENCODERS: Final[dict[type[Packet], Callable[[Any], tuple[int, bytes]]]] = {
     Connect: _encode_connect,
     Connack: _encode_connack,
     Publish: _encode_publish,
@@ -644,44 +635,49 @@ def _decode_connack(flags: int, body: bytes) -> Connack:
 
 
 #: Topic names already decoded and validated (publishers reuse a few topics): bytes -> str.
-_TOPICS: dict[bytes, str] = {}
-_TOPICS_MAX = 4096
+_TOPICS: Final[dict[bytes, str]] = {}
+_TOPICS_MAX: Final = 4096
 
 
-def _decode_publish(flags: int, body: bytes | memoryview) -> Publish:
-    """``body``: bytes, or a view of the read for a large packet (the payload is then the
-    one copy made of it: ``bytes`` of a bytes slice is that slice itself)."""
+def _decode_publish(flags: int, body: bytes) -> Publish:
+    """A PUBLISH from its body alone (the decoder table's, a held packet's head)."""
+    return _decode_publish_at(flags, body, 0, len(body))
+
+
+def _decode_publish_at(flags: int, buf: bytes, start: int, stop: int) -> Publish:
+    """The PUBLISH whose body is ``buf[start:stop]`` (the read it came in), decoded in
+    place: its payload is the one copy made (no slice of the body first, no view; in the
+    compiled build every index of ``buf`` is native)."""
     # QoS 3 and DUP on QoS 0 were refused with the first byte (_check_first_byte).
     qos = (flags & _PF_QOS_MASK) >> _PF_QOS_SHIFT
-    size = len(body)
-    if size < 2:
+    if stop - start < 2:
         raise _fail(MqttErrorCode.MALFORMED, "PUBLISH truncated in topic name")
-    end = 2 + ((body[0] << 8) | body[1])
+    end = start + 2 + ((buf[start] << 8) | buf[start + 1])
     # Checked before the cache: a cut topic's bytes may equal a shorter cached topic.
-    if end > size:
+    if end > stop:
         raise _fail(MqttErrorCode.MALFORMED, "PUBLISH truncated in topic name")
-    raw = bytes(body[2:end])
+    raw = buf[start + 2 : end]
     topic = _TOPICS.get(raw)
     if topic is None:
-        topic = _Reader(bytes(body[:end]), "PUBLISH").topic_name("topic name")
+        topic = _Reader(buf[start:end], "PUBLISH").topic_name("topic name")
         if len(_TOPICS) >= _TOPICS_MAX:
             _TOPICS.clear()
         _TOPICS[raw] = topic
     if qos:
-        if end + 2 > size:
+        if end + 2 > stop:
             raise _fail(MqttErrorCode.MALFORMED, "PUBLISH truncated in packet id")
-        packet_id = (body[end] << 8) | body[end + 1]
+        packet_id = (buf[end] << 8) | buf[end + 1]
         if packet_id == 0:
             raise _fail(MqttErrorCode.INVALID_PACKET_ID, "PUBLISH has packet id 0")
         return Publish(
             topic,
-            bytes(body[end + 2 :]),
+            buf[end + 2 : stop],
             qos,
             bool(flags & _PF_RETAIN),
             bool(flags & _PF_DUP),
             packet_id,
         )
-    return Publish(topic, bytes(body[end:]), 0, bool(flags & _PF_RETAIN), False, None)
+    return Publish(topic, buf[end:stop], 0, bool(flags & _PF_RETAIN), False, None)
 
 
 def _packet_id_decoder(
@@ -746,7 +742,7 @@ def _constant(packet: Packet) -> Callable[[int, bytes], Packet]:
     return decode
 
 
-_DECODERS: dict[int, Callable[[int, bytes], Packet]] = {
+_DECODERS: Final[dict[int, Callable[[int, bytes], Packet]]] = {
     PacketType.CONNECT: _decode_connect,
     PacketType.CONNACK: _decode_connack,
     PacketType.PUBLISH: _decode_publish,
@@ -764,7 +760,7 @@ _DECODERS: dict[int, Callable[[int, bytes], Packet]] = {
 }
 
 #: Fixed-header flags of every packet type except PUBLISH, whose flags carry DUP/QoS/RETAIN.
-_FIXED_FLAGS: dict[int, int] = {
+_FIXED_FLAGS: Final[dict[int, int]] = {
     PacketType.CONNECT: 0,
     PacketType.CONNACK: 0,
     PacketType.PUBACK: 0,
@@ -781,7 +777,7 @@ _FIXED_FLAGS: dict[int, int] = {
 }
 
 #: Remaining length of the packet types whose size is fixed, checked before the body arrives.
-_FIXED_LENGTHS: dict[int, int] = {
+_FIXED_LENGTHS: Final[dict[int, int]] = {
     PacketType.CONNACK: 2,
     PacketType.PUBACK: 2,
     PacketType.PUBREC: 2,
@@ -1108,11 +1104,10 @@ class MqttParser:
                 if size - pos < total:
                     need = total
                     break
-                if length >= _VIEW_BODY and packet_type == 3:
-                    # A large PUBLISH is decoded from a view of the read: only its payload is
-                    # copied out (a bytes slice of the body would copy it twice).
-                    view = memoryview(buf)[pos + header : pos + total]
-                    append(_decode_publish(first & 0x0F, view))
+                if packet_type == 3:
+                    # Decoded in place: only its payload is copied out (a bytes slice of the
+                    # body would copy it twice), and no generic call through the table.
+                    append(_decode_publish_at(first & 0x0F, buf, pos + header, pos + total))
                 elif first == 0x40:
                     # PUBACK inline (its length, 2, was checked): the decoder table's generic
                     # call and body slice cost more than the packet itself.

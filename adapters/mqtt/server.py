@@ -32,7 +32,7 @@ import structlog
 
 from vibemq_server.adapters.mqtt.codec import encode_publish, encode_publish_qos0, topic_field
 from vibemq_server.adapters.mqtt.codec5 import encode_publish5, property_block
-from vibemq_server.adapters.mqtt.connection import Login, MqttConnection
+from vibemq_server.adapters.mqtt.connection import Login, MqttConnection, Server
 from vibemq_server.adapters.mqtt.connection5 import MqttEntry
 from vibemq_server.adapters.mqtt.message5 import (
     INTERNAL,
@@ -127,7 +127,7 @@ class SessionlessClient:
     dropped_queued: int = 0
 
 
-class MqttServer:
+class MqttServer(Server):
     def __init__(self, context: AdapterContext) -> None:
         """``context.register``/``unregister``: the broker's connection registry."""
         config = context.config
@@ -164,7 +164,7 @@ class MqttServer:
         self._own_props: Properties | None = None
         self._own_retain = False
         self._own_expires = 0
-        self.sessions: dict[str, MqttSession] = {}
+        self.sessions = {}
         #: clean 3.1.1 clients connected without a session yet (made at their first SUBSCRIBE
         #: or QoS 2 PUBLISH: an idle client holds none), by client id
         self.sessionless: dict[str, MqttConnection] = {}
@@ -195,7 +195,7 @@ class MqttServer:
         #: output given during a read is written when the read is done (shared by protocols)
         self.batch = context.read_batch
         #: sessions whose QoS 0 backlog grew during the last route(): the publisher pauses
-        self.congested: list[MqttSession] = []
+        self.congested = []
         #: the MQTT counters (bytes, connections, messages, errors) and the broker's
         self.broker_stats = context.stats
         self.stats = context.stats.protocol("mqtt")
@@ -772,9 +772,11 @@ class MqttServer:
             topic = address_to_topic(address)
             payload = from_core(msg.payload, msg.headers)
             qos, publisher, pause = NATIVE_QOS, None, False
-        # Inline rather than a helper: every MQTT publish runs this loop.
+        # Inline rather than a helper: every MQTT publish runs this loop. (A match that is
+        # not empty is the router's own dict: iterated as one, natively, in the compiled
+        # build; a Mapping's items() is a generic call and iteration.)
         qos0: bytes | None = None
-        for session, granted in targets.items():
+        for session, granted in cast(dict[MqttSession, int], targets).items():
             effective = granted if granted < qos else qos
             if effective == 0:
                 if qos0 is None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from vibemq_server.adapters.mqtt.codec import LARGE_PAYLOAD, encode_publish, publish_head
 from vibemq_server.adapters.mqtt.session_types import NoEntries as _NoEntries
@@ -40,21 +40,21 @@ from vibemq_server.protocol.payload import from_core
 from vibemq_server.server.stats import ProtocolStats
 
 #: Headers of the messages in a session queue.
-TOPIC = "mqttTopic"
-QOS = "mqttQos"
-RETAIN = "mqttRetain"
+TOPIC: Final = "mqttTopic"
+QOS: Final = "mqttQos"
+RETAIN: Final = "mqttRetain"
 
-MAX_PACKET_ID = 65_535
+MAX_PACKET_ID: Final = 65_535
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 
 
-_NO_IDS: set[int] = _NoIds()
+_NO_IDS: Final[set[int]] = _NoIds()
 #: no publisher waiting (shared; a session makes its own list for the first one)
-_NO_WAITERS: list[Any] = []
-NO_ENTRIES: dict[Any, Any] = _NoEntries()
-_NO_ITEMS: deque[Any] = _NoItems()
+_NO_WAITERS: Final[list[Any]] = []
+NO_ENTRIES: Final[dict[Any, Any]] = _NoEntries()
+_NO_ITEMS: Final[deque[Any]] = _NoItems()
 
 
 def _ids(current: set[int]) -> set[int]:
@@ -81,6 +81,8 @@ class Link(Protocol):
 
     def send(self, data: bytes) -> None: ...
 
+    def send_parts(self, parts: tuple[bytes, bytes]) -> None: ...
+
 
 class Holder(Protocol):
     """The connection holding a session: ``taken_over`` makes it let go (a new CONNECT
@@ -104,8 +106,10 @@ def send_publish(
     if len(payload) < LARGE_PAYLOAD:
         link.send(encode_publish(topic, payload, qos, pid, retain=retain, dup=dup))
     else:
-        link.send(publish_head(topic, len(payload), qos, pid, retain=retain, dup=dup))
-        link.send(payload)
+        # (one call for both: each is a generic call through the Link protocol)
+        link.send_parts(
+            (publish_head(topic, len(payload), qos, pid, retain=retain, dup=dup), payload)
+        )
 
 
 def session_queue_name(client_id: str) -> str:

@@ -39,7 +39,7 @@ import contextlib
 import dataclasses
 import itertools
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,6 +163,10 @@ class TestLink:
                 batch.dirty.append(self)
             else:
                 self.loop.call_soon(self._flush)
+
+    def send_parts(self, parts: Sequence[bytes | memoryview]) -> None:
+        for part in parts:  # (a large delivery: its header, then its payload)
+            self.send(bytes(part))
 
     def _flush(self) -> None:
         self._flush_scheduled = False

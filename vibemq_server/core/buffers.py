@@ -10,14 +10,15 @@ each run of small pieces and leaves the large ones as they are, for one ``writel
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 Buffer = bytes | memoryview
 
 #: Gathered output of at most this much is simply joined (cheaper than a vectored write of
 #: many small pieces).
-JOIN_ALL = 64 * 1024
+JOIN_ALL: Final = 64 * 1024
 #: A piece at least this large is written as it is, never copied into a join.
-PASS_THROUGH = 16 * 1024
+PASS_THROUGH: Final = 16 * 1024
 
 
 def coalesce(out: Sequence[Buffer]) -> list[Buffer]:

@@ -9,8 +9,10 @@ the size limit bounds what it can make the broker hold).
 
 from __future__ import annotations
 
+from typing import Final
+
 #: Growth of the incomplete frame that counts as progress.
-STALL_PROGRESS_BYTES = 64 * 1024
+STALL_PROGRESS_BYTES: Final = 64 * 1024
 
 
 class StallClock:

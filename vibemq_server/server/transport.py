@@ -33,7 +33,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar, cast
 
 import structlog
 
@@ -52,28 +52,28 @@ if TYPE_CHECKING:
 #: each read fills uvloop's 256 KB buffer, up to 32 times (8 MB, some 60,000 publishes) in one
 #: loop turn; a consumer's acks that arrived meanwhile waited behind all of it, seconds on a
 #: busy machine, with its window full and ready messages in the queue (issue 12).
-FAIR_READ_BYTES = 64 * 1024
+FAIR_READ_BYTES: Final = 64 * 1024
 #: The most one socket read takes (uvloop's own read buffer's size, 256,000 bytes).
-READ_SIZE = 256_000
+READ_SIZE: Final = 256_000
 #: A read shorter than this is copied out of the read buffer (cheaper than cutting the
 #: buffer to its length, and the buffer serves the next read); longer ones are handed on as
 #: the buffer itself. Without the broker's allocator thresholds a cut costs a page-faulted
 #: heap top per read (protocol/_bigcopy.c), so then only full reads are handed on.
-COPY_BELOW = 4096
+COPY_BELOW: Final = 4096
 
 _T = TypeVar("_T")
 
 log = structlog.get_logger("vibemq.transport")
 
 #: The first bytes of a TLS ClientHello: a handshake record of TLS 1.x (SSL 3 = 3.0).
-_TLS_RECORD = b"\x16\x03"
+_TLS_RECORD: Final = b"\x16\x03"
 #: A read returns at most one TLS record (16 KiB of plaintext); a larger buffer would only
 #: cost an allocation (and a large one an mmap) per record.
-_RECORD_MAX = 32_768
+_RECORD_MAX: Final = 32_768
 
 #: the output of a connection with nothing to write (never appended to: the first send makes
 #: the connection its own list), so that an idle one holds no empty list
-_NO_OUTPUT: list[bytes | memoryview] = []
+_NO_OUTPUT: Final[list[bytes | memoryview]] = []
 
 
 class Flushable(Protocol):
@@ -681,10 +681,13 @@ class StreamTransport(asyncio.BufferedProtocol):
             return
         out = self._out
         if out is _NO_OUTPUT:
-            self._out = list(parts)
-        else:
-            out.extend(parts)
-        self._out_size += sum(map(len, parts))
+            out = self._out = []
+        # (a loop, not extend and sum(map(len, ...)): native in the compiled build)
+        size = 0
+        for part in parts:
+            out.append(part)
+            size += len(part)
+        self._out_size += size
         if not self._flush_scheduled:
             self._flush_scheduled = True
             batch = self._ctx.batch
