@@ -909,7 +909,9 @@ class Session:
             # message reaching a VibeMQ consumer is the cross-protocol case, rarely fanned out).
             payload, headers = as_vibemq(payload, headers)
         if len(payload) < LARGE_PAYLOAD:
-            piece = sub.label or queue_piece(msg.queue)  # (b"": not subscribed through here)
+            piece = sub.label
+            if len(piece) == 0:  # (not subscribed through on_subscribe)
+                piece = queue_piece(msg.queue)
             self._send(encode_deliver_named(msg.id, piece, payload, headers, msg.attempts))
         else:  # the payload as its own buffer: the transport writes it without a copy
             head, tail = deliver_around(msg.id, msg.queue, len(payload), headers, msg.attempts)
