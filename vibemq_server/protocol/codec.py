@@ -274,8 +274,8 @@ def encode_publish_ack(msg_id: str, queue: str) -> bytes:
     if n > 255 or qlen > 255:
         sid = _PACK_U16(n) + i
         qs = _PACK_U16(qlen) + q
-        head = _PACK_PUBLISH_ACK_HEAD(total, 1, 21)
-        return b"".join((head, sid, qs, _PUBLISH_ACK_HEADERS, sid, _QUEUE_NAME_KEY, qs))
+        packed = _PACK_PUBLISH_ACK_HEAD(total, 1, 21)
+        return b"".join((packed, sid, qs, _PUBLISH_ACK_HEADERS, sid, _QUEUE_NAME_KEY, qs))
     key = total << 8 | n
     head = _PUBLISH_ACK_HEADS.get(key)  # (the frame's head and the id's length)
     if head is None:
