@@ -241,11 +241,10 @@ def _attempts_tail(attempts: int) -> bytes:
 
 
 _QUEUE_PIECES: Final[dict[str, bytes]] = {}
-#: packed Deliver heads by frame length << 16 | id length, payload lengths, PublishAck
-#: heads (with the id's length) by frame length << 8 | id length (bounded: cleared when full)
+#: packed Deliver heads by frame length << 16 | id length, payload lengths (bounded:
+#: cleared when full)
 _DELIVER_HEADS: Final[dict[int, bytes]] = {}
 _U32_PIECES: Final[dict[int, bytes]] = {}
-_PUBLISH_ACK_HEADS: Final[dict[int, bytes]] = {}
 _MAX_PACKED: Final = 4096
 #: the u16 length prefix of the usual short id
 _SHORT_U16: Final = [bytes((0, k)) for k in range(256)]
@@ -264,7 +263,7 @@ def encode_publish_ack(msg_id: str, queue: str) -> bytes:
     """The PublishAck frame for a Publish: echoes id and queue, headers messageId and
     queueName. Built directly because every publish pays for it: the queue's name is
     encoded here, from the Publish's own (hot) string, and the constant bytes around the
-    two echoes come from small tables by length. (A cache of pieces by queue name cost a
+    two echoes come from tables by length. (A cache of pieces by queue name cost a
     dict entry, its key and the pieces: four to six cold lines a publish at 10,000 queues.)"""
     i = msg_id.encode()
     q = queue.encode()
@@ -276,12 +275,10 @@ def encode_publish_ack(msg_id: str, queue: str) -> bytes:
         qs = _PACK_U16(qlen) + q
         packed = _PACK_PUBLISH_ACK_HEAD(total, 1, 21)
         return b"".join((packed, sid, qs, _PUBLISH_ACK_HEADERS, sid, _QUEUE_NAME_KEY, qs))
-    key = total << 8 | n
-    head = _PUBLISH_ACK_HEADS.get(key)  # (the frame's head and the id's length)
-    if head is None:
-        head = _cache(_PUBLISH_ACK_HEADS, key, _PACK_PUBLISH_ACK_HEAD(total, 1, 21) + _SHORT_U16[n])
     ql = _SHORT_U16[qlen]
-    return b"".join((head, i, ql, q, _ACK_ID_KEYS[n], i, _ACK_QUEUE_KEYS[qlen], q))
+    head = _ACK_HEADS[total]  # (by index: an int key this large would be a new object)
+    keys = _ACK_ID_KEYS[n]
+    return b"".join((head, _SHORT_U16[n], i, ql, q, keys, i, _ACK_QUEUE_KEYS[qlen], q))
 
 
 # length prefix, version 1, type PublishAck (21); the body's bytes besides id and queue
@@ -291,6 +288,8 @@ _PUBLISH_ACK_FIXED: Final = 2 + 2 + len(_PUBLISH_ACK_HEADERS) + 2 + len(_QUEUE_N
 #: queue's, the ``queueName`` key and the length of its echo
 _ACK_ID_KEYS: Final = [_PUBLISH_ACK_HEADERS + _SHORT_U16[k] for k in range(256)]
 _ACK_QUEUE_KEYS: Final = [_QUEUE_NAME_KEY + _SHORT_U16[k] for k in range(256)]
+#: the packed heads of the PublishAcks of ids and names shorter than 256 bytes, by length
+_ACK_HEADS: Final = [_PACK_PUBLISH_ACK_HEAD(t, 1, 21) for t in range(_PUBLISH_ACK_FIXED + 1025)]
 
 
 def encode(msg: Message) -> bytes:
