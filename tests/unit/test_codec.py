@@ -450,3 +450,12 @@ def test_publish_ack_fast_path_for_any_id_and_queue(msg_id: str, queue: str) -> 
     headers = {"messageId": msg_id, "queueName": queue}
     generic = encode(Message(CommandType.PUBLISH_ACK, msg_id, queue, b"", headers))
     assert encode_publish_ack(msg_id, queue) == generic
+
+
+@pytest.mark.parametrize(("id_len", "queue_len"), [(255, 255), (256, 3), (3, 256), (300, 1000)])
+def test_publish_ack_of_a_long_id_or_queue(id_len: int, queue_len: int) -> None:
+    # Lengths of 256 bytes and more take the fast path's other branch (no tables for them).
+    msg_id, queue = "i" * id_len, "é" * (queue_len // 2) + "q" * (queue_len % 2)
+    headers = {"messageId": msg_id, "queueName": queue}
+    generic = encode(Message(CommandType.PUBLISH_ACK, msg_id, queue, b"", headers))
+    assert encode_publish_ack(msg_id, queue) == generic

@@ -102,13 +102,27 @@ class QueueOptions:
 class Subscription:
     """One consumer's subscription to one queue, with its unacknowledged deliveries."""
 
-    __slots__ = ("consumer", "deliver_many", "id", "inflight", "prefetch", "queue", "timed")
+    __slots__ = (
+        "consumer",
+        "deliver_many",
+        "id",
+        "inflight",
+        "label",
+        "prefetch",
+        "queue",
+        "timed",
+    )
 
     def __init__(self, sub_id: str, queue: Queue, consumer: Consumer, prefetch: int) -> None:
         self.id = sub_id
         self.queue = queue
         self.consumer = consumer
         self.prefetch = prefetch
+        #: the consumer's own bytes for this subscription, made once (b"": none), e.g. its
+        #: protocol's encoding of the queue's name: a delivery reads it here, where the
+        #: subscription is at hand, not in a cache of every name (with 10,000 queues each
+        #: entry there is another cold line a delivery)
+        self.label = b""
         #: the consumer's ``deliver_many``, when it has one (see Consumer)
         self.deliver_many: DeliverMany | None = getattr(consumer, "deliver_many", None)
         # Insertion order is delivery order and the ack timeout is per queue, so the first

@@ -140,18 +140,24 @@ def encode_body(msg: Message) -> bytes:
 def encode_deliver(
     msg_id: str, queue: str, payload: bytes, headers: Mapping[str, str], attempts: int
 ) -> bytes:
+    """A Deliver frame (the queue's name looked up in the cache of encoded names)."""
+    return encode_deliver_named(msg_id, queue_piece(queue), payload, headers, attempts)
+
+
+def encode_deliver_named(
+    msg_id: str, piece: bytes, payload: bytes, headers: Mapping[str, str], attempts: int
+) -> bytes:
     """A Deliver frame, built directly from pieces encoded once: the hot path of every
-    delivery. The queue name (length-prefixed) and the ``deliveryAttempts`` header of the
-    usual attempt counts come from caches; the rest comes from small caches and one join."""
+    delivery. ``piece`` is the queue's name as :func:`queue_piece` encodes it (a consumer
+    keeps it per subscription: with 10,000 queues a name's entry in the cache is another
+    cold line a delivery). The ``deliveryAttempts`` header of the usual attempt counts
+    comes from a cache; the rest comes from small caches and one join."""
     if headers or attempts >= _CACHED_ATTEMPTS:
-        head, i, q, size, tail = _deliver_pieces(msg_id, queue, len(payload), headers, attempts)
+        head, i, q, size, tail = _deliver_pieces(msg_id, piece, len(payload), headers, attempts)
         return b"".join((head, i, q, size, payload, tail))
     # The usual delivery (no headers of its own, a small attempt count): its pieces here,
     # not as a tuple from _deliver_pieces (an allocation and a call a delivery).
     raw_id = msg_id.encode()
-    piece = _QUEUE_PIECES.get(queue)
-    if piece is None:
-        piece = _queue_piece(queue)
     attempts_tail = _ATTEMPTS_TAIL[attempts]
     n = len(raw_id)
     plen = len(payload)
@@ -170,19 +176,16 @@ def deliver_around(
     msg_id: str, queue: str, plen: int, headers: Mapping[str, str], attempts: int
 ) -> tuple[bytes, bytes]:
     """The bytes of a Deliver frame before and after its payload of ``plen`` bytes."""
-    head, i, q, size, tail = _deliver_pieces(msg_id, queue, plen, headers, attempts)
+    head, i, q, size, tail = _deliver_pieces(msg_id, queue_piece(queue), plen, headers, attempts)
     return b"".join((head, i, q, size)), tail
 
 
 def _deliver_pieces(
-    msg_id: str, queue: str, plen: int, headers: Mapping[str, str], attempts: int
+    msg_id: str, q: bytes, plen: int, headers: Mapping[str, str], attempts: int
 ) -> tuple[bytes, bytes, bytes, bytes, bytes]:
-    """A Deliver frame's pieces around its payload: the packed head, the id, the queue, the
-    payload's length, and the headers after it."""
+    """A Deliver frame's pieces around its payload: the packed head, the id, the queue
+    (``q``, encoded by :func:`queue_piece`), the payload's length, and the headers after it."""
     i = msg_id.encode()
-    q = _QUEUE_PIECES.get(queue)
-    if q is None:
-        q = _queue_piece(queue)
     tail = _ATTEMPTS_TAIL[attempts] if attempts < _CACHED_ATTEMPTS else _attempts_tail(attempts)
     if headers:
         extra = [_s(k) + _s(v) for k, v in headers.items() if k != "deliveryAttempts" and k and v]
@@ -228,6 +231,14 @@ def _cache(cache: dict[int, bytes], key: int, value: bytes) -> bytes:
     return value
 
 
+def queue_piece(queue: str) -> bytes:
+    """The length-prefixed queue name of a Deliver frame, from the cache of encoded names."""
+    piece = _QUEUE_PIECES.get(queue)
+    if piece is None:
+        piece = _queue_piece(queue)
+    return piece
+
+
 def _queue_piece(queue: str) -> bytes:
     """The length-prefixed queue name, cached (bounded: names are few, but not trusted)."""
     if len(_QUEUE_PIECES) >= _MAX_QUEUE_PIECES:
@@ -242,14 +253,13 @@ def _attempts_tail(attempts: int) -> bytes:
 
 
 _QUEUE_PIECES: Final[dict[str, bytes]] = {}
-#: packed Deliver heads by frame length << 16 | id length, payload lengths, PublishAck
-#: heads by frame length (bounded: cleared when full)
+#: packed Deliver heads by frame length << 16 | id length, payload lengths (bounded:
+#: cleared when full)
 _DELIVER_HEADS: Final[dict[int, bytes]] = {}
 _U32_PIECES: Final[dict[int, bytes]] = {}
 #: the packed lengths under 4 KiB, by length (filled as they are met)
 _SMALL_U32: Final = 4096
 _U32_SMALL: Final[list[bytes | None]] = [None] * _SMALL_U32
-_PUBLISH_ACK_HEADS: Final[dict[int, bytes]] = {}
 _MAX_PACKED: Final = 4096
 #: the u16 length prefix of the usual short id
 _SHORT_U16: Final = [bytes((0, k)) for k in range(256)]
@@ -266,40 +276,35 @@ _QUEUE_NAME_KEY: Final = _s("queueName")
 
 def encode_publish_ack(msg_id: str, queue: str) -> bytes:
     """The PublishAck frame for a Publish: echoes id and queue, headers messageId and
-    queueName. Built directly because every publish pays for it."""
+    queueName. Built directly because every publish pays for it: the queue's name is
+    encoded here, from the Publish's own (hot) string, and the constant bytes around the
+    two echoes come from tables by length. (A cache of pieces by queue name cost a
+    dict entry, its key and the pieces: four to six cold lines a publish at 10,000 queues.)"""
     i = msg_id.encode()
-    pieces = _PUBLISH_ACK_PIECES.get(queue)
-    if pieces is None:
-        pieces = _publish_ack_pieces(queue)
-    middle, end, qlen = pieces
+    q = queue.encode()
     n = len(i)
-    sid = (_SHORT_U16[n] if n < 256 else _PACK_U16(n)) + i
-    total = _PUBLISH_ACK_FIXED + 2 * (n + qlen)
-    head = _PUBLISH_ACK_HEADS.get(total)
-    if head is None:
-        head = _cache(_PUBLISH_ACK_HEADS, total, _PACK_PUBLISH_ACK_HEAD(total, 1, 21))
-    return b"".join((head, sid, middle, sid, end))
-
-
-def _publish_ack_pieces(queue: str) -> tuple[bytes, bytes, int]:
-    """A PublishAck's bytes for ``queue`` between the id and its echo in ``messageId``, after
-    that echo, and the queue piece's length; cached (bounded as the queue pieces)."""
-    q = _QUEUE_PIECES.get(queue)
-    if q is None:
-        q = _queue_piece(queue)
-    if len(_PUBLISH_ACK_PIECES) >= _MAX_QUEUE_PIECES:
-        _PUBLISH_ACK_PIECES.clear()
-    pieces = _PUBLISH_ACK_PIECES[queue] = (q + _PUBLISH_ACK_HEADERS, _QUEUE_NAME_KEY + q, len(q))
-    return pieces
-
-
-#: by queue name: :func:`_publish_ack_pieces`
-_PUBLISH_ACK_PIECES: Final[dict[str, tuple[bytes, bytes, int]]] = {}
+    qlen = len(q)
+    total = _PUBLISH_ACK_FIXED + 2 * (n + qlen + 2)
+    if n > 255 or qlen > 255:
+        sid = _PACK_U16(n) + i
+        qs = _PACK_U16(qlen) + q
+        packed = _PACK_PUBLISH_ACK_HEAD(total, 1, 21)
+        return b"".join((packed, sid, qs, _PUBLISH_ACK_HEADERS, sid, _QUEUE_NAME_KEY, qs))
+    ql = _SHORT_U16[qlen]
+    head = _ACK_HEADS[total]  # (by index: an int key this large would be a new object)
+    keys = _ACK_ID_KEYS[n]
+    return b"".join((head, _SHORT_U16[n], i, ql, q, keys, i, _ACK_QUEUE_KEYS[qlen], q))
 
 
 # length prefix, version 1, type PublishAck (21); the body's bytes besides id and queue
 _PACK_PUBLISH_ACK_HEAD: Final[Callable[..., bytes]] = Struct(">IBB").pack
 _PUBLISH_ACK_FIXED: Final = 2 + 2 + len(_PUBLISH_ACK_HEADERS) + 2 + len(_QUEUE_NAME_KEY)
+#: by the length (< 256) of the id, the headers up to its echo and that echo's length; by the
+#: queue's, the ``queueName`` key and the length of its echo
+_ACK_ID_KEYS: Final = [_PUBLISH_ACK_HEADERS + _SHORT_U16[k] for k in range(256)]
+_ACK_QUEUE_KEYS: Final = [_QUEUE_NAME_KEY + _SHORT_U16[k] for k in range(256)]
+#: the packed heads of the PublishAcks of ids and names shorter than 256 bytes, by length
+_ACK_HEADS: Final = [_PACK_PUBLISH_ACK_HEAD(t, 1, 21) for t in range(_PUBLISH_ACK_FIXED + 1025)]
 
 
 def encode(msg: Message) -> bytes:

@@ -54,8 +54,10 @@ from vibemq_server.protocol.codec import (
     Split,
     deliver_around,
     encode_deliver,
+    encode_deliver_named,
     encode_publish_ack,
     peek_ack_target,
+    queue_piece,
 )
 from vibemq_server.protocol.jsoncheck import COMPILED as _JSON_OFF_LOOP
 from vibemq_server.protocol.jsoncheck import OFFLOAD_FROM as _JSON_OFFLOAD_FROM
@@ -797,6 +799,7 @@ class Session:
         except CoreError as exc:
             raise self._core_error(msg, exc) from None
         self.subs[queue] = sub
+        sub.label = queue_piece(sub.queue.name)  # (what each Deliver of it carries)
         self._holders_limit += 2 * prefetch
         if len(self.subs) > 1 and self._holders is None:
             self._holders = {}
@@ -906,7 +909,10 @@ class Session:
             # message reaching a VibeMQ consumer is the cross-protocol case, rarely fanned out).
             payload, headers = as_vibemq(payload, headers)
         if len(payload) < LARGE_PAYLOAD:
-            self._send(encode_deliver(msg.id, msg.queue, payload, headers, msg.attempts))
+            piece = sub.label
+            if len(piece) == 0:  # (not subscribed through on_subscribe)
+                piece = queue_piece(msg.queue)
+            self._send(encode_deliver_named(msg.id, piece, payload, headers, msg.attempts))
         else:  # the payload as its own buffer: the transport writes it without a copy
             head, tail = deliver_around(msg.id, msg.queue, len(payload), headers, msg.attempts)
             self.link.send(head)
