@@ -89,6 +89,8 @@ _ACCEPTED: Final = PublishOutcome.ACCEPTED
 _ACCEPTED_DURABLE: Final = PublishOutcome.ACCEPTED_DURABLE
 _NORMAL: Final = Priority.NORMAL
 _ACKED: Final = SettleReason.ACKED
+# (an imported name is looked up in the module's dict at each use, compiled; a Final is not)
+_NO_HEADERS: Final = EMPTY_HEADERS
 
 
 class DeadLetterReason:
@@ -219,6 +221,9 @@ class QueueManager:
     ) -> None:
         self.defaults = defaults or QueueDefaults()
         self.clock = clock
+        # the broker's own clock is called natively (compiled) on the publish path; any
+        # other (tests' ManualClock) through ``self.clock``
+        self._wall = clock is wall_clock_ms
         self.auto_create = auto_create
         self.queues: dict[str, Queue] = {}
         self.memory_high = memory_high_watermark
@@ -509,7 +514,7 @@ class QueueManager:
         persistence = self.persistence if opts.durable else None
         if persistence is not None and not persistence.available:
             raise PersistenceUnavailable("the journal cannot be written; message not accepted")
-        now = self.clock()
+        now = wall_clock_ms() if self._wall else self.clock()
         # Messages published in the same millisecond share one int (32 bytes each otherwise).
         if now == self._last_now:
             now = self._last_now
@@ -529,11 +534,11 @@ class QueueManager:
         msg: StoredMessage
         if queue.fan_out:
             msg = FanOutMessage(
-                msg_id, queue.name, payload, headers or EMPTY_HEADERS, now, expires_at, priority
+                msg_id, queue.name, payload, headers or _NO_HEADERS, now, expires_at, priority
             )
         else:
             msg = StoredMessage(
-                msg_id, queue.name, payload, headers or EMPTY_HEADERS, now, expires_at, priority
+                msg_id, queue.name, payload, headers or _NO_HEADERS, now, expires_at, priority
             )
         if persistence is not None:  # (a seq is the journal's identity of a message)
             msg.seq = self.next_seq

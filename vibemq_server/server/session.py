@@ -48,7 +48,9 @@ from vibemq_server.protocol.bigcopy import BIG_FROM as _BIG_FROM
 from vibemq_server.protocol.bigcopy import FILL_FROM
 from vibemq_server.protocol.bigcopy import join_range as _join_range
 from vibemq_server.protocol.codec import (
-    LARGE_PAYLOAD,
+    LARGE_PAYLOAD as _LARGE_PAYLOAD,
+)
+from vibemq_server.protocol.codec import (
     BigFrame,
     Body,
     Split,
@@ -59,7 +61,7 @@ from vibemq_server.protocol.codec import (
     peek_ack_target,
     queue_piece,
 )
-from vibemq_server.protocol.jsoncheck import COMPILED as _JSON_OFF_LOOP
+from vibemq_server.protocol.jsoncheck import COMPILED as _JSON_COMPILED
 from vibemq_server.protocol.jsoncheck import OFFLOAD_FROM as _JSON_OFFLOAD_FROM
 from vibemq_server.protocol.jsoncheck import valid as _valid_json
 from vibemq_server.protocol.names import valid_queue_name
@@ -71,6 +73,9 @@ from vibemq_server.server.transport import ConsumerInfo, Link, SessionInfo
 # (Final: the compiled build reads these as constants, not from the module's dict per use)
 _LOUD_ERRORS: Final = 10
 _ACK_TYPE: Final = bytes([CommandType.ACK])
+# (imported names a message reads: as Finals, statics; imported, a module dict lookup each)
+_JSON_OFF_LOOP: Final = _JSON_COMPILED
+LARGE_PAYLOAD: Final = _LARGE_PAYLOAD
 
 
 class State(Enum):
@@ -154,6 +159,7 @@ class Session:
         "_durable",
         "_error_seq",
         "_errors_logged",
+        "_everything",
         "_handlers",
         "_holders",
         "_holders_limit",
@@ -203,6 +209,9 @@ class Session:
         #: the clientVersion header of Connect (what the client says it is)
         self.client_version: str | None = None
         self.access = BEFORE_LOGIN
+        # access.everything, kept with it: the Access is interpreted (a generic attribute
+        # read a publish, compiled)
+        self._everything = BEFORE_LOGIN.everything
         self.conn_id = link.conn_id
         self.log = link.log
         self._state = State.AWAITING_CONNECT
@@ -581,6 +590,7 @@ class Session:
         self.user = verdict.user
         self.client_version = msg.headers.get("clientVersion")
         self.access = self.auth.access(verdict.user, self.conn_id)
+        self._everything = self.access.everything
         self.state = State.OPEN
         self.log = self.log.bind(user=verdict.user)
         self.log.info("client connected", client_version=msg.headers.get("clientVersion"))
@@ -652,7 +662,7 @@ class Session:
         queue = msg.queue
         if queue not in self.manager.queues or queue[:1] == "$":
             self._queue_name(msg)  # (raises unless the name is valid)
-        if not self.access.everything:  # (everything: every operation is allowed anywhere)
+        if not self._everything:  # (everything: every operation is allowed anywhere)
             self._permit(Operation.WRITE, msg, queue)
             self._permit_auto_create(msg, queue)
         payload = msg.payload
