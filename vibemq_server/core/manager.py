@@ -254,6 +254,9 @@ class QueueManager:
         #: every protocol's subscriptions to addresses (MQTT filters, AMQP amq.topic
         #: bindings, ZeroMQ prefixes): who hears a publish besides the queue of its name
         self.address_router = AddressRouter()
+        #: its sinks, kept here too: a native publish reads them, and the router is
+        #: interpreted (a generic attribute read a publish, compiled)
+        self._sinks: tuple[AddressSink, ...] = ()
         #: warning lines about dropped messages, rate-limited per queue (drops.py)
         self.drop_log = DropLog(clock)
         #: the stats of deleted queues, added up: totals over all queues stay monotonic
@@ -560,7 +563,7 @@ class QueueManager:
             queue.push(msg)
             queue.dispatch()
         durable = persistence is not None
-        if route and self.address_router.sinks and self._to_sinks(queue_name, ready(msg), None):
+        if route and self._sinks and self._to_sinks(queue_name, ready(msg), None):
             durable = True
         if self.memory_bytes > self.memory_high:
             self.memory_blocked = True
@@ -572,9 +575,11 @@ class QueueManager:
         """A protocol adapter's subscriptions to addresses: every publish at an address, from
         any protocol (its own included), is handed to ``sink.deliver`` from now on."""
         self.address_router.register(sink)
+        self._sinks = self.address_router.sinks
 
     def unregister_sink(self, sink: AddressSink) -> None:
         self.address_router.unregister(sink)
+        self._sinks = self.address_router.sinks
 
     def route(
         self,
@@ -857,7 +862,7 @@ class QueueManager:
                 persistence.delivered(queue, msg)
         else:
             self._settle(queue, msg, SettleReason.DELIVERED_NO_ACK)
-        sub.consumer.deliver(sub, msg)
+        sub.deliver(sub, msg)
 
     def send_to_all(self, queue: Queue, msgs: list[StoredMessage]) -> None:
         """Deliver a run of messages of a queue without acks (FanOutWithoutAck) to every one
