@@ -89,6 +89,8 @@ _ACCEPTED: Final = PublishOutcome.ACCEPTED
 _ACCEPTED_DURABLE: Final = PublishOutcome.ACCEPTED_DURABLE
 _NORMAL: Final = Priority.NORMAL
 _ACKED: Final = SettleReason.ACKED
+# (an imported name is looked up in the module's dict at each use, compiled; a Final is not)
+_NO_HEADERS: Final = EMPTY_HEADERS
 
 
 class DeadLetterReason:
@@ -219,6 +221,9 @@ class QueueManager:
     ) -> None:
         self.defaults = defaults or QueueDefaults()
         self.clock = clock
+        # the broker's own clock is called natively (compiled) on the publish path; any
+        # other (tests' ManualClock) through ``self.clock``
+        self._wall = clock is wall_clock_ms
         self.auto_create = auto_create
         self.queues: dict[str, Queue] = {}
         self.memory_high = memory_high_watermark
@@ -249,6 +254,9 @@ class QueueManager:
         #: every protocol's subscriptions to addresses (MQTT filters, AMQP amq.topic
         #: bindings, ZeroMQ prefixes): who hears a publish besides the queue of its name
         self.address_router = AddressRouter()
+        #: its sinks, kept here too: a native publish reads them, and the router is
+        #: interpreted (a generic attribute read a publish, compiled)
+        self._sinks: tuple[AddressSink, ...] = ()
         #: warning lines about dropped messages, rate-limited per queue (drops.py)
         self.drop_log = DropLog(clock)
         #: the stats of deleted queues, added up: totals over all queues stay monotonic
@@ -509,7 +517,7 @@ class QueueManager:
         persistence = self.persistence if opts.durable else None
         if persistence is not None and not persistence.available:
             raise PersistenceUnavailable("the journal cannot be written; message not accepted")
-        now = self.clock()
+        now = wall_clock_ms() if self._wall else self.clock()
         # Messages published in the same millisecond share one int (32 bytes each otherwise).
         if now == self._last_now:
             now = self._last_now
@@ -529,11 +537,11 @@ class QueueManager:
         msg: StoredMessage
         if queue.fan_out:
             msg = FanOutMessage(
-                msg_id, queue.name, payload, headers or EMPTY_HEADERS, now, expires_at, priority
+                msg_id, queue.name, payload, headers or _NO_HEADERS, now, expires_at, priority
             )
         else:
             msg = StoredMessage(
-                msg_id, queue.name, payload, headers or EMPTY_HEADERS, now, expires_at, priority
+                msg_id, queue.name, payload, headers or _NO_HEADERS, now, expires_at, priority
             )
         if persistence is not None:  # (a seq is the journal's identity of a message)
             msg.seq = self.next_seq
@@ -555,7 +563,7 @@ class QueueManager:
             queue.push(msg)
             queue.dispatch()
         durable = persistence is not None
-        if route and self.address_router.sinks and self._to_sinks(queue_name, ready(msg), None):
+        if route and self._sinks and self._to_sinks(queue_name, ready(msg), None):
             durable = True
         if self.memory_bytes > self.memory_high:
             self.memory_blocked = True
@@ -567,9 +575,11 @@ class QueueManager:
         """A protocol adapter's subscriptions to addresses: every publish at an address, from
         any protocol (its own included), is handed to ``sink.deliver`` from now on."""
         self.address_router.register(sink)
+        self._sinks = self.address_router.sinks
 
     def unregister_sink(self, sink: AddressSink) -> None:
         self.address_router.unregister(sink)
+        self._sinks = self.address_router.sinks
 
     def route(
         self,
@@ -852,7 +862,7 @@ class QueueManager:
                 persistence.delivered(queue, msg)
         else:
             self._settle(queue, msg, SettleReason.DELIVERED_NO_ACK)
-        sub.consumer.deliver(sub, msg)
+        sub.deliver(sub, msg)
 
     def send_to_all(self, queue: Queue, msgs: list[StoredMessage]) -> None:
         """Deliver a run of messages of a queue without acks (FanOutWithoutAck) to every one

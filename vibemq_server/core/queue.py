@@ -104,6 +104,7 @@ class Subscription:
 
     __slots__ = (
         "consumer",
+        "deliver",
         "deliver_many",
         "id",
         "inflight",
@@ -123,6 +124,9 @@ class Subscription:
         #: subscription is at hand, not in a cache of every name (with 10,000 queues each
         #: entry there is another cold line a delivery)
         self.label = b""
+        #: the consumer's ``deliver``, bound once: a delivery calls it without looking the
+        #: method up on a protocol-typed object (a generic lookup a message, compiled)
+        self.deliver: Callable[[Subscription, StoredMessage], None] = consumer.deliver
         #: the consumer's ``deliver_many``, when it has one (see Consumer)
         self.deliver_many: DeliverMany | None = getattr(consumer, "deliver_many", None)
         # Insertion order is delivery order and the ack timeout is per queue, so the first

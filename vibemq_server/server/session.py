@@ -48,7 +48,9 @@ from vibemq_server.protocol.bigcopy import BIG_FROM as _BIG_FROM
 from vibemq_server.protocol.bigcopy import FILL_FROM
 from vibemq_server.protocol.bigcopy import join_range as _join_range
 from vibemq_server.protocol.codec import (
-    LARGE_PAYLOAD,
+    LARGE_PAYLOAD as _LARGE_PAYLOAD,
+)
+from vibemq_server.protocol.codec import (
     BigFrame,
     Body,
     Split,
@@ -59,7 +61,7 @@ from vibemq_server.protocol.codec import (
     peek_ack_target,
     queue_piece,
 )
-from vibemq_server.protocol.jsoncheck import COMPILED as _JSON_OFF_LOOP
+from vibemq_server.protocol.jsoncheck import COMPILED as _JSON_COMPILED
 from vibemq_server.protocol.jsoncheck import OFFLOAD_FROM as _JSON_OFFLOAD_FROM
 from vibemq_server.protocol.jsoncheck import valid as _valid_json
 from vibemq_server.protocol.names import valid_queue_name
@@ -71,6 +73,9 @@ from vibemq_server.server.transport import ConsumerInfo, Link, SessionInfo
 # (Final: the compiled build reads these as constants, not from the module's dict per use)
 _LOUD_ERRORS: Final = 10
 _ACK_TYPE: Final = bytes([CommandType.ACK])
+# (imported names a message reads: as Finals, statics; imported, a module dict lookup each)
+_JSON_OFF_LOOP: Final = _JSON_COMPILED
+LARGE_PAYLOAD: Final = _LARGE_PAYLOAD
 
 
 class State(Enum):
@@ -652,7 +657,9 @@ class Session:
         queue = msg.queue
         if queue not in self.manager.queues or queue[:1] == "$":
             self._queue_name(msg)  # (raises unless the name is valid)
-        if not self.access.everything:  # (everything: every operation is allowed anywhere)
+        # (everything: every operation is allowed anywhere; read from the Access each time,
+        # not kept on the session: a users-file reload updates the Access in place)
+        if not self.access.everything:
             self._permit(Operation.WRITE, msg, queue)
             self._permit_auto_create(msg, queue)
         payload = msg.payload
