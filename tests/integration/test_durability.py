@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rawclient import Closed, RawClient, assert_error, assert_ok
-from serverproc import START_TIMEOUT, Servers
+from serverproc import START_TIMEOUT, ServerProc, Servers
 
 from vibemq_server.journal.records import (
     SEGMENT_HEADER_SIZE,
@@ -431,8 +431,7 @@ async def test_kill_9_loop_loses_no_acknowledged_publish_and_resurrects_no_ack(
     assert info["unackedCount"] == 0
     count = info["messageCount"]
     assert isinstance(count, int)
-    assert_ok(await c.subscribe(STRESS, prefetch=65535), T.SUBSCRIBE_ACK)
-    final = [await c.delivery(STRESS, timeout=10) for _ in range(count)]
+    final = await drain(c, srv, count)
     await c.expect_nothing(lambda m: m.type is T.DELIVER, 0.5)
     ids = [d.id for d in final]
     for d in final:
@@ -464,6 +463,48 @@ async def test_kill_9_loop_loses_no_acknowledged_publish_and_resurrects_no_ack(
     assert len(ledger.publish_acked) > 200, len(ledger.publish_acked)
     assert len(ledger.certainly_acked) > 50, len(ledger.certainly_acked)
     assert max(restarts) < START_TIMEOUT
+
+
+#: the final drain's subscription: the broker's largest prefetch
+DRAIN_PREFETCH = 65_535
+#: how long the final drain waits for any one delivery before it calls the queue stuck (a
+#: hang detector, not a speed bound: a loaded 2-core runner can pause a broker that fsyncs
+#: every write for seconds)
+DRAIN_WAIT = 30.0
+
+
+async def drain(c: RawClient, srv: ServerProc, count: int) -> list[Message]:
+    """All ``count`` messages of STRESS, unacked while the subscription has room. A
+    backlog larger than the prefetch is acked a prefetch at a time (what makes room must
+    wake the queue: that is tested too). A stuck queue fails with what the broker says."""
+    assert_ok(await c.subscribe(STRESS, prefetch=DRAIN_PREFETCH), T.SUBSCRIBE_ACK)
+    final: list[Message] = []
+    held = 0
+    while len(final) < count:
+        try:
+            d = await c.delivery(STRESS, timeout=DRAIN_WAIT)
+        except TimeoutError:
+            raise AssertionError(await _stuck(srv, count, final, held)) from None
+        final.append(d)
+        held += 1
+        if held == DRAIN_PREFETCH:
+            for each in final[-held:]:
+                c.ack(each.id)
+            held = 0
+    return final
+
+
+async def _stuck(srv: ServerProc, count: int, final: list[Message], held: int) -> str:
+    """Why the final drain waited: the queue as the broker sees it, and its log."""
+    probe = await RawClient.connected(srv.port)
+    try:
+        info = info_of(await probe.queue_info(STRESS))
+    finally:
+        await probe.close()
+    return (
+        f"no delivery for {DRAIN_WAIT}s after {len(final)} of {count} ({held} unacked); "
+        f"the broker's queue: {info}; its log: {_trouble(srv.log)}"
+    )
 
 
 async def test_a_long_lived_message_does_not_pin_the_whole_journal(
