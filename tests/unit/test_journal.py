@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -1018,3 +1019,89 @@ async def test_seq_is_never_reused_after_everything_was_settled(env: Env) -> Non
     await durable(journal)
     mgr2, _ = await env.restart(journal)
     assert mgr2.next_seq >= top
+
+
+# -- rotation off the loop -----------------------------------------------------------------
+
+
+class RotationOs(SystemCalls):
+    """fsyncs that count those run on the event loop's thread, and that hold (or fail) the
+    first one a rotation runs (the journal is rotating then) until the test says."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.loop_thread = threading.get_ident()
+        self.on_loop = 0
+        self.journal: Journal | None = None
+        self.fail = fail
+        self.gate = threading.Event()
+        self.held = threading.Event()
+
+    def fsync(self, fd: int) -> None:
+        if threading.get_ident() == self.loop_thread:
+            self.on_loop += 1
+        elif self.journal is not None and self.journal._rotating and not self.held.is_set():
+            self.held.set()
+            self.gate.wait(10)
+            if self.fail:
+                raise OSError(errno.EIO, "Input/output error")
+        os.fsync(fd)
+
+
+async def _publish_until_a_rotation_holds(mgr: QueueManager, fake: RotationOs) -> int:
+    """Publish to "q" (letting the loop turn) until a rotation waits in its fsync; how many."""
+    n = 0
+    while not fake.held.is_set():
+        assert n < 5000, "no rotation"
+        for _ in range(10):
+            mgr.publish("q", f"m{n}", PAYLOAD, {})
+            n += 1
+        await asyncio.sleep(0.005)
+    return n
+
+
+async def test_a_rotation_syncs_and_makes_the_new_segment_off_the_loop(env: Env) -> None:
+    """The sealed segment's fsync and the new one's (header, directory) run in a worker: on
+    a contended disk they froze every connection. What is recorded meanwhile waits for the
+    new segment and is written there, durable once it is."""
+    fake = RotationOs()
+    mgr, journal = env.open(system=fake, segment_size=4096)
+    fake.journal = journal
+    at_start = fake.on_loop  # (start opens its first segment on the loop)
+    make(mgr, "q")
+    n = await _publish_until_a_rotation_holds(mgr, fake)
+    new = journal.active
+    waiting = asyncio.ensure_future(durable(journal))
+    for _ in range(10):
+        mgr.publish("q", f"m{n}", PAYLOAD, {})
+        n += 1
+    await asyncio.sleep(0.05)  # (the loop turns; nothing can be durable before the gate)
+    assert not waiting.done()
+    fake.gate.set()
+    assert await waiting is None
+    assert fake.on_loop == at_start
+    assert new in [number for number, _ in env.segments()]
+    mgr2, _ = await env.restart(journal, segment_size=4096)
+    assert [mid for mid, _ in ready(mgr2, "q")] == [f"m{i}" for i in range(n)]
+
+
+async def test_a_failed_rotation_refuses_then_recovers_into_the_new_segment(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = RotationOs(fail=True)
+    monkeypatch.setattr(journal_mod, "log", LogRecorder())
+    mgr, journal = env.open(system=fake, segment_size=4096)
+    fake.journal = journal
+    make(mgr, "q")
+    n = await _publish_until_a_rotation_holds(mgr, fake)
+    waiting = asyncio.ensure_future(durable(journal))
+    await asyncio.sleep(0)
+    fake.gate.set()
+    assert isinstance(await waiting, OSError)  # never a false "durable"
+    assert not journal.available
+    journal.maintain()  # storage is back: the new segment is made, the records written
+    assert journal.available
+    assert await durable(journal) is None
+    kept = [mid for mid, _ in ready(mgr, "q")]
+    assert kept == [f"m{i}" for i in range(n)]
+    mgr2, _ = await env.restart(journal, segment_size=4096)
+    assert [mid for mid, _ in ready(mgr2, "q")] == kept

@@ -37,6 +37,7 @@ from vibemq_server.core.persistence import SettleReason
 from vibemq_server.journal.batch import RecordSink, new_record_buffer, record_end
 from vibemq_server.journal.fsyncer import Fsyncs, new_fsyncs
 from vibemq_server.journal.records import (
+    SEGMENT_HEADER_SIZE,
     QueueCreate,
     QueueDelete,
     QueueRecords,
@@ -144,6 +145,12 @@ class Journal:
         # A flush found every fsync slot busy and left its records gathering: the next
         # completed fsync flushes.
         self._flush_deferred = False
+        # A rotation is under way in a worker thread (the sealed segment's last fsync, the new
+        # one's header and name): records gather meanwhile, for the new segment.
+        self._rotating = False
+        # A rotation failed: (the sealed segment's fd, its path), still open; maintain()
+        # makes the new segment before anything is written again.
+        self._unopened: tuple[int, Path] | None = None
         # Inside commit_early (a session's handler): failures call back in a later callback.
         self._early = False
         #: commits started early, at a safe point within a loop turn (for the metrics)
@@ -237,6 +244,12 @@ class Journal:
             self._timer = self._loop.call_later(self.fsync_interval, self._interval_sync)
 
     def _open_segment(self, number: int) -> None:
+        self._fd = self._create_segment(number)
+        self._use_segment(number)
+
+    def _create_segment(self, number: int) -> int:
+        """Create segment ``number`` with its header, durable with its name; its fd. System
+        calls only (a rotation runs it in a worker thread)."""
         path = segment_path(self.directory, number)
         fd = self.sys.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         header = encode_segment_header(number)
@@ -253,12 +266,16 @@ class Journal:
         except OSError:
             self.sys.close(fd)
             raise
-        self._fd = fd
-        self._size = len(header)
+        return fd
+
+    def _use_segment(self, number: int) -> None:
+        """Segment ``number`` is the active one from now on: what is recorded counts in it.
+        Every segment starts with the definitions of the durable queues, so older segments
+        can be reclaimed without losing any queue."""
+        self._size = SEGMENT_HEADER_SIZE
         self.active = number
+        path = segment_path(self.directory, number)
         self.segments[number] = self._active_seg = _Segment(number, path)
-        # Every segment starts with the definitions of the durable queues, so older
-        # segments can be reclaimed without losing any queue.
         if self._manager is not None:
             for queue in self._manager.queues.values():
                 if queue.options.durable and not queue.deleted:
@@ -440,6 +457,7 @@ class Journal:
         flush at the end of the turn commits it all."""
         if (
             self._fsyncs_running + _EARLY_SPARE < FSYNCS_IN_FLIGHT
+            and not self._rotating
             and self._waiters
             and self.policy is FsyncPolicy.ALWAYS
             and self._failed is None
@@ -461,6 +479,11 @@ class Journal:
     def _commit(self) -> None:
         """Write what gathered and start its fsync (or hand it to a running fsync's end)."""
         self._batch_ts = 0
+        if self._rotating:
+            # The sealed segment is being synced and the new one made: gather until then
+            # (_rotated flushes), as when every fsync slot is busy.
+            self._flush_deferred = True
+            return
         if self._fd < 0:
             return  # closed: the broker is shutting down and nobody waits any more
         if (
@@ -657,21 +680,60 @@ class Journal:
             waiter(exc)
 
     def _maybe_rotate(self) -> None:
-        if self._size < self.segment_size or self._syncing or self._closing:
+        if (
+            self._size < self.segment_size
+            or self._syncing
+            or self._closing
+            or self._rotating
+            or self._failed is not None
+        ):
             return
         old_fd = self._fd
         sealed = segment_path(self.directory, self.active)
-        try:
-            if self.policy is not FsyncPolicy.NEVER:
-                self.sys.fsync(old_fd)
-            self._open_segment(self.active + 1)
-        except OSError as exc:
-            # Stay on the old segment (it is still open) and retry once storage recovers.
-            self._remove_partial_segment(self.active + 1)
-            self._fail(exc, b"")
+        number = self.active + 1
+        loop = self._loop
+        if loop is None or self.policy is FsyncPolicy.NEVER:
+            # (no fsync to wait for)
+            try:
+                self._open_segment(number)
+            except OSError as exc:
+                # Stay on the old segment (it is still open) and retry once storage recovers.
+                self._remove_partial_segment(number)
+                self._fail(exc, b"")
+                return
+            self.sys.close(old_fd)
+            self._indexer.submit(_index_sealed, None, [sealed])
             return
-        self.sys.close(old_fd)
-        self._indexer.submit(_index_sealed, None, [sealed])
+        # The sealed segment's last fsync and the new one's (header, then its name in the
+        # directory) run in a worker: on the loop, a contended disk froze every connection
+        # for the three of them. What is recorded meanwhile counts in the new segment and
+        # is written there once it exists (_commit gathers, _rotated flushes).
+        self._rotating = True
+        self._use_segment(number)
+        future = loop.run_in_executor(None, self._seal_and_create, old_fd, number)
+        future.add_done_callback(lambda done: self._rotated(old_fd, sealed, done))
+
+    def _seal_and_create(self, old_fd: int, number: int) -> int:
+        """(In a worker thread) sync the sealed segment, then make segment ``number``."""
+        self.sys.fsync(old_fd)
+        return self._create_segment(number)
+
+    def _rotated(self, old_fd: int, sealed: Path, done: asyncio.Future[int]) -> None:
+        self._rotating = False
+        exc = done.exception()
+        if exc is None:
+            self._fd = done.result()
+            self.sys.close(old_fd)
+            self._indexer.submit(_index_sealed, None, [sealed])
+        else:
+            # Nothing more goes to the sealed segment (what was recorded since counts in the
+            # new one): maintain() makes the new segment once storage recovers.
+            with contextlib.suppress(OSError):
+                segment_path(self.directory, self.active).unlink()
+            self._unopened = (old_fd, sealed)
+            self._fail(exc if isinstance(exc, OSError) else OSError(str(exc)), b"")
+        if self._flush_deferred:
+            self._flush()
 
     def _remove_partial_segment(self, number: int) -> None:
         if number not in self.segments:
@@ -689,12 +751,28 @@ class Journal:
         self._reclaim()
 
     def _interval_sync(self) -> None:
-        if self._dirty and not self._syncing and self._failed is None:
+        if self._dirty and not self._syncing and not self._rotating and self._failed is None:
             self._start_sync()
         assert self._loop is not None
         self._timer = self._loop.call_later(self.fsync_interval, self._interval_sync)
 
     def _try_recover(self) -> None:
+        unopened = self._unopened
+        if unopened is not None:
+            # (storage is failing: durable publishes are refused anyway, so these fsyncs on
+            # the loop keep nobody from being served)
+            old_fd, sealed = unopened
+            try:
+                fd = self._seal_and_create(old_fd, self.active)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    segment_path(self.directory, self.active).unlink()
+                self._failed = exc
+                return
+            self._unopened = None
+            self._fd = fd
+            self.sys.close(old_fd)
+            self._indexer.submit(_index_sealed, None, [sealed])
         self._drain()
         data = self._retry + b"".join(self._buf)
         try:
@@ -797,6 +875,8 @@ class Journal:
         self._closing = True
         if self._timer is not None:
             self._timer.cancel()
+        while self._rotating:
+            await asyncio.sleep(0.001)
         self._flush()
         while self._syncing:
             await asyncio.sleep(0.001)
