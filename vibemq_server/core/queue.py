@@ -339,6 +339,13 @@ class Queue:
         for level in reversed(self._levels):
             yield from level
 
+    def ready_list(self) -> list[StoredMessage]:
+        """``list(ready())``, a level at a time (a million messages in a few ms, not 40)."""
+        out: list[StoredMessage] = []
+        for level in reversed(self._levels):
+            out.extend(level)
+        return out
+
     def push(self, msg: StoredMessage) -> None:
         self._level(msg).append(msg)
         self.nbytes += len(msg.payload)

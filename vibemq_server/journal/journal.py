@@ -75,6 +75,8 @@ _EARLY_SPARE: Final = 1
 INDEX_SUFFIX = ".qidx"
 # Live messages few enough to copy forward at once when they pin older segments.
 _SMALL_LIVE = 1000
+#: messages a compaction looks at per loop turn
+COMPACT_RUN: Final = 20_000
 #: buffers per os.writev (Linux's IOV_MAX)
 _IOV_MAX = 1024
 # (Final: the compiled build reads it as a constant, not from the module's dict every publish)
@@ -151,6 +153,8 @@ class Journal:
         # A rotation failed: (the sealed segment's fd, its path), still open; maintain()
         # makes the new segment before anything is written again.
         self._unopened: tuple[int, Path] | None = None
+        #: messages a compaction looks at per loop turn (the tests make it small)
+        self.compact_run = COMPACT_RUN
         # Inside commit_early (a session's handler): failures call back in a later callback.
         self._early = False
         #: commits started early, at a safe point within a loop turn (for the metrics)
@@ -821,26 +825,70 @@ class Journal:
 
     def _compact(self, seg: _Segment) -> None:
         """Re-record the live messages of ``seg`` in the active segment; delete ``seg`` once
-        the copies are durable."""
-        if self._manager is None:
+        the copies are durable. Every durable message is looked at, so a large backlog is
+        gone through ``compact_run`` messages a loop turn (a million in one pass held the
+        loop for about 100 ms); ``reclaim`` waits meanwhile (``deleting``)."""
+        manager = self._manager
+        if manager is None:
             return
-        moved = 0
-        for queue in self._manager.queues.values():
-            if not queue.options.durable:
-                continue
-            copies: dict[int, list[StoredMessage]] = {}
-            for msg in self._all_messages(queue):
-                if msg.seg == seg.number:
-                    copies.setdefault(msg.seq, []).append(msg)
-            for same in copies.values():
-                # Fan-out copies share one seq: one record, and all copies point at it.
-                seg.live -= 1
-                self.published(queue, same[0])
-                for other in same[1:]:
-                    other.seg = same[0].seg
-                moved += 1
-        seg.live = 0
         seg.deleting = True
+        # Who holds a message may change between turns, so each queue's messages are taken
+        # at the start; one settled meanwhile no longer points at ``seg`` and is skipped.
+        work = [
+            (queue, self._all_messages(queue))
+            for queue in manager.queues.values()
+            if queue.options.durable
+        ]
+        self._compact_run(seg, work, 0, 0, 0)
+
+    def _compact_run(
+        self,
+        seg: _Segment,
+        work: list[tuple[Queue, list[StoredMessage]]],
+        index: int,
+        start: int,
+        moved: int,
+        first: dict[int, StoredMessage] | None = None,
+    ) -> None:
+        """From message ``start`` of queue ``index`` of ``work`` on, ``compact_run`` of them
+        this turn; ``first``: the messages of this queue recorded so far, by seq (fan-out
+        copies share one: one record, and all copies point at it)."""
+        if self._closing:
+            seg.deleting = False  # (kept: what was copied is a harmless second record)
+            return
+        run = budget = self.compact_run
+        number = seg.number
+        while index < len(work):
+            queue, msgs = work[index]
+            stop = min(len(msgs), start + budget)
+            if first is None:
+                first = {}
+            if not queue.deleted:
+                for i in range(start, stop):
+                    msg = msgs[i]
+                    if msg.seg != number:
+                        continue
+                    recorded = first.get(msg.seq)
+                    if recorded is not None:
+                        msg.seg = recorded.seg
+                        continue
+                    seg.live -= 1
+                    self.published(queue, msg)
+                    first[msg.seq] = msg
+                    moved += 1
+            budget -= stop - start
+            if stop < len(msgs):
+                loop = self._loop
+                if loop is not None:
+                    loop.call_soon(self._compact_run, seg, work, index, stop, moved, first)
+                    return
+                start = stop
+                budget = run
+                continue
+            index += 1
+            start = 0
+            first = None
+        seg.live = 0
         log.debug("segment compacted", file=str(seg.path), moved=moved)
 
         def done(err: Exception | None) -> None:
@@ -864,7 +912,7 @@ class Journal:
 
     @staticmethod
     def _all_messages(queue: Queue) -> list[StoredMessage]:
-        msgs = list(queue.ready())
+        msgs = queue.ready_list()
         msgs.extend(queue.parked.values())
         for sub in queue.subscriptions:
             msgs.extend(sub.inflight.values())
