@@ -70,6 +70,9 @@ class CollectingLink:
     def send(self, data: bytes) -> None:
         self.out.append(data)
 
+    def send_parts(self, parts: list[bytes]) -> None:
+        self.out.extend(parts)
+
     def take(self) -> bytes:
         data = b"".join(self.out)
         self.out.clear()
