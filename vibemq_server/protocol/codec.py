@@ -186,12 +186,35 @@ def deliver_parts(
     if headers or attempts >= _CACHED_ATTEMPTS:
         head, i, q, size, tail = _deliver_pieces(msg_id, piece, plen, headers, attempts)
         return [b"".join((head, i, q, size)), payload, tail]
-    # The usual delivery: its head joined from the cached pieces, no tuple of them.
+    # The usual delivery: its head joined from the cached pieces, no tuple of them; the
+    # packed ones those of the last large delivery when it had the same lengths (a stream's
+    # payloads mostly do): two cache lookups by a boxed int less.
     raw_id = msg_id.encode()
     tail = _ATTEMPTS_TAIL[attempts]
     n = len(raw_id)
     total = 8 + n + len(piece) + plen + len(tail)
-    return [b"".join((_deliver_head(total, n), raw_id, piece, _u32_piece(plen))), payload, tail]
+    last = _LAST_LARGE
+    if total != last.total or n != last.n or plen != last.plen:
+        last.head = _deliver_head(total, n)
+        last.size = _u32_piece(plen)
+        last.total = total
+        last.n = n
+        last.plen = plen
+    return [b"".join((last.head, raw_id, piece, last.size)), payload, tail]
+
+
+class _LastLarge:
+    """The packed pieces of the last large Deliver's head (:func:`deliver_parts`): its
+    length and id length's, its payload length's."""
+
+    __slots__ = ("head", "n", "plen", "size", "total")
+
+    def __init__(self) -> None:
+        self.total = self.n = self.plen = -1
+        self.head = self.size = b""
+
+
+_LAST_LARGE: Final = _LastLarge()
 
 
 def _deliver_pieces(
