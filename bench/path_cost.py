@@ -85,9 +85,6 @@ class CollectingLink(MicroLink):
         # a bound C method: the link costs as little as it can
         self.send = self.out.append  # type: ignore[method-assign]
 
-    def send_parts(self, parts: list[bytes]) -> None:
-        self.out.extend(parts)
-
     def read_into(self, fill: Fill) -> None:
         raise AssertionError("64-byte payloads are never filled in place")
 

@@ -49,7 +49,8 @@ from vibemq_server.protocol.codec import (
     Message,
     Split,
     decode_body,
-    deliver_around,
+    deliver_parts,
+    queue_piece,
 )
 from vibemq_server.protocol.codec import encode as encode_native
 from vibemq_server.protocol.codec import encode_deliver as encode_native_deliver
@@ -270,11 +271,14 @@ def test_native_split_falls_back_to_the_whole_body(fill_from: int) -> None:
     assert caught.value.message_id == "m1"
 
 
-def test_native_deliver_around_is_encode_deliver_less_the_payload() -> None:
+def test_native_deliver_parts_are_encode_deliver_with_the_payload_apart() -> None:
     payload = _payload()
     for headers in ({}, {"a": "b"}):
-        head, tail = deliver_around("m1", "q", len(payload), headers, 2)
-        assert head + payload + tail == encode_native_deliver("m1", "q", payload, headers, 2)
+        for attempts in (0, 2, 63, 64, 1000):
+            parts = deliver_parts("m1", queue_piece("q"), payload, headers, attempts)
+            assert parts[1] is payload
+            whole = encode_native_deliver("m1", "q", payload, headers, attempts)
+            assert b"".join(parts) == whole
 
 
 def _amqp_publish(body: bytes, frame_max: int) -> bytes:

@@ -20,8 +20,9 @@ from struct import error as StructError
 from typing import Final, cast
 
 from vibemq_server.protocol.bigcopy import Fill, payload_fill, read_target
+from vibemq_server.protocol.bigcopy import join_range as _bigcopy_join
 from vibemq_server.protocol.errors import ErrorCode, ProtocolError
-from vibemq_server.protocol.held import Buffer, HeldInput, join_range, prefix
+from vibemq_server.protocol.held import Buffer, HeldInput, prefix
 from vibemq_server.protocol.jsoncheck import COMPILED as _JSON_COMPILED
 from vibemq_server.protocol.jsoncheck import Resumable, checker
 from vibemq_server.protocol.jsoncheck import valid as json_valid
@@ -40,6 +41,9 @@ _TYPE_HDR: Final = Struct(">BB")
 #: bound once: a ``Struct`` method called by name is looked up on every call
 _PACK_U16: Final[Callable[..., bytes]] = _U16.pack
 _PACK_U32: Final[Callable[..., bytes]] = _U32.pack
+#: bigcopy's join: the C one when built (one call, not a loop of views joined); a Final, not
+#: an imported name read from the module's dict on every use
+join_range: Final = _bigcopy_join
 
 
 class CommandType(IntEnum):
@@ -167,17 +171,50 @@ def encode_deliver_named(
     )
 
 
-#: A payload at least this large is written between the bytes :func:`deliver_around` gives
+#: A payload at least this large is written between the bytes :func:`deliver_parts` gives
 #: as a buffer of its own, not copied into one frame with them.
 LARGE_PAYLOAD = 16 * 1024
 
 
-def deliver_around(
-    msg_id: str, queue: str, plen: int, headers: Mapping[str, str], attempts: int
-) -> tuple[bytes, bytes]:
-    """The bytes of a Deliver frame before and after its payload of ``plen`` bytes."""
-    head, i, q, size, tail = _deliver_pieces(msg_id, queue_piece(queue), plen, headers, attempts)
-    return b"".join((head, i, q, size)), tail
+def deliver_parts(
+    msg_id: str, piece: bytes, payload: bytes, headers: Mapping[str, str], attempts: int
+) -> list[bytes]:
+    """A Deliver frame as the bytes before its payload, the payload itself (written as it
+    is, not copied) and the bytes after it: one ``Link.send_parts`` a large delivery.
+    ``piece`` as in :func:`encode_deliver_named`."""
+    plen = len(payload)
+    if headers or attempts >= _CACHED_ATTEMPTS:
+        head, i, q, size, tail = _deliver_pieces(msg_id, piece, plen, headers, attempts)
+        return [b"".join((head, i, q, size)), payload, tail]
+    # The usual delivery: its head joined from the cached pieces, no tuple of them; the
+    # packed ones those of the last large delivery when it had the same lengths (a stream's
+    # payloads mostly do): two cache lookups by a boxed int less.
+    raw_id = msg_id.encode()
+    tail = _ATTEMPTS_TAIL[attempts]
+    n = len(raw_id)
+    total = 8 + n + len(piece) + plen + len(tail)
+    last = _LAST_LARGE
+    if total != last.total or n != last.n or plen != last.plen:
+        last.head = _deliver_head(total, n)
+        last.size = _u32_piece(plen)
+        last.total = total
+        last.n = n
+        last.plen = plen
+    return [b"".join((last.head, raw_id, piece, last.size)), payload, tail]
+
+
+class _LastLarge:
+    """The packed pieces of the last large Deliver's head (:func:`deliver_parts`): its
+    length and id length's, its payload length's."""
+
+    __slots__ = ("head", "n", "plen", "size", "total")
+
+    def __init__(self) -> None:
+        self.total = self.n = self.plen = -1
+        self.head = self.size = b""
+
+
+_LAST_LARGE: Final = _LastLarge()
 
 
 def _deliver_pieces(

@@ -54,7 +54,7 @@ from vibemq_server.protocol.codec import (
     BigFrame,
     Body,
     Split,
-    deliver_around,
+    deliver_parts,
     encode_deliver,
     encode_deliver_named,
     encode_publish_ack,
@@ -407,7 +407,10 @@ class Session:
             msg.payload = split.payload
             if split.json_ok:
                 self._json_ok = split.payload
-            self._run(msg)
+            if msg.type is _PUBLISH and self._state is _OPEN:
+                self.on_publish(msg)  # (as _handle_body: not through the table, a generic call)
+            else:
+                self._run(msg)
         except ProtocolError as exc:
             self.reply_error(exc)
         self._json_ok = b""
@@ -915,16 +918,14 @@ class Session:
             # A byte protocol's bytes: their VibeMQ form, computed per delivery (a raw
             # message reaching a VibeMQ consumer is the cross-protocol case, rarely fanned out).
             payload, headers = as_vibemq(payload, headers)
+        piece = sub.label
+        if len(piece) == 0:  # (not subscribed through on_subscribe)
+            piece = queue_piece(msg.queue)
         if len(payload) < LARGE_PAYLOAD:
-            piece = sub.label
-            if len(piece) == 0:  # (not subscribed through on_subscribe)
-                piece = queue_piece(msg.queue)
             self._send(encode_deliver_named(msg.id, piece, payload, headers, msg.attempts))
-        else:  # the payload as its own buffer: the transport writes it without a copy
-            head, tail = deliver_around(msg.id, msg.queue, len(payload), headers, msg.attempts)
-            self.link.send(head)
-            self.link.send(payload)
-            self.link.send(tail)
+        else:  # the payload as its own buffer, the transport writes it without a copy (in
+            # one call through the Link: each is a generic call, three sends cost three)
+            self.link.send_parts(deliver_parts(msg.id, piece, payload, headers, msg.attempts))
 
     def deliver_many(self, sub: Subscription, msgs: list[StoredMessage]) -> None:
         """A run of a FanOutWithoutAck queue: the same list for each of its subscribers, so
