@@ -37,6 +37,7 @@ from vibemq_server.core.queue import (
     Consumer,
     DeliveryDeferred,
     Queue,
+    QueueHost,
     QueueOptions,
     QueueStats,
     Subscription,
@@ -207,7 +208,7 @@ def options_to_dict(o: QueueOptions) -> dict[str, Any]:
     }
 
 
-class QueueManager:
+class QueueManager(QueueHost):
     """All queues of one broker."""
 
     def __init__(
@@ -862,7 +863,7 @@ class QueueManager:
                 persistence.delivered(queue, msg)
         else:
             self._settle(queue, msg, SettleReason.DELIVERED_NO_ACK)
-        sub.deliver(sub, msg)
+        sub.consumer.deliver(sub, msg)  # (through Consumer's vtable, compiled)
 
     def send_to_all(self, queue: Queue, msgs: list[StoredMessage]) -> None:
         """Deliver a run of messages of a queue without acks (FanOutWithoutAck) to every one

@@ -20,6 +20,7 @@ from vibemq_server.auth import Authenticator
 from vibemq_server.auth.authenticator import Outcome, Verdict
 from vibemq_server.config import Config
 from vibemq_server.core import (
+    Consumer,
     CoreError,
     InvalidQueueOptions,
     PersistenceUnavailable,
@@ -145,7 +146,7 @@ _OPTION_HEADERS = frozenset(
 _NO_DEFERRED: deque[Message] = deque()
 
 
-class Session:
+class Session(Consumer):
     """One client's protocol session: authentication, subscriptions, publisher flow control."""
 
     # (slotted: an idle connection costs only what it holds; compiled, it is anyway)
