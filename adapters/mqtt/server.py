@@ -26,7 +26,7 @@ import os
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Final, cast
 
 import structlog
 
@@ -94,6 +94,10 @@ _Plan = tuple[
     Mapping[tuple[MqttSession, str], int],
     Mapping[MqttSession, int],
 ]
+
+#: the plan of an address no MQTT subscriber matches: one object, so that deliver() tells it
+#: by identity (every native publish to a plain queue reaches this sink with no match)
+_NO_PLAN: Final[_Plan] = ((), {}, {})
 
 #: Headers a message published over MQTT carries into VibeMQ queues.
 HEADER_TOPIC = "mqttTopic"
@@ -756,6 +760,8 @@ class MqttServer(Server):
         plan = self._plans.get(address)
         if plan is None:
             plan = self._plan(address)
+        if plan is _NO_PLAN:
+            return False
         groups, targets5, targets = plan
         durable = False
         if groups and self._deliver_shared(groups, message, origin):
@@ -802,6 +808,8 @@ class MqttServer(Server):
             # (several filters of one group may match: the group still gets it once)
             groups = tuple(dict.fromkeys([g for g, _ in self.shared_router.match(address)]))
         plan = (groups, self.router5.match(address), self.router.match(address))
+        if not groups and not plan[1] and not plan[2]:
+            plan = _NO_PLAN
         if len(self._plans) >= _PER_CACHE_MAX:
             self._plans.clear()
         self._plans[address] = plan

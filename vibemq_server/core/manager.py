@@ -84,14 +84,13 @@ SWEEP_PER_TICK = 1000
 #: how many different sets of queue options share one object each (see ``_shared_options``)
 _OPTIONS_SHARED: Final = 256
 
-# Hot paths use these: an Enum member looked up on its class costs ~10x a global.
-# (Final: the compiled build reads them as constants, not from the module's dict per use)
+# Hot paths use these: an Enum member looked up on its class costs ~10x a global (pure
+# Python; compiled, a member of a compiled module's enum is a C static either way, but
+# SettleReason's module is interpreted: see the note on imported names in server/session.py)
 _ACCEPTED: Final = PublishOutcome.ACCEPTED
 _ACCEPTED_DURABLE: Final = PublishOutcome.ACCEPTED_DURABLE
 _NORMAL: Final = Priority.NORMAL
 _ACKED: Final = SettleReason.ACKED
-# (an imported name is looked up in the module's dict at each use, compiled; a Final is not)
-_NO_HEADERS: Final = EMPTY_HEADERS
 
 
 class DeadLetterReason:
@@ -538,11 +537,11 @@ class QueueManager(QueueHost):
         msg: StoredMessage
         if queue.fan_out:
             msg = FanOutMessage(
-                msg_id, queue.name, payload, headers or _NO_HEADERS, now, expires_at, priority
+                msg_id, queue.name, payload, headers or EMPTY_HEADERS, now, expires_at, priority
             )
         else:
             msg = StoredMessage(
-                msg_id, queue.name, payload, headers or _NO_HEADERS, now, expires_at, priority
+                msg_id, queue.name, payload, headers or EMPTY_HEADERS, now, expires_at, priority
             )
         if persistence is not None:  # (a seq is the journal's identity of a message)
             msg.seq = self.next_seq
@@ -704,9 +703,11 @@ class QueueManager(QueueHost):
     def ack(self, sub: Subscription, msg_id: str, *, dispatch: bool = True) -> bool:
         """Settle a delivery. ``dispatch=False`` leaves refilling the subscriber to the
         caller (one dispatch after a batch of acks instead of one per ack)."""
-        msg = sub.inflight.pop(msg_id, None)
+        inflight = sub.inflight
+        msg = inflight.get(msg_id)
         if msg is None:
             return False
+        del inflight[msg_id]  # (get and del: see ack_many)
         queue = sub.queue
         queue.n_acked += 1
         self._settle(queue, msg, SettleReason.ACKED)
@@ -726,10 +727,13 @@ class QueueManager(QueueHost):
         missing: list[str] = []
         settled = 0
         for msg_id in msg_ids:
-            msg = inflight.pop(msg_id, None)
+            # get and del, not pop(msg_id, None): compiled, those two are C calls and the
+            # pop with a default a generic method call (~650 instructions an ack)
+            msg = inflight.get(msg_id)
             if msg is None:
                 missing.append(msg_id)
                 continue
+            del inflight[msg_id]
             settled += 1
             # (_settle does nothing for a message neither journaled nor one of fan-out copies)
             if msg.group is not None:
@@ -758,11 +762,18 @@ class QueueManager(QueueHost):
         # (by id: a queue is no dict key, and a name may outlive its queue)
         journaled: dict[int, tuple[Queue, list[StoredMessage]]] = {}
         for msg_id in msg_ids:
-            sub = holders.pop(msg_id, None)
-            msg = sub.inflight.pop(msg_id, None) if sub is not None else None
-            if sub is None or msg is None:
+            # (get and del: see ack_many)
+            sub = holders.get(msg_id)
+            if sub is None:
                 rest.append(msg_id)
                 continue
+            del holders[msg_id]
+            inflight = sub.inflight
+            msg = inflight.get(msg_id)
+            if msg is None:
+                rest.append(msg_id)
+                continue
+            del inflight[msg_id]
             queue = sub.queue
             queue.n_acked += 1
             if queue.count:  # (nothing waits: nothing to refill; a later publish delivers)
@@ -801,9 +812,11 @@ class QueueManager(QueueHost):
     def nack(self, sub: Subscription, msg_id: str, *, requeue: bool, dispatch: bool = True) -> bool:
         """Give a delivery back: to the head of its queue (``requeue``), or dead-letter it
         (dropped when the queue has no dead-letter queue)."""
-        msg = sub.inflight.pop(msg_id, None)
+        inflight = sub.inflight
+        msg = inflight.get(msg_id)
         if msg is None:
             return False
+        del inflight[msg_id]  # (get and del: see ack_many)
         queue = sub.queue
         if requeue:
             queue.push_front(msg)

@@ -49,9 +49,7 @@ from vibemq_server.protocol.bigcopy import BIG_FROM as _BIG_FROM
 from vibemq_server.protocol.bigcopy import FILL_FROM
 from vibemq_server.protocol.bigcopy import join_range as _join_range
 from vibemq_server.protocol.codec import (
-    LARGE_PAYLOAD as _LARGE_PAYLOAD,
-)
-from vibemq_server.protocol.codec import (
+    LARGE_PAYLOAD,
     BigFrame,
     Body,
     Split,
@@ -74,9 +72,12 @@ from vibemq_server.server.transport import ConsumerInfo, Link, SessionInfo
 # (Final: the compiled build reads these as constants, not from the module's dict per use)
 _LOUD_ERRORS: Final = 10
 _ACK_TYPE: Final = bytes([CommandType.ACK])
-# (imported names a message reads: as Finals, statics; imported, a module dict lookup each)
+# Imported names a message reads, compiled: a name the compiled module it comes from declares
+# Final is a C static there (an int one is inlined), so it is used as imported (LARGE_PAYLOAD,
+# the enums' members); a plain name, or any name of an interpreted module, is a lookup in the
+# module's dict at each use, so it is copied into a Final here (checked in the generated C,
+# docs/performance.md "Eleventh round, native path").
 _JSON_OFF_LOOP: Final = _JSON_COMPILED
-LARGE_PAYLOAD: Final = _LARGE_PAYLOAD
 
 
 class State(Enum):
