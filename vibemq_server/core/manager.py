@@ -703,11 +703,9 @@ class QueueManager(QueueHost):
     def ack(self, sub: Subscription, msg_id: str, *, dispatch: bool = True) -> bool:
         """Settle a delivery. ``dispatch=False`` leaves refilling the subscriber to the
         caller (one dispatch after a batch of acks instead of one per ack)."""
-        inflight = sub.inflight
-        msg = inflight.get(msg_id)
+        msg = sub.inflight.pop(msg_id, None)
         if msg is None:
             return False
-        del inflight[msg_id]  # (get and del: see ack_many)
         queue = sub.queue
         queue.n_acked += 1
         self._settle(queue, msg, SettleReason.ACKED)
@@ -727,13 +725,10 @@ class QueueManager(QueueHost):
         missing: list[str] = []
         settled = 0
         for msg_id in msg_ids:
-            # get and del, not pop(msg_id, None): compiled, those two are C calls and the
-            # pop with a default a generic method call (~650 instructions an ack)
-            msg = inflight.get(msg_id)
+            msg = inflight.pop(msg_id, None)
             if msg is None:
                 missing.append(msg_id)
                 continue
-            del inflight[msg_id]
             settled += 1
             # (_settle does nothing for a message neither journaled nor one of fan-out copies)
             if msg.group is not None:
@@ -762,18 +757,11 @@ class QueueManager(QueueHost):
         # (by id: a queue is no dict key, and a name may outlive its queue)
         journaled: dict[int, tuple[Queue, list[StoredMessage]]] = {}
         for msg_id in msg_ids:
-            # (get and del: see ack_many)
-            sub = holders.get(msg_id)
-            if sub is None:
+            sub = holders.pop(msg_id, None)
+            msg = sub.inflight.pop(msg_id, None) if sub is not None else None
+            if sub is None or msg is None:
                 rest.append(msg_id)
                 continue
-            del holders[msg_id]
-            inflight = sub.inflight
-            msg = inflight.get(msg_id)
-            if msg is None:
-                rest.append(msg_id)
-                continue
-            del inflight[msg_id]
             queue = sub.queue
             queue.n_acked += 1
             if queue.count:  # (nothing waits: nothing to refill; a later publish delivers)
@@ -812,11 +800,9 @@ class QueueManager(QueueHost):
     def nack(self, sub: Subscription, msg_id: str, *, requeue: bool, dispatch: bool = True) -> bool:
         """Give a delivery back: to the head of its queue (``requeue``), or dead-letter it
         (dropped when the queue has no dead-letter queue)."""
-        inflight = sub.inflight
-        msg = inflight.get(msg_id)
+        msg = sub.inflight.pop(msg_id, None)
         if msg is None:
             return False
-        del inflight[msg_id]  # (get and del: see ack_many)
         queue = sub.queue
         if requeue:
             queue.push_front(msg)

@@ -657,7 +657,7 @@ class Session(Consumer):
     def on_publish(self, msg: Message) -> None:
         self.stats.messages_received += 1
         queue = msg.queue
-        if queue not in self.manager.queues or queue[:1] == "$":
+        if queue not in self.manager.queues or queue.startswith("$"):
             self._queue_name(msg)  # (raises unless the name is valid)
         # (everything: every operation is allowed anywhere; read from the Access each time,
         # not kept on the session: a users-file reload updates the Access in place)
