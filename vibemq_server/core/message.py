@@ -111,10 +111,6 @@ class StoredMessage:
     def expired(self, now: int) -> bool:
         return 0 < self.expires_at <= now
 
-    def __call__(self) -> StoredMessage:
-        """The message is its own ``routing.MessageSource`` (built already: ``ready``)."""
-        return self
-
 
 class FanOutMessage(StoredMessage):
     """A message of a fan-out queue: the fan-out bookkeeping gets its own slots."""
