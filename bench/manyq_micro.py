@@ -38,6 +38,7 @@ from bench.native_micro import PAYLOAD, CollectingLink, ack_frames
 from vibemq_server.buildinfo import describe
 from vibemq_server.config import Config
 from vibemq_server.core import QueueManager
+from vibemq_server.core.queue import Consumer
 from vibemq_server.logs import configure_logging
 from vibemq_server.protocol import CommandType, FrameDecoder, Message, encode
 from vibemq_server.server.session import Session
@@ -128,7 +129,7 @@ def run(
     return spent, acked
 
 
-class _Idle:
+class _Idle(Consumer):
     """A consumer that takes every delivery and does nothing with it."""
 
     writable = True
@@ -147,7 +148,7 @@ def tick_cost(count: int, ticks: int = 100) -> float:
     manager = QueueManager(config.queue_defaults)
     consumer = _Idle()
     for i in range(count):
-        manager.subscribe(f"q{i}", f"s{i}", consumer, 1000)  # type: ignore[arg-type]
+        manager.subscribe(f"q{i}", f"s{i}", consumer, 1000)
         manager.publish(f"q{i}", f"m{i}", b"{}", {})
     t0 = time.process_time()
     for _ in range(ticks):

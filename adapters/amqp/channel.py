@@ -23,7 +23,7 @@ from vibemq_server.adapters.amqp.codec import (
 )
 from vibemq_server.adapters.amqp.mapping import MessageMapper
 from vibemq_server.adapters.amqp.states import CHANNEL_TRANSITIONS, ChannelState, Input
-from vibemq_server.core import Queue, QueueManager, StoredMessage, Subscription
+from vibemq_server.core import Consumer, Queue, QueueManager, StoredMessage, Subscription
 from vibemq_server.core.buffers import PASS_THROUGH
 from vibemq_server.server.stats import ProtocolStats
 from vibemq_server.server.transport import Link
@@ -62,7 +62,7 @@ class Owner(Protocol):
     def consumer_cancelled(self, channel: Channel, tag: str) -> None: ...
 
 
-class AmqpConsumer:
+class AmqpConsumer(Consumer):
     """The core's Consumer for one basic.consume."""
 
     __slots__ = ("channel", "frames", "no_ack", "queue", "sub", "tag", "tag_bytes")
@@ -87,10 +87,12 @@ class AmqpConsumer:
         self.channel.cancelled_by_broker(self)
 
 
-class _Getter:
+class _Getter(Consumer):
     """The core's Consumer behind basic.get: never pushed to, only pulled (manager.take)."""
 
-    writable = False
+    @property
+    def writable(self) -> bool:
+        return False
 
     def __init__(self) -> None:
         self.last: StoredMessage | None = None

@@ -114,7 +114,7 @@ def _int_arg(args: Mapping[str, Any], name: str, minimum: int) -> int | None:
     return value
 
 
-class AmqpServer:
+class AmqpServer(AddressSink):
     def __init__(self, context: AdapterContext) -> None:
         config = context.config
         self.config = config

@@ -55,6 +55,7 @@ from vibemq_server.config import MqttConfig
 from vibemq_server.core import QueueManager
 from vibemq_server.core.durable_replies import DurableReplies
 from vibemq_server.core.permissions import BEFORE_LOGIN, Access, Operation
+from vibemq_server.core.routing import AddressSink
 from vibemq_server.protocol.bigcopy import BIG_FROM, FILL_FROM, Unjoined
 from vibemq_server.server.connlog import bind_lazily
 from vibemq_server.server.stall import StallClock
@@ -77,9 +78,10 @@ class Timer(Protocol):
     def cancel(self) -> None: ...
 
 
-class Server:
+class Server(AddressSink):
     """What a connection uses of the MQTT side of the broker: settings, the session registry,
-    subscriptions, routing, and a timer (the longest pause of a publisher).
+    subscriptions, routing, and a timer (the longest pause of a publisher); the core's
+    ``AddressSink`` of MQTT (``deliver``).
     ``server.MqttServer`` is its one implementation and overrides every method.
 
     A base class, not a Protocol: the compiled build calls a class's methods and reads its

@@ -26,7 +26,7 @@ import os
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Final, cast
 
 import structlog
 
@@ -87,13 +87,30 @@ _NEVER = 2**62
 #: addresses whose v5 deliveries per session are kept (``_per_session``); beyond it, cleared
 _PER_CACHE_MAX = 4096
 
-#: where a publish at an address goes (``MqttServer._plan``): its shared groups, the v5
-#: router's match (session, filter) -> QoS, the 3.1.1 router's match session -> QoS
-_Plan = tuple[
-    tuple[str, ...],
-    Mapping[tuple[MqttSession, str], int],
-    Mapping[MqttSession, int],
-]
+
+class _Plan:
+    """Where a publish at an address goes (``MqttServer._plan``): its shared groups, the v5
+    router's match (session, filter) -> QoS, the 3.1.1 router's match session -> QoS.
+
+    A class, not a tuple: compiled, a tuple is kept unboxed and boxed anew where it is
+    compared, so it has no identity to tell ``_NO_PLAN`` by."""
+
+    __slots__ = ("groups", "targets", "targets5")
+
+    def __init__(
+        self,
+        groups: tuple[str, ...],
+        targets5: Mapping[tuple[MqttSession, str], int],
+        targets: Mapping[MqttSession, int],
+    ) -> None:
+        self.groups = groups
+        self.targets5 = targets5
+        self.targets = targets
+
+
+#: the plan of an address no MQTT subscriber matches: one object, so that deliver() tells it
+#: by identity (every native publish to a plain queue reaches this sink with no match)
+_NO_PLAN: Final = _Plan((), {}, {})
 
 #: Headers a message published over MQTT carries into VibeMQ queues.
 HEADER_TOPIC = "mqttTopic"
@@ -756,7 +773,11 @@ class MqttServer(Server):
         plan = self._plans.get(address)
         if plan is None:
             plan = self._plan(address)
-        groups, targets5, targets = plan
+        if plan is _NO_PLAN:
+            return False
+        groups = plan.groups
+        targets5 = plan.targets5
+        targets = plan.targets
         durable = False
         if groups and self._deliver_shared(groups, message, origin):
             durable = True
@@ -801,7 +822,9 @@ class MqttServer(Server):
         if self._share_members:
             # (several filters of one group may match: the group still gets it once)
             groups = tuple(dict.fromkeys([g for g, _ in self.shared_router.match(address)]))
-        plan = (groups, self.router5.match(address), self.router.match(address))
+        targets5 = self.router5.match(address)
+        targets = self.router.match(address)
+        plan = _Plan(groups, targets5, targets) if groups or targets5 or targets else _NO_PLAN
         if len(self._plans) >= _PER_CACHE_MAX:
             self._plans.clear()
         self._plans[address] = plan

@@ -33,7 +33,14 @@ from vibemq_server.adapters.mqtt.session_types import NoIds as _NoIds
 from vibemq_server.adapters.mqtt.session_types import NoItems as _NoItems
 from vibemq_server.adapters.mqtt.session_types import OperatorClose
 from vibemq_server.adapters.mqtt.topics import address_to_topic
-from vibemq_server.core import PublishOutcome, Queue, QueueManager, StoredMessage, Subscription
+from vibemq_server.core import (
+    Consumer,
+    PublishOutcome,
+    Queue,
+    QueueManager,
+    StoredMessage,
+    Subscription,
+)
 from vibemq_server.core.drops import DropLog
 from vibemq_server.core.topics import TopicRouter
 from vibemq_server.protocol.payload import from_core
@@ -123,7 +130,7 @@ def shared_qos(msg: StoredMessage) -> int:
     return 2 if qos == "2" else 0 if qos == "0" else 1
 
 
-class SharedMember:
+class SharedMember(Consumer):
     """One session's membership of a shared subscription (``$share/{group}/{filter}``): a
     core consumer of the group's RoundRobin queue while the session is connected, so the
     queue's round robin balances the group (VibeMQ and AMQP consumers of that queue
@@ -219,7 +226,7 @@ class SessionContext:
         self.drop_log = drop_log
 
 
-class MqttSession:
+class MqttSession(Consumer):
     """Implements the core's Consumer for its own queue."""
 
     #: an MQTT 5.0 session (``session5.Mqtt5Session``)

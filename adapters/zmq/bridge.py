@@ -94,7 +94,7 @@ class _Throttled:
         log.warning(event, suppressed_since_last=suppressed, **fields)
 
 
-class ZmqBridge:
+class ZmqBridge(AddressSink):
     """``await start()`` binds the configured sockets (then ``pull_endpoint`` /
     ``pub_endpoint`` are the bound endpoints); ``close()`` unbinds them."""
 

@@ -18,10 +18,13 @@ from vibemq_server.core import (
     Subscription,
 )
 from vibemq_server.core.manager import SWEEP_PER_TICK
+from vibemq_server.core.queue import Consumer
 
 
-class Recorder:
+class Recorder(Consumer):
     """A consumer that records what it is given (the core's port, not the broker)."""
+
+    writable = True  # (shadows Consumer's read-only property: instances may set it)
 
     def __init__(self, writable: bool = True) -> None:
         self.writable = writable

@@ -13,11 +13,12 @@ from structlog.testing import capture_logs
 from vibemq_server.config import QueueDefaults
 from vibemq_server.core import ManualClock, QueueManager, StoredMessage, Subscription
 from vibemq_server.core.drops import DROP_LOG_INTERVAL_MS
+from vibemq_server.core.queue import Consumer
 
 Logs = list[MutableMapping[str, Any]]
 
 
-class Sink:
+class Sink(Consumer):
     """A consumer that takes everything (the core's port)."""
 
     writable = True

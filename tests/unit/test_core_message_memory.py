@@ -8,13 +8,14 @@ import sys
 from vibemq_server.buildinfo import compiled_modules
 from vibemq_server.core import ManualClock, QueueManager, StoredMessage, Subscription
 from vibemq_server.core.message import ANY_SUBSCRIBER, EMPTY_HEADERS, FanOutMessage
+from vibemq_server.core.queue import Consumer
 
 #: the compiled build (mypyc) stores a message's ints unboxed, in the object itself: there is
 #: no int object to share, and the object is a little bigger for holding them
 COMPILED = "vibemq_server.core.message" in compiled_modules()
 
 
-class Taker:
+class Taker(Consumer):
     """A consumer that records what it is given (the core's port, not the broker)."""
 
     writable = True

@@ -19,6 +19,7 @@ from vibemq_server.core import (
     StoredMessage,
     Subscription,
 )
+from vibemq_server.core.queue import Consumer as CoreConsumer
 from vibemq_server.core.routing import AddressSink, MessageSource, ready
 from vibemq_server.journal.journal import Journal
 from vibemq_server.protocol.names import valid_queue_name
@@ -26,7 +27,7 @@ from vibemq_server.protocol.names import valid_queue_name
 pytestmark = pytest.mark.timeout(60)
 
 
-class Sink:
+class Sink(AddressSink):
     """A protocol's subscriptions to addresses: records what the core hands it. ``durable``:
     what it reports (a copy journaled); ``take``: whether it asks for the message."""
 
@@ -45,7 +46,9 @@ class Sink:
         return f"Sink({self.name})"
 
 
-class Consumer:
+class Consumer(CoreConsumer):
+    writable = True  # (shadows Consumer's read-only property: instances may set it)
+
     def __init__(self) -> None:
         self.writable = True
         self.got: list[str] = []
@@ -114,7 +117,7 @@ def test_a_native_publish_reaches_each_sink_once_as_origin_none(mgr: QueueManage
 def test_sinks_are_served_in_registration_order_and_registered_once(mgr: QueueManager) -> None:
     order: list[str] = []
 
-    class Named:
+    class Named(AddressSink):
         def __init__(self, name: str) -> None:
             self.name = name
 
@@ -139,13 +142,13 @@ def test_a_sink_unregistering_during_a_delivery_does_not_skip_another(
 ) -> None:
     got: list[str] = []
 
-    class Leaving:
+    class Leaving(AddressSink):
         def deliver(self, address: str, message: MessageSource, origin: object) -> bool:
             got.append("leaving")
             mgr.unregister_sink(self)
             return False
 
-    class Staying:
+    class Staying(AddressSink):
         def deliver(self, address: str, message: MessageSource, origin: object) -> bool:
             got.append("staying")
             return False

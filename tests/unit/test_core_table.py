@@ -13,6 +13,7 @@ from waits import durable, wait_for
 
 from vibemq_server.config import QueueDefaults
 from vibemq_server.core import ManualClock, QueueManager, StoredMessage, Subscription
+from vibemq_server.core.queue import Consumer as CoreConsumer
 from vibemq_server.core.table import DurableTable
 from vibemq_server.journal.journal import Journal
 from vibemq_server.journal.recovery import list_segments
@@ -23,7 +24,9 @@ TABLE = "$test.table"
 PAYLOAD = b'{"data":"' + b"x" * 80 + b'"}'
 
 
-class Consumer:
+class Consumer(CoreConsumer):
+    writable = True  # (shadows Consumer's read-only property: instances may set it)
+
     def __init__(self) -> None:
         self.writable = True
         self.got: list[StoredMessage] = []

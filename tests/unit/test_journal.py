@@ -23,6 +23,7 @@ from vibemq_server.core import (
     StoredMessage,
     Subscription,
 )
+from vibemq_server.core.queue import Consumer as CoreConsumer
 from vibemq_server.journal import journal as journal_mod
 from vibemq_server.journal import records as records_mod
 from vibemq_server.journal import recovery as recovery_mod
@@ -43,8 +44,10 @@ from vibemq_server.journal.sysio import SystemCalls
 # -- doubles and helpers ---------------------------------------------------------------------
 
 
-class Consumer:
+class Consumer(CoreConsumer):
     """The core's Consumer port: records deliveries, never acks by itself."""
+
+    writable = True  # (shadows Consumer's read-only property: instances may set it)
 
     def __init__(self) -> None:
         self.writable = True

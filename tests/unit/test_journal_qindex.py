@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from waits import wait_for
 
 from vibemq_server.config import QueueDefaults
-from vibemq_server.core import ManualClock, QueueManager, Subscription
+from vibemq_server.core import Consumer, ManualClock, QueueManager, Subscription
 from vibemq_server.journal import journal as journal_mod
 from vibemq_server.journal import qindex
 from vibemq_server.journal.journal import Journal
@@ -166,7 +166,7 @@ async def test_reclaimed_segments_lose_their_sidecars(broker: Broker) -> None:
     assert {p.stem for p in directory.glob("*.qidx")} <= segments
 
 
-class _Taker:
+class _Taker(Consumer):
     writable = True
 
     def deliver(self, sub: object, msg: object) -> None:

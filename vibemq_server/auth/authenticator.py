@@ -35,7 +35,7 @@ from vibemq_server.auth.guard import LoginGuard
 from vibemq_server.auth.passwords import dummy_hash, verify_password
 from vibemq_server.auth.users import User, UsersFileError, UserStore
 from vibemq_server.config import Config
-from vibemq_server.core.permissions import FULL_ACCESS, NO_ACCESS, Access
+from vibemq_server.core.permissions import FULL_ACCESS, NO_ACCESS, Access, Handle
 
 log = structlog.get_logger("vibemq.auth")
 
@@ -110,8 +110,9 @@ class Authenticator:
         # misses, and the table holds nothing a memory dump could replay elsewhere.
         self._cache_key = os.urandom(32)
         self._verified: set[bytes] = set()
-        # Every live connection's Access of a users-file user, so that a reload reaches them.
-        self._granted: weakref.WeakSet[Access] = weakref.WeakSet()
+        # Every live connection's Access of a users-file user (its handle), so that a reload
+        # reaches them.
+        self._granted: weakref.WeakSet[Handle] = weakref.WeakSet()
         self._unrestricted: dict[str, Access] = {}
         #: refused logins by (protocol, reason), for the metrics
         self.failures: dict[tuple[str, str], int] = {}
@@ -158,7 +159,8 @@ class Authenticator:
         a user deleted meanwhile may do nothing more (what runs already, e.g. a consumer,
         goes on as in RabbitMQ; MQTT subscriptions are checked again when resumed)."""
         changed: set[str] = set()
-        for access in list(self._granted):
+        for handle in list(self._granted):
+            access = handle.access
             stored = self.users.get(access.user)
             access.update(stored.permissions if stored is not None else NO_ACCESS)
             changed.add(access.user)
@@ -324,7 +326,7 @@ class Authenticator:
                 access = self._unrestricted[user] = Access(FULL_ACCESS, user)
             return access
         access = Access(stored.permissions, user, client_id)
-        self._granted.add(access)
+        self._granted.add(access.handle)
         return access
 
     def allow_connection(self, peer_host: str) -> bool:

@@ -37,6 +37,7 @@ from vibemq_server.core.queue import (
     Consumer,
     DeliveryDeferred,
     Queue,
+    QueueHost,
     QueueOptions,
     QueueStats,
     Subscription,
@@ -83,14 +84,13 @@ SWEEP_PER_TICK = 1000
 #: how many different sets of queue options share one object each (see ``_shared_options``)
 _OPTIONS_SHARED: Final = 256
 
-# Hot paths use these: an Enum member looked up on its class costs ~10x a global.
-# (Final: the compiled build reads them as constants, not from the module's dict per use)
+# Hot paths use these: an Enum member looked up on its class costs ~10x a global (pure
+# Python; compiled, a member of a compiled module's enum is a C static either way, but
+# SettleReason's module is interpreted: see the note on imported names in server/session.py)
 _ACCEPTED: Final = PublishOutcome.ACCEPTED
 _ACCEPTED_DURABLE: Final = PublishOutcome.ACCEPTED_DURABLE
 _NORMAL: Final = Priority.NORMAL
 _ACKED: Final = SettleReason.ACKED
-# (an imported name is looked up in the module's dict at each use, compiled; a Final is not)
-_NO_HEADERS: Final = EMPTY_HEADERS
 
 
 class DeadLetterReason:
@@ -207,7 +207,7 @@ def options_to_dict(o: QueueOptions) -> dict[str, Any]:
     }
 
 
-class QueueManager:
+class QueueManager(QueueHost):
     """All queues of one broker."""
 
     def __init__(
@@ -537,11 +537,11 @@ class QueueManager:
         msg: StoredMessage
         if queue.fan_out:
             msg = FanOutMessage(
-                msg_id, queue.name, payload, headers or _NO_HEADERS, now, expires_at, priority
+                msg_id, queue.name, payload, headers or EMPTY_HEADERS, now, expires_at, priority
             )
         else:
             msg = StoredMessage(
-                msg_id, queue.name, payload, headers or _NO_HEADERS, now, expires_at, priority
+                msg_id, queue.name, payload, headers or EMPTY_HEADERS, now, expires_at, priority
             )
         if persistence is not None:  # (a seq is the journal's identity of a message)
             msg.seq = self.next_seq
@@ -862,7 +862,7 @@ class QueueManager:
                 persistence.delivered(queue, msg)
         else:
             self._settle(queue, msg, SettleReason.DELIVERED_NO_ACK)
-        sub.deliver(sub, msg)
+        sub.consumer.deliver(sub, msg)  # (through Consumer's vtable, compiled)
 
     def send_to_all(self, queue: Queue, msgs: list[StoredMessage]) -> None:
         """Deliver a run of messages of a queue without acks (FanOutWithoutAck) to every one

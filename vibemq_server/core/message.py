@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import IntEnum
+from typing import Final
 
-EMPTY_HEADERS: Mapping[str, str] = {}
+#: (Final: the compiled modules that import it read a C static, not this module's dict)
+EMPTY_HEADERS: Final[Mapping[str, str]] = {}
 
 
 class Priority(IntEnum):

@@ -15,25 +15,38 @@ from typing import Protocol
 from vibemq_server.config import DeliveryMode, OverflowStrategy
 from vibemq_server.core.clock import Clock
 from vibemq_server.core.message import Priority, StoredMessage, as_fan_out
+from vibemq_server.core.native import mypyc_attr
 
 
 class DeliveryDeferred(Exception):
     """A delivery must wait (its message id is still unacked at that subscriber): stop dispatch."""
 
 
-class Consumer(Protocol):
-    """What the core needs of a subscriber's connection, whatever protocol it speaks.
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Consumer:
+    """What the core needs of a subscriber's connection, whatever protocol it speaks: every
+    consumer (the native session, MQTT's and AMQP's) subclasses it and overrides all three.
+
+    A base class, not a Protocol: the compiled queue and manager then read ``writable`` and
+    call ``deliver`` through the class's vtable, where a Protocol's are a lookup by name
+    (~580 instructions a delivery for ``writable``). Subclasses written in Python (the
+    tests') are allowed and called the slow way.
 
     A consumer may also have ``deliver_many(sub, msgs)`` (see ``DeliverMany``): a
     FanOutWithoutAck queue then hands it a run of messages in one call, the same list
     object to every subscriber of the run, so a protocol can encode the run once."""
 
+    __slots__ = ()  # (the slotted consumers stay slotted, run as pure Python)
+
     @property
-    def writable(self) -> bool: ...
+    def writable(self) -> bool:
+        raise NotImplementedError
 
-    def deliver(self, sub: Subscription, msg: StoredMessage) -> None: ...
+    def deliver(self, sub: Subscription, msg: StoredMessage) -> None:
+        raise NotImplementedError
 
-    def subscription_cancelled(self, sub: Subscription, reason: str) -> None: ...
+    def subscription_cancelled(self, sub: Subscription, reason: str) -> None:
+        raise NotImplementedError
 
 
 #: a consumer's ``deliver_many``: ``msgs`` in order, one list shared by a run's subscribers,
@@ -45,11 +58,13 @@ DeliverMany = Callable[["Subscription", list[StoredMessage]], None]
 FAN_OUT_RUN = 256
 
 
-class QueueHost(Protocol):
+class QueueHost:
     """What a queue needs of the manager that owns it (``QueueManager`` is the one host).
 
     Declared here so that this module stays below the manager in the import layers: the
-    manager imports the queue, never the other way round."""
+    manager imports the queue, never the other way round. A base class (``QueueManager``
+    subclasses it and overrides every method), not a Protocol: the compiled queue calls
+    ``send`` and reads ``holding`` through the vtable, not by name with boxed arguments."""
 
     #: the broker's clock (ms), for TTLs met during dispatch
     clock: Clock
@@ -62,24 +77,24 @@ class QueueHost(Protocol):
     def send(self, sub: Subscription, msg: StoredMessage, now: int = 0) -> None:
         """Deliver one message to one subscription (accounting, journal, the consumer).
         ``now``: the clock's reading when the caller has just taken it (0: read it)."""
-        ...
+        raise NotImplementedError
 
     def expire(self, queue: Queue, msg: StoredMessage) -> None:
         """A message's TTL passed while it waited: dead-letter or drop it."""
-        ...
+        raise NotImplementedError
 
     def send_to_all(self, queue: Queue, msgs: list[StoredMessage]) -> None:
         """Deliver a run of messages of a queue without acks to every one of its
         subscriptions (each of them writable): the same objects to each, accounted for once."""
-        ...
+        raise NotImplementedError
 
     def defer(self, queue: Queue) -> None:
         """Dispatch ``queue`` when the hold is released."""
-        ...
+        raise NotImplementedError
 
     def after_dequeue(self, queue: Queue) -> None:
         """Messages left the queue: wake publishers waiting for room."""
-        ...
+        raise NotImplementedError
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +119,6 @@ class Subscription:
 
     __slots__ = (
         "consumer",
-        "deliver",
         "deliver_many",
         "id",
         "inflight",
@@ -124,9 +138,6 @@ class Subscription:
         #: subscription is at hand, not in a cache of every name (with 10,000 queues each
         #: entry there is another cold line a delivery)
         self.label = b""
-        #: the consumer's ``deliver``, bound once: a delivery calls it without looking the
-        #: method up on a protocol-typed object (a generic lookup a message, compiled)
-        self.deliver: Callable[[Subscription, StoredMessage], None] = consumer.deliver
         #: the consumer's ``deliver_many``, when it has one (see Consumer)
         self.deliver_many: DeliverMany | None = getattr(consumer, "deliver_many", None)
         # Insertion order is delivery order and the ack timeout is per queue, so the first

@@ -19,16 +19,24 @@ conversion; every call returns the same message. A sink told that the publish is
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 from vibemq_server.core.message import StoredMessage
+from vibemq_server.core.native import mypyc_attr
 
 #: The core form of the publish being routed, built on first call (the same one every call).
 MessageSource = Callable[[], StoredMessage]
 
 
-class AddressSink(Protocol):
-    """One protocol's subscriptions to addresses."""
+@mypyc_attr(allow_interpreted_subclasses=True)
+class AddressSink:
+    """One protocol's subscriptions to addresses; every protocol's sink subclasses it.
+
+    A base class, not a Protocol: the compiled manager calls ``deliver`` through the
+    class's vtable (every native publish, to every sink: MQTT's and AMQP's are always
+    registered), where a Protocol's is a lookup by name with boxed arguments. Sinks written
+    in Python (ZeroMQ's, the tests') are allowed and called the slow way."""
+
+    __slots__ = ()
 
     def deliver(self, address: str, message: MessageSource, origin: AddressSink | None) -> bool:
         """Hand a publish at ``address`` to this protocol's subscribers that match it.
@@ -37,7 +45,7 @@ class AddressSink(Protocol):
         publishes), None for a native VibeMQ Publish. True when a copy was journaled: the
         publisher's acknowledgement (PUBACK, confirm, PublishAck) then waits for the journal.
         """
-        ...
+        raise NotImplementedError
 
 
 def ready(msg: StoredMessage) -> MessageSource:

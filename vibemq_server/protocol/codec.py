@@ -172,8 +172,9 @@ def encode_deliver_named(
 
 
 #: A payload at least this large is written between the bytes :func:`deliver_parts` gives
-#: as a buffer of its own, not copied into one frame with them.
-LARGE_PAYLOAD = 16 * 1024
+#: as a buffer of its own, not copied into one frame with them. (Final: compiled, a module
+#: that imports it reads the number itself, not this module's dict.)
+LARGE_PAYLOAD: Final = 16 * 1024
 
 
 def deliver_parts(

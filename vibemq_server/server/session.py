@@ -20,6 +20,7 @@ from vibemq_server.auth import Authenticator
 from vibemq_server.auth.authenticator import Outcome, Verdict
 from vibemq_server.config import Config
 from vibemq_server.core import (
+    Consumer,
     CoreError,
     InvalidQueueOptions,
     PersistenceUnavailable,
@@ -48,9 +49,7 @@ from vibemq_server.protocol.bigcopy import BIG_FROM as _BIG_FROM
 from vibemq_server.protocol.bigcopy import FILL_FROM
 from vibemq_server.protocol.bigcopy import join_range as _join_range
 from vibemq_server.protocol.codec import (
-    LARGE_PAYLOAD as _LARGE_PAYLOAD,
-)
-from vibemq_server.protocol.codec import (
+    LARGE_PAYLOAD,
     BigFrame,
     Body,
     Split,
@@ -73,9 +72,12 @@ from vibemq_server.server.transport import ConsumerInfo, Link, SessionInfo
 # (Final: the compiled build reads these as constants, not from the module's dict per use)
 _LOUD_ERRORS: Final = 10
 _ACK_TYPE: Final = bytes([CommandType.ACK])
-# (imported names a message reads: as Finals, statics; imported, a module dict lookup each)
+# Imported names a message reads, compiled: a name the compiled module it comes from declares
+# Final is a C static there (an int one is inlined), so it is used as imported (LARGE_PAYLOAD,
+# the enums' members); a plain name, or any name of an interpreted module, is a lookup in the
+# module's dict at each use, so it is copied into a Final here (checked in the generated C,
+# docs/performance.md "Eleventh round, native path").
 _JSON_OFF_LOOP: Final = _JSON_COMPILED
-LARGE_PAYLOAD: Final = _LARGE_PAYLOAD
 
 
 class State(Enum):
@@ -145,7 +147,7 @@ _OPTION_HEADERS = frozenset(
 _NO_DEFERRED: deque[Message] = deque()
 
 
-class Session:
+class Session(Consumer):
     """One client's protocol session: authentication, subscriptions, publisher flow control."""
 
     # (slotted: an idle connection costs only what it holds; compiled, it is anyway)
@@ -658,7 +660,7 @@ class Session:
     def on_publish(self, msg: Message) -> None:
         self.stats.messages_received += 1
         queue = msg.queue
-        if queue not in self.manager.queues or queue[:1] == "$":
+        if queue not in self.manager.queues or queue.startswith("$"):
             self._queue_name(msg)  # (raises unless the name is valid)
         # (everything: every operation is allowed anywhere; read from the Access each time,
         # not kept on the session: a users-file reload updates the Access in place)
