@@ -778,7 +778,10 @@ class QueueManager:
                 rest.append(msg_id)
                 continue
             queue = sub.queue  # (not read here unless it must: a cold line, many queues)
-            sub.count_acks(1)
+            if sub.attached:  # (count_acks, inlined: a call is ~20 instructions an Ack here)
+                sub.n_acked += 1
+            else:
+                queue.acked_gone += 1
             if sub.waiting:  # (else nothing waits: nothing to refill; a publish delivers)
                 if queue.count:
                     touched[queue.name] = queue
