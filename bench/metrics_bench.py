@@ -53,7 +53,7 @@ async def measure(queues: int, runs: int, max_depth: int, per_queue_limit: int) 
                 for i in range(n % (max_depth + 1)):
                     manager.publish(name, f"m{i}", b'{"n":1}', {})
                 queue.n_delivered = n  # counts as a busy broker's would be
-                queue.n_acked = n
+                queue.acked_gone = n
             setup_s = time.perf_counter() - setup
             render(broker)  # the registry is built on the first scrape
             times: list[float] = []

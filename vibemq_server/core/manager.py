@@ -706,12 +706,26 @@ class QueueManager(QueueHost):
         msg = sub.inflight.pop(msg_id, None)
         if msg is None:
             return False
-        queue = sub.queue
-        queue.n_acked += 1
-        self._settle(queue, msg, SettleReason.ACKED)
-        if dispatch and queue.count:
-            queue.dispatch()
+        self._acked(sub, msg)
+        if dispatch and sub.waiting:
+            queue = sub.queue
+            if queue.count:
+                queue.dispatch()
+            else:
+                sub.waiting = False
         return True
+
+    def _acked(self, sub: Subscription, msg: StoredMessage) -> None:
+        """Count and settle one Ack of ``sub``, reading the queue only when it must (a
+        fan-out copy, a detached subscription): with many queues it is a cold line."""
+        sub.count_acks(1)
+        # (_settle does nothing for a message neither journaled nor one of fan-out copies)
+        if msg.group is not None:
+            self._settle(sub.queue, msg, _ACKED)
+        elif sub.durable:
+            persistence = self.persistence
+            if persistence is not None:
+                persistence.settled(sub.queue, msg, _ACKED)
 
     def ack_many(self, sub: Subscription, msg_ids: list[str]) -> list[str]:
         """Settle several deliveries of one subscription, in order, as ``ack`` with
@@ -719,7 +733,7 @@ class QueueManager(QueueHost):
         subscription did not hold (in order)."""
         inflight = sub.inflight
         queue = sub.queue
-        persistence = self._durable(queue)
+        persistence = self.persistence if sub.durable else None
         # journaled messages that are no fan-out copy: settled in the journal in one call
         journaled: list[StoredMessage] = []
         missing: list[str] = []
@@ -738,7 +752,7 @@ class QueueManager(QueueHost):
         if journaled:
             assert persistence is not None
             persistence.settled_all(queue, journaled, _ACKED)
-        queue.n_acked += settled
+        sub.count_acks(settled)
         return missing
 
     def ack_held(
@@ -749,7 +763,8 @@ class QueueManager(QueueHost):
         taken out), as ``ack`` with ``dispatch=False`` would one by one, in one call: a read's
         Acks each hit another queue there, so no run per subscription. The queues settled in
         that have ready messages go into ``touched`` (the caller refills them; an empty one has
-        nothing to refill, and a publish into it meanwhile delivers itself); returns the ids
+        nothing to refill, and a publish into it meanwhile delivers itself: a queue is read
+        only when its subscription's ``waiting`` says it may hold some); returns the ids
         not settled, in order (not in ``holders``, or no longer held there)."""
         rest: list[str] = []
         persistence = self.persistence
@@ -762,14 +777,20 @@ class QueueManager(QueueHost):
             if sub is None or msg is None:
                 rest.append(msg_id)
                 continue
-            queue = sub.queue
-            queue.n_acked += 1
-            if queue.count:  # (nothing waits: nothing to refill; a later publish delivers)
-                touched[queue.name] = queue
+            queue = sub.queue  # (not read here unless it must: a cold line, many queues)
+            if sub.attached:  # (count_acks, inlined: a call is ~20 instructions an Ack here)
+                sub.n_acked += 1
+            else:
+                queue.acked_gone += 1
+            if sub.waiting:  # (else nothing waits: nothing to refill; a publish delivers)
+                if queue.count:
+                    touched[queue.name] = queue
+                else:
+                    sub.waiting = False
             # (_settle does nothing for a message neither journaled nor one of fan-out copies)
             if msg.group is not None:
                 self._settle(queue, msg, _ACKED)
-            elif persistence is not None and queue.options.durable:
+            elif persistence is not None and sub.durable:
                 run = journaled.get(id(queue))
                 if run is None:
                     journaled[id(queue)] = (queue, [msg])

@@ -115,40 +115,82 @@ class QueueOptions:
 
 
 class Subscription:
-    """One consumer's subscription to one queue, with its unacknowledged deliveries."""
+    """One consumer's subscription to one queue, with its unacknowledged deliveries.
+
+    An Ack reads only this object (and the message), not its queue: with 10,000 queues
+    the queue is another cold line an Ack. So the ack count is kept here while it is
+    attached (``Queue.n_acked`` adds it up), and ``waiting`` says whether the queue may hold
+    ready messages for it to refill (the compiled build lays the fields out in the order
+    declared here: what an Ack and a delivery read first)."""
 
     __slots__ = (
+        "attached",
         "consumer",
         "deliver_many",
+        "durable",
         "id",
         "inflight",
         "label",
+        "n_acked",
         "prefetch",
         "queue",
         "timed",
+        "waiting",
     )
 
+    inflight: dict[str, StoredMessage]
+    queue: Queue
+    prefetch: int
+    #: acks while attached (then folded into the queue's, see ``Queue._detach``)
+    n_acked: int
+    #: the queue may hold ready messages: set on every attached subscription when its
+    #: queue's count leaves 0 (``Queue._count_up``), cleared by an Ack that finds it at 0;
+    #: an Ack refills only when set
+    waiting: bool
+    #: in its queue's ``subscriptions`` (False once removed: AMQP's basic.cancel keeps
+    #: the deliveries, whose later Acks count on the queue itself)
+    attached: bool
+    #: its queue's options say durable (they never change): an Ack journals without
+    #: reading the queue
+    durable: bool
+    #: the manager's ``tick`` has an entry for it in its heap of ack deadlines
+    timed: bool
+    deliver_many: DeliverMany | None
+    label: bytes
+    consumer: Consumer
+    id: str
+
     def __init__(self, sub_id: str, queue: Queue, consumer: Consumer, prefetch: int) -> None:
-        self.id = sub_id
+        # Insertion order is delivery order and the ack timeout is per queue, so the first
+        # entries are always the first to time out: the timeout scan stops at the first live
+        # one. Each message holds its own ack deadline (``StoredMessage.deadline``).
+        self.inflight = {}
         self.queue = queue
-        self.consumer = consumer
         self.prefetch = prefetch
+        self.n_acked = 0
+        self.waiting = True
+        self.attached = False
+        self.durable = queue.options.durable
+        self.timed = False
+        #: the consumer's ``deliver_many``, when it has one (see Consumer)
+        self.deliver_many = getattr(consumer, "deliver_many", None)
         #: the consumer's own bytes for this subscription, made once (b"": none), e.g. its
         #: protocol's encoding of the queue's name: a delivery reads it here, where the
         #: subscription is at hand, not in a cache of every name (with 10,000 queues each
         #: entry there is another cold line a delivery)
         self.label = b""
-        #: the consumer's ``deliver_many``, when it has one (see Consumer)
-        self.deliver_many: DeliverMany | None = getattr(consumer, "deliver_many", None)
-        # Insertion order is delivery order and the ack timeout is per queue, so the first
-        # entries are always the first to time out: the timeout scan stops at the first live
-        # one. Each message holds its own ack deadline (``StoredMessage.deadline``).
-        self.inflight: dict[str, StoredMessage] = {}
-        #: the manager's ``tick`` has an entry for it in its heap of ack deadlines
-        self.timed = False
+        self.consumer = consumer
+        self.id = sub_id
 
     def has_capacity(self) -> bool:
         return self.consumer.writable and len(self.inflight) < self.prefetch
+
+    def count_acks(self, n: int) -> None:
+        """``n`` more of its deliveries acknowledged (on its queue once detached)."""
+        if self.attached:
+            self.n_acked += n
+        else:
+            self.queue.acked_gone += n
 
 
 class StatsLike(Protocol):
@@ -206,6 +248,7 @@ class Queue:
         "_dispatching",
         "_levels",
         "_rr",
+        "acked_gone",
         "count",
         "created_at",
         "dead_letter_hook",
@@ -214,7 +257,6 @@ class Queue:
         "lone",
         "manager",
         "message_ttls",
-        "n_acked",
         "n_dead_lettered",
         "n_delivered",
         "n_dropped",
@@ -242,7 +284,6 @@ class Queue:
     manager: QueueHost
     n_published: int
     n_delivered: int
-    n_acked: int
     _dispatching: bool
     deleted: bool
     #: the options' ``needs_ack`` and "is a fan-out mode", kept at hand for every delivery
@@ -258,6 +299,9 @@ class Queue:
     # Some message has its own TTL (so expiry must be checked even without a queue TTL).
     message_ttls: bool
     # the other counters (all of them read by HTTP and metrics; ``QueueStats`` sums them)
+    #: acks of subscriptions no longer attached (the attached ones count their own: an Ack
+    #: does not touch the queue); ``n_acked`` is the sum
+    acked_gone: int
     n_redelivered: int
     n_dead_lettered: int
     n_expired: int
@@ -282,7 +326,6 @@ class Queue:
         self.manager = manager
         self.n_published = 0
         self.n_delivered = 0
-        self.n_acked = 0
         self._dispatching = False
         self.deleted = False
         self.needs_ack = options.needs_ack
@@ -291,6 +334,7 @@ class Queue:
         self.nbytes = 0
         self.subscriptions = []
         self.message_ttls = False
+        self.acked_gone = 0
         self.n_redelivered = 0
         self.n_dead_lettered = 0
         self.n_expired = 0
@@ -308,6 +352,11 @@ class Queue:
         return self.count
 
     @property
+    def n_acked(self) -> int:
+        """Deliveries acknowledged: its subscriptions' own counts and those of the gone."""
+        return self.acked_gone + sum(s.n_acked for s in self.subscriptions)
+
+    @property
     def unacked_count(self) -> int:
         return sum(len(s.inflight) for s in self.subscriptions)
 
@@ -319,6 +368,8 @@ class Queue:
 
     def add_subscription(self, sub: Subscription) -> None:
         self.subscriptions.append(sub)
+        sub.attached = True
+        sub.waiting = True  # (it may have come while messages wait)
         self._subscriptions_changed()
 
     def remove_subscription(self, sub: Subscription) -> bool:
@@ -326,14 +377,23 @@ class Queue:
         if sub not in self.subscriptions:
             return False
         self.subscriptions.remove(sub)
+        self._detach(sub)
         self._subscriptions_changed()
         return True
 
     def drop_subscriptions(self) -> list[Subscription]:
         """Take every subscription out (the queue is deleted); they are returned."""
         subs, self.subscriptions = self.subscriptions, []
+        for sub in subs:
+            self._detach(sub)
         self._subscriptions_changed()
         return subs
+
+    def _detach(self, sub: Subscription) -> None:
+        """``sub`` is no longer attached: its acks count here from now on."""
+        self.acked_gone += sub.n_acked
+        sub.n_acked = 0
+        sub.attached = False
 
     def _subscriptions_changed(self) -> None:
         subs = self.subscriptions
@@ -360,12 +420,16 @@ class Queue:
     def push(self, msg: StoredMessage) -> None:
         self._level(msg).append(msg)
         self.nbytes += len(msg.payload)
+        if not self.count:
+            self._count_up()
         self.count += 1
 
     def push_all(self, msgs: list[StoredMessage]) -> None:
         if len(self._levels) == 1:
             self._levels[0].extend(msgs)
             self.nbytes += sum(len(m.payload) for m in msgs)
+            if not self.count and msgs:
+                self._count_up()
             self.count += len(msgs)
         else:
             for msg in msgs:
@@ -374,7 +438,15 @@ class Queue:
     def push_front(self, msg: StoredMessage) -> None:
         self._level(msg).appendleft(msg)
         self.nbytes += len(msg.payload)
+        if not self.count:
+            self._count_up()
         self.count += 1
+
+    def _count_up(self) -> None:
+        """Ready messages wait from now on: every subscription's Ack must look (its
+        ``waiting``; while the count stays above 0 they all stay set)."""
+        for sub in self.subscriptions:
+            sub.waiting = True
 
     def pop_ready(self) -> StoredMessage | None:
         for level in reversed(self._levels):
