@@ -208,10 +208,30 @@ def _deliver_head(raw_id: bytes, q: bytes, plen: int, tail: bytes) -> bytes:
     n = len(raw_id)
     total = 8 + n + len(q) + plen + len(tail)
     key = total << 16 | n
+    last = _LAST_HEAD
+    if last.key == key:
+        return last.head
     head = _DELIVER_HEADS.get(key)
     if head is None:
         head = _cache(_DELIVER_HEADS, key, _PACK_DELIVER_HEAD(total, 1, 26, n))
+    last.key = key
+    last.head = head
     return head
+
+
+class _LastHead:
+    """The last Deliver head made and its key: a stream of deliveries repeats one frame
+    length and id length, and a hit here is two native compares where the dict's lookup
+    boxes the key (an int object allocated and freed a delivery) and hashes it."""
+
+    __slots__ = ("head", "key")
+
+    def __init__(self) -> None:
+        self.key = -1
+        self.head = b""
+
+
+_LAST_HEAD: Final = _LastHead()
 
 
 def _u32_piece(value: int) -> bytes:
