@@ -56,7 +56,6 @@ from vibemq_server.protocol.codec import encode_deliver as encode_native_deliver
 from vibemq_server.protocol.errors import ProtocolError
 from vibemq_server.protocol.held import HeldInput, prefix
 from vibemq_server.server.transport import (
-    AFTER_FILL_READ,
     COPY_BELOW,
     ListenerContexts,
     ReadBatch,
@@ -478,54 +477,6 @@ async def test_transport_reads_into_the_bytes_it_hands_on(copied: bool) -> None:
         writer.write(payload[at:])
         got = await asyncio.wait_for(reader.readexactly(32), 30)
     assert got == hashlib.sha256(payload).digest()
-
-
-class _Filler(_Sender):
-    """A session that parses MQTT PUBLISHes as the broker's connection does (a large
-    payload's rest read straight into its fill, ``read_into``), answers each with its
-    payload's digest, and notes the size of every read and whether a fill had just ended."""
-
-    def __init__(self, link: StreamTransport, payload: bytes) -> None:
-        super().__init__(link, payload)
-        self.parser = MqttParser(1 << 24)
-        self.parser.fill_from = FILL_FROM
-        self.reads: list[tuple[bool, int]] = []
-        self.after_fill = False
-
-    def data_received(self, data: bytes) -> None:
-        if data:
-            self.reads.append((self.after_fill, len(data)))
-            self.after_fill = False
-        packets = self.parser.feed(data)
-        if not data and packets:
-            self.after_fill = True  # (a fill ended with this read)
-        for packet in packets:
-            assert isinstance(packet, Publish)
-            self.link.send(hashlib.sha256(packet.payload).digest())
-        fill = self.parser.filling
-        if fill is not None:
-            self.link.read_into(fill)
-
-
-async def test_transport_reads_short_after_a_fill() -> None:
-    """After a payload read straight into its fill, the next read is short (AFTER_FILL_READ):
-    the next large PUBLISH's payload then goes into its own fill, not through a full-size
-    read. Back-to-back 1 MiB PUBLISHes arrive whole, in order."""
-    payloads = [_payload(1_048_576 + i) for i in range(6)]
-    sessions: list[_Filler] = []
-
-    def make(link: StreamTransport) -> Session:
-        sessions.append(_Filler(link, b""))
-        return sessions[-1]
-
-    async with _connected(make, _context()) as (reader, writer):
-        for i, payload in enumerate(payloads):
-            writer.write(encode(Publish("big/t", payload, 1, packet_id=i + 1)))
-        await writer.drain()
-        got = await asyncio.wait_for(reader.readexactly(32 * len(payloads)), 30)
-    assert got == b"".join(hashlib.sha256(p).digest() for p in payloads)
-    after = [size for after_fill, size in sessions[0].reads if after_fill]
-    assert after and max(after) <= AFTER_FILL_READ
 
 
 @pytest.mark.parametrize("copy_below", [0, 6, 100_000])
