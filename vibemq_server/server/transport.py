@@ -55,11 +55,6 @@ if TYPE_CHECKING:
 FAIR_READ_BYTES: Final = 64 * 1024
 #: The most one socket read takes (uvloop's own read buffer's size, 256,000 bytes).
 READ_SIZE: Final = 256_000
-#: The read after a session's fill is full (a large payload read straight into it): small,
-#: as the next bytes are most likely the next large frame, whose head is all a fill needs to
-#: start; what a full-size read took of its payload would be copied into its fill (at 1 MiB
-#: a 256,000-byte read copied a quarter of every payload once more).
-AFTER_FILL_READ: Final = 16 * 1024
 #: A read shorter than this is copied out of the read buffer (cheaper than cutting the
 #: buffer to its length, and the buffer serves the next read); longer ones are handed on as
 #: the buffer itself. Without the broker's allocator thresholds a cut costs a page-faulted
@@ -387,7 +382,6 @@ class StreamTransport(asyncio.BufferedProtocol):
         "_out",
         "_out_size",
         "_reading_paused",
-        "_short_read",
         "_sniff",
         "_tls",
         "_write_paused",
@@ -422,7 +416,6 @@ class StreamTransport(asyncio.BufferedProtocol):
         self._reading_paused = False
         self._yielding = False  # not read until the loop turns (after a large read)
         self._into: Fill | None = None  # the session's buffer the next reads go into
-        self._short_read = False  # the next read is AFTER_FILL_READ (a fill just ended)
         self._closing = False
         self.peer_host = ""
         self.peer_port = 0
@@ -474,13 +467,10 @@ class StreamTransport(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> ReadTarget:
         """Where the next read goes (``sizehint``, libuv's 64 KiB, is not used: a read of up
         to READ_SIZE takes what a publisher sent at once); the session's fill while it has
-        one (``read_into``), and just after one is full, AFTER_FILL_READ."""
+        one (``read_into``)."""
         into = self._into
         if into is not None:
             return read_target(into)
-        if self._short_read:
-            self._short_read = False
-            return self._ctx.reader.get(AFTER_FILL_READ)
         return self._ctx.reader.get(READ_SIZE)
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -490,7 +480,6 @@ class StreamTransport(asyncio.BufferedProtocol):
             return
         if into.advance(nbytes):
             self._into = None
-            self._short_read = True
         session = self.session
         if session is None or self._closing:
             return
