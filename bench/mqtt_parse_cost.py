@@ -1,10 +1,10 @@
-"""Instructions of the MQTT 3.1.1 parser a QoS 1 message, for callgrind (issue 16, 64 KiB):
+"""Instructions of the MQTT 3.1.1 and 5 parsers a QoS 1 message, for callgrind (issue 16, 64 KiB):
 ``pub``, 400 QoS 1 PUBLISHes of 64 KiB in reads of 256,000 bytes (about one in four cut over
 two reads, as the broker reads them under ``bench.large_bench``); ``ack``, 4,000 PUBACKs in
 reads of 64 bytes. MQTT 5 (``Mqtt5Parser.feed``, toggle
 ``CPyPy_codec5___Mqtt5Parser___feed``): ``pub5`` as ``pub``; ``small5``, 4,000 QoS 1
 PUBLISHes of 200 bytes in reads of 1,500; ``ack5`` as ``ack``; ``qos2ack5``, 4,000 each of
-PUBREC, PUBREL and PUBCOMP in reads of 64 bytes. Only ``MqttParser.feed`` is counted::
+PUBREC, PUBREL and PUBCOMP in reads of 64 bytes. Only the parser's ``feed`` is counted::
 
     PYTHONPATH=$PWD valgrind --tool=callgrind --callgrind-out-file=pub.out \\
         --toggle-collect='CPyPy_mqtt___codec___MqttParser___feed' \\
