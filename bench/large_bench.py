@@ -157,6 +157,10 @@ class Sample:
     mb_s: float
     cpu_ms_per_mb: float | None
     errors: list[str] = field(default_factory=list)
+    #: the publisher's and the subscriber's CPU over the run's time (1.0: a core all along;
+    #: near it, the client sets the rate, not the broker)
+    pub_load: float = 0.0
+    sub_load: float = 0.0
 
 
 def _clamp(value: int, low: int, high: int) -> int:
@@ -283,6 +287,8 @@ def measure(case: Case, size: int, args: argparse.Namespace) -> Sample:
         result.deliver_rate * size / 1e6,
         cpu * 1000 / mb if cpu is not None and mb else None,
         result.errors,
+        result.publisher_cpu_s / result.elapsed_s if result.elapsed_s else 0.0,
+        result.subscriber_cpu_s / result.elapsed_s if result.elapsed_s else 0.0,
     )
 
 
@@ -396,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"  round {round_no + 1} {case.name:16} {sample.msg_s:10,.0f} msg/s "
                         f"{sample.mb_s:8,.1f} MB/s  cpu "
-                        f"{'-' if cpu is None else f'{cpu:.2f}'} ms/MB"
+                        f"{'-' if cpu is None else f'{cpu:.2f}'} ms/MB  clients' CPU pub "
+                        f"{sample.pub_load:.2f} sub {sample.sub_load:.2f}"
                         + (f"  ERRORS {sample.errors}" if sample.errors else ""),
                         flush=True,
                     )

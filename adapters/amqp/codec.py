@@ -474,18 +474,19 @@ def _decode_header(channel: int, view: bytes, start: int, stop: int) -> HeaderFr
 def _fuse_publish(
     view: bytes, start: int, stop: int, channel: int, end: int, max_size: int
 ) -> tuple[PublishHead, int, int] | None:
-    """The basic.publish whose arguments are ``view[start:stop]`` (``stop``: its frame-end)
-    with the content header and body frame after it: (its head, where its body starts, where
-    the body frame ends); None unless both follow whole and well formed on the same channel
-    with the body in one frame (the frames then take the general path, which finds any error
-    in them)."""
+    """The basic.publish whose arguments are ``view[start:stop]`` (``stop``: its frame-end,
+    checked here) with the content header and body frame after it: (its head, where its body
+    starts, where the body frame ends); None unless all three follow whole and well formed on
+    the same channel with the body in one frame (the frames then take the general path,
+    which finds any error in them)."""
     if end - stop < 30:  # frame-end, header frame of at least 22 bytes, body frame of 9
         return None
-    _end, kind, on, size, class_id, weight, body_size = _END_HEADER_FRAME.unpack_from(view, stop)
+    mend, kind, on, size, class_id, weight, body_size = _END_HEADER_FRAME.unpack_from(view, stop)
     hstop = stop + 8 + size  # the header's frame-end
     bstop = hstop + 8 + body_size  # the body's
     if (
-        kind != FRAME_HEADER
+        mend != FRAME_END  # (the method frame's own: the general path names the fault)
+        or kind != FRAME_HEADER
         or on != channel
         or size < _HEADER_PAYLOAD_MIN + 2
         or size > max_size
@@ -573,6 +574,22 @@ _FRAME_DECODERS: Final[dict[int, Callable[[int, bytes, int, int], Frame]]] = {
     FRAME_BODY: _decode_body,
     FRAME_HEARTBEAT: _decode_heartbeat,
 }
+
+
+def _whole_frame(
+    decode: Callable[[int, bytes, int, int], Frame], channel: int, view: bytes, pos: int, stop: int
+) -> Frame:
+    """The frame at ``view[pos:stop + 1]``, all of it in, its size checked against frame-max
+    and ``decode`` its type's decoder: its frame-end checked, then decoded (the read loop's
+    frames and a frame cut over reads, :meth:`FrameParser._decode_cut`, alike)."""
+    if view[stop] != FRAME_END:
+        raise _bad_end(view[stop], channel)
+    if view[pos] == FRAME_BODY:
+        # (the frame a publish cut over reads ends with: called directly, a native call in
+        # the compiled build, where the table's is a generic call with boxed arguments)
+        return _decode_body(channel, view, pos + 7, stop)
+    return decode(channel, view, pos + 7, stop)
+
 
 _NO_HEAD = PublishHead(0, "", "", False, False, 0, b"")
 
@@ -697,8 +714,6 @@ class FrameParser:
                 if stop >= end:  # payload or frame-end still missing
                     self._need = size + 8
                     break
-                if view[stop] != FRAME_END:
-                    raise _bad_end(view[stop], channel)
                 if fuse and frame_type == FRAME_METHOD and view[pos + 7 : pos + 11] == _PUBLISH_ID:
                     fused = _fuse_publish(view, pos + 11, stop, channel, end, max_size)
                     if fused is not None:
@@ -710,7 +725,7 @@ class FrameParser:
                         self._last = (last_prefix, last_head, max_size, body_size)
                         pos = stop + 1
                         continue
-                append(decode(channel, view, pos + 7, stop))
+                append(_whole_frame(decode, channel, view, pos, stop))
                 pos = stop + 1
         except AmqpError as exc:
             exc.frames = tuple(frames)
@@ -745,9 +760,7 @@ class FrameParser:
         channel = frame[1] << 8 | frame[2]
         if size > self.max_frame_size:
             raise _too_large(size, self.max_frame_size, channel)
-        if frame[size + 7] != FRAME_END:
-            raise _bad_end(frame[size + 7], channel)
-        frames.append(_FRAME_DECODERS[frame[0]](channel, frame, 7, size + 7))
+        frames.append(_whole_frame(_FRAME_DECODERS[frame[0]], channel, frame, 0, size + 7))
 
     def _feed_other(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """feed() outside the frame phase: the protocol header, or a spent parser."""

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from struct import Struct
-from typing import Any
+from typing import Any, Final
 
 from vibemq_server.adapters.mqtt.codec import (
-    _VIEW_BODY,
     MAX_PACKET_ID,
     MAX_PACKET_SIZE,
     MAX_STRING_BYTES,
@@ -78,7 +77,7 @@ MAX_VARINT = 268_435_455
 _U16 = Struct(">H")
 _U32 = Struct(">I")
 _VALID_QOS = frozenset((0, 1, 2))
-_EMPTY = NO_PROPERTIES  # (shared: treated as immutable)
+_EMPTY: Final = NO_PROPERTIES  # (shared: treated as immutable)
 
 
 def _fail(code: MqttErrorCode, message: str) -> MqttProtocolError:
@@ -486,38 +485,44 @@ def _decode_connack(flags: int, body: bytes) -> Connack5:
 
 
 #: Topic names already decoded and validated (publishers reuse a few topics): bytes -> str.
-_TOPICS: dict[bytes, str] = {}
-_TOPICS_MAX = 4096
+_TOPICS: Final[dict[bytes, str]] = {}
+_TOPICS_MAX: Final = 4096
 
 
-def _decode_publish(flags: int, body: bytes | memoryview) -> Publish5:
-    """``body``: bytes, or a view of the read for a large packet (the payload is then the
-    one copy made of it: ``bytes`` of a bytes slice is that slice itself)."""
+def _decode_publish(flags: int, body: bytes) -> Publish5:
+    """A PUBLISH from its body alone (the decoder table's, a held packet's head)."""
+    return _decode_publish_at(flags, body, 0, len(body))
+
+
+def _decode_publish_at(flags: int, buf: bytes, start: int, stop: int) -> Publish5:
+    """The PUBLISH whose body is ``buf[start:stop]`` (the read it came in), decoded in place
+    as 3.1.1's (``codec._decode_publish_at``): with a known topic and no properties, its
+    payload is the one copy made (no slice of the body first, no view)."""
     qos = (flags & 0x06) >> 1
-    size = len(body)
     # Fast path (most publishes): a known topic and no properties.
-    if size >= 3:
-        end = 2 + ((body[0] << 8) | body[1])
-        known = _TOPICS.get(bytes(body[2:end])) if end <= size else None
+    if stop - start >= 3:
+        end = start + 2 + ((buf[start] << 8) | buf[start + 1])
+        known = _TOPICS.get(buf[start + 2 : end]) if end <= stop else None
         if known is not None:
             if not qos:
-                if end < size and body[end] == 0:
-                    payload = bytes(body[end + 1 :])
-                    return Publish5(known, payload, 0, bool(flags & 1), False, None, _EMPTY)
-            elif end + 2 < size and body[end + 2] == 0:
-                pid = (body[end] << 8) | body[end + 1]
+                if end < stop and buf[end] == 0:
+                    return Publish5(
+                        known, buf[end + 1 : stop], 0, bool(flags & 1), False, None, _EMPTY
+                    )
+            elif end + 2 < stop and buf[end + 2] == 0:
+                pid = (buf[end] << 8) | buf[end + 1]
                 if pid:
                     return Publish5(
                         known,
-                        bytes(body[end + 3 :]),
+                        buf[end + 3 : stop],
                         qos,
                         bool(flags & 1),
                         bool(flags & 8),
                         pid,
                         _EMPTY,
                     )
-    # (with properties, a large body is copied once more here: the reader wants bytes)
-    r = _Reader5(bytes(body), "PUBLISH")
+    # (with properties, a large body is copied once more here: the reader wants its bytes)
+    r = _Reader5(buf[start:stop], "PUBLISH")  # (buf itself when it is the whole body)
     topic = r.string("topic name")
     if topic:
         error = topic_name_error(topic)
@@ -735,8 +740,15 @@ class Mqtt5Parser:
             while pos < size:
                 first = buf[pos]
                 packet_type = first >> 4
-                # PUBLISH (the hot path) checks its own flags: QoS 3, or DUP at QoS 0.
-                if packet_type != 3 or (first & 0x06) == 0x06 or (first & 0x0E) == 0x08:
+                # PUBLISH (the hot path) checks its own flags: QoS 3, or DUP at QoS 0; the
+                # QoS acks' (PUBACK, PUBREC, PUBREL, PUBCOMP) are right when they are these.
+                if (
+                    (packet_type != 3 or (first & 0x06) == 0x06 or (first & 0x0E) == 0x08)
+                    and first != 0x40
+                    and first != 0x50
+                    and first != 0x62
+                    and first != 0x70
+                ):
                     _check_first_byte(first)
                 if pos + 1 < size and buf[pos + 1] < 0x80:
                     length = buf[pos + 1]
@@ -765,20 +777,27 @@ class Mqtt5Parser:
                 if size - pos < total:
                     need = total
                     break
-                if length >= _VIEW_BODY and packet_type == 3:
-                    # A large PUBLISH is decoded from a view of the read: only its payload is
-                    # copied out (a bytes slice of the body would copy it twice).
-                    view = memoryview(buf)[pos + header : pos + total]
-                    packets.append(_decode_publish(first & 0x0F, view))
-                elif first == 0x40 and length == 2 and (buf[pos + 2] or buf[pos + 3]):
-                    # The usual PUBACK (success, no properties; a packet id 0 is the table's
-                    # to refuse) inline: the table's generic call, the body slice and the
-                    # class's generic call cost more than the packet itself.
-                    packets.append(Puback5((buf[pos + 2] << 8) | buf[pos + 3], 0, _EMPTY))
+                at = pos + header
+                if packet_type == 3:
+                    # Decoded in place: only its payload is copied out (a bytes slice of the
+                    # body would copy it twice), and no generic call through the table.
+                    packets.append(_decode_publish_at(first & 0x0F, buf, at, pos + total))
+                elif length == 2 and 4 <= packet_type <= 7 and (buf[at] or buf[at + 1]):
+                    # A QoS ack (success, no properties; a packet id 0 is the table's to
+                    # refuse; its first byte was checked) inline, each class called directly:
+                    # the table's generic call, the body slice and the class's generic call
+                    # cost more than the packet itself.
+                    pid = (buf[at] << 8) | buf[at + 1]
+                    if packet_type == 4:
+                        packets.append(Puback5(pid, 0, _EMPTY))
+                    elif packet_type == 5:
+                        packets.append(Pubrec5(pid, 0, _EMPTY))
+                    elif packet_type == 6:
+                        packets.append(Pubrel5(pid, 0, _EMPTY))
+                    else:
+                        packets.append(Pubcomp5(pid, 0, _EMPTY))
                 else:
-                    packets.append(
-                        _DECODERS[packet_type](first & 0x0F, buf[pos + header : pos + total])
-                    )
+                    packets.append(_DECODERS[packet_type](first & 0x0F, buf[at : pos + total]))
                 pos += total
         except MqttProtocolError as exc:
             exc.packets = tuple(packets)  # type: ignore[arg-type]

@@ -1067,6 +1067,26 @@ def test_alike_publishes_share_one_head() -> None:
     assert isinstance(longer, PublishTriple) and longer.body == b"z" * 65
 
 
+@pytest.mark.parametrize("cut", [0, 5, 20, 40])
+def test_a_bad_frame_end_is_refused_whole_fused_or_cut(cut: int) -> None:
+    """The method frame's frame-end of a publish that would be fused (checked by the fusing
+    itself), and a frame cut over reads (checked when it is whole), as the read loop's."""
+    good = whole_publish(1, "q", b"x" * 64, EMPTY_PROPERTIES, 1)
+    method_end = good.index(b"\xce")
+    bad = good[:method_end] + b"\xcd" + good[method_end + 1 :]
+    for fuse in (True, False):
+        parser = FrameParser(fuse_publish=fuse)
+        stream = PROTOCOL_HEADER + good + bad
+        at = len(PROTOCOL_HEADER + good) + cut if cut else len(stream)
+        with pytest.raises(AmqpError) as info:
+            parser.feed(stream[:at])
+            parser.feed(stream[at:])
+        assert (info.value.code, info.value.text) == (
+            RC.FRAME_ERROR,
+            "FRAME_ERROR - invalid frame end marker 0xcd",
+        )
+
+
 @settings(max_examples=300, deadline=None)
 @given(raw=st.binary(max_size=200))
 def test_decoders_raise_only_amqp_error_on_garbage(raw: bytes) -> None:

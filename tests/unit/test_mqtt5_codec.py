@@ -97,6 +97,11 @@ GOLDEN: list[tuple[Packet5, bytes]] = [
         frame(0x20, b"\x00\x9d\x06\x1c" + s("b:1")),
     ),
     (Publish5("a/b", b"hi"), frame(0x30, s("a/b") + b"\x00hi")),
+    (Publish5("a/b", b"hi", 1, packet_id=0x0203), frame(0x32, s("a/b") + b"\x02\x03\x00hi")),
+    (
+        Publish5("a/b", b"", 2, True, True, 0xFFFF),
+        frame(0x3D, s("a/b") + b"\xff\xff\x00"),
+    ),
     (
         Publish5("a", b"", 1, packet_id=7, properties=Properties(message_expiry_interval=60)),
         frame(0x32, s("a") + b"\x00\x07\x05\x02\x00\x00\x00\x3c"),
@@ -113,6 +118,10 @@ GOLDEN: list[tuple[Packet5, bytes]] = [
     (Puback5(1, ReasonCode.NO_MATCHING_SUBSCRIBERS), b"\x40\x03\x00\x01\x10"),
     (Pubrec5(2, 0x87), b"\x50\x03\x00\x02\x87"),
     (Pubrel5(3), b"\x62\x02\x00\x03"),
+    # the QoS acks' usual form (length 2: success, no properties), decoded inline
+    (Pubrec5(0x0102), b"\x50\x02\x01\x02"),
+    (Pubcomp5(0xFF00), b"\x70\x02\xff\x00"),
+    (Puback5(0x00FF), b"\x40\x02\x00\xff"),
     (Pubcomp5(4, 0x92), b"\x70\x03\x00\x04\x92"),
     (
         Puback5(5, 0x80, Properties(reason_string="no")),
@@ -157,6 +166,51 @@ def test_golden_encode(packet: Packet5, wire: bytes) -> None:
 @pytest.mark.parametrize(("packet", "wire"), GOLDEN)
 def test_golden_decode(packet: Packet5, wire: bytes) -> None:
     assert parse(wire) == [packet]
+
+
+def test_publishes_decode_in_place_from_a_read_of_many_packets() -> None:
+    """Each PUBLISH is decoded where it lies in the read (the topic known or not, with and
+    without properties, among other packets): the packets and payloads of one read."""
+    big = bytes(range(256)) * 40  # (over 4 KiB: the payload of a large PUBLISH)
+    large = b"\x32\x88\x50" + s("x/y") + b"\x00\x05\x00" + big
+    wire = (
+        b"\x40\x02\x00\x01"
+        + frame(0x30, s("in/place") + b"\x00one")
+        + frame(0x32, s("in/place") + b"\x00\x07\x00two")  # (the topic known now)
+        + frame(0x30, s("in/place") + b"\x02\x01\x01three")  # (with properties)
+        + large
+        + large
+        + b"\x62\x02\x00\x09"
+    )
+    assert parse(wire) == [
+        Puback5(1),
+        Publish5("in/place", b"one"),
+        Publish5("in/place", b"two", 1, packet_id=7),
+        Publish5("in/place", b"three", properties=Properties(payload_format_indicator=1)),
+        Publish5("x/y", big, 1, packet_id=5),
+        Publish5("x/y", big, 1, packet_id=5),
+        Pubrel5(9),
+    ]
+    assert all(type(p.payload) is bytes for p in parse(wire) if isinstance(p, Publish5))
+
+
+@pytest.mark.parametrize(
+    ("wire", "code"),
+    [
+        (b"\x40\x02\x00\x00", E.INVALID_PACKET_ID),
+        (b"\x50\x02\x00\x00", E.INVALID_PACKET_ID),
+        (b"\x62\x02\x00\x00", E.INVALID_PACKET_ID),
+        (b"\x70\x02\x00\x00", E.INVALID_PACKET_ID),
+        (b"\x60\x02\x00\x01", E.INVALID_FLAGS),  # PUBREL's flags must be 0010
+        (b"\x52\x02\x00\x01", E.INVALID_FLAGS),
+        (b"\x41\x02\x00\x01", E.INVALID_FLAGS),
+        (b"\x72\x02\x00\x01", E.INVALID_FLAGS),
+        (b"\x50\x01\x00", E.MALFORMED),  # shorter than its packet id
+    ],
+)
+def test_qos_acks_refused_as_the_table_refuses_them(wire: bytes, code: MqttErrorCode) -> None:
+    assert error_of(wire).code is code
+    assert error_of(b"\xc0\x00" + wire).packets == (Pingreq(),)
 
 
 def test_short_acknowledgements_decode_as_success() -> None:

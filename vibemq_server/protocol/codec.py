@@ -163,11 +163,16 @@ def encode_deliver_named(
     # not as a tuple from _deliver_pieces (an allocation and a call a delivery).
     raw_id = msg_id.encode()
     attempts_tail = _ATTEMPTS_TAIL[attempts]
-    n = len(raw_id)
     plen = len(payload)
-    total = 8 + n + len(piece) + plen + len(attempts_tail)
     return b"".join(
-        (_deliver_head(total, n), raw_id, piece, _u32_piece(plen), payload, attempts_tail)
+        (
+            _deliver_head(raw_id, piece, plen, attempts_tail),
+            raw_id,
+            piece,
+            _u32_piece(plen),
+            payload,
+            attempts_tail,
+        )
     )
 
 
@@ -230,20 +235,41 @@ def _deliver_pieces(
         if extra:
             extra.append(tail[2:])
             tail = _PACK_U16(len(extra)) + b"".join(extra)
-    n = len(i)
-    total = 8 + n + len(q) + plen + len(tail)
-    return _deliver_head(total, n), i, q, _u32_piece(plen), tail
+    return _deliver_head(i, q, plen, tail), i, q, _u32_piece(plen), tail
 
 
 # The packed head and payload length come from small caches: a dict lookup by int costs a
 # third of a struct pack, and a stream's sizes repeat.
-def _deliver_head(total: int, n: int) -> bytes:
-    """A Deliver frame's first 8 bytes: its length ``total``, version, type, id length ``n``."""
+def _deliver_head(raw_id: bytes, q: bytes, plen: int, tail: bytes) -> bytes:
+    """A Deliver frame's first 8 bytes: its length (computed here, for both callers, from
+    the id, queue piece, payload length and tail), version, type, the id's length."""
+    n = len(raw_id)
+    total = 8 + n + len(q) + plen + len(tail)
     key = total << 16 | n
+    last = _LAST_HEAD
+    if last.key == key:
+        return last.head
     head = _DELIVER_HEADS.get(key)
     if head is None:
         head = _cache(_DELIVER_HEADS, key, _PACK_DELIVER_HEAD(total, 1, 26, n))
+    last.key = key
+    last.head = head
     return head
+
+
+class _LastHead:
+    """The last Deliver head made and its key: a stream of deliveries repeats one frame
+    length and id length, and a hit here is two native compares where the dict's lookup
+    boxes the key (an int object allocated and freed a delivery) and hashes it."""
+
+    __slots__ = ("head", "key")
+
+    def __init__(self) -> None:
+        self.key = -1
+        self.head = b""
+
+
+_LAST_HEAD: Final = _LastHead()
 
 
 def _u32_piece(value: int) -> bytes:
