@@ -192,32 +192,27 @@ def deliver_parts(
     if headers or attempts >= _CACHED_ATTEMPTS:
         head, i, q, size, tail = _deliver_pieces(msg_id, piece, plen, headers, attempts)
         return [b"".join((head, i, q, size)), payload, tail]
-    # The usual delivery: its head joined from the cached pieces, no tuple of them; the
-    # packed ones those of the last large delivery when it had the same lengths (a stream's
-    # payloads mostly do): two cache lookups by a boxed int less.
+    # The usual delivery: its head from _deliver_head's cache of the last one, no tuple of
+    # pieces; the payload length packed as for the last large delivery when it had the same
+    # (a stream's payloads mostly do): a cache lookup by a boxed int less.
     raw_id = msg_id.encode()
     tail = _ATTEMPTS_TAIL[attempts]
-    n = len(raw_id)
-    total = 8 + n + len(piece) + plen + len(tail)
     last = _LAST_LARGE
-    if total != last.total or n != last.n or plen != last.plen:
-        last.head = _deliver_head(total, n)
+    if plen != last.plen:
         last.size = _u32_piece(plen)
-        last.total = total
-        last.n = n
         last.plen = plen
-    return [b"".join((last.head, raw_id, piece, last.size)), payload, tail]
+    head = _deliver_head(raw_id, piece, plen, tail)
+    return [b"".join((head, raw_id, piece, last.size)), payload, tail]
 
 
 class _LastLarge:
-    """The packed pieces of the last large Deliver's head (:func:`deliver_parts`): its
-    length and id length's, its payload length's."""
+    """The packed payload length of the last large Deliver (:func:`deliver_parts`)."""
 
-    __slots__ = ("head", "n", "plen", "size", "total")
+    __slots__ = ("plen", "size")
 
     def __init__(self) -> None:
-        self.total = self.n = self.plen = -1
-        self.head = self.size = b""
+        self.plen = -1
+        self.size = b""
 
 
 _LAST_LARGE: Final = _LastLarge()
