@@ -796,6 +796,8 @@ class Journal:
     def _reclaim(self) -> None:
         """Delete the oldest segments whose every publish is settled; move the few live
         messages out of an old, mostly settled segment so it can go too."""
+        if self._rotating:
+            return  # (the new segment, with the queues' definitions, is not on disk yet)
         closed = [n for n in self.segments if n != self.active]
         for number in closed:
             seg = self.segments[number]
