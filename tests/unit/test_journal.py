@@ -30,6 +30,7 @@ from vibemq_server.journal import recovery as recovery_mod
 from vibemq_server.journal.batch import PyRecordBuffer
 from vibemq_server.journal.journal import FsyncPolicy, Journal
 from vibemq_server.journal.records import (
+    RECORD_PREFIX,
     SEGMENT_HEADER_SIZE,
     Deliver,
     Publish,
@@ -524,6 +525,38 @@ async def test_torn_tail_is_truncated(env: Env, tail: str, monkeypatch: pytest.M
     assert fields["file"] == str(path)
     assert fields["offset"] == good_size
     assert fields["dropped_bytes"] == len(junk[tail])
+
+
+@pytest.mark.parametrize("damage", [None, "payload-length", "queue-length"])
+async def test_a_large_message_cut_off_past_the_scan_limit_is_a_torn_tail(
+    env: Env, damage: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill during a large message's write can leave more of it than recovery scans a
+    byte at a time (8 MiB): a PUBLISH whose head is whole and agrees with its prefix, its
+    payload cut off, is a torn tail all the same. A damaged head is not: refuse to start."""
+    path = await _three_messages(env)
+    good_size = path.stat().st_size
+    big = b'{"d":"' + b"x" * (10 * 1024 * 1024) + b'"}'
+    record = bytearray(encode_record(Publish(99, "q", "big", 1, 0, 1, 0, {"a": "b"}, big), 1))
+    head = RECORD_PREFIX.size + recovery_mod._PUBLISH_QUEUE  # where the queue's name starts
+    if damage == "payload-length":
+        at = head + 2 + 1 + 2 + 3 + 2 + (2 + 1) * 2  # queue "q", id "big", one header
+        record[at + 3] ^= 0x01  # the payload length no longer ends the record where it should
+    elif damage == "queue-length":
+        record[head + 1] = 0xFF  # a queue name running into the id and beyond
+    with path.open("ab") as fh:
+        fh.write(record[: len(record) - 1024 * 1024])  # 9 MiB of it: past the scan limit
+    logs = LogRecorder()
+    monkeypatch.setattr(journal_mod, "log", logs)
+    monkeypatch.setattr(recovery_mod, "log", logs)
+    if damage is not None:
+        with pytest.raises(JournalCorrupt):
+            env.open()
+        return
+    mgr, _ = env.open()
+    assert ready(mgr, "q") == [("m1", 0), ("m2", 0), ("m3", 0)]
+    assert path.stat().st_size == good_size
+    assert [event for event, _ in logs.at("warning")] == ["truncating torn journal tail"]
 
 
 async def test_damaged_last_record_is_a_torn_tail(
