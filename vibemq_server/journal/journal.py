@@ -483,22 +483,19 @@ class Journal:
     def _commit(self) -> None:
         """Write what gathered and start its fsync (or hand it to a running fsync's end)."""
         self._batch_ts = 0
-        if self._rotating:
-            # The sealed segment is being synced and the new one made: gather until then
-            # (_rotated flushes), as when every fsync slot is busy.
-            self._flush_deferred = True
-            return
         if self._fd < 0:
             return  # closed: the broker is shutting down and nobody waits any more
-        if (
+        if self._rotating or (
             self._fsyncs_running >= FSYNCS_IN_FLIGHT
             and self.policy is FsyncPolicy.ALWAYS
             and self._failed is None
             and not self._closing
         ):
             # Every fsync slot is busy: what a write now would sync cannot start syncing
-            # before a slot frees. Gather until then (_synced flushes): one write and one
-            # epoch per commit. (_batch_ts starts over: a record's time stays this turn's.)
+            # before a slot frees; or the segment is being rotated, and what is recorded
+            # goes to the new one. Gather until then (_synced or _rotated flushes): one
+            # write and one epoch per commit. (_batch_ts starts over: a record's time stays
+            # this turn's.)
             self._flush_deferred = True
             return
         self._flush_deferred = False
@@ -699,14 +696,14 @@ class Journal:
         if loop is None or self.policy is FsyncPolicy.NEVER:
             # (no fsync to wait for)
             try:
-                self._open_segment(number)
+                fd = self._create_segment(number)
             except OSError as exc:
                 # Stay on the old segment (it is still open) and retry once storage recovers.
                 self._remove_partial_segment(number)
                 self._fail(exc, b"")
                 return
-            self.sys.close(old_fd)
-            self._indexer.submit(_index_sealed, None, [sealed])
+            self._use_segment(number)
+            self._switch(old_fd, sealed, fd)
             return
         # The sealed segment's last fsync and the new one's (header, then its name in the
         # directory) run in a worker: on the loop, a contended disk froze every connection
@@ -726,18 +723,27 @@ class Journal:
         self._rotating = False
         exc = done.exception()
         if exc is None:
-            self._fd = done.result()
-            self.sys.close(old_fd)
-            self._indexer.submit(_index_sealed, None, [sealed])
+            self._switch(old_fd, sealed, done.result())
         else:
             # Nothing more goes to the sealed segment (what was recorded since counts in the
             # new one): maintain() makes the new segment once storage recovers.
-            with contextlib.suppress(OSError):
-                segment_path(self.directory, self.active).unlink()
             self._unopened = (old_fd, sealed)
+            self._drop_unopened()
             self._fail(exc if isinstance(exc, OSError) else OSError(str(exc)), b"")
         if self._flush_deferred:
             self._flush()
+
+    def _switch(self, old_fd: int, sealed: Path, fd: int) -> None:
+        """The new segment exists: write there from now on; the sealed one is closed and
+        its queue index built."""
+        self._fd = fd
+        self.sys.close(old_fd)
+        self._indexer.submit(_index_sealed, None, [sealed])
+
+    def _drop_unopened(self) -> None:
+        """What a failed rotation left of the (active) new segment goes: made again later."""
+        with contextlib.suppress(OSError):
+            segment_path(self.directory, self.active).unlink()
 
     def _remove_partial_segment(self, number: int) -> None:
         if number not in self.segments:
@@ -769,14 +775,11 @@ class Journal:
             try:
                 fd = self._seal_and_create(old_fd, self.active)
             except OSError as exc:
-                with contextlib.suppress(OSError):
-                    segment_path(self.directory, self.active).unlink()
+                self._drop_unopened()
                 self._failed = exc
                 return
             self._unopened = None
-            self._fd = fd
-            self.sys.close(old_fd)
-            self._indexer.submit(_index_sealed, None, [sealed])
+            self._switch(old_fd, sealed, fd)
         self._drain()
         data = self._retry + b"".join(self._buf)
         try:
@@ -841,7 +844,7 @@ class Journal:
             for queue in manager.queues.values()
             if queue.options.durable
         ]
-        self._compact_run(seg, work, 0, 0, 0)
+        self._compact_run(seg, work, 0, 0, 0, {})
 
     def _compact_run(
         self,
@@ -850,7 +853,7 @@ class Journal:
         index: int,
         start: int,
         moved: int,
-        first: dict[int, StoredMessage] | None = None,
+        first: dict[int, StoredMessage],
     ) -> None:
         """From message ``start`` of queue ``index`` of ``work`` on, ``compact_run`` of them
         this turn; ``first``: the messages of this queue recorded so far, by seq (fan-out
@@ -858,13 +861,11 @@ class Journal:
         if self._closing:
             seg.deleting = False  # (kept: what was copied is a harmless second record)
             return
-        run = budget = self.compact_run
+        budget = self.compact_run
         number = seg.number
         while index < len(work):
             queue, msgs = work[index]
             stop = min(len(msgs), start + budget)
-            if first is None:
-                first = {}
             if not queue.deleted:
                 for i in range(start, stop):
                     msg = msgs[i]
@@ -880,16 +881,12 @@ class Journal:
                     moved += 1
             budget -= stop - start
             if stop < len(msgs):
-                loop = self._loop
-                if loop is not None:
-                    loop.call_soon(self._compact_run, seg, work, index, stop, moved, first)
-                    return
-                start = stop
-                budget = run
-                continue
+                assert self._loop is not None  # (maintain, which compacts, runs on it)
+                self._loop.call_soon(self._compact_run, seg, work, index, stop, moved, first)
+                return
             index += 1
             start = 0
-            first = None
+            first = {}
         seg.live = 0
         log.debug("segment compacted", file=str(seg.path), moved=moved)
 

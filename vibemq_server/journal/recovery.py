@@ -212,31 +212,19 @@ _PUBLISH_MIN = _PUBLISH_QUEUE + 2 + 2 + 2 + 4
 def _is_cut_publish(data: bytes, offset: int) -> bool:
     """Whether the record at ``offset`` is a PUBLISH whose write was cut off in its payload:
     its prefix and head are whole and agree (its payload's length ends the record exactly
-    where its prefix says), and only the payload runs past the end of the file. A kill
-    during a large message's write leaves that, with more than the scan limit written; a
-    damaged length or head does not pass (the broker then refuses to start, as before)."""
-    end = len(data)
-    try:
-        length, _crc = RECORD_PREFIX.unpack_from(data, offset)
-        start = offset + RECORD_PREFIX.size
-        stop = start + length
-        if length > MAX_RECORD or stop <= end or data[start] != _PUBLISH:
-            return False
-        p = start + _PUBLISH_QUEUE
-        for _ in range(2):  # the queue's name, the message id
-            (n,) = _U16.unpack_from(data, p)
-            data[p + 2 : p + 2 + n].decode()
-            p += 2 + n
-        (count,) = _U16.unpack_from(data, p)
-        p += 2
-        for _ in range(2 * count):  # the headers' keys and values
-            (n,) = _U16.unpack_from(data, p)
-            data[p + 2 : p + 2 + n].decode()
-            p += 2 + n
-        (n,) = _U32.unpack_from(data, p)
-    except (StructError, UnicodeDecodeError, IndexError):
+    where its prefix says: ``_load`` checks that), and only the payload runs past the end
+    of the file. A kill during a large message's write leaves that, with more than the scan
+    limit written; a damaged length or head does not pass (the broker then refuses to start,
+    as before)."""
+    length, _crc = RECORD_PREFIX.unpack_from(data, offset)
+    start = offset + RECORD_PREFIX.size
+    if length > MAX_RECORD or start + length <= len(data) or data[start] != _PUBLISH:
         return False
-    return bool(p + 4 <= end < p + 4 + n == stop)
+    try:
+        _load(data, offset, "", None, {0: "(a cut record)"}, 0)
+    except JournalCorrupt:
+        return False
+    return True
 
 
 def _queue_at(data: bytes, offset: int) -> bytes:
