@@ -395,10 +395,7 @@ class Session(Consumer):
         """Decode and run one frame body; protocol errors become Error replies."""
         try:
             msg = decode_body(body, self.limits)
-            if msg.type is _PUBLISH and self._state is _OPEN:
-                self.on_publish(msg)  # (the state table's entry, called without the table)
-            else:
-                self._run(msg)
+            self._run(msg)
         except ProtocolError as exc:
             self.reply_error(exc)
 
@@ -409,16 +406,16 @@ class Session(Consumer):
             msg.payload = split.payload
             if split.json_ok:
                 self._json_ok = split.payload
-            if msg.type is _PUBLISH and self._state is _OPEN:
-                self.on_publish(msg)  # (as _handle_body: not through the table, a generic call)
-            else:
-                self._run(msg)
+            self._run(msg)
         except ProtocolError as exc:
             self.reply_error(exc)
         self._json_ok = b""
 
     def _run(self, msg: Message) -> None:
         """One decoded message to its handler, or refused in this state."""
+        if msg.type is _PUBLISH and self._state is _OPEN:
+            self.on_publish(msg)  # (the state table's entry, called without the table)
+            return
         handler = self._handlers[msg.type]
         if handler is None:
             raise self._refusal(msg)
