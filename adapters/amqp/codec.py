@@ -579,9 +579,10 @@ _FRAME_DECODERS: Final[dict[int, Callable[[int, bytes, int, int], Frame]]] = {
 def _whole_frame(
     decode: Callable[[int, bytes, int, int], Frame], channel: int, view: bytes, pos: int, stop: int
 ) -> Frame:
-    """The frame at ``view[pos:stop + 1]``, all of it in, its size checked against frame-max
-    and ``decode`` its type's decoder: its frame-end checked, then decoded (the read loop's
-    frames and a frame cut over reads, :meth:`FrameParser._decode_cut`, alike)."""
+    """The frame at ``view[pos:stop + 1]``, all of it in (its size already checked against
+    frame-max by the caller), ``decode`` its type's decoder: its frame-end checked, then
+    decoded (the read loop's frames and a frame cut over reads,
+    :meth:`FrameParser._decode_cut`, alike)."""
     if view[stop] != FRAME_END:
         raise _bad_end(view[stop], channel)
     if view[pos] == FRAME_BODY:
