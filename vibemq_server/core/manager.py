@@ -35,7 +35,6 @@ from vibemq_server.core.message import (
 from vibemq_server.core.persistence import Persistence, SettleReason
 from vibemq_server.core.queue import (
     Consumer,
-    DeliveryDeferred,
     Queue,
     QueueHost,
     QueueOptions,
@@ -804,8 +803,13 @@ class QueueManager(QueueHost):
 
     def detach(self, sub: Subscription) -> None:
         """Stop delivering to a subscription but leave its unacknowledged deliveries with it
-        (AMQP basic.cancel: they can still be acked, or go back when the channel ends)."""
-        sub.queue.remove_subscription(sub)
+        (AMQP basic.cancel: they can still be acked, or go back when the channel ends).
+        What was parked on it (a reused id) is the others' again."""
+        queue = sub.queue
+        parked = sub.deferred is not None
+        queue.remove_subscription(sub)
+        if parked and not queue.deleted:
+            queue.dispatch()
 
     def purge(self, name: str) -> int:
         """Drop every queued (not in-flight) message of a queue; how many there were."""
@@ -832,13 +836,19 @@ class QueueManager(QueueHost):
                 queue.dispatch()
         else:
             self.dead_letter(queue, msg, DeadLetterReason.REJECTED)
+            if dispatch and queue.count:
+                queue.dispatch()  # (its room, and its id, are free again: as an Ack)
         return True
 
     def take(self, sub: Subscription) -> StoredMessage | None:
         """Pull the next message of the subscription's queue and deliver it to that
-        subscription now (a client's "get"), whatever its capacity; None when empty."""
+        subscription now (a client's "get"), whatever its capacity; None when empty.
+        Messages whose id the subscription still holds (a publisher reused it) are passed
+        over, and stay at the head: the next one is taken."""
         queue = sub.queue
         now = self.clock()
+        held: list[StoredMessage] = []
+        found: StoredMessage | None = None
         while queue.count:
             msg = queue.pop_ready()
             if msg is None:
@@ -846,13 +856,17 @@ class QueueManager(QueueHost):
             if msg.expires_at and msg.expired(now):
                 self.expire(queue, msg)
                 continue
-            try:
-                self.send(sub, msg)
-            except DeliveryDeferred:
-                return None  # its id is still held by this subscription: it went back
+            if queue.needs_ack and msg.id in sub.inflight:
+                held.append(msg)
+                continue
+            self.send(sub, msg)
+            found = msg
+            break
+        for msg in reversed(held):
+            queue.push_front(msg)
+        if found is not None:
             self.after_dequeue(queue)
-            return msg
-        return None
+        return found
 
     def send(self, sub: Subscription, msg: StoredMessage, now: int = 0) -> None:
         """Deliver one message to one subscription (called by the queue's dispatch).
@@ -863,10 +877,8 @@ class QueueManager(QueueHost):
         msg_id = msg.id
         inflight = sub.inflight
         if needs_ack and msg_id in inflight:
-            # A publisher reused an id that this subscriber still holds; tracking both under
-            # one key would lose one, so hold this one back until the first is acked.
-            queue.push_front(msg)
-            raise DeliveryDeferred
+            self._held(sub, msg, now)
+            return
         msg.attempts = attempts = msg.attempts + 1
         queue.n_delivered += 1
         if attempts > 1:
@@ -884,6 +896,18 @@ class QueueManager(QueueHost):
         else:
             self._settle(queue, msg, SettleReason.DELIVERED_NO_ACK)
         sub.consumer.deliver(sub, msg)  # (through Consumer's vtable, compiled)
+
+    def _held(self, sub: Subscription, msg: StoredMessage, now: int) -> None:
+        """``sub`` still holds a delivery of ``msg``'s id (a publisher reused it): an Ack
+        names a message by id, so ``sub`` cannot hold both. Another subscriber of the queue
+        with room that does not hold it takes it; else it is parked on ``sub`` until that
+        delivery is settled (``Queue.park``). Either way the messages behind it go on."""
+        queue = sub.queue
+        other = queue.other_taker(sub, msg.id)
+        if other is not None:
+            self.send(other, msg, now)
+        else:
+            queue.park(sub, msg)
 
     def send_to_all(self, queue: Queue, msgs: list[StoredMessage]) -> None:
         """Deliver a run of messages of a queue without acks (FanOutWithoutAck) to every one

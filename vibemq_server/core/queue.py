@@ -18,10 +18,6 @@ from vibemq_server.core.message import Priority, StoredMessage, as_fan_out
 from vibemq_server.core.native import mypyc_attr
 
 
-class DeliveryDeferred(Exception):
-    """A delivery must wait (its message id is still unacked at that subscriber): stop dispatch."""
-
-
 @mypyc_attr(allow_interpreted_subclasses=True)
 class Consumer:
     """What the core needs of a subscriber's connection, whatever protocol it speaks: every
@@ -126,6 +122,7 @@ class Subscription:
     __slots__ = (
         "attached",
         "consumer",
+        "deferred",
         "deliver_many",
         "durable",
         "id",
@@ -159,6 +156,10 @@ class Subscription:
     label: bytes
     consumer: Consumer
     id: str
+    #: messages of its queue handed to it while it still held a delivery of the same id (a
+    #: publisher reused the id, and an Ack names a message by id): by id, in arrival order,
+    #: each sent once that id is settled here (``Queue._undefer``); None: none (the usual)
+    deferred: dict[str, deque[StoredMessage]] | None
 
     def __init__(self, sub_id: str, queue: Queue, consumer: Consumer, prefetch: int) -> None:
         # Insertion order is delivery order and the ack timeout is per queue, so the first
@@ -181,6 +182,7 @@ class Subscription:
         self.label = b""
         self.consumer = consumer
         self.id = sub_id
+        self.deferred = None
 
     def has_capacity(self) -> bool:
         return self.consumer.writable and len(self.inflight) < self.prefetch
@@ -263,6 +265,7 @@ class Queue:
         "n_expired",
         "n_published",
         "n_redelivered",
+        "n_deferred",
         "name",
         "nbytes",
         "needs_ack",
@@ -274,7 +277,7 @@ class Queue:
     )
 
     # -- what a message touches, first --
-    #: ready messages
+    #: ready messages, those parked on a subscription included (``n_deferred``)
     count: int
     #: the one subscription when there is exactly one (the usual case), else None: the
     #: publish and refill paths reach it without touching the list (two more cold lines)
@@ -315,6 +318,9 @@ class Queue:
     parked: dict[str, StoredMessage]
     # An adapter's dead-lettering for this queue (see QueueManager.dead_letter).
     dead_letter_hook: Callable[[Queue, StoredMessage, str], object] | None
+    #: ready messages parked on a subscription that still holds their id (see ``park``):
+    #: counted in ``count`` and ``nbytes`` too, so that an Ack of that id dispatches
+    n_deferred: int
 
     def __init__(
         self, name: str, options: QueueOptions, created_at: int, manager: QueueHost
@@ -346,6 +352,7 @@ class Queue:
         self._levels = [deque() for _ in range(len(Priority) if prioritised else 1)]
         self.parked = {}
         self.dead_letter_hook = None
+        self.n_deferred = 0
 
     @property
     def message_count(self) -> int:
@@ -390,7 +397,10 @@ class Queue:
         return subs
 
     def _detach(self, sub: Subscription) -> None:
-        """``sub`` is no longer attached: its acks count here from now on."""
+        """``sub`` is no longer attached: its acks count here from now on, and what was
+        parked on it is ready for the others again."""
+        if sub.deferred is not None:
+            self._unpark_all(sub)
         self.acked_gone += sub.n_acked
         sub.n_acked = 0
         sub.attached = False
@@ -406,13 +416,15 @@ class Queue:
         return levels[msg.priority] if len(levels) > 1 else levels[0]
 
     def ready(self) -> Iterator[StoredMessage]:
-        """The ready messages in the order they would be delivered."""
+        """The ready messages in the order they would be delivered (the parked first)."""
+        if self.n_deferred:
+            yield from self._parked()
         for level in reversed(self._levels):
             yield from level
 
     def ready_list(self) -> list[StoredMessage]:
         """``list(ready())``, a level at a time (a million messages in a few ms, not 40)."""
-        out: list[StoredMessage] = []
+        out = self._parked() if self.n_deferred else []
         for level in reversed(self._levels):
             out.extend(level)
         return out
@@ -468,31 +480,136 @@ class Queue:
         return False
 
     def pop_oldest_lowest(self) -> StoredMessage | None:
-        """The message DropOldest sacrifices: the oldest of the lowest priority present."""
+        """The message DropOldest sacrifices: the oldest of the lowest priority present
+        (a parked one when nothing else is left)."""
         for level in self._levels:
             if level:
                 msg = level.popleft()
                 self.nbytes -= len(msg.payload)
                 self.count -= 1
                 return msg
+        for sub in self.subscriptions if self.n_deferred else ():
+            if sub.deferred is not None:
+                return self._unpark(sub, next(iter(sub.deferred)))
         return None
 
     def pop_expired(self, now: int) -> Iterator[StoredMessage]:
-        """Expired messages at the heads (TTL is per queue, so heads expire first)."""
+        """Expired messages at the heads (TTL is per queue, so heads expire first), and
+        the parked ones."""
         for level in self._levels:
             while level and level[0].expired(now):
                 msg = level.popleft()
                 self.nbytes -= len(msg.payload)
                 self.count -= 1
                 yield msg
+        if self.n_deferred:
+            yield from self._expired_parked(now)
 
     def take_all(self) -> list[StoredMessage]:
-        out = [m for level in self._levels for m in level]
+        out = self._parked() if self.n_deferred else []
+        out.extend(m for level in self._levels for m in level)
         for level in self._levels:
             level.clear()
+        for sub in self.subscriptions if self.n_deferred else ():
+            sub.deferred = None
+        self.n_deferred = 0
         self.nbytes = 0
         self.count = 0
         return out
+
+    # -- messages parked on a subscription (a reused message id) ----------------------------
+
+    def park(self, sub: Subscription, msg: StoredMessage) -> None:
+        """``sub`` still holds a delivery of ``msg``'s id and no other subscriber can take
+        it: it waits on ``sub`` until that delivery is settled (acked, rejected, timed out)
+        or ``sub`` leaves, while the messages behind it go on. Still a ready message: in
+        ``count`` (an Ack of the id then dispatches, overflow limits apply), ``nbytes``,
+        ``ready()`` (browsing, the journal's compaction), TTL expiry."""
+        parked = sub.deferred
+        if parked is None:
+            parked = sub.deferred = {}
+        same = parked.get(msg.id)
+        if same is None:
+            parked[msg.id] = deque((msg,))
+        else:
+            same.append(msg)
+        self.n_deferred += 1
+        self.nbytes += len(msg.payload)
+        if not self.count:
+            self._count_up()
+        self.count += 1
+
+    def _unpark(self, sub: Subscription, msg_id: str) -> StoredMessage:
+        """Take the first message parked on ``sub`` under ``msg_id`` out of the queue."""
+        parked = sub.deferred
+        assert parked is not None
+        same = parked[msg_id]
+        msg = same.popleft()
+        if not same:
+            del parked[msg_id]
+            if not parked:
+                sub.deferred = None
+        self.n_deferred -= 1
+        self.nbytes -= len(msg.payload)
+        self.count -= 1
+        return msg
+
+    def _unpark_all(self, sub: Subscription) -> None:
+        """``sub`` leaves: its parked messages go back to the head of the queue, in the
+        order they were published (still counted: they only change place)."""
+        parked = sub.deferred
+        assert parked is not None
+        sub.deferred = None
+        msgs = sorted((m for same in parked.values() for m in same), key=_published)
+        self.n_deferred -= len(msgs)
+        for msg in reversed(msgs):
+            self._level(msg).appendleft(msg)
+
+    def _expired_parked(self, now: int) -> list[StoredMessage]:
+        """Take the parked messages whose TTL has passed out of the queue."""
+        out: list[StoredMessage] = []
+        for sub in self.subscriptions:
+            parked = sub.deferred
+            for msg_id, same in list(parked.items()) if parked is not None else ():
+                while same and same[0].expired(now):
+                    out.append(self._unpark(sub, msg_id))
+        return out
+
+    def _parked(self) -> list[StoredMessage]:
+        """The parked messages, by subscription, by id, in arrival order."""
+        out: list[StoredMessage] = []
+        for sub in self.subscriptions:
+            if sub.deferred is not None:
+                for same in sub.deferred.values():
+                    out.extend(same)
+        return out
+
+    def _undefer(self, now: int) -> None:
+        """Send each parked message that can go now: to its subscription once that no longer
+        holds its id, or to another with room that does not (one per id and subscriber: a
+        second of the same id waits for the first)."""
+        manager = self.manager
+        for sub in list(self.subscriptions):
+            parked = sub.deferred
+            for msg_id in list(parked) if parked is not None else ():
+                while sub.deferred is not None and msg_id in sub.deferred:
+                    taker: Subscription | None = sub
+                    if msg_id in sub.inflight or not sub.has_capacity():
+                        taker = self.other_taker(sub, msg_id)
+                        if taker is None:
+                            break
+                    msg = self._unpark(sub, msg_id)
+                    if msg.expires_at and msg.expired(now):
+                        manager.expire(self, msg)
+                    else:
+                        manager.send(taker, msg, now)
+
+    def other_taker(self, sub: Subscription, msg_id: str) -> Subscription | None:
+        """A subscription other than ``sub`` with room that does not hold ``msg_id``."""
+        for other in self.subscriptions if self.lone is None else ():
+            if other is not sub and other.has_capacity() and msg_id not in other.inflight:
+                return other
+        return None
 
     # -- dispatch -------------------------------------------------------------------------
 
@@ -539,8 +656,6 @@ class Queue:
         self._dispatching = True
         try:
             self.manager.send(sub, msg, msg.published_at)
-        except DeliveryDeferred:
-            pass  # send() put it back in the store
         finally:
             self._dispatching = False
         return True
@@ -567,8 +682,6 @@ class Queue:
                 self._dispatch_fan_out()
             else:
                 self._dispatch_one_each()
-        except DeliveryDeferred:
-            pass
         finally:
             self._dispatching = False
         self.manager.after_dequeue(self)
@@ -579,6 +692,8 @@ class Queue:
         # subscribers' prefetch and takes a few ms at most, finer than the timer that
         # checks expiries and ack timeouts (tick).
         now = manager.clock()
+        if self.n_deferred:  # (their ids may have been settled since: they go first)
+            self._undefer(now)
         while self.count:
             lone = self.lone
             if lone is not None:  # (the usual case, without the round-robin bookkeeping)
@@ -664,6 +779,10 @@ class Queue:
                 return target
             return None
         return self._next_with_capacity()
+
+
+def _published(msg: StoredMessage) -> int:
+    return msg.published_at
 
 
 _FAN_OUT = frozenset({DeliveryMode.FAN_OUT_WITH_ACK, DeliveryMode.FAN_OUT_WITHOUT_ACK})
