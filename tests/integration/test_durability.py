@@ -265,6 +265,40 @@ async def test_restart_keeps_options_messages_attempts_dlq_and_deletions(
     await c.close()
 
 
+async def test_a_message_parked_behind_a_reused_id_survives_a_restart(
+    tmp_path: Path, servers: Servers
+) -> None:
+    """A publish whose id its subscriber still holds waits parked on that subscriber (the
+    messages behind it go on); it is still a message of the queue for the journal: after a
+    restart it is ready again, and delivered once the first of its id is acked."""
+    data = tmp_path / "data"
+    srv = await servers.start(data, "--fsync", "always")
+    c = await RawClient.connected(srv.port)
+    cons = await RawClient.connected(srv.port)
+    assert_ok(await cons.subscribe("reused", prefetch=10), T.SUBSCRIBE_ACK)
+    for n, mid in enumerate(["x", "x", "a"]):
+        assert_ok(await c.publish("reused", {"n": n}, msg_id=mid), T.PUBLISH_ACK)
+    got = await cons.deliveries(2, "reused")
+    assert [(d.id, json.loads(d.payload)["n"]) for d in got] == [("x", 0), ("a", 2)]
+    info = await poll_info(c, "reused", lambda i: i["unackedCount"] == 2)
+    assert info["messageCount"] == 1  # the parked one counts as ready
+    assert await srv.stop() == 0, srv.log
+    for cl in (c, cons):
+        await cl.close()
+
+    srv = await servers.start(data, "--fsync", "always")
+    c = await RawClient.connected(srv.port)
+    assert info_of(await c.queue_info("reused"))["messageCount"] == 3
+    assert_ok(await c.subscribe("reused", prefetch=10), T.SUBSCRIBE_ACK)
+    got = await c.deliveries(2, "reused")
+    assert [(d.id, json.loads(d.payload)["n"]) for d in got] == [("x", 0), ("a", 2)]
+    c.ack("x")
+    (last,) = await c.deliveries(1, "reused")
+    assert json.loads(last.payload)["n"] == 1 and last.headers["deliveryAttempts"] == "1"
+    assert await srv.stop() == 0, srv.log
+    await c.close()
+
+
 # -- 2. kill -9 loop ---------------------------------------------------------------------------
 
 STRESS = "stress"

@@ -260,12 +260,12 @@ class Queue:
         "manager",
         "message_ttls",
         "n_dead_lettered",
+        "n_deferred",
         "n_delivered",
         "n_dropped",
         "n_expired",
         "n_published",
         "n_redelivered",
-        "n_deferred",
         "name",
         "nbytes",
         "needs_ack",
@@ -593,11 +593,13 @@ class Queue:
             parked = sub.deferred
             for msg_id in list(parked) if parked is not None else ():
                 while sub.deferred is not None and msg_id in sub.deferred:
-                    taker: Subscription | None = sub
-                    if msg_id in sub.inflight or not sub.has_capacity():
-                        taker = self.other_taker(sub, msg_id)
-                        if taker is None:
+                    if msg_id not in sub.inflight and sub.has_capacity():
+                        taker = sub
+                    else:
+                        other = self.other_taker(sub, msg_id)
+                        if other is None:
                             break
+                        taker = other
                     msg = self._unpark(sub, msg_id)
                     if msg.expires_at and msg.expired(now):
                         manager.expire(self, msg)
