@@ -126,3 +126,28 @@ async def test_a_consumer_that_leaves_gives_its_parked_message_to_another(
         assert last.id == "x" and last.delivery_attempts == 1
         await last.ack()
         await all_settled(pub, "leave")
+
+
+async def test_fan_out_goes_on_past_a_subscriber_holding_the_id(
+    broker_factory: BrokerFactory,
+) -> None:
+    broker = await broker_factory()
+    async with (
+        await Client.connect("127.0.0.1", broker.port) as pub,
+        await Client.connect("127.0.0.1", broker.port) as ca,
+        await Client.connect("127.0.0.1", broker.port) as cb,
+    ):
+        await pub.create_queue("fan", "FanOutWithAck")
+        sa = await ca.subscribe("fan", prefetch=10)
+        sb = await cb.subscribe("fan", prefetch=10)
+        await pub.publish("fan", {}, message_id="x")
+        (first_a,) = await receive(sa, 1)
+        (first_b,) = await receive(sb, 1)
+        await first_b.ack()
+        await pub.publish("fan", {}, message_id="x")
+        await pub.publish("fan", {}, message_id="y")
+        assert [m.id for m in await receive(sb, 2)] == ["x", "y"]
+        assert [m.id for m in await receive(sa, 1)] == ["y"]  # a's "x" waits, "y" does not
+        await first_a.ack()
+        (second_a,) = await receive(sa, 1)
+        assert second_a.id == "x" and second_a.delivery_attempts == 1

@@ -229,3 +229,42 @@ def test_compaction_keeps_a_parked_message_live(mgr: QueueManager) -> None:
     publish(mgr, "q", "x", "x", "a")
     live = Journal._all_messages(mgr.queues["q"])
     assert sorted(m.id for m in live) == ["a", "x", "x"]
+
+
+def test_fan_out_parks_the_copy_of_a_subscriber_holding_the_id(mgr: QueueManager) -> None:
+    """FanOutWithAck: a subscriber still holding the id gets its copy parked, the others get
+    theirs, and the queue goes on (before: it waited for that Ack whole)."""
+    make(mgr, mode="FanOutWithAck")
+    a, b = Recorder(), Recorder()
+    sa = mgr.subscribe("q", "a", a, 10)
+    sb = mgr.subscribe("q", "b", b, 10)
+    publish(mgr, "q", "x")
+    mgr.ack(sb, "x")  # b is done with the first "x"; a still holds it
+    publish(mgr, "q", "x", "y")
+    assert a.ids == ["x", "y"] and b.ids == ["x", "x", "y"]
+    assert held_back(mgr) == ["x"] and mgr.queue_info("q")["messageCount"] == 1
+    mgr.ack(sa, "x")
+    assert a.ids == ["x", "y", "x"] and not held_back(mgr)
+    for sub in (sa, sb):
+        mgr.ack_many(sub, list(sub.inflight))
+    assert mgr.queues["q"].count == 0 and mgr.memory_bytes == 0
+
+
+def test_fan_out_parked_copy_goes_to_one_other_subscriber_when_its_own_leaves(
+    mgr: QueueManager,
+) -> None:
+    make(mgr, mode="FanOutWithAck")
+    a, b = Recorder(), Recorder()
+    sa = mgr.subscribe("q", "a", a, 10)
+    sb = mgr.subscribe("q", "b", b, 10)
+    publish(mgr, "q", "x")
+    mgr.ack(sb, "x")
+    publish(mgr, "q", "x")  # a's copy parked, b's delivered
+    mgr.unsubscribe(sa)  # a's delivery and its parked copy: each to one subscriber (b)
+    assert b.ids == ["x", "x"] and held_back(mgr) == ["x", "x"]
+    for _ in range(2):
+        mgr.ack(sb, "x")
+    assert b.ids == ["x", "x", "x", "x"] and not held_back(mgr)
+    mgr.ack(sb, "x")
+    assert mgr.queues["q"].count == 0 and mgr.queues["q"].unacked_count == 0
+    assert mgr.memory_bytes == 0

@@ -305,24 +305,30 @@ def assert_live(manager: QueueManager) -> None:
     now = manager.clock()
     for queue in manager.queues.values():
         subs = queue.subscriptions
+        fan_out = queue.options.delivery_mode in (
+            DeliveryMode.FAN_OUT_WITH_ACK,
+            DeliveryMode.FAN_OUT_WITHOUT_ACK,
+        )
         for sub in subs:
             # A message parked on a subscription (a reused id) waits only while no
-            # subscriber with room is free of its id.
+            # subscriber with room is free of its id (a fan-out copy: its own subscriber).
             for msg_id in sub.deferred or ():
-                free = [s for s in subs if s.has_capacity() and msg_id not in s.inflight]
+                free = [
+                    s
+                    for s in ([sub] if fan_out else subs)
+                    if s.has_capacity() and msg_id not in s.inflight
+                ]
                 assert not free, f"{msg_id} parked in {queue.name} while {free[0].id} has room"
         parked = {id(m) for s in subs for same in (s.deferred or {}).values() for m in same}
         head = next((m for m in queue.ready() if id(m) not in parked), None)
         if head is None or head.expired(now) or not subs:
             continue
-        takers = [s for s in subs if s.has_capacity() and head.id not in s.inflight]
-        if queue.options.delivery_mode in (
-            DeliveryMode.FAN_OUT_WITH_ACK,
-            DeliveryMode.FAN_OUT_WITHOUT_ACK,
-        ):
+        if fan_out:  # (a subscriber holding the id gets its copy parked)
+            takers = [s for s in subs if s.has_capacity()]
             stuck = len(takers) == len(subs) and not head.single
         else:
             # (a message whose id a subscriber still holds is parked on it, not left here)
+            takers = [s for s in subs if s.has_capacity() and head.id not in s.inflight]
             stuck = bool(takers)
         assert not stuck, f"{head.id} waits in {queue.name} while {takers[0].id} has room"
 

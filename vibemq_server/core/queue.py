@@ -14,7 +14,7 @@ from typing import Protocol
 
 from vibemq_server.config import DeliveryMode, OverflowStrategy
 from vibemq_server.core.clock import Clock
-from vibemq_server.core.message import Priority, StoredMessage, as_fan_out
+from vibemq_server.core.message import ANY_SUBSCRIBER, Priority, StoredMessage, as_fan_out
 from vibemq_server.core.native import mypyc_attr
 
 
@@ -563,6 +563,8 @@ class Queue:
         msgs = sorted((m for same in parked.values() for m in same), key=_published)
         self.n_deferred -= len(msgs)
         for msg in reversed(msgs):
+            if self.fan_out:  # (its copy, like a returned one: to one subscriber, not all)
+                as_fan_out(msg).target = ANY_SUBSCRIBER
             self._level(msg).appendleft(msg)
 
     def _expired_parked(self, now: int) -> list[StoredMessage]:
@@ -607,8 +609,9 @@ class Queue:
                         manager.send(taker, msg, now)
 
     def other_taker(self, sub: Subscription, msg_id: str) -> Subscription | None:
-        """A subscription other than ``sub`` with room that does not hold ``msg_id``."""
-        for other in self.subscriptions if self.lone is None else ():
+        """A subscription other than ``sub`` with room that does not hold ``msg_id`` (none
+        in a fan-out queue: each copy is its subscriber's)."""
+        for other in self.subscriptions if self.lone is None and not self.fan_out else ():
             if other is not sub and other.has_capacity() and msg_id not in other.inflight:
                 return other
         return None
@@ -724,6 +727,8 @@ class Queue:
             return
         manager = self.manager
         subs = self.subscriptions
+        if self.n_deferred:
+            self._undefer(manager.clock())
         while self.count:
             head = self.pop_ready()
             if head is None:
@@ -738,9 +743,10 @@ class Queue:
                     return
                 manager.send(sub, head)
                 continue
-            if not all(s.has_capacity() and head.id not in s.inflight for s in subs):
+            if not all(s.has_capacity() for s in subs):
                 self.push_front(head)
                 return
+            # (a subscriber that still holds the id gets its copy parked: ``send``)
             # Each copy is accounted for when it is sent; only ``head`` was counted on enqueue.
             manager.memory_bytes += len(head.payload) * (len(subs) - 1)
             fan = as_fan_out(head)  # (head itself: a fan-out queue holds FanOutMessages)
@@ -777,9 +783,8 @@ class Queue:
         when it is still here; otherwise to any one subscriber."""
         target = msg.target
         if isinstance(target, Subscription) and target in self.subscriptions:
-            if target.has_capacity() and msg.id not in target.inflight:
-                return target
-            return None
+            # (parked on it by ``send`` while it still holds the id)
+            return target if target.has_capacity() else None
         return self._next_with_capacity()
 
 
