@@ -4,7 +4,8 @@ The cases of ``bench.large_bench`` (the same load generator, payloads, window an
 prefetch) alternating on one broker, and per message delivered: the broker's read and write
 system calls and bytes beyond the payload (``/proc/PID/io``: syscr, syscw, rchar, wchar)
 and its minor page faults (``/proc/PID/stat``: minflt) besides its CPU per MB, and that CPU
-a message in user space and in the kernel (utime, stime).
+a message in user space and in the kernel (utime, stime; sampled at the clock tick), and its
+RSS a second after the round (what the allocator kept of the burst).
 ``--perf PREFIX`` records the broker (``perf record -g``) during each protocol's last round
 into ``PREFIX-native.data`` / ``PREFIX-mqtt.data``, to compare
 where each spends (``perf report -i ... --no-children --sort dso,sym -g none``).
@@ -75,6 +76,12 @@ def driver(proto: str, broker: VibeMQBroker, size: int, prefetch: int) -> Driver
             broker.host, broker.port, "bench-large", prefetch, size, durable=False, name="vibemq"
         )
     return MqttDriver(broker.host, broker.mqtt_port, "bench/large", size, "vibemq")
+
+
+def rss_mib(broker: VibeMQBroker) -> float:
+    """The broker's resident set at rest (a moment after a round: what the allocator kept)."""
+    time.sleep(1.0)
+    return (broker.rss_kib() or 0) / 1024
 
 
 def start_broker(strace: str | None, proto: str, calls: str = "memory") -> VibeMQBroker:
@@ -211,7 +218,7 @@ def run_one(
         f"{per['syscr']:.2f}, writes {per['syscw']:.2f}, bytes read beyond the "
         f"payload {per['rchar'] - size:+.0f}, written {per['wchar'] - size:+.0f}, "
         f"minor faults {per['minflt']:.1f}, CPU µs user {per['utime'] * 1e6 / _TICK:.0f} "
-        f"system {per['stime'] * 1e6 / _TICK:.0f}",
+        f"system {per['stime'] * 1e6 / _TICK:.0f}; RSS after it {rss_mib(broker):.0f} MiB",
         flush=True,
     )
 
