@@ -3,43 +3,70 @@
 The cases of ``bench.large_bench`` (the same load generator, payloads, window and native
 prefetch) alternating on one broker, and per message delivered: the broker's read and write
 system calls and bytes beyond the payload (``/proc/PID/io``: syscr, syscw, rchar, wchar)
-besides its CPU per MB. ``--perf PREFIX`` records the broker (``perf record -g``) during
-each protocol's last round into ``PREFIX-native.data`` / ``PREFIX-mqtt.data``, to compare
+and its minor page faults (``/proc/PID/stat``: minflt) besides its CPU per MB, and that CPU
+a message in user space and in the kernel (utime, stime; sampled at the clock tick), and its
+RSS a second after the round (what the allocator kept of the burst).
+``--perf PREFIX`` records the broker (``perf record -g``) during each protocol's last round
+into ``PREFIX-native.data`` / ``PREFIX-mqtt.data``, to compare
 where each spends (``perf report -i ... --no-children --sort dso,sym -g none``).
+``--strace PREFIX`` instead runs each protocol on a broker of its own launched under
+``strace -f -c -e trace=memory`` (attaching to a running one does not work here) and
+writes its counts of mmap, munmap, brk ... into ``PREFIX-PROTO.txt`` when it stops
+(``--strace-calls all``: every system call). ``--callgrind PREFIX`` runs each protocol twice
+on a broker of its own under ``valgrind --tool=callgrind`` (a fifth of ``--messages``, then
+all of them; ``PREFIX-PROTO-N.out``) and prints the broker's user-space instructions a
+message (the difference of the two totals over the difference of the counts: start-up and
+shutdown cancel out): everything the broker runs for a message, transport, uvloop and the
+allocator included, where ``bench.native_micro`` and ``bench.mqtt_route_cost`` count the
+sessions' ``data_received`` only. (Valgrind hides AVX-512: the JSON check is counted on its
+AVX2 path.)
 
     .venv/bin/python -m bench.large_profile --size 1048576 --messages 2000 --rounds 3
     .venv/bin/python -m bench.large_profile --size 65536 --messages 20000 --perf /tmp/p64
+    .venv/bin/python -m bench.large_profile --size 1048576 --messages 500 --rounds 1 \
+        --strace /tmp/s1m
+    .venv/bin/python -m bench.large_profile --size 1048576 --messages 200 --callgrind /tmp/c1m
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-from bench.brokers import VibeMQBroker
+from bench.brokers import REPO, VibeMQBroker
 from bench.common import Driver, run_throughput
 from bench.large_bench import VIBEMQ_LIMITS
 from bench.mqtt_driver import MqttDriver
 from bench.vibemq_driver import VibeDriver
 
 _IO_KEYS = ("rchar", "wchar", "syscr", "syscw")
+_KEYS = (*_IO_KEYS, "minflt", "utime", "stime")
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def io_counts(pids: list[int]) -> dict[str, int]:
     """The processes' read/write calls and bytes so far (``/proc/PID/io``)."""
-    out = dict.fromkeys(_IO_KEYS, 0)
+    out = dict.fromkeys(_KEYS, 0)
     for pid in pids:
         try:
             text = Path(f"/proc/{pid}/io").read_text()
+            stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             continue
         for line in text.splitlines():
             key, _, value = line.partition(":")
             if key in out:
                 out[key] += int(value)
+        # (fields after the command's closing parenthesis: minflt is the 10th of stat,
+        # utime and stime the 14th and 15th)
+        fields = stat.rpartition(")")[2].split()
+        out["minflt"] += int(fields[7])
+        out["utime"] += int(fields[11])
+        out["stime"] += int(fields[12])
     return out
 
 
@@ -51,6 +78,60 @@ def driver(proto: str, broker: VibeMQBroker, size: int, prefetch: int) -> Driver
     return MqttDriver(broker.host, broker.mqtt_port, "bench/large", size, "vibemq")
 
 
+def rss_mib(broker: VibeMQBroker) -> float:
+    """The broker's resident set at rest (a moment after a round: what the allocator kept)."""
+    time.sleep(1.0)
+    return (broker.rss_kib() or 0) / 1024
+
+
+def start_broker(strace: str | None, proto: str, calls: str = "memory") -> VibeMQBroker:
+    """A broker with the bench's limits; under ``strace -c`` (the system calls of the class
+    ``calls``) into ``STRACE-PROTO.txt``."""
+    env = dict(VIBEMQ_LIMITS)
+    if strace is None:
+        broker = VibeMQBroker(mqtt=True, env=env)
+    else:
+        env["PYTHONPATH"] = str(REPO)  # (as start() sets it for its own command)
+        out = f"{strace}-{proto}.txt"
+        command = ["strace", "-f", "-c", "-e", f"trace={calls}", "-o", out]
+        broker = VibeMQBroker([*command, *VibeMQBroker.default_command()], mqtt=True, env=env)
+    broker.start()
+    return broker
+
+
+def callgrind_total(path: str) -> int:
+    """The instructions a callgrind output file counts (its ``totals:`` line)."""
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("totals:"):
+            return int(line.split()[1])
+    raise ValueError(f"{path}: no totals line")
+
+
+def callgrind_costs(
+    prefix: str, size: int, messages: int, prefetch: int, window: int, batch: int
+) -> None:
+    """Each protocol's broker user-space instructions a message (see the docstring)."""
+    env = dict(VIBEMQ_LIMITS, PYTHONPATH=str(REPO))
+    for proto in ("native", "mqtt"):
+        counts = (max(1, messages // 5), messages)
+        totals = []
+        for n in counts:
+            out = f"{prefix}-{proto}-{n}.out"
+            command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+            broker = VibeMQBroker([*command, *VibeMQBroker.default_command()], mqtt=True, env=env)
+            broker.start(timeout=600)  # (start-up under valgrind takes tens of seconds)
+            try:
+                load = driver(proto, broker, size, prefetch)
+                res = run_throughput(load, n, window=window, batch=batch, timeout=900)
+            finally:
+                broker.stop(grace=300)  # (callgrind writes its file at exit)
+            if res.errors or res.delivered != n:
+                raise SystemExit(f"{proto}: {res.delivered} of {n} delivered {res.errors}")
+            totals.append(callgrind_total(out))
+        per = (totals[1] - totals[0]) / (counts[1] - counts[0])
+        print(f"{proto:6} {size:>8} B: {per:,.0f} instructions a message (callgrind)", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=1024 * 1024)
@@ -59,54 +140,87 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-bytes", type=int, default=8 * 1024 * 1024)
     parser.add_argument("--native-prefetch", type=int, default=1000, help="as large_bench's")
     parser.add_argument("--perf", help="perf record the last round into PREFIX-PROTO.data")
+    parser.add_argument(
+        "--strace", help="each protocol on a broker under strace -c: PREFIX-PROTO.txt"
+    )
+    parser.add_argument("--strace-calls", default="memory", help="strace's -e trace= class")
+    parser.add_argument(
+        "--callgrind", help="each protocol's broker under callgrind: instructions a message"
+    )
     args = parser.parse_args(argv)
     size = args.size
     window = max(2, min(1000, args.window_bytes // size))
     batch = max(1, min(100, 64 * 1024 // size))
     prefetch = args.native_prefetch or window
-    broker = VibeMQBroker(mqtt=True, env=dict(VIBEMQ_LIMITS))
-    broker.start()
+    if args.callgrind:
+        callgrind_costs(args.callgrind, size, args.messages, prefetch, window, batch)
+        return 0
+    broker = None if args.strace else start_broker(None, "")
     try:
         for r in range(args.rounds):
             order = ("native", "mqtt") if r % 2 == 0 else ("mqtt", "native")
             for proto in order:
-                pids = broker.pids()
-                perf = None
-                if args.perf and r == args.rounds - 1:
-                    out = f"{args.perf}-{proto}.data"
-                    target = ",".join(map(str, pids))
-                    perf = subprocess.Popen(
-                        ["perf", "record", "-F", "1999", "-g", "-o", out, "-p", target],
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                    )
-                    time.sleep(0.5)  # (attached before the run starts)
-                before = io_counts(pids)
-                res = run_throughput(
-                    driver(proto, broker, size, prefetch),
-                    args.messages,
-                    window=window,
-                    batch=batch,
-                    timeout=120,
-                    broker_pids=broker.pids,
-                )
-                after = io_counts(pids)
-                if perf is not None:
-                    perf.send_signal(signal.SIGINT)
-                    perf.wait()
-                n = res.delivered or 1
-                per = {k: (after[k] - before[k]) / n for k in _IO_KEYS}
-                cpu = res.broker_cpu_s or 0.0
-                print(
-                    f"{proto:6} {size:>8} B: {res.deliver_rate:9,.0f} msg/s, broker "
-                    f"{cpu * 1000 / (n * size / 1e6):.3f} ms CPU/MB; per message: reads "
-                    f"{per['syscr']:.2f}, writes {per['syscw']:.2f}, bytes read beyond the "
-                    f"payload {per['rchar'] - size:+.0f}, written {per['wchar'] - size:+.0f}",
-                    flush=True,
-                )
+                own = None if broker else start_broker(args.strace, proto, args.strace_calls)
+                used = broker or own
+                assert used is not None
+                try:
+                    run_one(args, proto, used, size, prefetch, window, batch, r)
+                finally:
+                    if own is not None:
+                        own.stop()
     finally:
-        broker.stop()
+        if broker is not None:
+            broker.stop()
     return 0
+
+
+def run_one(
+    args: argparse.Namespace,
+    proto: str,
+    broker: VibeMQBroker,
+    size: int,
+    prefetch: int,
+    window: int,
+    batch: int,
+    r: int,
+) -> None:
+    """One protocol's round on ``broker``, its line printed."""
+    pids = broker.pids()
+    perf = None
+    if args.perf and r == args.rounds - 1:
+        out = f"{args.perf}-{proto}.data"
+        target = ",".join(map(str, pids))
+        perf = subprocess.Popen(
+            ["perf", "record", "-F", "1999", "-g", "-o", out, "-p", target],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(0.5)  # (attached before the run starts)
+    before = io_counts(pids)
+    res = run_throughput(
+        driver(proto, broker, size, prefetch),
+        args.messages,
+        window=window,
+        batch=batch,
+        timeout=120,
+        broker_pids=broker.pids,
+    )
+    after = io_counts(pids)
+    if perf is not None:
+        perf.send_signal(signal.SIGINT)
+        perf.wait()
+    n = res.delivered or 1
+    per = {k: (after[k] - before[k]) / n for k in _KEYS}
+    cpu = res.broker_cpu_s or 0.0
+    print(
+        f"{proto:6} {size:>8} B: {res.deliver_rate:9,.0f} msg/s, broker "
+        f"{cpu * 1000 / (n * size / 1e6):.3f} ms CPU/MB; per message: reads "
+        f"{per['syscr']:.2f}, writes {per['syscw']:.2f}, bytes read beyond the "
+        f"payload {per['rchar'] - size:+.0f}, written {per['wchar'] - size:+.0f}, "
+        f"minor faults {per['minflt']:.1f}, CPU µs user {per['utime'] * 1e6 / _TICK:.0f} "
+        f"system {per['stime'] * 1e6 / _TICK:.0f}; RSS after it {rss_mib(broker):.0f} MiB",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
