@@ -3,11 +3,14 @@
 One broker (transient queues, MQTT listener on), then ``--rounds`` rounds of ``build_ab``'s
 paths (``common.run_throughput``: window 1,000, batch 100, prefetch 1,000), and around each
 run the broker's ``/proc/PID/io`` (syscr, syscw, rchar, wchar), ``/proc/PID/status``
-(voluntary and involuntary context switches) and ``/proc/PID/stat`` (user and system CPU, minor
-faults), summed over its process group. Printed per message, the medians of the rounds:
-read and write syscalls, bytes read and written, switches, faults, CPU; and messages per read
-and per write syscall. The counters include the setup of the run (connect, subscribe) and
-its teardown: a few dozen syscalls, nothing against 100,000 messages.
+(voluntary and involuntary context switches), ``/proc/PID/stat`` (user and system CPU in
+clock ticks, minor faults) and its threads' ``schedstat`` (``run_us``: time on a CPU, to the
+nanosecond), summed over its process group. Printed per message, the medians of the rounds:
+read and write syscalls, bytes read and written, switches, faults, CPU; the publisher's and
+subscriber's CPU; messages per read and per write syscall. The counters include the run's
+setup (connect, subscribe) and teardown: a few dozen syscalls against 100,000 messages.
+``--callgrind DIR`` runs the broker under callgrind, its instrumentation on for each run
+only, and dumps one profile a run (the whole broker: transport, sessions, core).
 
     .venv/bin/python -m bench.sock_counts --rounds 3 --messages 100000
     .venv/bin/python -m bench.sock_counts --rounds 1 --messages 20000 --callgrind /tmp/cg
@@ -56,6 +59,11 @@ def _counters(pid: int) -> dict[str, float]:
         out["user_us"] = int(fields[_UTIME - 3]) / _TICK * 1e6
         out["sys_us"] = int(fields[_STIME - 3]) / _TICK * 1e6
         out["cpu_us"] = out["user_us"] + out["sys_us"]
+        # (the same to the nanosecond: the time on a CPU of each of its threads)
+        out["run_us"] = sum(
+            int(path.read_text().split()[0]) / 1e3
+            for path in Path(f"/proc/{pid}/task").glob("*/schedstat")
+        )
     except (OSError, ValueError, IndexError):
         return {}
     return out
@@ -123,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
                     _callgrind(broker, f"--dump=round{n + 1}-{path}")
                     _callgrind(broker, "--instr=off")
                 per = {k: (after[k] - before.get(k, 0.0)) / max(1, r.delivered) for k in after}
+                # (the generators' own CPU: on two shared cores they compete with the broker)
+                per["pub_us"] = r.publisher_cpu_s / max(1, r.delivered) * 1e6
+                per["sub_us"] = r.subscriber_cpu_s / max(1, r.delivered) * 1e6
                 per["msg/read"] = 1 / per["syscr"] if per.get("syscr") else 0.0
                 per["msg/write"] = 1 / per["syscw"] if per.get("syscw") else 0.0
                 runs.setdefault(path, []).append(per)
@@ -131,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         broker.stop()
     keys: tuple[str, ...] = ("syscr", "syscw", "rchar", "wchar", "voluntary", "nonvoluntary")
     keys += ("minflt",)
-    keys += ("user_us", "sys_us", "cpu_us", "msg/read", "msg/write")
+    keys += ("user_us", "sys_us", "cpu_us", "run_us", "pub_us", "sub_us", "msg/read", "msg/write")
     print(f"\n{'a message (medians)':20}" + "".join(f"{path:>12}" for path in runs))
     for key in keys:
         cells = "".join(

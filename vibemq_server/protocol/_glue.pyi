@@ -2,3 +2,6 @@
 
 def glue(*parts: bytes | bytearray | memoryview) -> bytes:
     """The ``parts`` joined, as ``b"".join(parts)``."""
+
+def publish_ack(msg_id: str, queue: str, /) -> bytes | None:
+    """The PublishAck frame when ``msg_id`` and ``queue`` are ASCII; None otherwise."""

@@ -51,15 +51,25 @@ def _join_pieces(*parts: bytes) -> bytes:
     return b"".join(parts)
 
 
+def _no_publish_ack(_msg_id: str, _queue: str) -> bytes | None:
+    """``_glue.publish_ack`` where it is not built: always from the pieces."""
+    return None
+
+
 _glue_impl: Callable[..., bytes]
+_publish_ack_impl: Callable[[str, str], bytes | None]
 try:
     from vibemq_server.protocol._glue import glue as _glue_impl
-except ImportError:  # not built: the join
+    from vibemq_server.protocol._glue import publish_ack as _publish_ack_impl
+except ImportError:  # not built: the join, the PublishAck from its pieces
     _glue_impl = _join_pieces
+    _publish_ack_impl = _no_publish_ack
 #: a frame's small pieces joined (the C one when built: its pieces as the call's arguments,
 #: no tuple of them, no buffer taken of each as ``b"".join`` does: ~1,000 instructions less
 #: a PublishAck compiled)
 _glue: Final = _glue_impl
+#: the whole PublishAck of an ASCII id and queue in one C call (no encode, no pieces); None
+_publish_ack_ascii: Final = _publish_ack_impl
 
 
 class CommandType(IntEnum):
@@ -349,10 +359,19 @@ _QUEUE_NAME_KEY: Final = _s("queueName")
 
 def encode_publish_ack(msg_id: str, queue: str) -> bytes:
     """The PublishAck frame for a Publish: echoes id and queue, headers messageId and
-    queueName. Built directly because every publish pays for it: the queue's name is
-    encoded here, from the Publish's own (hot) string, and the constant bytes around the
-    two echoes come from tables by length. (A cache of pieces by queue name cost a
-    dict entry, its key and the pieces: four to six cold lines a publish at 10,000 queues.)"""
+    queueName. Built directly because every publish pays for it: written in place by
+    ``_glue.publish_ack`` when both are ASCII (the usual case), else glued from pieces."""
+    frame = _publish_ack_ascii(msg_id, queue)
+    if frame is not None:
+        return frame
+    return _publish_ack_pieces(msg_id, queue)
+
+
+def _publish_ack_pieces(msg_id: str, queue: str) -> bytes:
+    """``encode_publish_ack`` from pieces: the queue's name is encoded here, from the
+    Publish's own (hot) string, and the constant bytes around the two echoes come from
+    tables by length. (A cache of pieces by queue name cost a dict entry, its key and the
+    pieces: four to six cold lines a publish at 10,000 queues.)"""
     i = msg_id.encode()
     q = queue.encode()
     n = len(i)
