@@ -137,7 +137,11 @@ def main(argv: list[str] | None = None) -> int:
                 per["msg/read"] = 1 / per["syscr"] if per.get("syscr") else 0.0
                 per["msg/write"] = 1 / per["syscw"] if per.get("syscw") else 0.0
                 runs.setdefault(path, []).append(per)
-                print(f"round {n + 1} {path:6} {r.deliver_rate:,.0f} msg/s {r.errors or ''}")
+                print(
+                    f"round {n + 1} {path:6} {r.deliver_rate:,.0f} msg/s, broker "
+                    f"{per.get('run_us', 0.0):.3f} us, {per['msg/read']:.0f} a read, "
+                    f"{per['msg/write']:.0f} a write {r.errors or ''}"
+                )
     finally:
         broker.stop()
     keys: tuple[str, ...] = ("syscr", "syscw", "rchar", "wchar", "voluntary", "nonvoluntary")
