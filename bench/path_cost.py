@@ -6,8 +6,9 @@ A publisher and a subscriber connection of the protocol -- the native ``Session`
 that only collects what would be written, a transient queue (prefetch 1,000): every round feeds
 the publisher one read of ``--batch`` pre-encoded publishes (``VibeDriver``/``MqttDriver``
 ``publish_batch``), then the subscriber one read of the acks that driver's scanner answers the
-deliveries with. Only the connections' ``data_received`` is the broker's work; under callgrind
-count that alone (the compiled build's entry points)::
+deliveries with, each read inside the core's ``hold``/``release`` as in the broker (one
+clock reading a read). Only the connections' ``data_received`` is the broker's work; under
+callgrind count that alone (the compiled build's entry points)::
 
     PYTHONPATH=$PWD valgrind --tool=callgrind --callgrind-out-file=native.out \\
         --toggle-collect='CPyPy_server___session___Session___data_received' \\
@@ -67,7 +68,7 @@ from vibemq_server.protocol.bigcopy import Fill
 from vibemq_server.server.adapter import AdapterContext
 from vibemq_server.server.broker import with_payload_forms
 from vibemq_server.server.session import Session
-from vibemq_server.server.transport import ReadBatch
+from vibemq_server.server.transport import LinkState, ReadBatch
 
 PREFETCH = 1000
 
@@ -84,6 +85,8 @@ class CollectingLink(MicroLink):
         super().__init__(conn_id)
         # a bound C method: the link costs as little as it can
         self.send = self.out.append  # type: ignore[method-assign]
+        # what the broker's transport gives a session to read instead of ``writable``
+        self.link_state = LinkState(1 << 40)
 
     def read_into(self, fill: Fill) -> None:
         raise AssertionError("64-byte payloads are never filled in place")
@@ -161,16 +164,22 @@ def run(path: str, messages: int, batch: int) -> tuple[float, int]:
     spent = 0.0
     acked = 0
     clock = time.process_time
+    # each read inside the core's hold/release, as the broker's ReadBatch has it
+    hold, release = manager.hold, manager.release
     for data in reads:
         t0 = clock()
+        hold()
         pub.data_received(data)
+        release()
         spent += clock() - t0
         out = bytearray(sub_link.take())
         _used, delivered, acks = scanner.feed(out)
         acked += delivered
         pub_link.take()
         t0 = clock()
+        hold()
         sub.data_received(acks)
+        release()
         spent += clock() - t0
     return spent, acked
 

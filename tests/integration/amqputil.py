@@ -112,7 +112,7 @@ class AmqpBroker(ThreadBroker):
             out: dict[str, int] = {}
             for conn in self._amqp_links(b):
                 transport = conn.transport
-                size = conn._out_size
+                size = conn.link_state.size
                 if transport is not None and not transport.is_closing():
                     size += transport.get_write_buffer_size()
                 out[conn.conn_id] = size

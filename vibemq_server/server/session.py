@@ -67,7 +67,7 @@ from vibemq_server.protocol.names import valid_queue_name
 from vibemq_server.protocol.payload import PAYLOAD_ENCODING, RAW, as_vibemq
 from vibemq_server.server.stall import StallClock
 from vibemq_server.server.stats import ProtocolStats
-from vibemq_server.server.transport import ConsumerInfo, Link, SessionInfo
+from vibemq_server.server.transport import ConsumerInfo, Link, LinkState, SessionInfo
 
 # (Final: the compiled build reads these as constants, not from the module's dict per use)
 _LOUD_ERRORS: Final = 10
@@ -166,6 +166,7 @@ class Session(Consumer):
         "_holders_limit",
         "_json_ok",
         "_last_rx",
+        "_link_state",
         "_memory_paused",
         "_rate",
         "_refilled",
@@ -200,6 +201,11 @@ class Session(Consumer):
         # link.send bound once: the PublishAck and the Deliver of every message go through it
         # (a Link is a protocol: each ``self.link.send`` looks the method up generically)
         self._send = link.send
+        # The transport's own record of whether the connection takes output
+        # (``StreamTransport.link_state``), read natively each delivery; None for a link of
+        # another kind (WebSocket's, the tests'), asked through its ``writable``.
+        state = getattr(link, "link_state", None)
+        self._link_state = state if isinstance(state, LinkState) else None
         #: the native protocol's counters (messages in/out, errors), shared by its sessions
         self.stats = stats if stats is not None else ProtocolStats("vibemq")
         self.manager = manager
@@ -905,6 +911,9 @@ class Session(Consumer):
 
     @property
     def writable(self) -> bool:
+        state = self._link_state
+        if state is not None:
+            return self._state is _OPEN and state.writable
         return self._state is _OPEN and self.link.writable
 
     def deliver(self, sub: Subscription, msg: StoredMessage) -> None:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Final, Protocol, TypeVar, cast
 
 import structlog
 
-from vibemq_server.core.buffers import JOIN_ALL, coalesce
+from vibemq_server.core.buffers import JOIN_ALL, PASS_THROUGH, coalesce
 from vibemq_server.protocol.bigcopy import Fill, ReadInto, read_buffer, read_target
 from vibemq_server.server import allocator
 from vibemq_server.server.connlog import ConnLog, as_logger
@@ -200,7 +200,9 @@ class Session(Protocol):
 
 
 class Link(Protocol):
-    """What a session may do with its connection (``StreamTransport`` implements it)."""
+    """What a session may do with its connection (``StreamTransport`` implements it). A
+    ``StreamTransport`` also has its ``link_state`` (``LinkState``), which a session may read
+    instead of ``writable`` (the same answer, natively) when its link has one."""
 
     conn_id: str
 
@@ -361,6 +363,26 @@ class TlsChannel:
         self.identity: str | None = None
 
 
+class LinkState:
+    """Whether a connection takes output now, as its transport keeps it: the bytes waiting
+    to be written against their bound, and ``blocked`` while the socket's buffer is full or
+    the connection is closing. A compiled class: a session reads ``writable`` here natively
+    each delivery, where ``StreamTransport.writable`` (a property of a class that cannot be
+    a native one: it subclasses asyncio's ``BufferedProtocol``) is a lookup by name from the
+    compiled session (~240 instructions a delivery)."""
+
+    __slots__ = ("blocked", "limit", "size")
+
+    def __init__(self, limit: int) -> None:
+        self.size = 0
+        self.limit = limit
+        self.blocked = False
+
+    @property
+    def writable(self) -> bool:
+        return not self.blocked and self.size < self.limit
+
+
 class StreamTransport(asyncio.BufferedProtocol):
     """The one asyncio protocol of every stream listener, whatever it speaks: it owns the
     socket, the output buffer, flow control and the per-read batch, and hands bytes to the
@@ -378,9 +400,9 @@ class StreamTransport(asyncio.BufferedProtocol):
         "_ctx",
         "_flush_scheduled",
         "_into",
+        "_large",
         "_make_session",
         "_out",
-        "_out_size",
         "_reading_paused",
         "_sniff",
         "_tls",
@@ -390,6 +412,7 @@ class StreamTransport(asyncio.BufferedProtocol):
         "bytes_sent",
         "conn_id",
         "connected_at",
+        "link_state",
         "peer_host",
         "peer_port",
         "session",
@@ -410,7 +433,10 @@ class StreamTransport(asyncio.BufferedProtocol):
         self.session: Session | None = None
         self.transport: asyncio.Transport | None = None
         self._out: list[bytes | memoryview] = _NO_OUTPUT
-        self._out_size = 0
+        #: the size of ``_out``, and whether more may be sent (the sessions read it natively)
+        self.link_state = LinkState(context.out_limit)
+        #: the output holds a piece of at least PASS_THROUGH bytes (only then ``coalesce``)
+        self._large = False
         self._flush_scheduled = False
         self._write_paused = False
         self._reading_paused = False
@@ -450,7 +476,7 @@ class StreamTransport(asyncio.BufferedProtocol):
                 self.transport.write(
                     refusal if isinstance(refusal, bytes) else refusal(self.conn_id)
                 )
-            self._closing = True
+            self._close_state()
             self.transport.close()
             return
         self.log.debug("connection opened")
@@ -528,7 +554,7 @@ class StreamTransport(asyncio.BufferedProtocol):
         return None  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._closing = True
+        self._close_state()
         self._make_session = None
         self._ctx.unregister(self)
         if self._counted:
@@ -540,10 +566,17 @@ class StreamTransport(asyncio.BufferedProtocol):
 
     def pause_writing(self) -> None:
         self._write_paused = True
+        self.link_state.blocked = True
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        self.link_state.blocked = self._closing
         self._writable_again()
+
+    def _close_state(self) -> None:
+        """Closing: nothing more is sent (``writable`` is False from now on)."""
+        self._closing = True
+        self.link_state.blocked = True
 
     # -- what the broker drives (its Link) ---------------------------------------------------------
 
@@ -624,7 +657,7 @@ class StreamTransport(asyncio.BufferedProtocol):
 
     @property
     def writable(self) -> bool:
-        return not (self._write_paused or self._closing) and self._out_size < self._ctx.out_limit
+        return self.link_state.writable
 
     @property
     def reading_paused(self) -> bool:
@@ -667,7 +700,10 @@ class StreamTransport(asyncio.BufferedProtocol):
             self._out = [data]
         else:
             out.append(data)
-        self._out_size += len(data)
+        size = len(data)
+        self.link_state.size += size
+        if size >= PASS_THROUGH:
+            self._large = True
         if not self._flush_scheduled:
             self._flush_scheduled = True
             batch = self._ctx.batch
@@ -686,8 +722,11 @@ class StreamTransport(asyncio.BufferedProtocol):
         size = 0
         for part in parts:
             out.append(part)
-            size += len(part)
-        self._out_size += size
+            n = len(part)
+            size += n
+            if n >= PASS_THROUGH:
+                self._large = True
+        self.link_state.size += size
         if not self._flush_scheduled:
             self._flush_scheduled = True
             batch = self._ctx.batch
@@ -700,17 +739,20 @@ class StreamTransport(asyncio.BufferedProtocol):
         self._flush_scheduled = False
         if not self._out or self.transport is None or self._closing:
             return  # (closing: close() flushed already; a lost connection's output is void)
-        size = self._out_size
+        state = self.link_state
+        size = state.size
         self.bytes_sent += size
         self._ctx.stats.bytes_sent += size
-        was_full = size >= self._ctx.out_limit
-        out, self._out, self._out_size = self._out, _NO_OUTPUT, 0
+        was_full = size >= state.limit
+        out, self._out, state.size = self._out, _NO_OUTPUT, 0
         if len(out) == 1:
             pieces = out
-        elif size <= JOIN_ALL:
+        elif size <= JOIN_ALL or not self._large:
+            # (small pieces only: coalesce would join them all too, after a loop over them)
             pieces = [b"".join(out)]
         else:
             pieces = coalesce(out)
+        self._large = False
         if self._tls is not None:
             for piece in pieces:  # (SSLObject copies into its records anyway)
                 self._encrypt(piece)
@@ -756,7 +798,7 @@ class StreamTransport(asyncio.BufferedProtocol):
         if self._closing or self.transport is None:
             return
         self._flush()
-        self._closing = True
+        self._close_state()
         if self._tls is not None and self.session is not None:
             # close_notify, so the peer knows the stream was not cut short
             with contextlib.suppress(ssl.SSLError):
@@ -765,7 +807,7 @@ class StreamTransport(asyncio.BufferedProtocol):
         self.transport.close()
 
     def abort(self) -> None:
-        self._closing = True
+        self._close_state()
         if self.transport is not None:
             self.transport.abort()
 
@@ -840,7 +882,7 @@ class StreamTransport(asyncio.BufferedProtocol):
 
     def _tls_failed(self, what: str, exc: BaseException) -> None:
         self.log.warning(what, reason=describe(exc))
-        self._closing = True
+        self._close_state()
         if self.transport is not None:
             self.transport.close()  # after the alert is written
 

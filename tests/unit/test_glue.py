@@ -1,0 +1,77 @@
+"""A frame's small pieces joined in one call (``protocol/_glue.c``): the compiled ``glue``
+is what the codec uses, and it equals ``b"".join`` of its arguments on any pieces (bytes, and
+the other buffers the join takes); ``publish_ack`` writes the PublishAck of an ASCII id and
+queue exactly as the codec glues it from pieces, and leaves any other to them (None)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vibemq_server.protocol import codec
+
+
+def test_the_compiled_glue_is_built_and_used() -> None:
+    from vibemq_server.protocol._glue import glue
+
+    assert codec._glue is glue, "build it: pip install -e . or scripts/build_ext.sh"
+
+
+_PIECE = st.one_of(
+    st.binary(max_size=300),
+    st.binary(max_size=40).map(bytearray),
+    st.binary(max_size=40).map(memoryview),
+)
+
+
+@given(st.lists(st.binary(max_size=300), max_size=12))
+def test_glue_of_bytes_is_their_join(parts: list[bytes]) -> None:
+    from vibemq_server.protocol._glue import glue
+
+    assert glue(*parts) == b"".join(parts)
+    assert codec._join_pieces(*parts) == b"".join(parts)
+
+
+@given(st.lists(_PIECE, max_size=12))
+def test_glue_of_any_buffers_is_their_join(parts: list[bytes | bytearray | memoryview]) -> None:
+    from vibemq_server.protocol._glue import glue
+
+    joined = glue(*parts)
+    assert joined == b"".join(parts)
+    assert type(joined) is bytes
+
+
+def test_glue_refuses_what_the_join_refuses() -> None:
+    from vibemq_server.protocol._glue import glue
+
+    with pytest.raises(TypeError):
+        glue(b"a", "b")  # type: ignore[arg-type]
+
+
+def test_the_compiled_publish_ack_is_built_and_used() -> None:
+    from vibemq_server.protocol._glue import publish_ack
+
+    assert codec._publish_ack_ascii is publish_ack
+
+
+_ASCII = st.text(st.characters(max_codepoint=127), max_size=300)
+
+
+@given(_ASCII, _ASCII)
+def test_publish_ack_of_ascii_is_the_frame_from_pieces(msg_id: str, queue: str) -> None:
+    from vibemq_server.protocol._glue import publish_ack
+
+    assert publish_ack(msg_id, queue) == codec._publish_ack_pieces(msg_id, queue)
+
+
+@given(st.text(min_size=1, max_size=20), st.text(max_size=20))
+def test_publish_ack_leaves_other_text_to_the_pieces(msg_id: str, queue: str) -> None:
+    from vibemq_server.protocol._glue import publish_ack
+
+    frame = publish_ack(msg_id, queue)
+    if msg_id.isascii() and queue.isascii():
+        assert frame == codec._publish_ack_pieces(msg_id, queue)
+    else:
+        assert frame is None
+    assert publish_ack("i" * 65_536, "q") is None  # (longer than a u16 length says)

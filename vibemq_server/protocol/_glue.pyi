@@ -1,0 +1,7 @@
+"""Types of the compiled frame glue (``_glue.c``)."""
+
+def glue(*parts: bytes | bytearray | memoryview) -> bytes:
+    """The ``parts`` joined, as ``b"".join(parts)``."""
+
+def publish_ack(msg_id: str, queue: str, /) -> bytes | None:
+    """The PublishAck frame when ``msg_id`` and ``queue`` are ASCII; None otherwise."""
