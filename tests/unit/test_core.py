@@ -309,18 +309,62 @@ def test_ack_held_settles_each_ack_at_its_subscription(mgr: QueueManager) -> Non
     r = Recorder()
     sa = mgr.subscribe("a", "sa", r, 2)
     sb = mgr.subscribe("b", "sb", r, 10)
+    make(mgr, "c")
+    other = Recorder()
+    sc = mgr.subscribe("c", "sc", other, 10)
     publish(mgr, "a", "m1", "m2", "m4")  # (m4 waits: a's prefetch is 2)
     publish(mgr, "b", "m3")
-    holders = {"m1": sa, "m2": sa, "m3": sb, "m9": sb}
+    publish(mgr, "c", "m9")
     touched: dict[str, Queue] = {}
-    assert mgr.ack_held(holders, ["m3", "m1", "m7", "m9"], touched) == ["m7", "m9"]
-    assert list(sa.inflight) == ["m2"] and not sb.inflight
-    assert holders == {"m2": sa}
+    # m7: unknown; m9: held, by another consumer's subscription (left where it is)
+    assert mgr.ack_held(r, ["m3", "m1", "m7", "m9"], touched) == ["m7", "m9"]
+    assert list(sa.inflight) == ["m2"] and not sb.inflight and list(sc.inflight) == ["m9"]
+    assert set(mgr.held) == {"m2", "m9"}
     # only a queue with a ready message needs a refill (b has none)
     assert touched == {"a": sa.queue}
     sa.queue.dispatch()
     assert list(sa.inflight) == ["m2", "m4"]
     assert (sa.queue.n_acked, sb.queue.n_acked) == (1, 1)
+
+
+def test_held_deliveries_by_id_in_delivery_order_whoever_holds_the_id(mgr: QueueManager) -> None:
+    # Every subscription's unacknowledged deliveries are in one index by id; an id that
+    # another subscription already holds there (fan-out copies, a reused id in another
+    # queue) is the subscription's own: acks, redeliveries and cancels keep them apart.
+    make(mgr, "f", mode="FanOutWithAck")
+    make(mgr, "p")
+    a, b, c = Recorder(), Recorder(), Recorder()
+    sa = mgr.subscribe("f", "sa", a, 10)
+    sb = mgr.subscribe("f", "sb", b, 10)
+    sp = mgr.subscribe("p", "sp", c, 10)
+    publish(mgr, "f", "m1", "m2", "m3")
+    publish(mgr, "p", "m2", "m4", "m5", "m6")
+    held = mgr.held
+    assert (sa.n_held, sb.n_held, sp.n_held) == (3, 3, 4)
+    assert set(held) == {"m1", "m2", "m3", "m4", "m5", "m6"}
+    # out of order: the middle, the last, the first, an id held by both
+    assert mgr.ack(sp, "m5") and mgr.ack(sp, "m6") and mgr.ack(sp, "m2")
+    assert not mgr.ack(sp, "m2") and not mgr.ack(sp, "m1")
+    assert list(sp.inflight) == ["m4"] and sp.first is sp.last and sp.n_held == 1
+    assert mgr.ack(sb, "m2") and list(sb.inflight) == ["m1", "m3"]
+    assert list(sa.inflight) == ["m1", "m2", "m3"]
+    # an id only another subscription holds does not hold a Deliver back
+    publish(mgr, "p", "m1")
+    assert c.ids[-1] == "m1" and list(sp.inflight) == ["m4", "m1"]
+    # a consumer's Acks settle at its own subscriptions: what the index holds for another
+    # consumer is left there, and ids it holds only in ``extra`` are for the caller's scan
+    touched: dict[str, Queue] = {}
+    assert mgr.ack_held(b, ["m1", "m4", "m3"], touched) == ["m1", "m4", "m3"]
+    assert mgr.ack_many(sb, ["m1", "m4", "m3"]) == ["m4"] and sb.n_held == 0
+    assert mgr.ack_held(a, ["m3", "m1"], touched) == [] and list(sa.inflight) == ["m2"]
+    assert set(held) == {"m2", "m4"} and list(sp.inflight) == ["m4", "m1"]
+    # a cancelled subscription gives its deliveries back (here to the other subscriber)
+    mgr.unsubscribe(sa)
+    assert sa.n_held == 0 and sa.first is None and sa.last is None
+    assert b.ids[-1] == "m2" and list(sb.inflight) == ["m2"] and held["m2"].holder is sb
+    assert mgr.ack(sp, "m4") and mgr.ack(sp, "m1") and mgr.ack(sb, "m2")
+    assert sp.n_held == 0 and sp.first is None and sp.last is None
+    assert not mgr.held and not sb.extra
 
 
 def test_tick_sweeps_a_bounded_share_of_idle_queues(mgr: QueueManager) -> None:

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import structlog
 
@@ -246,6 +246,9 @@ class QueueManager(QueueHost):
         #: see ``hold``: while True, FanOutWithoutAck queues wait in ``_deferred``
         self.holding = False
         self._deferred: dict[str, Queue] = {}
+        #: every subscription's unacknowledged deliveries by id, one map for all (see
+        #: ``Subscription``): an Ack finds its message, and the message its subscription
+        self.held: dict[str, StoredMessage] = {}
         self._memory_waiters: list[Callable[[], None]] = []
         self._valid_name = name_validator or (lambda _name: True)
         self.persistence: Persistence | None = None
@@ -400,8 +403,9 @@ class QueueManager(QueueHost):
         self.drop_log.forget(name)
         self.retired_stats.add(queue)
         queue.deleted = True
+        held = self.held
         for sub in queue.drop_subscriptions():
-            sub.inflight.clear()
+            sub.release_all(held)
             sub.consumer.subscription_cancelled(sub, "queue_deleted")
         self.memory_bytes -= queue.nbytes
         queue.take_all()
@@ -694,8 +698,7 @@ class QueueManager(QueueHost):
         """Remove a subscription; its unacknowledged deliveries go back to the queue."""
         queue = sub.queue
         queue.remove_subscription(sub)
-        returned = list(sub.inflight.values())
-        sub.inflight.clear()
+        returned = sub.release_all(self.held)
         if not queue.deleted:
             self._return(queue, returned)
             queue.dispatch()
@@ -703,7 +706,7 @@ class QueueManager(QueueHost):
     def ack(self, sub: Subscription, msg_id: str, *, dispatch: bool = True) -> bool:
         """Settle a delivery. ``dispatch=False`` leaves refilling the subscriber to the
         caller (one dispatch after a batch of acks instead of one per ack)."""
-        msg = sub.inflight.pop(msg_id, None)
+        msg = sub.take(msg_id, self.held)
         if msg is None:
             return False
         self._acked(sub, msg)
@@ -731,7 +734,7 @@ class QueueManager(QueueHost):
         """Settle several deliveries of one subscription, in order, as ``ack`` with
         ``dispatch=False`` would one by one; the caller refills. Returns the ids this
         subscription did not hold (in order)."""
-        inflight = sub.inflight
+        held = self.held
         queue = sub.queue
         persistence = self.persistence if sub.durable else None
         # journaled messages that are no fan-out copy: settled in the journal in one call
@@ -739,7 +742,7 @@ class QueueManager(QueueHost):
         missing: list[str] = []
         settled = 0
         for msg_id in msg_ids:
-            msg = inflight.pop(msg_id, None)
+            msg = sub.take(msg_id, held)
             if msg is None:
                 missing.append(msg_id)
                 continue
@@ -756,27 +759,34 @@ class QueueManager(QueueHost):
         return missing
 
     def ack_held(
-        self, holders: dict[str, Subscription], msg_ids: list[str], touched: dict[str, Queue]
+        self, consumer: Consumer, msg_ids: list[str], touched: dict[str, Queue]
     ) -> list[str]:
-        """Settle Acks of a connection subscribed to many queues, each at the subscription
-        ``holders`` names for it (its map of delivery id -> subscription; the entries are
-        taken out), as ``ack`` with ``dispatch=False`` would one by one, in one call: a read's
-        Acks each hit another queue there, so no run per subscription. The queues settled in
-        that have ready messages go into ``touched`` (the caller refills them; an empty one has
-        nothing to refill, and a publish into it meanwhile delivers itself: a queue is read
-        only when its subscription's ``waiting`` says it may hold some); returns the ids
-        not settled, in order (not in ``holders``, or no longer held there)."""
+        """Settle Acks of a consumer (a connection subscribed to many queues, say), each at
+        the subscription of its that holds the id in the manager's index (``held``), as
+        ``ack`` with ``dispatch=False`` would one by one, in one call: a read's Acks each hit
+        another queue there, so no run per subscription. The queues settled in that have
+        ready messages go into ``touched`` (the caller refills them; an empty one has nothing
+        to refill, and a publish into it meanwhile delivers itself: a queue is read only
+        when its subscription's ``waiting`` says it may hold some); returns the ids not
+        settled, in order (not in the index for one of its subscriptions: unknown, or in a
+        subscription's ``extra``)."""
         rest: list[str] = []
+        held = self.held
         persistence = self.persistence
         # journaled messages that are no fan-out copy, by queue: settled in one call each
         # (by id: a queue is no dict key, and a name may outlive its queue)
         journaled: dict[int, tuple[Queue, list[StoredMessage]]] = {}
         for msg_id in msg_ids:
-            sub = holders.pop(msg_id, None)
-            msg = sub.inflight.pop(msg_id, None) if sub is not None else None
-            if sub is None or msg is None:
+            msg = held.pop(msg_id, None)
+            if msg is None:
                 rest.append(msg_id)
                 continue
+            sub = cast(Subscription, msg.holder)
+            if sub.consumer is not consumer:
+                held[msg_id] = msg  # another connection's: back
+                rest.append(msg_id)
+                continue
+            sub.unlink(msg)
             queue = sub.queue  # (not read here unless it must: a cold line, many queues)
             if sub.attached:  # (count_acks, inlined: a call is ~20 instructions an Ack here)
                 sub.n_acked += 1
@@ -798,8 +808,8 @@ class QueueManager(QueueHost):
                     run[1].append(msg)
         if journaled:
             assert persistence is not None
-            for held, msgs in journaled.values():
-                persistence.settled_all(held, msgs, _ACKED)
+            for owner, msgs in journaled.values():
+                persistence.settled_all(owner, msgs, _ACKED)
         return rest
 
     def detach(self, sub: Subscription) -> None:
@@ -821,7 +831,7 @@ class QueueManager(QueueHost):
     def nack(self, sub: Subscription, msg_id: str, *, requeue: bool, dispatch: bool = True) -> bool:
         """Give a delivery back: to the head of its queue (``requeue``), or dead-letter it
         (dropped when the queue has no dead-letter queue)."""
-        msg = sub.inflight.pop(msg_id, None)
+        msg = sub.take(msg_id, self.held)
         if msg is None:
             return False
         queue = sub.queue
@@ -861,12 +871,18 @@ class QueueManager(QueueHost):
         queue = sub.queue
         needs_ack = queue.needs_ack
         msg_id = msg.id
-        inflight = sub.inflight
-        if needs_ack and msg_id in inflight:
-            # A publisher reused an id that this subscriber still holds; tracking both under
-            # one key would lose one, so hold this one back until the first is acked.
-            queue.push_front(msg)
-            raise DeliveryDeferred
+        held = self.held
+        other = None
+        if needs_ack:
+            other = held.get(msg_id)
+            extra = sub.extra
+            if (other is not None and other.holder is sub) or (
+                extra is not None and msg_id in extra
+            ):
+                # A publisher reused an id that this subscriber still holds; tracking both
+                # under one key would lose one, so hold this one back until the first is acked.
+                queue.push_front(msg)
+                raise DeliveryDeferred
         msg.attempts = attempts = msg.attempts + 1
         queue.n_delivered += 1
         if attempts > 1:
@@ -877,7 +893,7 @@ class QueueManager(QueueHost):
             msg.deadline = deadline = (now or self.clock()) + options.ack_timeout_ms
             if not sub.timed:
                 self._watch(sub, deadline)  # (tick checks its deadlines from then on)
-            inflight[msg_id] = msg
+            sub.hold(msg, held, other is not None)
             persistence = self.persistence
             if persistence is not None and options.durable:
                 persistence.delivered(queue, msg)
@@ -1064,12 +1080,12 @@ class QueueManager(QueueHost):
         due = self._due
         while due and due[0][0] <= now:
             sub = heapq.heappop(due)[2]
-            inflight = sub.inflight
-            if not inflight:
+            oldest = sub.first
+            if oldest is None:
                 sub.timed = False  # (it comes back with its next delivery)
                 continue
             queue = sub.queue
-            first = next(iter(inflight.values())).deadline
+            first = oldest.deadline
             if first > now:
                 self._requeue_due(sub, first)
                 continue
@@ -1079,8 +1095,9 @@ class QueueManager(QueueHost):
                 continue
             self._time_out(queue, sub, now)
             touched[queue.name] = queue
-            if inflight:
-                self._requeue_due(sub, next(iter(inflight.values())).deadline)
+            oldest = sub.first
+            if oldest is not None:
+                self._requeue_due(sub, oldest.deadline)
             else:
                 sub.timed = False
         for queue in touched.values():
@@ -1117,16 +1134,16 @@ class QueueManager(QueueHost):
                 self._wake(queue)
 
     def _time_out(self, queue: Queue, sub: Subscription, now: int) -> None:
-        inflight = sub.inflight
+        held = self.held
         returned: list[StoredMessage] = []
-        for msg in inflight.values():
-            if msg.deadline > now:
-                break
+        msg = sub.first
+        while msg is not None and msg.deadline <= now:
             returned.append(msg)
+            msg = msg.newer
         if not returned:
             return
         for msg in returned:
-            del inflight[msg.id]
+            sub.release(msg, held)
         self._return(queue, returned, sub)
 
     # -- publisher flow control ----------------------------------------------------------------
