@@ -342,9 +342,13 @@ def test_held_deliveries_by_id_in_delivery_order_whoever_holds_the_id(mgr: Queue
     held = mgr.held
     assert (sa.n_held, sb.n_held, sp.n_held) == (3, 3, 4)
     assert set(held) == {"m1", "m2", "m3", "m4", "m5", "m6"}
+    # an id it holds (in its ``extra``: sa's m2 is in the index) waits for that one's Ack
+    publish(mgr, "p", "m2")
+    assert c.ids == ["m2", "m4", "m5", "m6"] and mgr.queues["p"].count == 1
     # out of order: the middle, the last, the first, an id held by both
     assert mgr.ack(sp, "m5") and mgr.ack(sp, "m6") and mgr.ack(sp, "m2")
-    assert not mgr.ack(sp, "m2") and not mgr.ack(sp, "m1")
+    assert c.ids[-1] == "m2" and list(sp.inflight) == ["m4", "m2"]
+    assert mgr.ack(sp, "m2") and not mgr.ack(sp, "m2") and not mgr.ack(sp, "m1")
     assert list(sp.inflight) == ["m4"] and sp.first is sp.last and sp.n_held == 1
     assert mgr.ack(sb, "m2") and list(sb.inflight) == ["m1", "m3"]
     assert list(sa.inflight) == ["m1", "m2", "m3"]

@@ -871,14 +871,18 @@ class QueueManager(QueueHost):
         queue = sub.queue
         needs_ack = queue.needs_ack
         msg_id = msg.id
-        held = self.held
-        other = None
+        other = False  # (another subscription's message has its id in the index)
         if needs_ack:
-            other = held.get(msg_id)
+            held = self.held
+            found = held.setdefault(msg_id, msg)  # (in the index unless another is there)
             extra = sub.extra
-            if (other is not None and other.holder is sub) or (
-                extra is not None and msg_id in extra
-            ):
+            mine = extra is not None and msg_id in extra
+            if found is not msg:
+                other = True
+                mine = mine or found.holder is sub
+            elif mine:
+                del held[msg_id]
+            if mine:
                 # A publisher reused an id that this subscriber still holds; tracking both
                 # under one key would lose one, so hold this one back until the first is acked.
                 queue.push_front(msg)
@@ -893,7 +897,7 @@ class QueueManager(QueueHost):
             msg.deadline = deadline = (now or self.clock()) + options.ack_timeout_ms
             if not sub.timed:
                 self._watch(sub, deadline)  # (tick checks its deadlines from then on)
-            sub.hold(msg, held, other is not None)
+            sub.hold(msg, other)
             persistence = self.persistence
             if persistence is not None and options.durable:
                 persistence.delivered(queue, msg)

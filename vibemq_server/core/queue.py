@@ -151,11 +151,12 @@ class Subscription:
         "waiting",
     )
 
+    consumer: Consumer
     n_held: int
+    prefetch: int
     first: StoredMessage | None
     last: StoredMessage | None
     queue: Queue
-    prefetch: int
     #: acks while attached (then folded into the queue's, see ``Queue._detach``)
     n_acked: int
     #: the queue may hold ready messages: set on every attached subscription when its
@@ -170,37 +171,36 @@ class Subscription:
     durable: bool
     #: the manager's ``tick`` has an entry for it in its heap of ack deadlines
     timed: bool
-    deliver_many: DeliverMany | None
-    label: bytes
-    consumer: Consumer
-    id: str
     #: its held messages whose id the manager's index has for another subscription
     extra: dict[str, StoredMessage] | None
+    label: bytes
+    deliver_many: DeliverMany | None
+    id: str
 
     def __init__(self, sub_id: str, queue: Queue, consumer: Consumer, prefetch: int) -> None:
         # Delivery order is the list's order and the ack timeout is per queue, so the first
         # ones are always the first to time out: the timeout scan stops at the first live
         # one. Each message holds its own ack deadline (``StoredMessage.deadline``).
+        self.consumer = consumer
         self.n_held = 0
+        self.prefetch = prefetch
         self.first = None
         self.last = None
         self.queue = queue
-        self.prefetch = prefetch
         self.n_acked = 0
         self.waiting = True
         self.attached = False
         self.durable = queue.options.durable
         self.timed = False
-        #: the consumer's ``deliver_many``, when it has one (see Consumer)
-        self.deliver_many = getattr(consumer, "deliver_many", None)
+        self.extra = None
         #: the consumer's own bytes for this subscription, made once (b"": none), e.g. its
         #: protocol's encoding of the queue's name: a delivery reads it here, where the
         #: subscription is at hand, not in a cache of every name (with 10,000 queues each
         #: entry there is another cold line a delivery)
         self.label = b""
-        self.consumer = consumer
+        #: the consumer's ``deliver_many``, when it has one (see Consumer)
+        self.deliver_many = getattr(consumer, "deliver_many", None)
         self.id = sub_id
-        self.extra = None
 
     def has_capacity(self) -> bool:
         return self.consumer.writable and self.n_held < self.prefetch
@@ -236,16 +236,15 @@ class Subscription:
         extra = self.extra
         return extra is not None and msg_id in extra
 
-    def hold(self, msg: StoredMessage, held: dict[str, StoredMessage], other: bool) -> None:
-        """Hold ``msg`` until its Ack (none of its id held here: the caller checked);
-        ``other``: another subscription's message has its id in ``held``."""
+    def hold(self, msg: StoredMessage, other: bool) -> None:
+        """Hold ``msg`` until its Ack (none of its id held here: the caller checked), put
+        in the index by the caller, or, ``other``: another subscription's message has its id
+        there, in ``extra``."""
         if other:
             extra = self.extra
             if extra is None:
                 self.extra = extra = {}
             extra[msg.id] = msg
-        else:
-            held[msg.id] = msg
         msg.holder = self
         last = self.last
         msg.older = last
