@@ -772,20 +772,22 @@ class QueueManager(QueueHost):
         subscription's ``extra``)."""
         rest: list[str] = []
         held = self.held
+        last: Queue | None = None
         persistence = self.persistence
         # journaled messages that are no fan-out copy, by queue: settled in one call each
         # (by id: a queue is no dict key, and a name may outlive its queue)
         journaled: dict[int, tuple[Queue, list[StoredMessage]]] = {}
         for msg_id in msg_ids:
-            msg = held.pop(msg_id, None)
+            # (get and del: compiled, a dict's pop with a default is a call by name)
+            msg = held.get(msg_id)
             if msg is None:
                 rest.append(msg_id)
                 continue
             sub = cast(Subscription, msg.holder)
-            if sub.consumer is not consumer:
-                held[msg_id] = msg  # another connection's: back
+            if sub.consumer is not consumer:  # another connection's
                 rest.append(msg_id)
                 continue
+            del held[msg_id]
             sub.unlink(msg)
             queue = sub.queue  # (not read here unless it must: a cold line, many queues)
             if sub.attached:  # (count_acks, inlined: a call is ~20 instructions an Ack here)
@@ -793,10 +795,10 @@ class QueueManager(QueueHost):
             else:
                 queue.acked_gone += 1
             if sub.waiting:  # (else nothing waits: nothing to refill; a publish delivers)
-                if queue.count:
-                    touched[queue.name] = queue
-                else:
+                if not queue.count:
                     sub.waiting = False
+                elif queue is not last:  # (a run of Acks of one queue: one entry)
+                    touched[queue.name] = last = queue
             # (_settle does nothing for a message neither journaled nor one of fan-out copies)
             if msg.group is not None:
                 self._settle(queue, msg, _ACKED)
