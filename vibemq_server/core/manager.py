@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import structlog
 
@@ -759,17 +759,16 @@ class QueueManager(QueueHost):
         return missing
 
     def ack_held(
-        self, consumer: Consumer, msg_ids: list[str], touched: dict[str, Queue]
+        self, holders: dict[str, Subscription], msg_ids: list[str], touched: dict[str, Queue]
     ) -> list[str]:
-        """Settle Acks of a consumer (a connection subscribed to many queues, say), each at
-        the subscription of its that holds the id in the manager's index (``held``), as
-        ``ack`` with ``dispatch=False`` would one by one, in one call: a read's Acks each hit
-        another queue there, so no run per subscription. The queues settled in that have
-        ready messages go into ``touched`` (the caller refills them; an empty one has nothing
-        to refill, and a publish into it meanwhile delivers itself: a queue is read only
-        when its subscription's ``waiting`` says it may hold some); returns the ids not
-        settled, in order (not in the index for one of its subscriptions: unknown, or in a
-        subscription's ``extra``)."""
+        """Settle Acks of a connection subscribed to many queues, each at the subscription
+        ``holders`` names for it (its map of delivery id -> subscription; the entries are
+        taken out), as ``ack`` with ``dispatch=False`` would one by one, in one call: a read's
+        Acks each hit another queue there, so no run per subscription. The queues settled in
+        that have ready messages go into ``touched`` (the caller refills them; an empty one has
+        nothing to refill, and a publish into it meanwhile delivers itself: a queue is read
+        only when its subscription's ``waiting`` says it may hold some); returns the ids
+        not settled, in order (not in ``holders``, or no longer held there)."""
         rest: list[str] = []
         held = self.held
         last: Queue | None = None
@@ -778,17 +777,11 @@ class QueueManager(QueueHost):
         # (by id: a queue is no dict key, and a name may outlive its queue)
         journaled: dict[int, tuple[Queue, list[StoredMessage]]] = {}
         for msg_id in msg_ids:
-            # (get and del: compiled, a dict's pop with a default is a call by name)
-            msg = held.get(msg_id)
-            if msg is None:
+            sub = holders.pop(msg_id, None)
+            msg = sub.take(msg_id, held) if sub is not None else None
+            if sub is None or msg is None:
                 rest.append(msg_id)
                 continue
-            sub = cast(Subscription, msg.holder)
-            if sub.consumer is not consumer:  # another connection's
-                rest.append(msg_id)
-                continue
-            del held[msg_id]
-            sub.unlink(msg)
             queue = sub.queue  # (not read here unless it must: a cold line, many queues)
             if sub.attached:  # (count_acks, inlined: a call is ~20 instructions an Ack here)
                 sub.n_acked += 1

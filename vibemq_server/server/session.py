@@ -162,6 +162,8 @@ class Session(Consumer):
         "_error_seq",
         "_errors_logged",
         "_handlers",
+        "_holders",
+        "_holders_limit",
         "_json_ok",
         "_last_rx",
         "_memory_paused",
@@ -223,6 +225,13 @@ class Session(Consumer):
         # Since when a frame has been incomplete without progress (stall.py).
         self._stall = StallClock()
         self.subs: dict[str, Subscription] = {}
+        # With more than one subscription: which one each delivery went to, by message id,
+        # so that an Ack finds its subscription without asking every one in turn (a client
+        # subscribed to 500 queues made each Ack cost 500 lookups). Only a hint: a miss or
+        # a stale entry falls back to asking them in order; cleared when it outgrows what
+        # the subscriptions can hold in flight (entries of deliveries that never got acked).
+        self._holders: dict[str, Subscription] | None = None
+        self._holders_limit = 1024
         # Publishes held back while a BlockPublisher queue is full, in arrival order.
         self._deferred: deque[Message] = _NO_DEFERRED  # (its own made at the first one)
         # Queues whose subscribers acks freed during a batch of frames, refilled after it.
@@ -351,15 +360,12 @@ class Session(Consumer):
 
     def _settle_acks(self, msg_ids: list[str]) -> None:
         """Settle the deliveries named by a run of Acks: each at the subscription holding
-        it, without refilling yet. The manager's index of held messages names it (a client
-        subscribed to 500 queues does not ask each in turn); an id it does not name for one
-        of ours (unknown, or also held elsewhere: fan-out copies) is asked of every
-        subscription, in order."""
-        manager = self.manager
-        msg_ids = manager.ack_held(self, msg_ids, self._acked)
-        if not msg_ids:
-            return
-        ack_many = manager.ack_many
+        it (the first, in subscription order), without refilling yet."""
+        ack_many = self.manager.ack_many
+        if self._holders is not None:
+            msg_ids = self._settle_held(msg_ids, self._holders)
+            if not msg_ids:
+                return
         for sub in self.subs.values():
             left = ack_many(sub, msg_ids)
             if len(left) != len(msg_ids) and sub.queue.count:
@@ -369,6 +375,14 @@ class Session(Consumer):
             msg_ids = left
         for msg_id in msg_ids:
             self.log.debug("ack for unknown delivery", message_id=msg_id)
+
+    def _settle_held(self, msg_ids: list[str], holders: dict[str, Subscription]) -> list[str]:
+        """Settle the Acks whose subscription ``holders`` names; the ids left for the scan in
+        subscription order (unknown, or no longer held there)."""
+        rest = self.manager.ack_held(holders, msg_ids, self._acked)
+        if len(holders) > self._holders_limit:
+            holders.clear()
+        return rest
 
     def _refill(self) -> None:
         if self._acked:
@@ -795,6 +809,9 @@ class Session(Consumer):
             raise self._core_error(msg, exc) from None
         self.subs[queue] = sub
         sub.label = queue_piece(sub.queue.name)  # (what each Deliver of it carries)
+        self._holders_limit += 2 * prefetch
+        if len(self.subs) > 1 and self._holders is None:
+            self._holders = {}
         self._reply(CommandType.SUBSCRIBE_ACK, msg, {"queueName": queue, "subscriptionId": sub.id})
         sub.queue.dispatch()
 
@@ -892,6 +909,8 @@ class Session(Consumer):
 
     def deliver(self, sub: Subscription, msg: StoredMessage) -> None:
         self.stats.messages_sent += 1
+        if self._holders is not None:
+            self._holders[msg.id] = sub
         payload = msg.payload
         headers = msg.headers
         if headers and headers.get(PAYLOAD_ENCODING) == RAW:
