@@ -771,7 +771,6 @@ class QueueManager(QueueHost):
         not settled, in order (not in ``holders``, or no longer held there)."""
         rest: list[str] = []
         held = self.held
-        last: Queue | None = None
         persistence = self.persistence
         # journaled messages that are no fan-out copy, by queue: settled in one call each
         # (by id: a queue is no dict key, and a name may outlive its queue)
@@ -788,10 +787,10 @@ class QueueManager(QueueHost):
             else:
                 queue.acked_gone += 1
             if sub.waiting:  # (else nothing waits: nothing to refill; a publish delivers)
-                if not queue.count:
+                if queue.count:
+                    touched[queue.name] = queue
+                else:
                     sub.waiting = False
-                elif queue is not last:  # (a run of Acks of one queue: one entry)
-                    touched[queue.name] = last = queue
             # (_settle does nothing for a message neither journaled nor one of fan-out copies)
             if msg.group is not None:
                 self._settle(queue, msg, _ACKED)

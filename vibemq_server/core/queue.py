@@ -257,12 +257,12 @@ class Subscription:
 
     def take(self, msg_id: str, held: dict[str, StoredMessage]) -> StoredMessage | None:
         """Its delivery of that id, no longer held; None when it holds none."""
-        # (get and del: compiled, a dict's pop with a default is a call by name)
-        msg = held.get(msg_id)
-        if msg is not None and msg.holder is self:
-            del held[msg_id]
-            self.unlink(msg)
-            return msg
+        msg = held.pop(msg_id, None)
+        if msg is not None:
+            if msg.holder is self:
+                self.unlink(msg)
+                return msg
+            held[msg_id] = msg  # another subscription's: back
         extra = self.extra
         if extra is None:
             return None
