@@ -368,9 +368,6 @@ class Channel:
         self.consumers.clear()
         for sub, msg_id in reversed(self.unacked.values()):  # to the head: newest first
             if sub.queue.deleted:
-                # (a cancelled consumer's: its queue's deletion could not reach them, and the
-                # manager's index of held deliveries would keep them)
-                manager.unsubscribe(sub)
                 continue
             manager.nack(sub, msg_id, requeue=True, dispatch=False)
             queues.add(sub.queue.name)

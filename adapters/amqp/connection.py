@@ -442,7 +442,7 @@ class AmqpConnection(BasicMethods):
                 consumer.queue,
                 tag,
                 0 if consumer.sub.prefetch >= UNLIMITED else consumer.sub.prefetch,
-                consumer.sub.n_held,
+                len(consumer.sub.inflight),
                 number,
             )
             for number, channel in self.channels.items()

@@ -323,49 +323,6 @@ def test_ack_held_settles_each_ack_at_its_subscription(mgr: QueueManager) -> Non
     assert (sa.queue.n_acked, sb.queue.n_acked) == (1, 1)
 
 
-def test_held_deliveries_by_id_in_delivery_order_whoever_holds_the_id(mgr: QueueManager) -> None:
-    # Every subscription's unacknowledged deliveries are in one index by id; an id that
-    # another subscription already holds there (fan-out copies, a reused id in another
-    # queue) is the subscription's own: acks, redeliveries and cancels keep them apart.
-    make(mgr, "f", mode="FanOutWithAck")
-    make(mgr, "p")
-    a, b, c = Recorder(), Recorder(), Recorder()
-    sa = mgr.subscribe("f", "sa", a, 10)
-    sb = mgr.subscribe("f", "sb", b, 10)
-    sp = mgr.subscribe("p", "sp", c, 10)
-    publish(mgr, "f", "m1", "m2", "m3")
-    publish(mgr, "p", "m2", "m4", "m5", "m6")
-    held = mgr.held
-    assert (sa.n_held, sb.n_held, sp.n_held) == (3, 3, 4)
-    assert set(held) == {"m1", "m2", "m3", "m4", "m5", "m6"}
-    # an id it holds (in its ``extra``: sa's m2 is in the index) waits for that one's Ack
-    publish(mgr, "p", "m2")
-    assert c.ids == ["m2", "m4", "m5", "m6"] and mgr.queues["p"].count == 1
-    # out of order: the middle, the last, the first, an id held by both
-    assert mgr.ack(sp, "m5") and mgr.ack(sp, "m6") and mgr.ack(sp, "m2")
-    assert c.ids[-1] == "m2" and list(sp.inflight) == ["m4", "m2"]
-    assert mgr.ack(sp, "m2") and not mgr.ack(sp, "m2") and not mgr.ack(sp, "m1")
-    assert list(sp.inflight) == ["m4"] and sp.first is sp.last and sp.n_held == 1
-    assert mgr.ack(sb, "m2") and list(sb.inflight) == ["m1", "m3"]
-    assert list(sa.inflight) == ["m1", "m2", "m3"]
-    # an id only another subscription holds does not hold a Deliver back
-    publish(mgr, "p", "m1")
-    assert c.ids[-1] == "m1" and list(sp.inflight) == ["m4", "m1"]
-    # Acks by a connection's map of holders: each at the subscription it names
-    touched: dict[str, Queue] = {}
-    holders = {"m1": sb, "m4": sb, "m3": sb}
-    assert mgr.ack_held(holders, ["m1", "m4", "m3"], touched) == ["m4"] and sb.n_held == 0
-    holders = {"m3": sa, "m1": sa}
-    assert mgr.ack_held(holders, ["m3", "m1"], touched) == [] and list(sa.inflight) == ["m2"]
-    # a cancelled subscription gives its deliveries back (here to the other subscriber)
-    mgr.unsubscribe(sa)
-    assert sa.n_held == 0 and sa.first is None and sa.last is None
-    assert b.ids[-1] == "m2" and list(sb.inflight) == ["m2"] and held["m2"].holder is sb
-    assert mgr.ack(sp, "m4") and mgr.ack(sp, "m1") and mgr.ack(sb, "m2")
-    assert sp.n_held == 0 and sp.first is None and sp.last is None
-    assert not mgr.held and not sb.extra
-
-
 def test_tick_sweeps_a_bounded_share_of_idle_queues(mgr: QueueManager) -> None:
     # A consumer that became writable without saying so (a lost wake-up) is still served
     # by the timer's safety net: SWEEP_PER_TICK queues a tick, every queue in turn.

@@ -246,9 +246,6 @@ class QueueManager(QueueHost):
         #: see ``hold``: while True, FanOutWithoutAck queues wait in ``_deferred``
         self.holding = False
         self._deferred: dict[str, Queue] = {}
-        #: every subscription's unacknowledged deliveries by id, one map for all (see
-        #: ``Subscription``): an Ack finds its message, and the message its subscription
-        self.held: dict[str, StoredMessage] = {}
         self._memory_waiters: list[Callable[[], None]] = []
         self._valid_name = name_validator or (lambda _name: True)
         self.persistence: Persistence | None = None
@@ -403,9 +400,8 @@ class QueueManager(QueueHost):
         self.drop_log.forget(name)
         self.retired_stats.add(queue)
         queue.deleted = True
-        held = self.held
         for sub in queue.drop_subscriptions():
-            sub.release_all(held)
+            sub.inflight.clear()
             sub.consumer.subscription_cancelled(sub, "queue_deleted")
         self.memory_bytes -= queue.nbytes
         queue.take_all()
@@ -698,7 +694,8 @@ class QueueManager(QueueHost):
         """Remove a subscription; its unacknowledged deliveries go back to the queue."""
         queue = sub.queue
         queue.remove_subscription(sub)
-        returned = sub.release_all(self.held)
+        returned = list(sub.inflight.values())
+        sub.inflight.clear()
         if not queue.deleted:
             self._return(queue, returned)
             queue.dispatch()
@@ -706,7 +703,7 @@ class QueueManager(QueueHost):
     def ack(self, sub: Subscription, msg_id: str, *, dispatch: bool = True) -> bool:
         """Settle a delivery. ``dispatch=False`` leaves refilling the subscriber to the
         caller (one dispatch after a batch of acks instead of one per ack)."""
-        msg = sub.take(msg_id, self.held)
+        msg = sub.inflight.pop(msg_id, None)
         if msg is None:
             return False
         self._acked(sub, msg)
@@ -734,7 +731,7 @@ class QueueManager(QueueHost):
         """Settle several deliveries of one subscription, in order, as ``ack`` with
         ``dispatch=False`` would one by one; the caller refills. Returns the ids this
         subscription did not hold (in order)."""
-        held = self.held
+        inflight = sub.inflight
         queue = sub.queue
         persistence = self.persistence if sub.durable else None
         # journaled messages that are no fan-out copy: settled in the journal in one call
@@ -742,7 +739,7 @@ class QueueManager(QueueHost):
         missing: list[str] = []
         settled = 0
         for msg_id in msg_ids:
-            msg = sub.take(msg_id, held)
+            msg = inflight.pop(msg_id, None)
             if msg is None:
                 missing.append(msg_id)
                 continue
@@ -770,14 +767,13 @@ class QueueManager(QueueHost):
         only when its subscription's ``waiting`` says it may hold some); returns the ids
         not settled, in order (not in ``holders``, or no longer held there)."""
         rest: list[str] = []
-        held = self.held
         persistence = self.persistence
         # journaled messages that are no fan-out copy, by queue: settled in one call each
         # (by id: a queue is no dict key, and a name may outlive its queue)
         journaled: dict[int, tuple[Queue, list[StoredMessage]]] = {}
         for msg_id in msg_ids:
             sub = holders.pop(msg_id, None)
-            msg = sub.take(msg_id, held) if sub is not None else None
+            msg = sub.inflight.pop(msg_id, None) if sub is not None else None
             if sub is None or msg is None:
                 rest.append(msg_id)
                 continue
@@ -802,8 +798,8 @@ class QueueManager(QueueHost):
                     run[1].append(msg)
         if journaled:
             assert persistence is not None
-            for owner, msgs in journaled.values():
-                persistence.settled_all(owner, msgs, _ACKED)
+            for held, msgs in journaled.values():
+                persistence.settled_all(held, msgs, _ACKED)
         return rest
 
     def detach(self, sub: Subscription) -> None:
@@ -825,7 +821,7 @@ class QueueManager(QueueHost):
     def nack(self, sub: Subscription, msg_id: str, *, requeue: bool, dispatch: bool = True) -> bool:
         """Give a delivery back: to the head of its queue (``requeue``), or dead-letter it
         (dropped when the queue has no dead-letter queue)."""
-        msg = sub.take(msg_id, self.held)
+        msg = sub.inflight.pop(msg_id, None)
         if msg is None:
             return False
         queue = sub.queue
@@ -865,22 +861,12 @@ class QueueManager(QueueHost):
         queue = sub.queue
         needs_ack = queue.needs_ack
         msg_id = msg.id
-        other = False  # (another subscription's message has its id in the index)
-        if needs_ack:
-            held = self.held
-            found = held.setdefault(msg_id, msg)  # (in the index unless another is there)
-            extra = sub.extra
-            mine = extra is not None and msg_id in extra
-            if found is not msg:
-                other = True
-                mine = mine or found.holder is sub
-            elif mine:
-                del held[msg_id]
-            if mine:
-                # A publisher reused an id that this subscriber still holds; tracking both
-                # under one key would lose one, so hold this one back until the first is acked.
-                queue.push_front(msg)
-                raise DeliveryDeferred
+        inflight = sub.inflight
+        if needs_ack and msg_id in inflight:
+            # A publisher reused an id that this subscriber still holds; tracking both under
+            # one key would lose one, so hold this one back until the first is acked.
+            queue.push_front(msg)
+            raise DeliveryDeferred
         msg.attempts = attempts = msg.attempts + 1
         queue.n_delivered += 1
         if attempts > 1:
@@ -891,7 +877,7 @@ class QueueManager(QueueHost):
             msg.deadline = deadline = (now or self.clock()) + options.ack_timeout_ms
             if not sub.timed:
                 self._watch(sub, deadline)  # (tick checks its deadlines from then on)
-            sub.hold(msg, other)
+            inflight[msg_id] = msg
             persistence = self.persistence
             if persistence is not None and options.durable:
                 persistence.delivered(queue, msg)
@@ -1078,12 +1064,12 @@ class QueueManager(QueueHost):
         due = self._due
         while due and due[0][0] <= now:
             sub = heapq.heappop(due)[2]
-            oldest = sub.first
-            if oldest is None:
+            inflight = sub.inflight
+            if not inflight:
                 sub.timed = False  # (it comes back with its next delivery)
                 continue
             queue = sub.queue
-            first = oldest.deadline
+            first = next(iter(inflight.values())).deadline
             if first > now:
                 self._requeue_due(sub, first)
                 continue
@@ -1093,9 +1079,8 @@ class QueueManager(QueueHost):
                 continue
             self._time_out(queue, sub, now)
             touched[queue.name] = queue
-            oldest = sub.first
-            if oldest is not None:
-                self._requeue_due(sub, oldest.deadline)
+            if inflight:
+                self._requeue_due(sub, next(iter(inflight.values())).deadline)
             else:
                 sub.timed = False
         for queue in touched.values():
@@ -1132,16 +1117,16 @@ class QueueManager(QueueHost):
                 self._wake(queue)
 
     def _time_out(self, queue: Queue, sub: Subscription, now: int) -> None:
-        held = self.held
+        inflight = sub.inflight
         returned: list[StoredMessage] = []
-        msg = sub.first
-        while msg is not None and msg.deadline <= now:
+        for msg in inflight.values():
+            if msg.deadline > now:
+                break
             returned.append(msg)
-            msg = msg.newer
         if not returned:
             return
         for msg in returned:
-            sub.release(msg, held)
+            del inflight[msg.id]
         self._return(queue, returned, sub)
 
     # -- publisher flow control ----------------------------------------------------------------

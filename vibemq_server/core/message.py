@@ -30,9 +30,8 @@ def parse_priority(value: str | None) -> Priority:
 class StoredMessage:
     """One message in a queue. ``attempts`` counts deliveries made so far.
 
-    A million of these wait in a deep queue, so every slot counts: eleven slots made a
-    128-byte object (with the GC header), each two more cost 16 bytes; the three of an
-    unacknowledged delivery (``holder``, ``older``, ``newer``) make it 144. The fields only
+    A million of these wait in a deep queue, so every slot counts: eleven slots make a
+    128-byte object (with the GC header), each two more cost 16 bytes. The fields only
     fan-out queues use live in :class:`FanOutMessage`; here they read as their defaults.
     Publishers share one empty ``headers`` (:data:`EMPTY_HEADERS`), one queue name and one
     ``published_at`` per clock tick, so a message owns little besides its id and payload."""
@@ -42,10 +41,7 @@ class StoredMessage:
         "deadline",
         "expires_at",
         "headers",
-        "holder",
         "id",
-        "newer",
-        "older",
         "payload",
         "priority",
         "published_at",
@@ -89,13 +85,6 @@ class StoredMessage:
         # message, not in a second dict per subscription: with many queues every message
         # meets another subscription, and one dict less there is one cache miss less.
         self.deadline = 0
-        # While unacknowledged: the Subscription holding it (typed loosely, as ``target``),
-        # and its neighbours in that subscription's deliveries, oldest first (a list threaded
-        # through the messages: no per-subscription dict to grow, rebuild and touch, see
-        # ``Subscription``).
-        self.holder: object = None
-        self.older: StoredMessage | None = None
-        self.newer: StoredMessage | None = None
 
     @property
     def single(self) -> bool:

@@ -73,8 +73,6 @@ class QueueHost:
     #: dispatch of FanOutWithoutAck queues is held back until ``release`` (a read is being
     #: handled: its publishes are handed over in runs, once it is done)
     holding: bool
-    #: every subscription's unacknowledged deliveries by id (see ``Subscription``)
-    held: dict[str, StoredMessage]
 
     def send(self, sub: Subscription, msg: StoredMessage, now: int = 0) -> None:
         """Deliver one message to one subscription (accounting, journal, the consumer).
@@ -123,40 +121,26 @@ class Subscription:
     the queue is another cold line an Ack. So the ack count is kept here while it is
     attached (``Queue.n_acked`` adds it up), and ``waiting`` says whether the queue may hold
     ready messages for it to refill (the compiled build lays the fields out in the order
-    declared here: what an Ack and a delivery read first).
-
-    Its deliveries awaiting an Ack are a list threaded through the messages themselves
-    (``first`` .. ``last`` by ``StoredMessage.newer``, in delivery order, ``n_held`` of
-    them), found by id in the manager's index of every held message (``QueueManager.held``)
-    or, for an id another subscription's message has there (fan-out copies, reused ids), in
-    this one's ``extra``. A dict per subscription was two more objects a delivery and an Ack
-    (the dict, its keys), rebuilt every few inserts: CPython does not reuse the slots of
-    deleted entries, and a subscription of one queue in 10,000 holds two or three."""
+    declared here: what an Ack and a delivery read first)."""
 
     __slots__ = (
         "attached",
         "consumer",
         "deliver_many",
         "durable",
-        "extra",
-        "first",
         "id",
+        "inflight",
         "label",
-        "last",
         "n_acked",
-        "n_held",
         "prefetch",
         "queue",
         "timed",
         "waiting",
     )
 
-    consumer: Consumer
-    n_held: int
-    prefetch: int
-    first: StoredMessage | None
-    last: StoredMessage | None
+    inflight: dict[str, StoredMessage]
     queue: Queue
+    prefetch: int
     #: acks while attached (then folded into the queue's, see ``Queue._detach``)
     n_acked: int
     #: the queue may hold ready messages: set on every attached subscription when its
@@ -171,39 +155,35 @@ class Subscription:
     durable: bool
     #: the manager's ``tick`` has an entry for it in its heap of ack deadlines
     timed: bool
-    #: its held messages whose id the manager's index has for another subscription
-    extra: dict[str, StoredMessage] | None
-    label: bytes
     deliver_many: DeliverMany | None
+    label: bytes
+    consumer: Consumer
     id: str
 
     def __init__(self, sub_id: str, queue: Queue, consumer: Consumer, prefetch: int) -> None:
-        # Delivery order is the list's order and the ack timeout is per queue, so the first
-        # ones are always the first to time out: the timeout scan stops at the first live
+        # Insertion order is delivery order and the ack timeout is per queue, so the first
+        # entries are always the first to time out: the timeout scan stops at the first live
         # one. Each message holds its own ack deadline (``StoredMessage.deadline``).
-        self.consumer = consumer
-        self.n_held = 0
-        self.prefetch = prefetch
-        self.first = None
-        self.last = None
+        self.inflight = {}
         self.queue = queue
+        self.prefetch = prefetch
         self.n_acked = 0
         self.waiting = True
         self.attached = False
         self.durable = queue.options.durable
         self.timed = False
-        self.extra = None
+        #: the consumer's ``deliver_many``, when it has one (see Consumer)
+        self.deliver_many = getattr(consumer, "deliver_many", None)
         #: the consumer's own bytes for this subscription, made once (b"": none), e.g. its
         #: protocol's encoding of the queue's name: a delivery reads it here, where the
         #: subscription is at hand, not in a cache of every name (with 10,000 queues each
         #: entry there is another cold line a delivery)
         self.label = b""
-        #: the consumer's ``deliver_many``, when it has one (see Consumer)
-        self.deliver_many = getattr(consumer, "deliver_many", None)
+        self.consumer = consumer
         self.id = sub_id
 
     def has_capacity(self) -> bool:
-        return self.consumer.writable and self.n_held < self.prefetch
+        return self.consumer.writable and len(self.inflight) < self.prefetch
 
     def count_acks(self, n: int) -> None:
         """``n`` more of its deliveries acknowledged (on its queue once detached)."""
@@ -211,100 +191,6 @@ class Subscription:
             self.n_acked += n
         else:
             self.queue.acked_gone += n
-
-    # -- the deliveries it holds (``held``: the manager's index of held messages by id) -----
-
-    @property
-    def inflight(self) -> dict[str, StoredMessage]:
-        """Its unacknowledged deliveries by id, in delivery order (a copy: to read)."""
-        return {m.id: m for m in self.held_messages()}
-
-    def held_messages(self) -> list[StoredMessage]:
-        """Its unacknowledged deliveries, oldest first."""
-        out: list[StoredMessage] = []
-        msg = self.first
-        while msg is not None:
-            out.append(msg)
-            msg = msg.newer
-        return out
-
-    def holds(self, msg_id: str, held: dict[str, StoredMessage]) -> bool:
-        """Whether it holds a delivery of that id."""
-        msg = held.get(msg_id)
-        if msg is not None and msg.holder is self:
-            return True
-        extra = self.extra
-        return extra is not None and msg_id in extra
-
-    def hold(self, msg: StoredMessage, other: bool) -> None:
-        """Hold ``msg`` until its Ack (none of its id held here: the caller checked), put
-        in the index by the caller, or, ``other``: another subscription's message has its id
-        there, in ``extra``."""
-        if other:
-            extra = self.extra
-            if extra is None:
-                self.extra = extra = {}
-            extra[msg.id] = msg
-        msg.holder = self
-        last = self.last
-        msg.older = last
-        if last is None:
-            self.first = msg
-        else:
-            last.newer = msg
-        self.last = msg
-        self.n_held += 1
-
-    def take(self, msg_id: str, held: dict[str, StoredMessage]) -> StoredMessage | None:
-        """Its delivery of that id, no longer held; None when it holds none."""
-        msg = held.pop(msg_id, None)
-        if msg is not None:
-            if msg.holder is self:
-                self.unlink(msg)
-                return msg
-            held[msg_id] = msg  # another subscription's: back
-        extra = self.extra
-        if extra is None:
-            return None
-        msg = extra.pop(msg_id, None)
-        if msg is not None:
-            self.unlink(msg)
-        return msg
-
-    def release(self, msg: StoredMessage, held: dict[str, StoredMessage]) -> None:
-        """Stop holding ``msg``, one of its deliveries."""
-        msg_id = msg.id
-        if held.get(msg_id) is msg:
-            del held[msg_id]
-        else:
-            extra = self.extra
-            assert extra is not None
-            del extra[msg_id]
-        self.unlink(msg)
-
-    def release_all(self, held: dict[str, StoredMessage]) -> list[StoredMessage]:
-        """Stop holding all its deliveries; they are returned, oldest first."""
-        msgs = self.held_messages()
-        for msg in msgs:
-            self.release(msg, held)
-        return msgs
-
-    def unlink(self, msg: StoredMessage) -> None:
-        """Take ``msg``, out of the index already, off its list of deliveries."""
-        older = msg.older
-        newer = msg.newer
-        if older is None:
-            self.first = newer
-        else:
-            older.newer = newer
-        if newer is None:
-            self.last = older
-        else:
-            newer.older = older
-            msg.newer = None
-        msg.older = None
-        msg.holder = None
-        self.n_held -= 1
 
 
 class StatsLike(Protocol):
@@ -472,7 +358,7 @@ class Queue:
 
     @property
     def unacked_count(self) -> int:
-        return sum(s.n_held for s in self.subscriptions)
+        return sum(len(s.inflight) for s in self.subscriptions)
 
     @property
     def full(self) -> bool:
@@ -617,7 +503,7 @@ class Queue:
         for i in range(n):
             idx = (start + i) % n
             sub = subs[idx]
-            if sub.n_held < sub.prefetch and sub.consumer.writable:
+            if len(sub.inflight) < sub.prefetch and sub.consumer.writable:
                 self._rr = idx + 1 if idx + 1 < n else 0
                 return sub
         return None
@@ -643,7 +529,7 @@ class Queue:
         lone = self.lone
         if lone is not None:  # (the usual case, without the round-robin bookkeeping)
             sub = lone
-            if sub.n_held >= sub.prefetch or not sub.consumer.writable:
+            if len(sub.inflight) >= sub.prefetch or not sub.consumer.writable:
                 return False
         else:
             found = self._next_with_capacity()
@@ -667,7 +553,7 @@ class Queue:
         if lone is not None and not self.fan_out:
             # A publish into a backed-up queue lands here every time: when its one subscriber
             # has no room, say so without setting up the dispatch loop.
-            if lone.n_held >= lone.prefetch or not lone.consumer.writable:
+            if len(lone.inflight) >= lone.prefetch or not lone.consumer.writable:
                 self.manager.after_dequeue(self)
                 return
         elif not self.subscriptions:
@@ -697,7 +583,7 @@ class Queue:
             lone = self.lone
             if lone is not None:  # (the usual case, without the round-robin bookkeeping)
                 sub = lone
-                if sub.n_held >= sub.prefetch or not sub.consumer.writable:
+                if len(sub.inflight) >= sub.prefetch or not sub.consumer.writable:
                     return
             else:
                 found = self._next_with_capacity()
@@ -735,8 +621,7 @@ class Queue:
                     return
                 manager.send(sub, head)
                 continue
-            held = manager.held
-            if not all(s.has_capacity() and not s.holds(head.id, held) for s in subs):
+            if not all(s.has_capacity() and head.id not in s.inflight for s in subs):
                 self.push_front(head)
                 return
             # Each copy is accounted for when it is sent; only ``head`` was counted on enqueue.
@@ -775,7 +660,7 @@ class Queue:
         when it is still here; otherwise to any one subscriber."""
         target = msg.target
         if isinstance(target, Subscription) and target in self.subscriptions:
-            if target.has_capacity() and not target.holds(msg.id, self.manager.held):
+            if target.has_capacity() and msg.id not in target.inflight:
                 return target
             return None
         return self._next_with_capacity()

@@ -914,7 +914,7 @@ class Journal:
         msgs = queue.ready_list()
         msgs.extend(queue.parked.values())
         for sub in queue.subscriptions:
-            msgs.extend(sub.held_messages())
+            msgs.extend(sub.inflight.values())
         return msgs
 
     async def close(self) -> None:

@@ -970,7 +970,7 @@ class Session(Consumer):
 
     def describe(self) -> SessionInfo:
         consumers = tuple(
-            ConsumerInfo(queue, sub.id, sub.prefetch, sub.n_held)
+            ConsumerInfo(queue, sub.id, sub.prefetch, len(sub.inflight))
             for queue, sub in self.subs.items()
         )
         return SessionInfo(
