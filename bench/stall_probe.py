@@ -19,7 +19,6 @@ Nothing here asserts on anything.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -31,8 +30,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.brokers import VibeMQBroker
-from bench.build_ab import driver
-from bench.common import install_sigterm_exit, run_throughput
+from bench.build_ab import run_path
+from bench.common import install_sigterm_exit
+from bench.sock_counts import run_args
 
 ASLEEP = frozenset("SDI")
 HEADS = ("on CPU", "waiting", "asleep", "stalled")
@@ -101,14 +101,9 @@ class Sampler(threading.Thread):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--messages", type=int, default=200_000)
-    p.add_argument("--paths", default="native,mqtt")
-    p.add_argument("--timeout", type=float, default=120.0)
+    p = run_args(__doc__, 5, 200_000)
     p.add_argument("--interval", type=float, default=0.002, help="seconds between samples")
     p.add_argument("--fsync", action="store_true", help="the broker with --fsync always")
-    p.add_argument("--checkout", type=Path, default=Path.cwd(), help="the broker's modules")
     a = p.parse_args(argv)
     paths = [x.strip() for x in a.paths.split(",") if x.strip()]
     install_sigterm_exit()
@@ -137,14 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             for path in paths[n % len(paths) :] + paths[: n % len(paths)]:
                 sampler.reset()
                 split[:] = [0.0, 0.0, 0.0]
-                r = run_throughput(
-                    driver(path, broker, 1000),
-                    a.messages,
-                    window=1000,
-                    batch=100,
-                    timeout=a.timeout,
-                    timed=timed,
-                )
+                r = run_path(path, broker, a.messages, a.timeout, timed=timed)
                 stalled = sampler.all_asleep / max(1, sampler.samples)
                 rows.setdefault(path, []).append([r.deliver_rate, *split, stalled])
                 print(
