@@ -22,13 +22,14 @@ import argparse
 import statistics
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.brokers import VibeMQBroker
-from bench.common import Driver, install_sigterm_exit, run_throughput
+from bench.common import Driver, ThroughputResult, install_sigterm_exit, run_throughput
 from bench.mqtt_driver import MqttDriver
 from bench.vibemq_driver import VibeDriver
 
@@ -41,6 +42,27 @@ def driver(path: str, broker: VibeMQBroker, prefetch: int) -> Driver:
         return MqttDriver(broker.host, broker.mqtt_port, f"b/{tag}", name="vibemq-mqtt")
     durable = path == "durable"
     return VibeDriver(broker.host, broker.port, f"ab-{tag}", prefetch, durable=durable)
+
+
+def run_path(
+    path: str,
+    broker: VibeMQBroker,
+    messages: int,
+    timeout: float,
+    prefetch: int = 1000,
+    broker_pids: Callable[[], list[int]] | None = None,
+    timed: Callable[[bool], None] | None = None,
+) -> ThroughputResult:
+    """One 1 -> 1 run of ``path`` with acks: window 1,000 and batches of 100 for every path."""
+    return run_throughput(
+        driver(path, broker, prefetch),
+        messages,
+        window=1000,
+        batch=100,
+        timeout=timeout,
+        broker_pids=broker_pids,
+        timed=timed,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,13 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in range(a.rounds):
             for top, broker in brokers.items():
                 for path in paths:
-                    r = run_throughput(
-                        driver(path, broker, a.prefetch),
-                        a.messages,
-                        window=1000,
-                        batch=100,
-                        timeout=a.timeout,
-                        broker_pids=broker.pids,
+                    r = run_path(
+                        path, broker, a.messages, a.timeout, a.prefetch, broker_pids=broker.pids
                     )
                     us = (r.broker_cpu_s or 0.0) / max(1, r.delivered) * 1e6
                     results.setdefault((top, path), []).append((r.deliver_rate, us))

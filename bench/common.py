@@ -666,8 +666,11 @@ def run_throughput(
     batch: int,
     timeout: float,
     broker_pids: Callable[[], list[int]] | None = None,
+    timed: Callable[[bool], None] | None = None,
 ) -> ThroughputResult:
-    """1 publisher process -> broker -> 1 subscriber process, ``total`` messages."""
+    """1 publisher process -> broker -> 1 subscriber process, ``total`` messages.
+    ``timed``: called with True when the publisher starts its timed run, False when it
+    has every ack (``bench.stall_probe`` watches the processes in between)."""
     ctx = mp.get_context("spawn")
     result = ThroughputResult(driver.name, total, window, batch)
     sub_rx, sub_tx = ctx.Pipe(duplex=False)
@@ -687,7 +690,11 @@ def run_throughput(
         cpu0 = cpu_seconds(broker_pids()) if broker_pids else None
         pub.start()
         expect_report(pub_rx, "ready", 60)
+        if timed is not None:
+            timed(True)
         pub_stats = PubStats(**expect_report(pub_rx, "done", timeout + 30))
+        if timed is not None:
+            timed(False)
         # a publisher that failed will not feed the subscriber: do not wait out its timeout
         sub_wait = 10.0 if pub_stats.error else timeout + 30
         try:

@@ -32,8 +32,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.brokers import VibeMQBroker
-from bench.build_ab import driver
-from bench.common import install_sigterm_exit, run_throughput
+from bench.build_ab import run_path
+from bench.common import install_sigterm_exit
 
 #: /proc/PID/stat fields (1-based, after the command's parentheses split off): minflt 10,
 #: utime 14, stime 15
@@ -82,13 +82,20 @@ def _callgrind(broker: VibeMQBroker, *args: str) -> None:
         subprocess.run(["callgrind_control", *args, str(pid)], check=False, capture_output=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--messages", type=int, default=100_000)
+def run_args(doc: str | None, rounds: int, messages: int) -> argparse.ArgumentParser:
+    """The options of a bench running ``build_ab``'s paths on one broker (this one's and
+    ``stall_probe``'s)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--messages", type=int, default=messages)
     p.add_argument("--paths", default="native,mqtt")
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--checkout", type=Path, default=Path.cwd(), help="the broker's modules")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = run_args(__doc__, 3, 100_000)
     p.add_argument(
         "--broker-command", default="", help="the broker's command (default: vibemq-server)"
     )
@@ -119,13 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                     _callgrind(broker, "--instr=on")
                     _callgrind(broker, "--zero")
                 before = snapshot(broker.pids())
-                r = run_throughput(
-                    driver(path, broker, 1000),
-                    a.messages,
-                    window=1000,
-                    batch=100,
-                    timeout=a.timeout,
-                )
+                r = run_path(path, broker, a.messages, a.timeout)
                 after = snapshot(broker.pids())
                 if a.callgrind is not None:
                     _callgrind(broker, f"--dump=round{n + 1}-{path}")

@@ -135,8 +135,29 @@ def handshake(conn: BlockingConn, client: str, login: tuple[str, str] | None = N
         raise BenchError(f"ConnectAck id {reply.id!r} != {cid!r}")
 
 
+#: a frame's head: body length, version, type, id length
+HEAD = struct.Struct(">IBBH")
+
+
+def same_heads(buf: bytearray, pos: int, size: int, count: int, width: int) -> int:
+    """How many of the ``count`` frames of ``size`` bytes from ``pos`` start with the first
+    one's ``width`` bytes. Every frame's head is compared, a column of heads at a time (one
+    strided slice per byte), at C speed; ``count`` >= 1 (the first matches itself)."""
+    stop = pos + count * size
+    for i in range(width):
+        column = buf[pos + i : stop : size]
+        count = min(count, len(column) - len(column.lstrip(buf[pos + i : pos + i + 1])))
+    return count
+
+
+def _error(buf: bytearray, pos: int, size: int) -> str:
+    return decode(bytes(buf[pos + 4 : pos + size])).error
+
+
 class VibeAckCounter:
-    """Counts PublishAck frames (and Error frames, which also free a window slot)."""
+    """Counts PublishAck frames; an Error frame (a publish refused) stops the run. A run of
+    PublishAcks of the first one's size is counted with ``same_heads`` over their length,
+    version and type (each frame's checked); what does not fit goes frame by frame."""
 
     def __init__(self) -> None:
         self.errors = 0
@@ -146,33 +167,38 @@ class VibeAckCounter:
         pos = 0
         end = len(buf)
         acked = 0
-        unpack = U32.unpack_from
         while end - pos >= 6:
-            (n,) = unpack(buf, pos)
-            if end - pos - 4 < n:
+            (n,) = U32.unpack_from(buf, pos)
+            size = 4 + n
+            if end - pos < size:
                 break
             t = buf[pos + 5]
             if t == PUBLISH_ACK:
-                acked += 1
-            elif t == ERROR:
-                acked += 1
+                k = same_heads(buf, pos, size, (end - pos) // size, 6)
+                acked += k
+                pos += k * size
+                continue
+            if t == ERROR:
                 self.errors += 1
-                if not self.first_error:
-                    self.first_error = decode(bytes(buf[pos + 4 : pos + 4 + n])).error
-                    raise BenchError(f"publish rejected: {self.first_error}")
-            pos += 4 + n
+                self.first_error = _error(buf, pos, size)
+                raise BenchError(f"publish rejected: {self.first_error}")
+            pos += size
         return pos, acked
 
 
 class VibeDeliveryScanner:
-    """Counts Deliver frames; answers each with a pre-built Ack (id ``a<id>``, header
-    ``messageId=<id>``) -- all acks of one read go out in one write. ``ack_queue``: with
-    the Deliver's queue in the Ack's queue field, as the client library sends it (it names
-    the subscription for a broker connection subscribed to many queues)."""
+    """Parses every Deliver (its length, type, id and queue length in one precompiled
+    ``struct`` unpack for the id length of the last one) and answers each with an Ack (id
+    ``a<id>``, header ``messageId=<id>``) from pre-encoded pieces around the id -- all acks
+    of one read go out in one write, as MQTT's scanner answers each PUBLISH with its PUBACK.
+    ``ack_queue``: with the Deliver's queue in the Ack's queue field, as the client library
+    sends it (it names the subscription for a broker connection subscribed to many
+    queues)."""
 
     def __init__(self, ack_queue: bool = False) -> None:
         self.ack_queue = ack_queue
         self._parts: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+        self._tune(0)
 
     def _ack_parts(self, idlen: int, qlen: int = -1) -> tuple[bytes, bytes]:
         """The Ack's bytes before its id and after its queue field (``qlen`` -1: the
@@ -190,49 +216,58 @@ class VibeDeliveryScanner:
             self._parts[(idlen, qlen)] = parts
         return parts
 
+    def _tune(self, width: int) -> None:
+        """Unpack frames with ids of ``width`` bytes from here on: length, version, type, id
+        length, id and queue length at once (every frame has an id and a queue field)."""
+        compiled = struct.Struct(f">IBBH{width}sH")
+        self._width, self._unpack, self._need = width, compiled.unpack_from, compiled.size
+
     def feed(self, buf: bytearray) -> tuple[int, int, bytes]:
         pos = 0
         end = len(buf)
         delivered = 0
-        acks: list[bytes] = []
-        unpack = U32.unpack_from
-        last_len = -1
-        pre = mid = b""
+        acks = bytearray()
         ack_queue = self.ack_queue
-        while end - pos >= 8:
-            (n,) = unpack(buf, pos)
-            if end - pos - 4 < n:
-                break
-            t = buf[pos + 5]
-            if t == DELIVER:
-                idlen = (buf[pos + 6] << 8) | buf[pos + 7]
-                qpos = pos + 8 + idlen
-                mid_id = bytes(buf[pos + 8 : qpos])
-                if ack_queue:
-                    qlen = (buf[qpos] << 8) | buf[qpos + 1]
-                    pre, mid = self._ack_parts(idlen, qlen)
-                    acks.append(pre + mid_id + bytes(buf[qpos : qpos + 2 + qlen]) + mid + mid_id)
+        while True:
+            width, unpack, need = self._width, self._unpack, self._need
+            pre, mid = self._ack_parts(width)
+            parts_qlen = -1
+            while end - pos >= need:
+                n, _, t, idlen, mid_id, qlen = unpack(buf, pos)
+                size = 4 + n
+                if end - pos < size:
+                    break
+                if t == DELIVER and idlen == width:
+                    if ack_queue:
+                        if qlen != parts_qlen:
+                            pre, mid = self._ack_parts(width, qlen)
+                            parts_qlen = qlen
+                        q = pos + 8 + width
+                        acks += pre
+                        acks += mid_id
+                        acks += buf[q : q + 2 + qlen]
+                    else:
+                        acks += pre
+                        acks += mid_id
+                    acks += mid
+                    acks += mid_id
                     delivered += 1
-                    pos += 4 + n
-                    continue
-                if idlen != last_len:
-                    pre, mid = self._ack_parts(idlen)
-                    last_len = idlen
-                acks.append(pre + mid_id + mid + mid_id)
-                delivered += 1
-            elif t == ERROR:
-                raise BenchError(
-                    "VibeMQ error on subscriber: " + decode(bytes(buf[pos + 4 : pos + 4 + n])).error
-                )
-            pos += 4 + n
-        return pos, delivered, b"".join(acks)
+                elif idlen != width:
+                    break  # (tuned for its id length below)
+                elif t == ERROR:
+                    raise BenchError("VibeMQ error on subscriber: " + _error(buf, pos, size))
+                pos += size
+            # the next frame: incomplete, or one with an id of another length
+            if end - pos < 8 or HEAD.unpack_from(buf, pos)[3] == self._width:
+                return pos, delivered, bytes(acks)
+            self._tune(HEAD.unpack_from(buf, pos)[3])
 
 
 class VibeNoAckScanner(VibeDeliveryScanner):
     """Counts Deliver frames and answers nothing (a FanOutWithoutAck subscriber). As
     ``mqtt_bench.DeliveryScanner`` does for MQTT: a run of frames of the first one's size
-    is checked a column at a time (one strided slice per byte of the frame head: length,
-    version, type, id length), at C speed; what does not fit goes frame by frame."""
+    is checked a column at a time (``same_heads`` over length, version, type and id
+    length), at C speed; what does not fit goes frame by frame."""
 
     def feed(self, buf: bytearray) -> tuple[int, int, bytes]:
         pos = 0
@@ -245,18 +280,12 @@ class VibeNoAckScanner(VibeDeliveryScanner):
                 break
             t = buf[pos + 5]
             if t == DELIVER:
-                k = (end - pos) // size
-                stop = pos + k * size
-                for i in range(8):
-                    column = buf[pos + i : stop : size]
-                    k = min(k, len(column) - len(column.lstrip(buf[pos + i : pos + i + 1])))
-                delivered += k  # (k >= 1: the first frame matches itself)
+                k = same_heads(buf, pos, size, (end - pos) // size, 8)
+                delivered += k
                 pos += k * size
                 continue
             if t == ERROR:
-                raise BenchError(
-                    "VibeMQ error on subscriber: " + decode(bytes(buf[pos + 4 : pos + size])).error
-                )
+                raise BenchError("VibeMQ error on subscriber: " + _error(buf, pos, size))
             pos += size
         return pos, delivered, b""
 
