@@ -15,9 +15,10 @@ is called with ``data_received(b"")`` after each such read (its stall clock, and
 once the fill is full); the generic hook for any protocol whose frames announce their length.
 Not over TLS (the bytes must be decrypted first: the session copies them in itself).
 
-Input is read fairly: after a large read a connection is not read again until the loop has
-turned (``FAIR_READ_BYTES``), so one flooding peer cannot keep the others (a consumer's
-acks among them) waiting.
+Input is read fairly: after a large read that filled the buffer it was offered a connection
+is not read again until the loop has turned (``FAIR_READ_BYTES``), so one flooding peer cannot
+keep the others (a consumer's acks among them) waiting. After a shorter read libuv stops
+reading that socket this turn by itself: no pause is needed then.
 
 A TLS listener hands the transport its ``ssl.SSLContext``: the transport runs the handshake
 itself over memory BIOs (so a failed or stalled handshake is logged with its peer, and the
@@ -52,6 +53,10 @@ if TYPE_CHECKING:
 #: each read fills uvloop's 256 KB buffer, up to 32 times (8 MB, some 60,000 publishes) in one
 #: loop turn; a consumer's acks that arrived meanwhile waited behind all of it, seconds on a
 #: busy machine, with its window full and ready messages in the queue (issue 12).
+#: Only a read that filled its buffer is followed by another in the same turn (libuv's
+#: uv__read returns after a shorter one: the socket is drained), so only such a read pauses;
+#: a full read below this size (the short rest of a payload's fill) does not: the next read
+#: of the same turn, into the full-size buffer, decides.
 FAIR_READ_BYTES: Final = 64 * 1024
 #: The most one socket read takes (uvloop's own read buffer's size, 256,000 bytes).
 READ_SIZE: Final = 256_000
@@ -379,6 +384,7 @@ class StreamTransport(asyncio.BufferedProtocol):
         "_flush_scheduled",
         "_into",
         "_make_session",
+        "_offered",
         "_out",
         "_out_size",
         "_reading_paused",
@@ -416,6 +422,10 @@ class StreamTransport(asyncio.BufferedProtocol):
         self._reading_paused = False
         self._yielding = False  # not read until the loop turns (after a large read)
         self._into: Fill | None = None  # the session's buffer the next reads go into
+        # The length of the buffer the socket's next read was offered (get_buffer); before
+        # any, uvloop's own read buffer's (a plain asyncio.Protocol read, as a test's wrapper
+        # makes).
+        self._offered = READ_SIZE
         self._closing = False
         self.peer_host = ""
         self.peer_port = 0
@@ -470,7 +480,9 @@ class StreamTransport(asyncio.BufferedProtocol):
         one (``read_into``)."""
         into = self._into
         if into is not None:
+            self._offered = len(into)  # (the unfilled rest: what read_target exports)
             return read_target(into)
+        self._offered = READ_SIZE
         return self._ctx.reader.get(READ_SIZE)
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -483,7 +495,7 @@ class StreamTransport(asyncio.BufferedProtocol):
         session = self.session
         if session is None or self._closing:
             return
-        self._hand_over(session, b"", nbytes)  # (the bytes are in the fill)
+        self._hand_over(session, b"", nbytes, nbytes)  # (the bytes are in the fill)
 
     def read_into(self, fill: Fill) -> None:
         if self._tls is None and not self._closing and len(fill):
@@ -495,6 +507,7 @@ class StreamTransport(asyncio.BufferedProtocol):
             if self._tls is not None and not self._closing:
                 self._handshake(data)
             return
+        read = len(data)  # (from the socket: before decryption)
         if self._tls is not None:
             data = self._decrypt(data)
             if not data:
@@ -505,11 +518,11 @@ class StreamTransport(asyncio.BufferedProtocol):
                 self.log.warning("TLS handshake on a plain port: closed")
                 self.abort()
                 return
-        self._hand_over(session, data, len(data))
+        self._hand_over(session, data, len(data), read)
 
-    def _hand_over(self, session: Session, data: bytes, nbytes: int) -> None:
-        """``data`` to the session, ``nbytes`` read from the socket for it (counted, and
-        not read again this turn after a large read)."""
+    def _hand_over(self, session: Session, data: bytes, nbytes: int, read: int) -> None:
+        """``data`` to the session, ``nbytes`` of the protocol's for it (counted) from a
+        socket read of ``read`` bytes (not read again this turn if that filled its buffer)."""
         self.bytes_received += nbytes
         self._ctx.stats.bytes_received += nbytes
         batch = self._ctx.batch
@@ -521,7 +534,7 @@ class StreamTransport(asyncio.BufferedProtocol):
             self.abort()
         finally:
             batch.end()
-        if nbytes >= FAIR_READ_BYTES:
+        if read == self._offered and read >= FAIR_READ_BYTES:
             self._yield_reading()
 
     def eof_received(self) -> bool | None:
