@@ -4,9 +4,10 @@ Issue 12's stall: libuv reads a readable socket again and again in one loop turn
 read fills uvloop's 256 KB buffer (up to 32 times), so a publisher with megabytes waiting was
 handled for seconds on a busy machine before the loop came back to anyone else; the
 consumer's acks waited all that time with its window full and messages ready. Now a
-connection that got a large read (``FAIR_READ_BYTES``) that filled its buffer is not read
-again until the loop has turned; after a shorter one libuv stops reading it by itself, so the
-transport does not pause it (no pause and resume calls for nothing).
+connection whose read filled the transport's buffer (``READ_SIZE``) is not read again until
+the loop has turned; after a shorter one libuv stops reading it by itself, and after one that
+completed a payload's fill the next read decides, so the transport does not pause it then (no
+pause and resume calls for nothing).
 
 Deterministic: the whole flood is in the kernel's buffer before the broker's connection
 (made by the factory its listener was started with) gets the socket, on uvloop as in
@@ -31,7 +32,7 @@ from test_liveness_property import CLIENTS
 
 from vibemq_server.config import Config
 from vibemq_server.protocol.bigcopy import payload_fill
-from vibemq_server.server.transport import FAIR_READ_BYTES, READ_SIZE, StreamTransport
+from vibemq_server.server.transport import READ_SIZE, StreamTransport
 
 #: publishes in the flood: some 1 MB whatever the protocol, several full reads
 FLOOD = 8_000
@@ -123,18 +124,18 @@ async def _reads(protocol: str, data_dir: Path) -> tuple[list[tuple[int, int]], 
 def test_a_flooding_connection_gets_one_large_read_per_loop_turn(protocol: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         reads, size = uvloop.run(_reads(protocol, Path(tmp)))
-    large = [r for r in reads if r[1] >= FAIR_READ_BYTES]
-    assert len(large) >= 2, f"the flood of {size} bytes came in small reads: {reads}"
-    # After a large read, nothing more of this connection in the same loop turn.
+    full = [r for r in reads if r[1] == READ_SIZE]
+    assert len(full) >= 2, f"the flood of {size} bytes came in short reads: {reads}"
+    # After a read that filled the buffer, nothing more of this connection in the same turn.
     for (turn, size_), (next_turn, _) in itertools.pairwise(reads):
-        if size_ >= FAIR_READ_BYTES:
+        if size_ == READ_SIZE:
             assert next_turn > turn, f"read again in loop turn {turn}: {reads}"
 
 
-#: The fills the next test's session has its reads go into, one after the other (the last
-#: read then goes into the transport's own buffer of READ_SIZE), and the short rest after them.
+#: The fills the next test's session has its reads go into, one after the other (the next
+#: reads then go into the transport's own buffer of READ_SIZE: one full, one short).
 FILLS = (100_000, 10_000, 100_000)
-REST = 80_000
+REST = READ_SIZE + 100_000
 
 
 async def _pauses() -> list[list[int]]:
@@ -195,14 +196,13 @@ async def _pauses() -> list[list[int]]:
         peer.close()
 
 
-def test_only_a_read_that_filled_its_buffer_pauses_reading() -> None:
+def test_only_a_read_that_filled_the_transports_buffer_pauses_reading() -> None:
     """libuv reads a socket again in the same turn only after a read that filled the buffer
-    it was offered: only then does the transport pause it (large ones, FAIR_READ_BYTES)."""
-    assert REST < READ_SIZE and min(FILLS[0], FILLS[2], REST) >= FAIR_READ_BYTES > FILLS[1]
+    it was offered: the transport pauses it after one that filled its own buffer, not after
+    one that completed a fill (the next read decides) nor after a short one."""
     reads = uvloop.run(_pauses())
-    assert [size for _, size, _ in reads] == [*FILLS, REST], reads
-    (_, _, first), (second, _, _), (third, _, paused), (_, _, last) = reads
-    assert not first, reads  # a full large read: paused until the loop turned
-    assert third == second, reads  # a full small one: not paused, read on in the same turn
-    assert not paused, reads
-    assert last, reads  # a short large one: not paused (libuv stopped by itself)
+    assert [size for _, size, _ in reads] == [*FILLS, READ_SIZE, REST - READ_SIZE], reads
+    *filled, (turn, _, paused), (_, _, last) = reads
+    assert all(t == turn for t, _, _ in filled), reads  # not paused: read on in the same turn
+    assert not paused, reads  # a full read into READ_SIZE: paused until the loop turned
+    assert last, reads  # a short one: not paused (libuv stopped by itself)

@@ -15,10 +15,10 @@ is called with ``data_received(b"")`` after each such read (its stall clock, and
 once the fill is full); the generic hook for any protocol whose frames announce their length.
 Not over TLS (the bytes must be decrypted first: the session copies them in itself).
 
-Input is read fairly: after a large read that filled the buffer it was offered a connection
-is not read again until the loop has turned (``FAIR_READ_BYTES``), so one flooding peer cannot
-keep the others (a consumer's acks among them) waiting. After a shorter read libuv stops
-reading that socket this turn by itself: no pause is needed then.
+Input is read fairly: after a read that filled the transport's buffer (``READ_SIZE``) a
+connection is not read again until the loop has turned, so one flooding peer cannot keep the
+others (a consumer's acks among them) waiting. After a shorter read libuv stops reading that
+socket this turn by itself; after a read that completed a fill, the next read decides.
 
 A TLS listener hands the transport its ``ssl.SSLContext``: the transport runs the handshake
 itself over memory BIOs (so a failed or stalled handshake is logged with its peer, and the
@@ -48,17 +48,16 @@ from vibemq_server.server.tls import describe, peer_identity
 if TYPE_CHECKING:
     from vibemq_server.protocol.bigcopy import ReadTarget
 
-#: After a read of at least this much, more input is probably waiting: the connection is not
-#: read again until the loop has turned. libuv reads a readable socket again and again while
-#: each read fills uvloop's 256 KB buffer, up to 32 times (8 MB, some 60,000 publishes) in one
-#: loop turn; a consumer's acks that arrived meanwhile waited behind all of it, seconds on a
-#: busy machine, with its window full and ready messages in the queue (issue 12).
-#: Only a read that filled its buffer is followed by another in the same turn (libuv's
-#: uv__read returns after a shorter one: the socket is drained), so only such a read pauses;
-#: a full read below this size (the short rest of a payload's fill) does not: the next read
-#: of the same turn, into the full-size buffer, decides.
-FAIR_READ_BYTES: Final = 64 * 1024
-#: The most one socket read takes (uvloop's own read buffer's size, 256,000 bytes).
+#: The most one socket read takes (uvloop's own read buffer's size, 256,000 bytes). After a
+#: read that filled it, more input is probably waiting: the connection is not read again
+#: until the loop has turned. libuv reads a readable socket again and again while each read
+#: fills the buffer it was offered, up to 32 times (8 MB, some 60,000 publishes) in one loop
+#: turn; a consumer's acks that arrived meanwhile waited behind all of it, seconds on a busy
+#: machine, with its window full and ready messages in the queue (issue 12). After a shorter
+#: read libuv stops by itself (``uv__read``: the socket is drained), so no pause is needed
+#: (two ``epoll_ctl`` calls saved). Nor after a read that filled a payload's fill (it
+#: completes that payload, so the next read goes into this buffer and decides): a flooding
+#: connection gets at most a fill's rest and one such read a turn.
 READ_SIZE: Final = 256_000
 #: A read shorter than this is copied out of the read buffer (cheaper than cutting the
 #: buffer to its length, and the buffer serves the next read); longer ones are handed on as
@@ -422,9 +421,9 @@ class StreamTransport(asyncio.BufferedProtocol):
         self._reading_paused = False
         self._yielding = False  # not read until the loop turns (after a large read)
         self._into: Fill | None = None  # the session's buffer the next reads go into
-        # The length of the buffer the socket's next read was offered (get_buffer); before
-        # any, uvloop's own read buffer's (a plain asyncio.Protocol read, as a test's wrapper
-        # makes).
+        # How long a socket read must be to pause reading (see READ_SIZE): the length of the
+        # buffer it was offered (get_buffer), or 0 for a fill (never). Before any, uvloop's
+        # own buffer's (a plain asyncio.Protocol read, as a test's wrapper makes).
         self._offered = READ_SIZE
         self._closing = False
         self.peer_host = ""
@@ -480,7 +479,7 @@ class StreamTransport(asyncio.BufferedProtocol):
         one (``read_into``)."""
         into = self._into
         if into is not None:
-            self._offered = len(into)  # (the unfilled rest: what read_target exports)
+            self._offered = 0
             return read_target(into)
         self._offered = READ_SIZE
         return self._ctx.reader.get(READ_SIZE)
@@ -522,7 +521,7 @@ class StreamTransport(asyncio.BufferedProtocol):
 
     def _hand_over(self, session: Session, data: bytes, nbytes: int, read: int) -> None:
         """``data`` to the session, ``nbytes`` of the protocol's for it (counted) from a
-        socket read of ``read`` bytes (not read again this turn if that filled its buffer)."""
+        socket read of ``read`` bytes (not read again this turn if that filled READ_SIZE)."""
         self.bytes_received += nbytes
         self._ctx.stats.bytes_received += nbytes
         batch = self._ctx.batch
@@ -534,7 +533,7 @@ class StreamTransport(asyncio.BufferedProtocol):
             self.abort()
         finally:
             batch.end()
-        if read == self._offered and read >= FAIR_READ_BYTES:
+        if read == self._offered:
             self._yield_reading()
 
     def eof_received(self) -> bool | None:
