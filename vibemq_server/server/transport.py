@@ -419,7 +419,7 @@ class StreamTransport(asyncio.BufferedProtocol):
         self._flush_scheduled = False
         self._write_paused = False
         self._reading_paused = False
-        self._yielding = False  # not read until the loop turns (after a large read)
+        self._yielding = False  # not read until the loop turns (after a full read)
         self._into: Fill | None = None  # the session's buffer the next reads go into
         # How long a socket read must be to pause reading (see READ_SIZE): the length of the
         # buffer it was offered (get_buffer), or 0 for a fill (never). Before any, uvloop's
