@@ -4,8 +4,10 @@ Issue 12's stall: libuv reads a readable socket again and again in one loop turn
 read fills uvloop's 256 KB buffer (up to 32 times), so a publisher with megabytes waiting was
 handled for seconds on a busy machine before the loop came back to anyone else; the
 consumer's acks waited all that time with its window full and messages ready. Now a
-connection that got a large read (``FAIR_READ_BYTES``) is not read again until the loop has
-turned.
+connection whose read filled the transport's buffer (``READ_SIZE``) is not read again until
+the loop has turned; after a shorter one libuv stops reading it by itself, and after one that
+completed a payload's fill the next read decides, so the transport does not pause it then (no
+pause and resume calls for nothing).
 
 Deterministic: the whole flood is in the kernel's buffer before the broker's connection
 (made by the factory its listener was started with) gets the socket, on uvloop as in
@@ -25,10 +27,12 @@ from pathlib import Path
 import pytest
 import uvloop
 from listenerspy import start_broker
+from test_large_frames import _context, _Sender
 from test_liveness_property import CLIENTS
 
 from vibemq_server.config import Config
-from vibemq_server.server.transport import FAIR_READ_BYTES
+from vibemq_server.protocol.bigcopy import payload_fill
+from vibemq_server.server.transport import READ_SIZE, StreamTransport
 
 #: publishes in the flood: some 1 MB whatever the protocol, several full reads
 FLOOD = 8_000
@@ -120,9 +124,85 @@ async def _reads(protocol: str, data_dir: Path) -> tuple[list[tuple[int, int]], 
 def test_a_flooding_connection_gets_one_large_read_per_loop_turn(protocol: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         reads, size = uvloop.run(_reads(protocol, Path(tmp)))
-    large = [r for r in reads if r[1] >= FAIR_READ_BYTES]
-    assert len(large) >= 2, f"the flood of {size} bytes came in small reads: {reads}"
-    # After a large read, nothing more of this connection in the same loop turn.
+    full = [r for r in reads if r[1] == READ_SIZE]
+    assert len(full) >= 2, f"the flood of {size} bytes came in short reads: {reads}"
+    # After a read that filled the buffer, nothing more of this connection in the same turn.
     for (turn, size_), (next_turn, _) in itertools.pairwise(reads):
-        if size_ >= FAIR_READ_BYTES:
+        if size_ == READ_SIZE:
             assert next_turn > turn, f"read again in loop turn {turn}: {reads}"
+
+
+#: The fills the next test's session has its reads go into, one after the other (the next
+#: reads then go into the transport's own buffer of READ_SIZE: one full, one short).
+FILLS = (100_000, 10_000, 100_000)
+REST = READ_SIZE + 100_000
+
+
+async def _pauses() -> list[list[int]]:
+    """[loop turn, bytes, whether the socket was read at the next turn's start] of each read
+    of a connection with all of its input waiting before the transport takes its socket."""
+    loop = asyncio.get_running_loop()
+    sent = sum(FILLS) + REST
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * sent)
+    peer = socket.create_connection(listener.getsockname())
+    server_side, _ = listener.accept()
+    listener.close()
+    reads: list[list[int]] = []
+    turn = 0
+
+    def ticker() -> None:  # counts loop turns (a callback runs once per turn)
+        nonlocal turn
+        turn += 1
+        if not reads or reads[-1][2] < 0:
+            loop.call_soon(ticker)
+
+    class Reads(_Sender):
+        """Has each read go into the next of FILLS, and records it."""
+
+        def __init__(self, link: StreamTransport) -> None:
+            super().__init__(link, b"")
+            self.fills = list(FILLS)
+            self.seen = 0
+            link.read_into(payload_fill(self.fills.pop(0)))
+
+        def data_received(self, data: bytes) -> None:
+            link = self.link
+            read = [turn, link.bytes_received - self.seen, -1]
+            self.seen = link.bytes_received
+            reads.append(read)
+            if self.fills:
+                link.read_into(payload_fill(self.fills.pop(0)))
+            transport = link.transport
+            assert transport is not None
+
+            def check() -> None:  # (before the transport's own callback of this turn)
+                read[2] = int(transport.is_reading())
+
+            loop.call_soon(check)
+
+    try:
+        await asyncio.wait_for(asyncio.to_thread(peer.sendall, b"x" * sent), TIMEOUT_S)
+        context = _context()
+        loop.call_soon(ticker)
+        await loop.connect_accepted_socket(
+            lambda: StreamTransport(Reads, conn_id="t", context=context), server_side
+        )
+        async with asyncio.timeout(TIMEOUT_S):
+            while sum(size for _, size, _ in reads) < sent or reads[-1][2] < 0:
+                await asyncio.sleep(0.01)
+        return reads
+    finally:
+        peer.close()
+
+
+def test_only_a_read_that_filled_the_transports_buffer_pauses_reading() -> None:
+    """libuv reads a socket again in the same turn only after a read that filled the buffer
+    it was offered: the transport pauses it after one that filled its own buffer, not after
+    one that completed a fill (the next read decides) nor after a short one."""
+    reads = uvloop.run(_pauses())
+    assert [size for _, size, _ in reads] == [*FILLS, READ_SIZE, REST - READ_SIZE], reads
+    *filled, (turn, _, paused), (_, _, last) = reads
+    assert all(t == turn for t, _, _ in filled), reads  # not paused: read on in the same turn
+    assert not paused, reads  # a full read into READ_SIZE: paused until the loop turned
+    assert last, reads  # a short one: not paused (libuv stopped by itself)

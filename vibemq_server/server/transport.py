@@ -15,9 +15,10 @@ is called with ``data_received(b"")`` after each such read (its stall clock, and
 once the fill is full); the generic hook for any protocol whose frames announce their length.
 Not over TLS (the bytes must be decrypted first: the session copies them in itself).
 
-Input is read fairly: after a large read a connection is not read again until the loop has
-turned (``FAIR_READ_BYTES``), so one flooding peer cannot keep the others (a consumer's
-acks among them) waiting.
+Input is read fairly: after a read that filled the transport's buffer (``READ_SIZE``) a
+connection is not read again until the loop has turned, so one flooding peer cannot keep the
+others (a consumer's acks among them) waiting. After a shorter read libuv stops reading that
+socket this turn by itself; after a read that completed a fill, the next read decides.
 
 A TLS listener hands the transport its ``ssl.SSLContext``: the transport runs the handshake
 itself over memory BIOs (so a failed or stalled handshake is logged with its peer, and the
@@ -47,13 +48,16 @@ from vibemq_server.server.tls import describe, peer_identity
 if TYPE_CHECKING:
     from vibemq_server.protocol.bigcopy import ReadTarget
 
-#: After a read of at least this much, more input is probably waiting: the connection is not
-#: read again until the loop has turned. libuv reads a readable socket again and again while
-#: each read fills uvloop's 256 KB buffer, up to 32 times (8 MB, some 60,000 publishes) in one
-#: loop turn; a consumer's acks that arrived meanwhile waited behind all of it, seconds on a
-#: busy machine, with its window full and ready messages in the queue (issue 12).
-FAIR_READ_BYTES: Final = 64 * 1024
-#: The most one socket read takes (uvloop's own read buffer's size, 256,000 bytes).
+#: The most one socket read takes (uvloop's own read buffer's size, 256,000 bytes). After a
+#: read that filled it, more input is probably waiting: the connection is not read again
+#: until the loop has turned. libuv reads a readable socket again and again while each read
+#: fills the buffer it was offered, up to 32 times (8 MB, some 60,000 publishes) in one loop
+#: turn; a consumer's acks that arrived meanwhile waited behind all of it, seconds on a busy
+#: machine, with its window full and ready messages in the queue (issue 12). After a shorter
+#: read libuv stops by itself (``uv__read``: the socket is drained), so no pause is needed
+#: (two ``epoll_ctl`` calls saved). Nor after a read that filled a payload's fill (it
+#: completes that payload, so the next read goes into this buffer and decides): a flooding
+#: connection gets at most a fill's rest and one such read a turn.
 READ_SIZE: Final = 256_000
 #: A read shorter than this is copied out of the read buffer (cheaper than cutting the
 #: buffer to its length, and the buffer serves the next read); longer ones are handed on as
@@ -402,6 +406,7 @@ class StreamTransport(asyncio.BufferedProtocol):
         "_into",
         "_large",
         "_make_session",
+        "_offered",
         "_out",
         "_reading_paused",
         "_sniff",
@@ -440,8 +445,12 @@ class StreamTransport(asyncio.BufferedProtocol):
         self._flush_scheduled = False
         self._write_paused = False
         self._reading_paused = False
-        self._yielding = False  # not read until the loop turns (after a large read)
+        self._yielding = False  # not read until the loop turns (after a full read)
         self._into: Fill | None = None  # the session's buffer the next reads go into
+        # How long a socket read must be to pause reading (see READ_SIZE): the length of the
+        # buffer it was offered (get_buffer), or 0 for a fill (never). Before any, uvloop's
+        # own buffer's (a plain asyncio.Protocol read, as a test's wrapper makes).
+        self._offered = READ_SIZE
         self._closing = False
         self.peer_host = ""
         self.peer_port = 0
@@ -496,7 +505,9 @@ class StreamTransport(asyncio.BufferedProtocol):
         one (``read_into``)."""
         into = self._into
         if into is not None:
+            self._offered = 0
             return read_target(into)
+        self._offered = READ_SIZE
         return self._ctx.reader.get(READ_SIZE)
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -509,7 +520,7 @@ class StreamTransport(asyncio.BufferedProtocol):
         session = self.session
         if session is None or self._closing:
             return
-        self._hand_over(session, b"", nbytes)  # (the bytes are in the fill)
+        self._hand_over(session, b"", nbytes, nbytes)  # (the bytes are in the fill)
 
     def read_into(self, fill: Fill) -> None:
         if self._tls is None and not self._closing and len(fill):
@@ -521,6 +532,7 @@ class StreamTransport(asyncio.BufferedProtocol):
             if self._tls is not None and not self._closing:
                 self._handshake(data)
             return
+        read = len(data)  # (from the socket: before decryption)
         if self._tls is not None:
             data = self._decrypt(data)
             if not data:
@@ -531,11 +543,11 @@ class StreamTransport(asyncio.BufferedProtocol):
                 self.log.warning("TLS handshake on a plain port: closed")
                 self.abort()
                 return
-        self._hand_over(session, data, len(data))
+        self._hand_over(session, data, len(data), read)
 
-    def _hand_over(self, session: Session, data: bytes, nbytes: int) -> None:
-        """``data`` to the session, ``nbytes`` read from the socket for it (counted, and
-        not read again this turn after a large read)."""
+    def _hand_over(self, session: Session, data: bytes, nbytes: int, read: int) -> None:
+        """``data`` to the session, ``nbytes`` of the protocol's for it (counted) from a
+        socket read of ``read`` bytes (not read again this turn if that filled READ_SIZE)."""
         self.bytes_received += nbytes
         self._ctx.stats.bytes_received += nbytes
         batch = self._ctx.batch
@@ -547,7 +559,7 @@ class StreamTransport(asyncio.BufferedProtocol):
             self.abort()
         finally:
             batch.end()
-        if nbytes >= FAIR_READ_BYTES:
+        if read == self._offered:
             self._yield_reading()
 
     def eof_received(self) -> bool | None:
