@@ -557,11 +557,35 @@ _MESSAGE_ID_KEY: Final = b"\x00\x09messageId"
 _IS_ASCII: Final[Callable[[bytes], bool]] = bytes.isascii
 
 
+def _no_ack_target(_body: bytes) -> str | None:
+    """``_ackpeek.ack_target`` where it is not built: always the codec's own peek."""
+    return None
+
+
+_ack_target_impl: Callable[[bytes], str | None]
+try:
+    from vibemq_server.protocol._ackpeek import ack_target as _ack_target_impl
+except ImportError:  # not built: every Ack through _peek_ack_target
+    _ack_target_impl = _no_ack_target
+#: the usual Ack's target (one ASCII ``messageId``) in one C call; None for any other body
+_ack_target_ascii: Final = _ack_target_impl
+
+
 def peek_ack_target(body: bytes, limits: Limits = DEFAULT_LIMITS) -> str | None:
     """For a well-formed Ack body, the id of the message it acknowledges (header
     ``messageId``, else the Ack's own id) without building a Message: half of all traffic
-    is Acks. None for anything else; ``decode_body`` then decides. (Lengths are read byte
-    by byte: cheaper than struct calls; an index past the end raises IndexError.)"""
+    is Acks. None for anything else; ``decode_body`` then decides. The usual Ack (one
+    ASCII ``messageId``) is read by ``_ackpeek.ack_target`` when built (the limits are
+    checked here), any other by ``_peek_ack_target``."""
+    target = _ack_target_ascii(body)
+    if target is not None and len(target) <= limits.max_header_value and limits.max_headers:
+        return target
+    return _peek_ack_target(body, limits)
+
+
+def _peek_ack_target(body: bytes, limits: Limits) -> str | None:
+    """``peek_ack_target`` of any Ack body. (Lengths are read byte by byte: cheaper than
+    struct calls; an index past the end raises IndexError.)"""
     try:
         if body[1] != _ACK or body[0] != PROTOCOL_VERSION:
             return None
