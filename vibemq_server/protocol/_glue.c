@@ -81,6 +81,21 @@ static char *put_text(char *p, const char *data, Py_ssize_t n) {
     return p + n;
 }
 
+/* A new frame of ``body`` bytes after its length: the length, version 1, ``type`` and the id
+ * written, ``*p`` where the rest goes; NULL when out of memory. */
+static PyObject *new_frame(Py_ssize_t body, char type, const char *id, Py_ssize_t n, char **p) {
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 4 + body);
+    if (out == NULL)
+        return NULL;
+    char *at = PyBytes_AS_STRING(out);
+    at = put_u16(at, body >> 16);
+    at = put_u16(at, body & 0xFFFF);
+    *at++ = 1;
+    *at++ = type;
+    *p = put_text(at, id, n);
+    return out;
+}
+
 static const char MESSAGE_ID_KEY[] = "\x00\x09messageId";
 static const char QUEUE_NAME_KEY[] = "\x00\x09queueName";
 #define KEY_SIZE 11
@@ -99,15 +114,10 @@ static PyObject *publish_ack(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (!ascii_text(args[0], &id, &n) || !ascii_text(args[1], &queue, &q))
         Py_RETURN_NONE;
     Py_ssize_t body = 2 + 2 + n + 2 + q + 4 + 2 + KEY_SIZE + 2 + n + KEY_SIZE + 2 + q;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, 4 + body);
+    char *p;
+    PyObject *out = new_frame(body, 21, id, n, &p);
     if (out == NULL)
         return NULL;
-    char *p = PyBytes_AS_STRING(out);
-    p = put_u16(p, body >> 16);
-    p = put_u16(p, body & 0xFFFF);
-    *p++ = 1;
-    *p++ = 21;
-    p = put_text(p, id, n);
     p = put_text(p, queue, q);
     memset(p, 0, 4); /* the payload's length */
     p = put_u16(p + 4, 2);
@@ -138,15 +148,10 @@ static PyObject *deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     if (plen > 0xFFFFFFFFLL - 8 - q - t - n)
         Py_RETURN_NONE; /* (a frame's length is a u32: the codec's own checks say so) */
     Py_ssize_t body = 2 + 2 + n + q + 4 + plen + t;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, 4 + body);
+    char *p;
+    PyObject *out = new_frame(body, 26, id, n, &p);
     if (out == NULL)
         return NULL;
-    char *p = PyBytes_AS_STRING(out);
-    p = put_u16(p, body >> 16);
-    p = put_u16(p, body & 0xFFFF);
-    *p++ = 1;
-    *p++ = 26;
-    p = put_text(p, id, n);
     memcpy(p, PyBytes_AS_STRING(piece), (size_t)q);
     p += q;
     p = put_u16(p, plen >> 16);

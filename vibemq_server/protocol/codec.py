@@ -578,7 +578,7 @@ def peek_ack_target(body: bytes, limits: Limits = DEFAULT_LIMITS) -> str | None:
     ASCII ``messageId``) is read by ``_ackpeek.ack_target`` when built (the limits are
     checked here), any other by ``_peek_ack_target``."""
     target = _ack_target_ascii(body)
-    if target is not None and len(target) <= limits.max_header_value and limits.max_headers:
+    if target is not None and len(target) <= limits.max_header_value and limits.max_headers >= 1:
         return target
     return _peek_ack_target(body, limits)
 
