@@ -77,6 +77,10 @@ class Conn(Protocol):
     def data_received(self, data: bytes) -> None: ...
 
 
+def _no_flush() -> None:
+    """A LinkState's flush, scheduled: ``take`` collects the output."""
+
+
 class CollectingLink(MicroLink):
     """``native_micro``'s link (always writable, keeps what the connection writes), with what
     the MQTT connection calls besides, and ``send`` the list's own append."""
@@ -85,8 +89,13 @@ class CollectingLink(MicroLink):
         super().__init__(conn_id)
         # a bound C method: the link costs as little as it can
         self.send = self.out.append  # type: ignore[method-assign]
-        # what the broker's transport gives a session to read instead of ``writable``
-        self.link_state = LinkState(1 << 40)
+        # what the broker's transport gives a session to read instead of ``writable`` and
+        # to send through (natively) instead of ``send``: its pieces are this link's output
+        self.link_state = LinkState(1 << 40, _no_flush)
+
+    def take(self) -> bytes:
+        self.out.extend(self.link_state.take())
+        return super().take()
 
     def read_into(self, fill: Fill) -> None:
         raise AssertionError("64-byte payloads are never filled in place")

@@ -1,7 +1,9 @@
 """A frame's small pieces joined in one call (``protocol/_glue.c``): the compiled ``glue``
 is what the codec uses, and it equals ``b"".join`` of its arguments on any pieces (bytes, and
 the other buffers the join takes); ``publish_ack`` writes the PublishAck of an ASCII id and
-queue exactly as the codec glues it from pieces, and leaves any other to them (None)."""
+queue exactly as the codec glues it from pieces, and leaves any other to them (None);
+``deliver`` writes the Deliver of an ASCII id as the generic encoder does (any queue, payload
+and attempt count), and leaves any other id to the pieces (None)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vibemq_server.protocol import codec
+from vibemq_server.protocol.codec import CommandType, Message
 
 
 def test_the_compiled_glue_is_built_and_used() -> None:
@@ -75,3 +78,71 @@ def test_publish_ack_leaves_other_text_to_the_pieces(msg_id: str, queue: str) ->
     else:
         assert frame is None
     assert publish_ack("i" * 65_536, "q") is None  # (longer than a u16 length says)
+
+
+def test_the_compiled_deliver_is_built_and_used() -> None:
+    from vibemq_server.protocol._glue import deliver
+
+    assert codec._deliver_ascii is deliver
+
+
+def _generic_deliver(msg_id: str, queue: str, payload: bytes, attempts: int) -> bytes:
+    headers = {"deliveryAttempts": str(attempts)}
+    return codec.encode(Message(CommandType.DELIVER, msg_id, queue, payload, headers))
+
+
+@given(
+    st.text(max_size=300),
+    st.text(max_size=100),
+    st.binary(max_size=2000),
+    st.integers(0, codec._CACHED_ATTEMPTS - 1),
+)
+def test_deliver_is_the_generic_frame_or_none(
+    msg_id: str, queue: str, payload: bytes, attempts: int
+) -> None:
+    from vibemq_server.protocol._glue import deliver
+
+    piece = codec.queue_piece(queue)
+    tail = codec._ATTEMPTS_TAIL[attempts]
+    frame = deliver(msg_id, piece, payload, tail)
+    expected = _generic_deliver(msg_id, queue, payload, attempts)
+    # (the pieces' path, the fallback without the extension, for any text)
+    assert codec._deliver_usual(msg_id, piece, payload, tail) == expected
+    if msg_id.isascii():
+        assert frame == expected
+        assert codec.encode_deliver_named(msg_id, piece, payload, {}, attempts) == expected
+    else:
+        assert frame is None
+
+
+@given(
+    st.text(max_size=40),
+    st.text(max_size=40),
+    st.binary(max_size=200),
+    st.dictionaries(st.text(max_size=20), st.text(max_size=20), max_size=4),
+    st.integers(0, 200),
+)
+def test_encode_deliver_named_is_the_generic_frame(
+    msg_id: str, queue: str, payload: bytes, headers: dict[str, str], attempts: int
+) -> None:
+    """Headers of its own, or attempts past the cached ones: the pieces' path; the usual
+    ones: the C frame for an ASCII id, the pieces' for any other."""
+    piece = codec.queue_piece(queue)
+    # (the codec drops empty keys and values and a header of the attempts' own name)
+    kept = {k: v for k, v in headers.items() if k and v and k != "deliveryAttempts"}
+    kept["deliveryAttempts"] = str(attempts)
+    expected = codec.encode(Message(CommandType.DELIVER, msg_id, queue, payload, kept))
+    assert codec.encode_deliver_named(msg_id, piece, payload, headers, attempts) == expected
+
+
+def test_deliver_refuses_what_it_does_not_write() -> None:
+    from vibemq_server.protocol._glue import deliver
+
+    piece = codec.queue_piece("q")
+    tail = codec._ATTEMPTS_TAIL[1]
+    assert deliver("i" * 65_536, piece, b"", tail) is None  # (longer than a u16 length says)
+    assert deliver("i", bytearray(piece), b"", tail) is None
+    assert deliver("i", piece, memoryview(b"x"), tail) is None
+    assert deliver(b"i", piece, b"", tail) is None  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        deliver("i", piece, b"")  # type: ignore[call-arg]

@@ -13,6 +13,10 @@
  * publish_ack(msg_id, queue) -> bytes | None: the whole PublishAck frame, written in place,
  * when id and queue are ASCII (their UTF-8 is the str's own storage: no encode either); None
  * otherwise (the codec glues it from its pieces then).
+ *
+ * deliver(msg_id, piece, payload, tail) -> bytes | None: the whole Deliver frame of an ASCII id
+ * (the queue's length-prefixed piece, the payload and the headers' tail as bytes), written in
+ * place; None for any other id or argument (the codec glues it from its pieces then).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -77,6 +81,21 @@ static char *put_text(char *p, const char *data, Py_ssize_t n) {
     return p + n;
 }
 
+/* A new frame of ``body`` bytes after its length: the length, version 1, ``type`` and the id
+ * written, ``*p`` where the rest goes; NULL when out of memory. */
+static PyObject *new_frame(Py_ssize_t body, char type, const char *id, Py_ssize_t n, char **p) {
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 4 + body);
+    if (out == NULL)
+        return NULL;
+    char *at = PyBytes_AS_STRING(out);
+    at = put_u16(at, body >> 16);
+    at = put_u16(at, body & 0xFFFF);
+    *at++ = 1;
+    *at++ = type;
+    *p = put_text(at, id, n);
+    return out;
+}
+
 static const char MESSAGE_ID_KEY[] = "\x00\x09messageId";
 static const char QUEUE_NAME_KEY[] = "\x00\x09queueName";
 #define KEY_SIZE 11
@@ -95,15 +114,10 @@ static PyObject *publish_ack(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (!ascii_text(args[0], &id, &n) || !ascii_text(args[1], &queue, &q))
         Py_RETURN_NONE;
     Py_ssize_t body = 2 + 2 + n + 2 + q + 4 + 2 + KEY_SIZE + 2 + n + KEY_SIZE + 2 + q;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, 4 + body);
+    char *p;
+    PyObject *out = new_frame(body, 21, id, n, &p);
     if (out == NULL)
         return NULL;
-    char *p = PyBytes_AS_STRING(out);
-    p = put_u16(p, body >> 16);
-    p = put_u16(p, body & 0xFFFF);
-    *p++ = 1;
-    *p++ = 21;
-    p = put_text(p, id, n);
     p = put_text(p, queue, q);
     memset(p, 0, 4); /* the payload's length */
     p = put_u16(p + 4, 2);
@@ -114,11 +128,46 @@ static PyObject *publish_ack(PyObject *self, PyObject *const *args, Py_ssize_t n
     return out;
 }
 
+/* The Deliver frame: version 1, type 26, the id, the queue's piece (its u16 length and name,
+ * as the codec caches it), the payload's u32 length, the payload, the headers' tail (their count
+ * and pairs). The pieces are exact bytes whose sizes are their own: nothing read past them. */
+static PyObject *deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    const char *id;
+    Py_ssize_t n;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "deliver takes 4 arguments");
+        return NULL;
+    }
+    PyObject *piece = args[1], *payload = args[2], *tail = args[3];
+    if (!ascii_text(args[0], &id, &n) || !PyBytes_CheckExact(piece) ||
+        !PyBytes_CheckExact(payload) || !PyBytes_CheckExact(tail))
+        Py_RETURN_NONE;
+    Py_ssize_t q = PyBytes_GET_SIZE(piece), plen = PyBytes_GET_SIZE(payload);
+    Py_ssize_t t = PyBytes_GET_SIZE(tail);
+    if (plen > 0xFFFFFFFFLL - 8 - q - t - n)
+        Py_RETURN_NONE; /* (a frame's length is a u32: the codec's own checks say so) */
+    Py_ssize_t body = 2 + 2 + n + q + 4 + plen + t;
+    char *p;
+    PyObject *out = new_frame(body, 26, id, n, &p);
+    if (out == NULL)
+        return NULL;
+    memcpy(p, PyBytes_AS_STRING(piece), (size_t)q);
+    p += q;
+    p = put_u16(p, plen >> 16);
+    p = put_u16(p, plen & 0xFFFF);
+    memcpy(p, PyBytes_AS_STRING(payload), (size_t)plen);
+    memcpy(p + plen, PyBytes_AS_STRING(tail), (size_t)t);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"glue", (PyCFunction)(void (*)(void))glue, METH_FASTCALL,
      "glue(*parts) -> bytes: the parts joined, as b\"\".join(parts)."},
     {"publish_ack", (PyCFunction)(void (*)(void))publish_ack, METH_FASTCALL,
      "publish_ack(msg_id, queue) -> bytes | None: the PublishAck frame when both are ASCII."},
+    {"deliver", (PyCFunction)(void (*)(void))deliver, METH_FASTCALL,
+     "deliver(msg_id, piece, payload, tail) -> bytes | None: the Deliver frame of an ASCII id."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -5,3 +5,6 @@ def glue(*parts: bytes | bytearray | memoryview) -> bytes:
 
 def publish_ack(msg_id: str, queue: str, /) -> bytes | None:
     """The PublishAck frame when ``msg_id`` and ``queue`` are ASCII; None otherwise."""
+
+def deliver(msg_id: str, piece: bytes, payload: bytes, tail: bytes, /) -> bytes | None:
+    """The Deliver frame when ``msg_id`` is ASCII (and the rest exact bytes); None otherwise."""

@@ -56,20 +56,30 @@ def _no_publish_ack(_msg_id: str, _queue: str) -> bytes | None:
     return None
 
 
+def _no_deliver(_msg_id: str, _piece: bytes, _payload: bytes, _tail: bytes) -> bytes | None:
+    """``_glue.deliver`` where it is not built: always from the pieces."""
+    return None
+
+
 _glue_impl: Callable[..., bytes]
 _publish_ack_impl: Callable[[str, str], bytes | None]
+_deliver_impl: Callable[[str, bytes, bytes, bytes], bytes | None]
 try:
+    from vibemq_server.protocol._glue import deliver as _deliver_impl
     from vibemq_server.protocol._glue import glue as _glue_impl
     from vibemq_server.protocol._glue import publish_ack as _publish_ack_impl
-except ImportError:  # not built: the join, the PublishAck from its pieces
+except ImportError:  # not built: the join, the PublishAck and the Deliver from their pieces
     _glue_impl = _join_pieces
     _publish_ack_impl = _no_publish_ack
+    _deliver_impl = _no_deliver
 #: a frame's small pieces joined (the C one when built: its pieces as the call's arguments,
 #: no tuple of them, no buffer taken of each as ``b"".join`` does: ~1,000 instructions less
 #: a PublishAck compiled)
 _glue: Final = _glue_impl
 #: the whole PublishAck of an ASCII id and queue in one C call (no encode, no pieces); None
 _publish_ack_ascii: Final = _publish_ack_impl
+#: the whole Deliver of an ASCII id in one C call (no encode, no head cache, no pieces); None
+_deliver_ascii: Final = _deliver_impl
 
 
 class CommandType(IntEnum):
@@ -185,10 +195,19 @@ def encode_deliver_named(
     if headers or attempts >= _CACHED_ATTEMPTS:
         head, i, q, size, tail = _deliver_pieces(msg_id, piece, len(payload), headers, attempts)
         return b"".join((head, i, q, size, payload, tail))
-    # The usual delivery (no headers of its own, a small attempt count): its pieces here,
-    # not as a tuple from _deliver_pieces (an allocation and a call a delivery).
-    raw_id = msg_id.encode()
+    # The usual delivery (no headers of its own, a small attempt count): written in place
+    # by ``_glue.deliver`` when the id is ASCII, else from its pieces here (not as a tuple
+    # from _deliver_pieces: an allocation and a call a delivery).
     attempts_tail = _ATTEMPTS_TAIL[attempts]
+    frame = _deliver_ascii(msg_id, piece, payload, attempts_tail)
+    if frame is not None:
+        return frame
+    return _deliver_usual(msg_id, piece, payload, attempts_tail)
+
+
+def _deliver_usual(msg_id: str, piece: bytes, payload: bytes, attempts_tail: bytes) -> bytes:
+    """``encode_deliver_named`` of the usual delivery from its pieces (any id)."""
+    raw_id = msg_id.encode()
     plen = len(payload)
     return _glue(
         _deliver_head(raw_id, piece, plen, attempts_tail),
@@ -538,11 +557,35 @@ _MESSAGE_ID_KEY: Final = b"\x00\x09messageId"
 _IS_ASCII: Final[Callable[[bytes], bool]] = bytes.isascii
 
 
+def _no_ack_target(_body: bytes) -> str | None:
+    """``_ackpeek.ack_target`` where it is not built: always the codec's own peek."""
+    return None
+
+
+_ack_target_impl: Callable[[bytes], str | None]
+try:
+    from vibemq_server.protocol._ackpeek import ack_target as _ack_target_impl
+except ImportError:  # not built: every Ack through _peek_ack_target
+    _ack_target_impl = _no_ack_target
+#: the usual Ack's target (one ASCII ``messageId``) in one C call; None for any other body
+_ack_target_ascii: Final = _ack_target_impl
+
+
 def peek_ack_target(body: bytes, limits: Limits = DEFAULT_LIMITS) -> str | None:
     """For a well-formed Ack body, the id of the message it acknowledges (header
     ``messageId``, else the Ack's own id) without building a Message: half of all traffic
-    is Acks. None for anything else; ``decode_body`` then decides. (Lengths are read byte
-    by byte: cheaper than struct calls; an index past the end raises IndexError.)"""
+    is Acks. None for anything else; ``decode_body`` then decides. The usual Ack (one
+    ASCII ``messageId``) is read by ``_ackpeek.ack_target`` when built (the limits are
+    checked here), any other by ``_peek_ack_target``."""
+    target = _ack_target_ascii(body)
+    if target is not None and len(target) <= limits.max_header_value and limits.max_headers >= 1:
+        return target
+    return _peek_ack_target(body, limits)
+
+
+def _peek_ack_target(body: bytes, limits: Limits) -> str | None:
+    """``peek_ack_target`` of any Ack body. (Lengths are read byte by byte: cheaper than
+    struct calls; an index past the end raises IndexError.)"""
     try:
         if body[1] != _ACK or body[0] != PROTOCOL_VERSION:
             return None

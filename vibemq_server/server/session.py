@@ -199,11 +199,13 @@ class Session(Consumer):
     ) -> None:
         self.link = link
         # link.send bound once: the PublishAck and the Deliver of every message go through it
-        # (a Link is a protocol: each ``self.link.send`` looks the method up generically)
+        # when the link has no LinkState (a Link is a protocol: each ``self.link.send`` looks
+        # the method up generically)
         self._send = link.send
-        # The transport's own record of whether the connection takes output
-        # (``StreamTransport.link_state``), read natively each delivery; None for a link of
-        # another kind (WebSocket's, the tests'), asked through its ``writable``.
+        # The transport's own output (``StreamTransport.link_state``): whether the connection
+        # takes more, read natively each delivery, and its ``send``, called natively for each
+        # PublishAck and Deliver; None for a link of another kind (WebSocket's, the tests'),
+        # asked through its ``writable`` and sent to through ``_send``.
         state = getattr(link, "link_state", None)
         self._link_state = state if isinstance(state, LinkState) else None
         #: the native protocol's counters (messages in/out, errors), shared by its sessions
@@ -726,7 +728,7 @@ class Session(Consumer):
             self.reply_error(self._core_error(msg, exc))
             return True
         if outcome is _ACCEPTED:
-            self._send(encode_publish_ack(msg.id, msg.queue))
+            self._put(encode_publish_ack(msg.id, msg.queue))
             return True
         if outcome is _ACCEPTED_DURABLE:
             self._await_durable(msg)
@@ -916,6 +918,15 @@ class Session(Consumer):
             return self._state is _OPEN and state.writable
         return self._state is _OPEN and self.link.writable
 
+    def _put(self, frame: bytes) -> None:
+        """One frame of the hot path (a PublishAck, a Deliver) to the link: through its
+        LinkState natively when it has one."""
+        state = self._link_state
+        if state is not None:
+            state.send(frame)
+        else:
+            self._send(frame)
+
     def deliver(self, sub: Subscription, msg: StoredMessage) -> None:
         self.stats.messages_sent += 1
         if self._holders is not None:
@@ -930,7 +941,7 @@ class Session(Consumer):
         if len(piece) == 0:  # (not subscribed through on_subscribe)
             piece = queue_piece(msg.queue)
         if len(payload) < LARGE_PAYLOAD:
-            self._send(encode_deliver_named(msg.id, piece, payload, headers, msg.attempts))
+            self._put(encode_deliver_named(msg.id, piece, payload, headers, msg.attempts))
         else:  # the payload as its own buffer, the transport writes it without a copy (in
             # one call through the Link: each is a generic call, three sends cost three)
             self.link.send_parts(deliver_parts(msg.id, piece, payload, headers, msg.attempts))

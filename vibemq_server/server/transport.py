@@ -368,23 +368,87 @@ class TlsChannel:
 
 
 class LinkState:
-    """Whether a connection takes output now, as its transport keeps it: the bytes waiting
-    to be written against their bound, and ``blocked`` while the socket's buffer is full or
-    the connection is closing. A compiled class: a session reads ``writable`` here natively
-    each delivery, where ``StreamTransport.writable`` (a property of a class that cannot be
-    a native one: it subclasses asyncio's ``BufferedProtocol``) is a lookup by name from the
-    compiled session (~240 instructions a delivery)."""
+    """A connection's output as its transport keeps it: the pieces waiting to be written, their
+    size against its bound, and ``blocked`` while the socket's buffer is full or the connection
+    is closing. A compiled class: a session reads ``writable`` and calls ``send`` here natively
+    each message, where ``StreamTransport``'s (a class that cannot be a native one: it
+    subclasses asyncio's ``BufferedProtocol``) are looked up and read by name from the compiled
+    session (~240 instructions a ``writable``, ~150 a ``send``).
 
-    __slots__ = ("blocked", "limit", "size")
+    The first piece after a flush calls ``schedule`` (the transport's, given once), which has
+    the transport flush the pieces (``take``) at the end of the read or the loop's turn."""
 
-    def __init__(self, limit: int) -> None:
+    __slots__ = (
+        "blocked",
+        "closing",
+        "flush_scheduled",
+        "large",
+        "limit",
+        "out",
+        "schedule",
+        "size",
+    )
+
+    def __init__(self, limit: int, schedule: Callable[[], None]) -> None:
         self.size = 0
         self.limit = limit
         self.blocked = False
+        #: nothing more is taken (the connection is closing or closed)
+        self.closing = False
+        self.out: list[bytes | memoryview] = _NO_OUTPUT
+        #: the output holds a piece of at least PASS_THROUGH bytes (only then ``coalesce``)
+        self.large = False
+        self.flush_scheduled = False
+        self.schedule = schedule
 
     @property
     def writable(self) -> bool:
         return not self.blocked and self.size < self.limit
+
+    def send(self, data: bytes) -> None:
+        if self.closing:
+            return
+        out = self.out
+        if out is _NO_OUTPUT:
+            self.out = [data]
+        else:
+            out.append(data)
+        size = len(data)
+        self.size += size
+        if size >= PASS_THROUGH:
+            self.large = True
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.schedule()
+
+    def send_parts(self, parts: Sequence[bytes | memoryview]) -> None:
+        if self.closing:
+            return
+        out = self.out
+        if out is _NO_OUTPUT:
+            out = self.out = []
+        # (a loop, not extend and sum(map(len, ...)): native in the compiled build)
+        size = 0
+        for part in parts:
+            out.append(part)
+            n = len(part)
+            size += n
+            if n >= PASS_THROUGH:
+                self.large = True
+        self.size += size
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.schedule()
+
+    def take(self) -> list[bytes | memoryview]:
+        """The pending pieces, handed over: the output is empty again (its next piece
+        schedules the next flush)."""
+        out = self.out
+        self.out = _NO_OUTPUT
+        self.size = 0
+        self.large = False
+        self.flush_scheduled = False
+        return out
 
 
 class StreamTransport(asyncio.BufferedProtocol):
@@ -402,12 +466,13 @@ class StreamTransport(asyncio.BufferedProtocol):
         "_closing",
         "_counted",
         "_ctx",
-        "_flush_scheduled",
         "_into",
-        "_large",
         "_make_session",
+<<<<<<< HEAD
         "_offered",
         "_out",
+=======
+>>>>>>> natsend
         "_reading_paused",
         "_sniff",
         "_tls",
@@ -437,12 +502,9 @@ class StreamTransport(asyncio.BufferedProtocol):
         self.conn_id = conn_id
         self.session: Session | None = None
         self.transport: asyncio.Transport | None = None
-        self._out: list[bytes | memoryview] = _NO_OUTPUT
-        #: the size of ``_out``, and whether more may be sent (the sessions read it natively)
-        self.link_state = LinkState(context.out_limit)
-        #: the output holds a piece of at least PASS_THROUGH bytes (only then ``coalesce``)
-        self._large = False
-        self._flush_scheduled = False
+        #: the pending output, its size, and whether more may be sent (the sessions read it
+        #: and send through it natively)
+        self.link_state = LinkState(context.out_limit, self._schedule_flush)
         self._write_paused = False
         self._reading_paused = False
         self._yielding = False  # not read until the loop turns (after a full read)
@@ -588,7 +650,9 @@ class StreamTransport(asyncio.BufferedProtocol):
     def _close_state(self) -> None:
         """Closing: nothing more is sent (``writable`` is False from now on)."""
         self._closing = True
-        self.link_state.blocked = True
+        state = self.link_state
+        state.blocked = True
+        state.closing = True
 
     # -- what the broker drives (its Link) ---------------------------------------------------------
 
@@ -705,66 +769,38 @@ class StreamTransport(asyncio.BufferedProtocol):
         future.add_done_callback(done)
 
     def send(self, data: bytes) -> None:
-        if self._closing:
-            return
-        out = self._out
-        if out is _NO_OUTPUT:
-            self._out = [data]
-        else:
-            out.append(data)
-        size = len(data)
-        self.link_state.size += size
-        if size >= PASS_THROUGH:
-            self._large = True
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            batch = self._ctx.batch
-            if batch.reading:
-                batch.dirty.append(self)
-            else:
-                self._ctx.loop.call_soon(self._flush)
+        self.link_state.send(data)
 
     def send_parts(self, parts: Sequence[bytes | memoryview]) -> None:
-        if self._closing:
-            return
-        out = self._out
-        if out is _NO_OUTPUT:
-            out = self._out = []
-        # (a loop, not extend and sum(map(len, ...)): native in the compiled build)
-        size = 0
-        for part in parts:
-            out.append(part)
-            n = len(part)
-            size += n
-            if n >= PASS_THROUGH:
-                self._large = True
-        self.link_state.size += size
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            batch = self._ctx.batch
-            if batch.reading:
-                batch.dirty.append(self)
-            else:
-                self._ctx.loop.call_soon(self._flush)
+        self.link_state.send_parts(parts)
+
+    def _schedule_flush(self) -> None:
+        """The output's first piece since the last flush: flush at the end of the read, or
+        at the loop's next turn outside one."""
+        batch = self._ctx.batch
+        if batch.reading:
+            batch.dirty.append(self)
+        else:
+            self._ctx.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
-        if not self._out or self.transport is None or self._closing:
-            return  # (closing: close() flushed already; a lost connection's output is void)
         state = self.link_state
+        if not state.out or self.transport is None or self._closing:
+            state.flush_scheduled = False
+            return  # (closing: close() flushed already; a lost connection's output is void)
         size = state.size
         self.bytes_sent += size
         self._ctx.stats.bytes_sent += size
         was_full = size >= state.limit
-        out, self._out, state.size = self._out, _NO_OUTPUT, 0
+        large = state.large
+        out = state.take()
         if len(out) == 1:
             pieces = out
-        elif size <= JOIN_ALL or not self._large:
+        elif size <= JOIN_ALL or not large:
             # (small pieces only: coalesce would join them all too, after a loop over them)
             pieces = [b"".join(out)]
         else:
             pieces = coalesce(out)
-        self._large = False
         if self._tls is not None:
             for piece in pieces:  # (SSLObject copies into its records anyway)
                 self._encrypt(piece)
