@@ -468,11 +468,7 @@ class StreamTransport(asyncio.BufferedProtocol):
         "_ctx",
         "_into",
         "_make_session",
-<<<<<<< HEAD
         "_offered",
-        "_out",
-=======
->>>>>>> natsend
         "_reading_paused",
         "_sniff",
         "_tls",
