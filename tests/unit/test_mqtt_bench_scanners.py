@@ -5,7 +5,6 @@ once."""
 
 from __future__ import annotations
 
-import itertools
 import sys
 from pathlib import Path
 
@@ -15,6 +14,8 @@ from hypothesis import strategies as st
 
 # bench/ is a top-level package of the repository, not installed
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchscan import run_counter, run_scanner
 
 from bench.common import BenchError
 from bench.mqtt_driver import MqttAckCounter, MqttDeliveryScanner
@@ -39,11 +40,6 @@ others = st.sampled_from(
 Pub = tuple[bytes, int, int, bool, bool]
 
 
-def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
-    points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
-    return [data[a:b] for a, b in itertools.pairwise(points)]
-
-
 @st.composite
 def deliveries(draw: st.DrawFn) -> list[Pub | bytes]:
     """QoS 1 PUBLISHes, runs of them of one shape, and other packets between."""
@@ -66,21 +62,6 @@ def wire(item: Pub | bytes) -> bytes:
     return encode_publish(topic, b"x" * size, 1, pid, retain=retain, dup=dup)
 
 
-def run_scanner(data: bytes, cuts: list[int]) -> tuple[int, bytes, int]:
-    """(deliveries counted, the PUBACKs written, bytes left unconsumed), read by read."""
-    scanner = MqttDeliveryScanner()
-    buf = bytearray()
-    delivered = 0
-    acks = b""
-    for part in chunked(data, cuts):
-        buf += part
-        used, n, reply = scanner.feed(buf)
-        del buf[:used]
-        delivered += n
-        acks += reply
-    return delivered, acks, len(buf)
-
-
 @settings(max_examples=200, deadline=None)
 @given(deliveries(), st.lists(st.integers(0, 200_000), max_size=30))
 def test_every_publish_gets_its_puback(items: list[Pub | bytes], cuts: list[int]) -> None:
@@ -89,8 +70,8 @@ def test_every_publish_gets_its_puback(items: list[Pub | bytes], cuts: list[int]
     want = b"".join(encode(Puback(x[2])) for x in sent)
     data = b"".join(wire(x) for x in items)
     # one read, and the reads the cuts make: the same PUBACKs, nothing left over
-    assert run_scanner(data, []) == (len(sent) + qos0, want, 0)
-    assert run_scanner(data, cuts) == (len(sent) + qos0, want, 0)
+    assert run_scanner(MqttDeliveryScanner(), data, []) == (len(sent) + qos0, want, 0)
+    assert run_scanner(MqttDeliveryScanner(), data, cuts) == (len(sent) + qos0, want, 0)
 
 
 def puback5(packet_id: int) -> bytes:
@@ -110,15 +91,8 @@ def test_every_puback_counted_once(items: list[int | tuple[int] | bytes], cuts: 
         x if isinstance(x, bytes) else encode(Puback(x)) if isinstance(x, int) else puback5(*x)
         for x in items
     )
-    counter = MqttAckCounter()
-    buf = bytearray()
-    acked = 0
-    for part in chunked(data, cuts):
-        buf += part
-        used, n = counter.feed(buf)
-        del buf[:used]
-        acked += n
-    assert (acked, len(buf)) == (sum(not isinstance(x, bytes) for x in items), 0)
+    want = sum(not isinstance(x, bytes) for x in items)
+    assert run_counter(MqttAckCounter(), data, cuts) == (want, 0)
 
 
 def test_a_run_of_pubacks_checks_every_head() -> None:
