@@ -81,13 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     brokers: dict[str, VibeMQBroker] = {}
     results: dict[tuple[str, str], list[tuple[float, float]]] = {}
     try:
-        for checkout in a.checkouts:
+        for i, checkout in enumerate(a.checkouts):
             top = str(checkout.resolve())
+            label = top if top not in brokers else f"{top} #{i + 1}"  # the same one twice
             env = {"VIBEMQ_QUEUE_DEFAULTS__DURABLE": "false", "PYTHONPATH": top}
             fsync = ["--fsync", "always"] if "durable" in paths else []
             broker = VibeMQBroker(extra_args=fsync, env=env, mqtt="mqtt" in paths)
             broker.start()
-            brokers[top] = broker
+            brokers[label] = broker
         for n in range(a.rounds):
             for top, broker in brokers.items():
                 for path in paths:

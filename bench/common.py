@@ -166,9 +166,19 @@ def parse_target(value: str, default_host: str) -> tuple[str, int]:
     return host or default_host, int(port)
 
 
-def leading_bytes(column: bytes, value: bytes) -> int:
+def leading_bytes(column: bytes | bytearray, value: bytes | bytearray) -> int:
     """How many bytes at the start of ``column`` equal the single byte ``value``."""
     return len(column) - len(column.lstrip(value))
+
+
+def same_heads(buf: bytearray, pos: int, size: int, count: int, width: int) -> int:
+    """How many of the ``count`` frames of ``size`` bytes from ``pos`` start with the first
+    one's ``width`` bytes. Every frame's head is compared, a column of heads at a time (one
+    strided slice per byte), at C speed; ``count`` >= 1 (the first matches itself)."""
+    stop = pos + count * size
+    for i in range(width):
+        count = min(count, leading_bytes(buf[pos + i : stop : size], buf[pos + i : pos + i + 1]))
+    return count
 
 
 def format_num(v: float | None, unit: str = "") -> str:

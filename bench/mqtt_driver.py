@@ -10,7 +10,7 @@ import struct
 import uuid
 from dataclasses import dataclass
 
-from bench.common import BenchError, BlockingConn, make_payload
+from bench.common import BenchError, BlockingConn, make_payload, same_heads
 from vibemq_server.adapters.mqtt.codec import encode_remaining_length
 
 U16 = struct.Struct(">H")
@@ -19,6 +19,11 @@ CONNACK = 0x20
 PUBLISH = 0x30
 PUBACK = 0x40
 SUBACK = 0x90
+
+#: a PUBACK's type and remaining length, before the packet id it echoes
+PUBACK_HEAD = b"\x40\x02"
+#: before any PUBLISH is seen (never used: the shape's size is out of reach)
+HEAD_AND_ID = struct.Struct("0s2s")
 
 
 def _s(value: bytes) -> bytes:
@@ -59,14 +64,19 @@ def read_packet(conn: BlockingConn) -> tuple[int, bytes]:
 
 
 class MqttAckCounter:
+    """Counts PUBACKs. A run of 4-byte PUBACKs (``40 02 id id``) is counted with
+    ``same_heads`` over their type and length bytes (each ack's checked), as native's
+    PublishAck counter does; anything else goes packet by packet."""
+
     def feed(self, buf: bytearray) -> tuple[int, int]:
         pos = 0
         end = len(buf)
         acked = 0
         while pos < end:
-            if buf[pos] == PUBACK and end - pos >= 4:  # fast path: 40 02 pid pid
-                acked += 1
-                pos += 4
+            if buf[pos] == PUBACK and end - pos >= 4 and buf[pos + 1] == 2:
+                k = same_heads(buf, pos, 4, (end - pos) // 4, 2)
+                acked += k
+                pos += 4 * k
                 continue
             hdr = parse_header(buf, pos)
             if hdr is None or end - pos < hdr[0] + hdr[1]:
@@ -78,37 +88,52 @@ class MqttAckCounter:
 
 
 class MqttDeliveryScanner:
+    """Parses every PUBLISH and answers each QoS > 0 one with its PUBACK; all PUBACKs of a
+    read go out in one write. As native's scanner does with a Deliver, a PUBLISH of the
+    shape of the last one (its first byte, remaining length and topic length: ``_head``)
+    is read with one precompiled ``struct`` unpack (that head and the packet id), its
+    PUBACK appended from a pre-encoded piece and the id; another shape retunes the
+    struct, and what is not a QoS > 0 PUBLISH goes packet by packet."""
+
+    def __init__(self) -> None:
+        # no shape yet: the fast loop waits for the first QoS > 0 PUBLISH to tune it
+        self._head, self._size, self._unpack = b"", 1 << 62, HEAD_AND_ID.unpack_from
+
+    def _tune(self, head: bytes, size: int) -> None:
+        """Read PUBLISHes that start with ``head`` (fixed header and topic length), all of
+        ``size`` bytes, from here on: the head and the packet id after the topic at once."""
+        tlen = int.from_bytes(head[-2:], "big")
+        if len(head) + tlen + 2 > size:
+            raise BenchError(f"malformed MQTT PUBLISH: {head.hex()}")
+        compiled = struct.Struct(f"{len(head)}s{tlen}x2s")
+        self._head, self._size, self._unpack = head, size, compiled.unpack_from
+
     def feed(self, buf: bytearray) -> tuple[int, int, bytes]:
         pos = 0
         end = len(buf)
         delivered = 0
         acks = bytearray()
-        while pos < end:
-            if buf[pos] == 0x32 and end - pos >= 2 and buf[pos + 1] < 128:
-                # fast path: QoS 1 PUBLISH with a one-byte remaining length
-                size = 2 + buf[pos + 1]
-                if end - pos < size:
+        while True:
+            head, size, unpack = self._head, self._size, self._unpack
+            while end - pos >= size:
+                got, pid = unpack(buf, pos)
+                if got != head:
                     break
-                pid = pos + 4 + ((buf[pos + 2] << 8) | buf[pos + 3])
-                acks += b"\x40\x02"
-                acks += buf[pid : pid + 2]
+                acks += PUBACK_HEAD
+                acks += pid
                 delivered += 1
                 pos += size
-                continue
+            # the next packet: incomplete, or of another shape
             hdr = parse_header(buf, pos)
             if hdr is None or end - pos < hdr[0] + hdr[1]:
-                break
+                return pos, delivered, bytes(acks)
             first = buf[pos]
+            if first & 0xF0 == PUBLISH and first & 0x06:  # QoS > 0: read it tuned
+                self._tune(bytes(buf[pos : pos + hdr[0] + 2]), hdr[0] + hdr[1])
+                continue
             if first & 0xF0 == PUBLISH:
                 delivered += 1
-                if first & 0x06:  # QoS > 0: answer with the packet id after the topic
-                    vh = pos + hdr[0]
-                    tlen = (buf[vh] << 8) | buf[vh + 1]
-                    pid = vh + 2 + tlen
-                    acks += b"\x40\x02"
-                    acks += buf[pid : pid + 2]
             pos += hdr[0] + hdr[1]
-        return pos, delivered, bytes(acks)
 
 
 @dataclass

@@ -14,7 +14,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from bench.common import BenchError, BlockingConn, make_payload
+from bench.common import BenchError, BlockingConn, make_payload, same_heads
 
 U16 = struct.Struct(">H")
 U32 = struct.Struct(">I")
@@ -137,17 +137,6 @@ def handshake(conn: BlockingConn, client: str, login: tuple[str, str] | None = N
 
 #: a frame's head: body length, version, type, id length
 HEAD = struct.Struct(">IBBH")
-
-
-def same_heads(buf: bytearray, pos: int, size: int, count: int, width: int) -> int:
-    """How many of the ``count`` frames of ``size`` bytes from ``pos`` start with the first
-    one's ``width`` bytes. Every frame's head is compared, a column of heads at a time (one
-    strided slice per byte), at C speed; ``count`` >= 1 (the first matches itself)."""
-    stop = pos + count * size
-    for i in range(width):
-        column = buf[pos + i : stop : size]
-        count = min(count, len(column) - len(column.lstrip(buf[pos + i : pos + i + 1])))
-    return count
 
 
 def _error(buf: bytearray, pos: int, size: int) -> str:

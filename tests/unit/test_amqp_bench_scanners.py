@@ -3,7 +3,6 @@ whatever odd frames come in between, they count every delivery and confirm exact
 
 from __future__ import annotations
 
-import itertools
 import struct
 import sys
 from pathlib import Path
@@ -14,6 +13,8 @@ from hypothesis import strategies as st
 
 # bench/ is a top-level package of the repository, not installed
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchscan import chunked
 
 from bench import amqp_driver as d
 from bench.amqp_bench import ConfirmCounter, DeliveryScanner
@@ -31,11 +32,6 @@ def delivery(tag: int, body: bytes = b"x" * 64, rkey: bytes = b"q", props: bytes
     for i in range(0, len(body), 100):
         out += d.frame(d.FRAME_BODY, 1, body[i : i + 100])
     return out
-
-
-def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
-    points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
-    return [data[a:b] for a, b in itertools.pairwise(points)]
 
 
 # one delivery in the stream: (kind, heartbeat before it)

@@ -4,7 +4,6 @@ every Deliver with its Ack, in order, and the publisher counts every PublishAck 
 
 from __future__ import annotations
 
-import itertools
 import sys
 from pathlib import Path
 
@@ -14,6 +13,8 @@ from hypothesis import strategies as st
 
 # bench/ is a top-level package of the repository, not installed
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchscan import run_counter, run_scanner
 
 from bench.common import BenchError
 from bench.vibemq_driver import VibeAckCounter, VibeDeliveryScanner, VibeNoAckScanner
@@ -30,11 +31,6 @@ others = st.sampled_from(
         encode(Message(CommandType.UNSUBSCRIBE_ACK, "", "queue-2")),
     ]
 )
-
-
-def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
-    points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
-    return [data[a:b] for a, b in itertools.pairwise(points)]
 
 
 def ack(msg_id: str, queue: str) -> bytes:
@@ -63,22 +59,6 @@ def stream(items: list[tuple[str, str] | bytes]) -> bytes:
     )
 
 
-def run_scanner(
-    scanner: VibeDeliveryScanner, data: bytes, cuts: list[int]
-) -> tuple[int, bytes, int]:
-    """(deliveries counted, the acks written, bytes left unconsumed), read by read."""
-    buf = bytearray()
-    delivered = 0
-    acks = b""
-    for part in chunked(data, cuts):
-        buf += part
-        used, n, reply = scanner.feed(buf)
-        del buf[:used]
-        delivered += n
-        acks += reply
-    return delivered, acks, len(buf)
-
-
 @settings(max_examples=200, deadline=None)
 @given(deliveries(), st.lists(st.integers(0, 20_000), max_size=30), st.booleans())
 def test_every_deliver_gets_its_ack(
@@ -102,15 +82,8 @@ def test_every_publish_ack_counted_once(
     items: list[tuple[str, str] | bytes], cuts: list[int]
 ) -> None:
     data = b"".join(x if isinstance(x, bytes) else encode_publish_ack(*x) for x in items)
-    counter = VibeAckCounter()
-    buf = bytearray()
-    acked = 0
-    for part in chunked(data, cuts):
-        buf += part
-        used, n = counter.feed(buf)
-        del buf[:used]
-        acked += n
-    assert (acked, len(buf)) == (sum(isinstance(x, tuple) for x in items), 0)
+    want = sum(isinstance(x, tuple) for x in items)
+    assert run_counter(VibeAckCounter(), data, cuts) == (want, 0)
 
 
 def test_an_error_frame_stops_both() -> None:
