@@ -44,6 +44,9 @@ HOT_MODULES = (
     "vibemq_server.journal.records",
     # a durable publish's PublishAck waiting for the fsync (once a publish, from the session)
     "vibemq_server.core.durable_replies",
+    # the persistence's base class: the core's calls into the journal go through its vtable
+    # (interpreted, the journal's base would be a Python class and every call generic again)
+    "vibemq_server.core.persistence",
     # the MQTT adapter (3.1.1 and 5.0): codecs, packets, per-client state and the connections'
     # handlers are all per-message work (issues 16 and 18: 64 KiB, v5, WebSockets)
     "vibemq_server.adapters.mqtt.packets",

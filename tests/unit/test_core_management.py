@@ -8,10 +8,10 @@ from test_core import Recorder, make, publish
 
 from vibemq_server.config import QueueDefaults
 from vibemq_server.core import ManualClock, QueueManager, QueueNotFound, StoredMessage
-from vibemq_server.core.persistence import SettleReason
+from vibemq_server.core.persistence import Persistence, SettleReason
 
 
-class Settles:
+class Settles(Persistence):
     """A persistence layer that records settles and publishes (the core's port)."""
 
     available = True

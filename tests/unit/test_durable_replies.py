@@ -20,18 +20,20 @@ from waits import wait_for
 
 from vibemq_server.config import QueueDefaults
 from vibemq_server.core import ManualClock, PublishOutcome, QueueManager
-from vibemq_server.core.durable_replies import EARLY_COMMIT, DurableReplies
+from vibemq_server.core.durable_replies import EARLY_COMMIT, DurableReplies, Flushes
 from vibemq_server.journal.journal import _EARLY_SPARE, FSYNCS_IN_FLIGHT, FsyncPolicy, Journal
 from vibemq_server.journal.sysio import SystemCalls
 
 Waiter = Callable[[Exception | None], None]
 
 
-class SteppedPersistence:
+class SteppedPersistence(Flushes):
     """A persistence whose flushes the test drives, in the journal's shape: a flush takes
     what waits for it to an fsync stage, fsyncs finish in order, and a failure fails what
     waits for the next flush first, then what the fsync stage holds (as ``Journal._fail``
     does, so callbacks can come newest first)."""
+
+    epoch = 0  # (a class attribute: it shadows the base's read-only property)
 
     def __init__(self) -> None:
         self.epoch = 0
@@ -129,7 +131,7 @@ def test_every_reply_comes_back_once_in_order_with_its_flush_error(script: list[
         assert len({epoch_of[i] for i in batch if i in epoch_of}) <= 1
 
 
-class AtOnce:
+class AtOnce(Flushes):
     """A persistence that is always durable: it calls back inside ``when_durable``."""
 
     epoch = 0

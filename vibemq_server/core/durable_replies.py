@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Final, Generic, Protocol, TypeVar
+from typing import Final, Generic, TypeVar
+
+from vibemq_server.core.native import mypyc_attr
 
 T = TypeVar("T")
 
@@ -27,23 +29,32 @@ T = TypeVar("T")
 EARLY_COMMIT: Final = 64
 
 
-class Flushes(Protocol):
-    """What this needs of a persistence (``core.persistence.Persistence`` has it)."""
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Flushes:
+    """What this needs of a persistence (``core.persistence.Persistence`` subclasses it).
+
+    A base class, not a Protocol: the compiled ``add`` reads ``epoch`` a reply and calls
+    ``commit_early`` through the vtable, where a Protocol's are a lookup by name (~400
+    instructions a durable publish). Subclasses written in Python (the tests') are allowed and
+    called the slow way; one that sets ``epoch`` on its instances declares it as a class
+    attribute (it shadows the base's read-only property)."""
+
+    __slots__ = ()
 
     @property
     def epoch(self) -> int:
         """Counts flushes: everything recorded under one epoch becomes durable together."""
-        ...
+        raise NotImplementedError
 
     def when_durable(self, callback: Callable[[Exception | None], None]) -> None:
         """Call back once everything recorded so far is as durable as configured."""
-        ...
+        raise NotImplementedError
 
     def commit_early(self) -> None:
         """A safe point (no publish half recorded): start making what is recorded so far
         durable now, if that can start at once, rather than at the end of the loop turn.
         Never calls back from inside; may do nothing."""
-        ...
+        raise NotImplementedError
 
 
 class _Batch(Generic[T]):

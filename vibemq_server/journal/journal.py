@@ -33,7 +33,7 @@ from vibemq_server.core.buffers import JOIN_ALL, PASS_THROUGH, coalesce
 from vibemq_server.core.clock import Clock, wall_clock_ms
 from vibemq_server.core.manager import options_to_dict
 from vibemq_server.core.message import StoredMessage
-from vibemq_server.core.persistence import SettleReason
+from vibemq_server.core.persistence import Persistence, SettleReason
 from vibemq_server.journal.batch import RecordSink, new_record_buffer, record_end
 from vibemq_server.journal.fsyncer import Fsyncs, new_fsyncs
 from vibemq_server.journal.records import (
@@ -98,8 +98,8 @@ class _Segment:
     deleting: bool = False
 
 
-class Journal:
-    """Implements the core's Persistence protocol on segment files in one directory."""
+class Journal(Persistence):
+    """The core's Persistence on segment files in one directory."""
 
     def __init__(
         self,
@@ -173,7 +173,7 @@ class Journal:
         self._manager: QueueManager | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._closing = False
-        self.epoch = 0
+        self._epoch = 0
         self._queue_records: dict[str, QueueRecords] = {}  # each queue's record encoder
         self._last_records: QueueRecords | None = None  # the one used last (a dict lookup less)
         # The timestamp of the DELIVER and SETTLE records of the batch being gathered
@@ -288,6 +288,10 @@ class Journal:
     @property
     def available(self) -> bool:
         return self._failed is None
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
 
     @property
     def _syncing(self) -> bool:
@@ -499,7 +503,7 @@ class Journal:
             self._flush_deferred = True
             return
         self._flush_deferred = False
-        self.epoch += 1
+        self._epoch += 1
         if self._failed is not None:
             self._fail_waiters(self._failed)
             return
