@@ -472,7 +472,6 @@ class StreamTransport(asyncio.BufferedProtocol):
         "_reading_paused",
         "_sniff",
         "_tls",
-        "_write_paused",
         "_yielding",
         "bytes_received",
         "bytes_sent",
@@ -501,7 +500,6 @@ class StreamTransport(asyncio.BufferedProtocol):
         #: the pending output, its size, and whether more may be sent (the sessions read it
         #: and send through it natively)
         self.link_state = LinkState(context.out_limit, self._schedule_flush)
-        self._write_paused = False
         self._reading_paused = False
         self._yielding = False  # not read until the loop turns (after a full read)
         self._into: Fill | None = None  # the session's buffer the next reads go into
@@ -635,11 +633,9 @@ class StreamTransport(asyncio.BufferedProtocol):
         self.log.debug("connection closed", error=str(exc) if exc else None)
 
     def pause_writing(self) -> None:
-        self._write_paused = True
         self.link_state.blocked = True
 
     def resume_writing(self) -> None:
-        self._write_paused = False
         self.link_state.blocked = self._closing
         self._writable_again()
 
