@@ -16,10 +16,9 @@ from hypothesis import strategies as st
 
 from vibemq_server.core.persistence import SettleReason
 from vibemq_server.journal import batch
-from vibemq_server.journal.batch import PyRecordBuffer, RecordSink, record_end
+from vibemq_server.journal.batch import PyRecordBuffer, RecordSink, without_publishes
 from vibemq_server.journal.records import _s16 as s16
 from vibemq_server.journal.records import (
-    decode_record,
     encode_deliver,
     encode_publish,
     encode_settle,
@@ -29,23 +28,17 @@ from vibemq_server.journal.records import (
 u64 = st.integers(0, 2**64 - 1)
 text = st.text(max_size=30)
 
-publish_op = st.tuples(
-    st.just("publish"),
-    u64,
-    text,
-    u64,
-    u64,
-    st.integers(0, 255),
-    st.integers(0, 65535),
-    st.binary(max_size=300),
-)
+fields_op = st.tuples(st.just("fields"), u64, u64, st.integers(0, 255), st.integers(0, 65535))
+publish_op = st.tuples(st.just("publish"), u64, text, st.binary(max_size=300))
 stamp_op = st.tuples(st.just("stamp"), u64)
 deliver_op = st.tuples(st.just("deliver"), u64, st.integers(0, 65535))
 settle_op = st.tuples(st.just("settle"), u64, st.sampled_from(list(SettleReason)), text)
 settle_all_op = st.tuples(
     st.just("settle_all"), st.lists(u64, max_size=5), st.sampled_from(list(SettleReason))
 )
-ops = st.lists(st.one_of(publish_op, stamp_op, deliver_op, settle_op, settle_all_op), max_size=25)
+ops = st.lists(
+    st.one_of(fields_op, publish_op, stamp_op, deliver_op, settle_op, settle_all_op), max_size=25
+)
 
 Op = tuple[object, ...]
 
@@ -56,14 +49,16 @@ def _compiled() -> RecordSink:
     return RecordBuffer()
 
 
-def _apply(sink: RecordSink, queue: str, run: list[Op]) -> list[object]:
-    """The records of ``run`` appended to ``sink``; the offsets publish gave."""
+def _apply(sink: RecordSink, queue: str, run: list[Op]) -> None:
+    """The records of ``run`` appended to ``sink``."""
     name16 = s16(queue)
-    offsets = []
     for op in run:
-        if op[0] == "publish":
-            _, seq, mid, pub, exp, prio, attempts, payload = op
-            offsets.append(sink.publish(name16, seq, mid, pub, exp, prio, attempts, payload))  # type: ignore[arg-type]
+        if op[0] == "fields":
+            _, pub, exp, prio, attempts = op
+            sink.fields(pub, exp, prio, attempts)  # type: ignore[arg-type]
+        elif op[0] == "publish":
+            _, seq, mid, payload = op
+            sink.publish(name16, seq, mid, payload)  # type: ignore[arg-type]
         elif op[0] == "stamp":
             sink.stamp(op[1])  # type: ignore[arg-type]
         elif op[0] == "deliver":
@@ -75,17 +70,19 @@ def _apply(sink: RecordSink, queue: str, run: list[Op]) -> list[object]:
         else:
             _, seqs, reason = op
             sink.settle_all(name16, seqs, reason)  # type: ignore[arg-type]
-    return offsets
 
 
-def _reference(queue: str, run: list[Op], ts: int = 0) -> bytes:
-    """The same records from records.py's encoders (the format's reference): a PUBLISH at
-    its publish time, the others at the last stamp (``ts`` before any: a stamp outlives
-    the batch's take)."""
+def _reference(queue: str, run: list[Op], ts: int = 0, fields: Op = (0, 0, 0, 0)) -> bytes:
+    """The same records from records.py's encoders (the format's reference): a PUBLISH with
+    the last fields, at its publish time, the others at the last stamp (``ts`` and
+    ``fields`` before any: both outlive the batch's take)."""
     out = []
     for op in run:
-        if op[0] == "publish":
-            _, seq, mid, pub, exp, prio, attempts, payload = op
+        if op[0] == "fields":
+            fields = op[1:]
+        elif op[0] == "publish":
+            _, seq, mid, payload = op
+            pub, exp, prio, attempts = fields
             out.append(encode_publish(pub, seq, queue, mid, pub, exp, prio, attempts, {}, payload))  # type: ignore[arg-type]
         elif op[0] == "stamp":
             ts = op[1]  # type: ignore[assignment]
@@ -111,33 +108,59 @@ def test_compiled_and_pure_write_the_records_of_the_format(
 ) -> None:
     expected = _reference(queue, first)
     pure, compiled = PyRecordBuffer(), _compiled()
-    offsets = _apply(pure, queue, first)
-    assert _apply(compiled, queue, first) == offsets
+    _apply(pure, queue, first)
+    _apply(compiled, queue, first)
     assert len(pure) == len(compiled) == len(expected)
     data = compiled.take()
     assert data == pure.take() == expected
     assert len(pure) == len(compiled) == 0
-    # every record decodes, and a publish's offset finds its record and its end
+    # every record decodes
     entries = list(iter_records(data, 0))
     kinds = [
         kind
         for op in first
-        if op[0] != "stamp"
+        if op[0] not in ("stamp", "fields")
         for kind in ([op[0]] if op[0] != "settle_all" else ["settle"] * len(op[1]))  # type: ignore[arg-type]
     ]
     assert len(entries) == len(kinds)
-    publishes = [e for e, kind in zip(entries, kinds, strict=True) if kind == "publish"]
-    assert [e.offset for e in publishes] == offsets
-    for entry, offset in zip(publishes, offsets, strict=True):
-        assert isinstance(offset, int)
-        at = offset
-        assert record_end(data, at) == at + entry.size
-        assert decode_record(data, at).record == entry.record
-    # the next batch starts over, with the buffer's memory and its stamp kept
-    assert _apply(compiled, queue, second) == _apply(pure, queue, second)
+    # the next batch starts over, with the buffer's memory, its stamp and its fields kept
+    _apply(compiled, queue, second)
+    _apply(pure, queue, second)
     stamped = [op[1] for op in first if op[0] == "stamp"]
     ts = stamped[-1] if stamped else 0
-    assert compiled.take() == pure.take() == _reference(queue, second, ts)  # type: ignore[arg-type]
+    fielded = [op[1:] for op in first if op[0] == "fields"]
+    fields = fielded[-1] if fielded else (0, 0, 0, 0)
+    assert compiled.take() == pure.take() == _reference(queue, second, ts, fields)  # type: ignore[arg-type]
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(["a", "bé"]), st.booleans()), max_size=12),
+    st.sets(st.integers(0, 11)),
+)
+def test_withdrawn_publishes_are_cut_out_of_a_batch_and_the_other_records_stay(
+    publishes: list[tuple[str, bool]], drop: set[int]
+) -> None:
+    """(journal/batch.py's without_publishes, the journal's failed write): a batch of
+    publishes of two queues, each followed by a DELIVER of the same seq (to be kept), without
+    the publishes of ``drop`` is the batch those were never written to."""
+    full, kept = PyRecordBuffer(), PyRecordBuffer()
+    for sink in (full, kept):
+        sink.stamp(7)
+        sink.fields(5, 0, 1, 0)
+    gone: set[tuple[int, str]] = set()
+    for seq, (queue, long) in enumerate(publishes):
+        payload = b"x" * (300 if long else 3)
+        full.publish(s16(queue), seq, f"m{seq}", payload)
+        full.deliver(s16(queue), seq, 1)
+        if seq in drop:
+            gone.add((seq, queue))
+        else:
+            kept.publish(s16(queue), seq, f"m{seq}", payload)
+        kept.deliver(s16(queue), seq, 1)
+    data = full.take()
+    gone.add((99, "a"))  # (none of the batch's: nothing to cut)
+    assert without_publishes(data, gone) == kept.take()
+    assert without_publishes(data, set()) is data
 
 
 @pytest.mark.parametrize("make", [PyRecordBuffer, _compiled], ids=["pure", "compiled"])
@@ -150,11 +173,12 @@ def test_out_of_range_fields_are_refused_and_leave_the_batch_as_it_was(
     sink.deliver(name16, 2, 3)
     before = len(sink)
     bad_calls: list[Callable[[], object]] = [
-        lambda: sink.publish(name16, 1, "m", -1, 0, 0, 0, b"{}"),
-        lambda: sink.publish(name16, 1, "m", 2**64, 0, 0, 0, b"{}"),
-        lambda: sink.publish(name16, 1, "m", 0, 0, 256, 0, b"{}"),
-        lambda: sink.publish(name16, 1, "m", 0, 0, 0, 65536, b"{}"),
-        lambda: sink.publish(name16, 1, "m" * 65536, 0, 0, 0, 0, b"{}"),
+        lambda: sink.fields(-1, 0, 0, 0),
+        lambda: sink.fields(2**64, 0, 0, 0),
+        lambda: sink.fields(0, 0, 256, 0),
+        lambda: sink.fields(0, 0, 0, 65536),
+        lambda: sink.publish(name16, -1, "m", b"{}"),
+        lambda: sink.publish(name16, 1, "m" * 65536, b"{}"),
         lambda: sink.deliver(name16, 1, 65536),
         lambda: sink.settle(name16, 1, 256, ""),
         lambda: sink.settle(name16, -5, 0, ""),
@@ -169,14 +193,20 @@ def test_out_of_range_fields_are_refused_and_leave_the_batch_as_it_was(
             call()
     assert len(sink) == before
     sink.deliver(name16, 4, 5)  # (a refused stamp left the last one)
-    assert sink.take() == encode_deliver(1, 2, "q", 3) + encode_deliver(1, 4, "q", 5)
+    sink.publish(name16, 6, "m", b"{}")  # (and refused fields the last ones: none, zeros)
+    assert sink.take() == (
+        encode_deliver(1, 2, "q", 3)
+        + encode_deliver(1, 4, "q", 5)
+        + encode_publish(0, 6, "q", "m", 0, 0, 0, 0, {}, b"{}")
+    )
 
 
 def test_the_compiled_encoder_takes_any_bytes_like_payload_and_checks_its_name() -> None:
     sink = _compiled()
     name16 = s16("q")
-    sink.publish(name16, 2, "m", 3, 4, 5, 6, bytearray(b"ab"))  # type: ignore[arg-type]
-    sink.publish(name16, 2, "m", 3, 4, 5, 6, memoryview(b"xxab")[2:])  # type: ignore[arg-type]
+    sink.fields(3, 4, 5, 6)
+    sink.publish(name16, 2, "m", bytearray(b"ab"))  # type: ignore[arg-type]
+    sink.publish(name16, 2, "m", memoryview(b"xxab")[2:])  # type: ignore[arg-type]
     one = encode_publish(3, 2, "q", "m", 3, 4, 5, 6, {}, b"ab")
     assert sink.take() == one + one
     with pytest.raises(ValueError):
@@ -184,7 +214,7 @@ def test_the_compiled_encoder_takes_any_bytes_like_payload_and_checks_its_name()
     with pytest.raises(TypeError):
         sink.deliver("q", 1, 1)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        sink.publish(name16, 2, b"m", 3, 4, 5, 6, b"")  # type: ignore[arg-type]
+        sink.publish(name16, 2, b"m", b"")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         sink.settle_all(name16, (1, 2), 0)  # type: ignore[arg-type]
     assert len(sink) == 0
@@ -196,8 +226,9 @@ def test_a_batch_larger_than_the_kept_memory_is_taken_whole_and_the_next_starts_
     name16 = s16("q")
     payload = bytes(range(256)) * 60  # 15,360 bytes: under the journal's pass-through size
     for sink in (compiled, pure):
+        sink.fields(1, 0, 1, 0)
         for seq in range(400):  # ~6 MiB
-            sink.publish(name16, seq, f"m{seq}", 1, 0, 1, 0, payload)
+            sink.publish(name16, seq, f"m{seq}", payload)
     big = compiled.take()
     assert big == pure.take()
     assert len(list(iter_records(big, 0))) == 400
@@ -210,8 +241,9 @@ _BOTH_CRCS = """
 import sys
 from vibemq_server.journal._recbuf import RecordBuffer
 buf = RecordBuffer()
+buf.fields(1, 0, 0, 1)
 for n in range(300):
-    buf.publish(b"\\x00\\x01q", n, "m" * (n % 7), 1, 0, 0, 1, bytes(range(256))[: n % 256] * 2)
+    buf.publish(b"\\x00\\x01q", n, "m" * (n % 7), bytes(range(256))[: n % 256] * 2)
 sys.stdout.buffer.write(buf.take())
 """
 

@@ -3,18 +3,10 @@
 import mmap
 
 class RecordBuffer:
-    def publish(
-        self,
-        name16: bytes,
-        seq: int,
-        message_id: str,
-        published_at: int,
-        expires_at: int,
-        priority: int,
-        attempts: int,
-        payload: bytes,
-        /,
-    ) -> int: ...
+    def fields(
+        self, published_at: int, expires_at: int, priority: int, attempts: int, /
+    ) -> None: ...
+    def publish(self, name16: bytes, seq: int, message_id: str, payload: bytes, /) -> None: ...
     def stamp(self, timestamp: int, /) -> None: ...
     def deliver(self, name16: bytes, seq: int, attempts: int, /) -> None: ...
     def settle(self, name16: bytes, seq: int, reason: int, detail: str, /) -> None: ...

@@ -17,28 +17,20 @@ from collections.abc import Callable
 from struct import Struct
 from typing import Final, Protocol
 
-from vibemq_server.journal.records import RECORD_PREFIX, RecordType
+from vibemq_server.journal.records import RECORD_PREFIX, Publish, RecordType, iter_records
 
 
 class RecordSink(Protocol):
     """One write batch's records (``len()``: the bytes gathered)."""
 
-    def publish(
-        self,
-        name16: bytes,
-        seq: int,
-        message_id: str,
-        published_at: int,
-        expires_at: int,
-        priority: int,
-        attempts: int,
-        payload: bytes,
-        /,
-    ) -> object:
-        """Append a PUBLISH record without headers, its timestamp ``published_at`` (as the
-        journal writes every PUBLISH); its offset in the batch, an int (typed ``object`` so
-        that the compiled journal keeps the int object the encoder made for its list of the
-        batch's publishes, instead of unboxing it and boxing it again)."""
+    def fields(self, published_at: int, expires_at: int, priority: int, attempts: int, /) -> None:
+        """The fixed fields of the PUBLISH records appended from now on (their timestamp is
+        ``published_at``, as the journal writes every PUBLISH). The messages of one clock tick
+        share them: the journal passes them when they change, not four ints a publish."""
+        ...
+
+    def publish(self, name16: bytes, seq: int, message_id: str, payload: bytes, /) -> None:
+        """Append a PUBLISH record without headers, with the last ``fields``."""
         ...
 
     def stamp(self, timestamp: int, /) -> None:
@@ -68,16 +60,18 @@ _SETTLE: Final = int(RecordType.SETTLE)
 _pack_prefix: Final = RECORD_PREFIX.pack
 _crc32: Final = zlib.crc32
 _U64: Final = Struct(">Q")
+_FIELDS: Final = Struct(">QQBH")  # published_at, expires_at, priority, attempts
 
 
 class PyRecordBuffer:
     """:class:`RecordSink` in Python: the C one's fallback, and its reference in the tests."""
 
-    __slots__ = ("_buf", "_structs", "_ts")
+    __slots__ = ("_buf", "_fields", "_structs", "_ts")
 
     def __init__(self) -> None:
         self._buf = bytearray()
         self._ts = 0
+        self._fields = (0, 0, 0, 0)  # published_at, expires_at, priority, attempts
         # the layout up to the payload (or the end) per record type and field lengths
         self._structs: dict[tuple[int, int, int], Struct] = {}
 
@@ -94,26 +88,19 @@ class PyRecordBuffer:
             st = self._structs[(kind, name, text)] = Struct(layout)
         return st
 
-    def _add(self, head: bytes, payload: bytes = b"") -> int:
-        start = len(self._buf)
+    def _add(self, head: bytes, payload: bytes = b"") -> None:
         crc = _crc32(payload, _crc32(head)) if payload else _crc32(head)
         self._buf += _pack_prefix(len(head) + len(payload), crc)
         self._buf += head
         self._buf += payload
-        return start
 
-    def publish(
-        self,
-        name16: bytes,
-        seq: int,
-        message_id: str,
-        published_at: int,
-        expires_at: int,
-        priority: int,
-        attempts: int,
-        payload: bytes,
-    ) -> int:
+    def fields(self, published_at: int, expires_at: int, priority: int, attempts: int) -> None:
+        _FIELDS.pack(published_at, expires_at, priority, attempts)  # (refused out of range)
+        self._fields = (published_at, expires_at, priority, attempts)
+
+    def publish(self, name16: bytes, seq: int, message_id: str, payload: bytes) -> None:
         mid = message_id.encode()
+        published_at, expires_at, priority, attempts = self._fields
         head = self._struct(_PUBLISH, len(name16), len(mid)).pack(
             _PUBLISH,
             published_at,
@@ -128,7 +115,7 @@ class PyRecordBuffer:
             0,
             len(payload),
         )
-        return self._add(head, payload)
+        self._add(head, payload)
 
     def stamp(self, timestamp: int) -> None:
         _U64.pack(timestamp)  # (refused out of range, as the C one does)
@@ -170,6 +157,19 @@ else:
 COMPILED: Final = new_record_buffer is not PyRecordBuffer
 
 
-def record_end(chunk: bytes, start: int) -> int:
-    """Where the record at ``start`` of a batch's bytes ends (its length is in its prefix)."""
-    return start + RECORD_PREFIX.size + int.from_bytes(chunk[start : start + 4], "big")
+def without_publishes(chunk: bytes, drop: set[tuple[int, str]]) -> bytes:
+    """The records of a batch's bytes without the PUBLISH records of ``drop``, (seq, queue)
+    pairs: the publishes withdrawn after their write failed (a client publish's seq is new,
+    so it has one record in a batch). Only a failed write calls this: the per-message path
+    keeps no offsets for it."""
+    kept: list[bytes] = []
+    start = 0
+    for entry in iter_records(chunk, 0):
+        record = entry.record
+        if isinstance(record, Publish) and (record.seq, record.queue) in drop:
+            kept.append(chunk[start : entry.offset])
+            start = entry.offset + entry.size
+    if not kept:
+        return chunk
+    kept.append(chunk[start:])
+    return b"".join(kept)

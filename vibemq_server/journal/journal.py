@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, Final
 
 import structlog
 
@@ -34,7 +34,7 @@ from vibemq_server.core.clock import Clock, wall_clock_ms
 from vibemq_server.core.manager import options_to_dict
 from vibemq_server.core.message import StoredMessage
 from vibemq_server.core.persistence import Persistence, SettleReason
-from vibemq_server.journal.batch import RecordSink, new_record_buffer, record_end
+from vibemq_server.journal.batch import RecordSink, new_record_buffer, without_publishes
 from vibemq_server.journal.fsyncer import Fsyncs, new_fsyncs
 from vibemq_server.journal.records import (
     SEGMENT_HEADER_SIZE,
@@ -127,9 +127,16 @@ class Journal(Persistence):
         # the last flush, encoded in place (journal/batch.py). Its bytes go to _buf, in order,
         # before any other record is added there and at the flush.
         self._enc: RecordSink = new_record_buffer()
-        self._enc_publish: Callable[[bytes, int, str, int, int, int, int, bytes], object]
+        self._enc_fields: Callable[[int, int, int, int], None]
+        self._enc_publish: Callable[[bytes, int, str, bytes], None]
         self._enc_deliver: Callable[[bytes, int, int], None]
         self._enc_settle_all: Callable[[bytes, list[int], int], None]
+        # The PUBLISH fields the encoder holds (``RecordSink.fields``): passed when a message's
+        # differ (once a clock tick), not four ints boxed for every publish. (-1: none yet)
+        self._fields_at = -1
+        self._fields_expires = -1
+        self._fields_priority: object = None
+        self._fields_attempts = -1
         self.use_encoder(self._enc)
         self._waiters: list[Waiter] = []  # written with the next flush
         self._sync_waiters: list[Waiter] = []  # written, waiting for an fsync
@@ -161,10 +168,9 @@ class Journal(Persistence):
         self.early_commits = 0
         self._failed: Exception | None = None
         self._retry: bytes = b""
-        # Client publishes in _buf (index, offset in that chunk or -1 for all of it, queue,
-        # message): withdrawn if their write fails.
-        # (the offset is kept as the encoder's int object: see RecordSink.publish)
-        self._batch_publishes: list[tuple[int, object, Queue, StoredMessage]] = []
+        # Client publishes recorded since the last write: withdrawn if their write fails
+        # (their records are found then, by seq and queue: nothing more is kept a publish).
+        self._batch_publishes: list[StoredMessage] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fsyncs: Fsyncs | None = None  # the fsync threads (from start)
         # builds the queue index of each sealed segment (qindex.py): off the loop, and not on
@@ -200,6 +206,8 @@ class Journal(Persistence):
         self._enc = enc
         # its per-message methods bound once: a call through a protocol-typed attribute looks
         # the method up by name every time (in the compiled build), a bound one is called
+        self._enc_fields = enc.fields
+        self._fields_at = -1  # (a new encoder holds none of ours)
         self._enc_publish = enc.publish
         self._enc_deliver = enc.deliver
         self._enc_settle_all = enc.settle_all
@@ -363,8 +371,6 @@ class Journal(Persistence):
         if headers or len(payload) >= _PASS_THROUGH:
             # headers, or a payload that the write passes through rather than copies
             self._drain()
-            at: object = -1
-            index = len(self._buf)
             self._buf.append(
                 records.publish(
                     msg.published_at,
@@ -379,19 +385,16 @@ class Journal(Persistence):
                 )
             )
         else:
-            index = len(self._buf)
-            at = self._enc_publish(
-                records.name16,
-                msg.seq,
-                msg.id,
-                msg.published_at,
-                msg.expires_at,
-                msg.priority,
-                msg.attempts,
-                payload,
-            )
+            if (
+                msg.published_at != self._fields_at
+                or msg.expires_at != self._fields_expires
+                or msg.priority is not self._fields_priority
+                or msg.attempts != self._fields_attempts
+            ):
+                self._set_fields(msg)
+            self._enc_publish(records.name16, msg.seq, msg.id, payload)
         if client:
-            self._batch_publishes.append((index, at, queue, msg))
+            self._batch_publishes.append(msg)
         if not self._flush_scheduled:
             self._schedule_flush()
         msg.seg = self.active
@@ -400,6 +403,14 @@ class Journal(Persistence):
             seg = self.segments[self.active]
         seg.live += 1
         seg.published += 1
+
+    def _set_fields(self, msg: StoredMessage) -> None:
+        """The encoder's PUBLISH fields from now on: ``msg``'s (kept once it took them)."""
+        self._enc_fields(msg.published_at, msg.expires_at, msg.priority, msg.attempts)
+        self._fields_at = msg.published_at
+        self._fields_expires = msg.expires_at
+        self._fields_priority = msg.priority
+        self._fields_attempts = msg.attempts
 
     def delivered(self, queue: Queue, msg: StoredMessage) -> None:
         if not self._batch_ts:
@@ -647,20 +658,23 @@ class Journal(Persistence):
         elif not self._fsyncs_running:
             self._maybe_rotate()
 
-    def _withdraw(
-        self, records: list[bytes], publishes: list[tuple[int, object, Queue, StoredMessage]]
-    ) -> None:
+    def _withdraw(self, records: list[bytes], publishes: list[StoredMessage]) -> None:
         """The write of these records failed and their publishers get an error: take the
         messages no consumer has yet back out of their queues, and drop their records."""
-        if self._manager is None:
+        manager = self._manager
+        if manager is None:
             return
-        # (last first: cutting a record out of a chunk moves none of the earlier ones)
-        for index, offset, queue, msg in reversed(publishes):
-            if self._manager.withdraw(queue, msg):
-                at = cast(int, offset)
-                chunk = records[index]
-                records[index] = b"" if at < 0 else chunk[:at] + chunk[record_end(chunk, at) :]
+        drop: set[tuple[int, str]] = set()
+        for msg in reversed(publishes):  # (newest first: only the newest can be taken back)
+            # (a message's queue is the one named by it: a queue deleted since, or another of
+            # that name, does not hold it and refuses)
+            queue = manager.queues.get(msg.queue)
+            if queue is not None and manager.withdraw(queue, msg):
+                drop.add((msg.seq, msg.queue))
                 self._release(msg)
+        if drop:
+            for i, chunk in enumerate(records):
+                records[i] = without_publishes(chunk, drop)
 
     def _fail(self, exc: Exception, unwritten: bytes) -> None:
         """Storage failed: refuse durable publishes, keep the records to write them later."""
