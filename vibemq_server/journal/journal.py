@@ -32,7 +32,7 @@ import structlog
 from vibemq_server.core.buffers import JOIN_ALL, PASS_THROUGH, coalesce
 from vibemq_server.core.clock import Clock, wall_clock_ms
 from vibemq_server.core.manager import options_to_dict
-from vibemq_server.core.message import StoredMessage
+from vibemq_server.core.message import EMPTY_HEADERS, StoredMessage
 from vibemq_server.core.persistence import Persistence, SettleReason
 from vibemq_server.journal.batch import RecordSink, new_record_buffer, without_publishes
 from vibemq_server.journal.fsyncer import Fsyncs, new_fsyncs
@@ -364,11 +364,14 @@ class Journal(Persistence):
         name = queue.name
         records = self._records(name)
         payload, headers = msg.payload, msg.headers
-        if headers and self.payload_form is not None:
+        # (most messages share the one empty mapping: known by identity, where a truth test
+        # of a Mapping is a generic call, two a publish)
+        with_headers = headers is not EMPTY_HEADERS and bool(headers)
+        if with_headers and self.payload_form is not None:
             # (the form changes only messages with headers: a raw one says so in them)
             payload, headers = self.payload_form(payload, headers)
         # The record's timestamp is the publish time itself: no second clock read.
-        if headers or len(payload) >= _PASS_THROUGH:
+        if with_headers or len(payload) >= _PASS_THROUGH:
             # headers, or a payload that the write passes through rather than copies
             self._drain()
             self._buf.append(
