@@ -84,8 +84,37 @@ COUNTS = (1, 10, 100, 1000, 10_000)
 Driver = VibeDriver | MqttDriver
 
 
+async def _ready_go(pipe: Connection, timeout: float) -> None:
+    """Report "ready" and wait for "go" without leaving the loop: every process encodes its
+    publishes, starts its loop and adopts its subscriber sockets before the parent starts
+    any of them, so that the timed interval holds traffic, not 20 processes' set-up (which
+    on two cores staggered their starts by 100-400 ms)."""
+    pipe.send(("ready", None))
+    loop = asyncio.get_running_loop()
+    got: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not got.done():
+            got.set_result(None)
+
+    loop.add_reader(pipe.fileno(), wake)
+    try:
+        await asyncio.wait_for(got, timeout)
+    except TimeoutError:
+        raise BenchError("no 'go'") from None
+    finally:
+        loop.remove_reader(pipe.fileno())
+    if pipe.recv()[0] != "go":
+        raise BenchError("no 'go'")
+
+
 async def _drive(
-    drivers: list[Driver], subs: list[Any], pubs: list[Any], per_queue: int, a: Any
+    drivers: list[Driver],
+    subs: list[Any],
+    pubs: list[Any],
+    per_queue: int,
+    a: Any,
+    pipe: Connection,
 ) -> dict[str, Any]:
     window, batch, timeout = a
     encoded = [encode_batches(d, per_queue, batch) for d in drivers]
@@ -94,6 +123,8 @@ async def _drive(
         for d, c in zip(drivers, subs, strict=True)
     ]
     await asyncio.sleep(0)  # the subscribers adopt their sockets first
+    await _ready_go(pipe, timeout)
+    sys0 = proc_counters([os.getpid()])
     cpu0 = time.process_time()
     pub_stats = await asyncio.gather(
         *(
@@ -107,12 +138,13 @@ async def _drive(
         "t_end_ns": max(s.t_end_ns for s in sub_stats),
         "delivered": sum(s.delivered for s in sub_stats),
         "cpu_s": time.process_time() - cpu0,
+        "sys": _since(sys0),
         "errors": sorted({e for st in (*pub_stats, *sub_stats) if (e := st.error)})[:3],
     }
 
 
 async def _drive_shared(
-    drivers: list[Driver], sub: Any, pub: Any, per_queue: int, a: Any
+    drivers: list[Driver], sub: Any, pub: Any, per_queue: int, a: Any, pipe: Connection
 ) -> dict[str, Any]:
     """One subscriber connection subscribed to every queue of the process, one publisher
     connection publishing to them in turn (message j to queue j mod n)."""
@@ -126,6 +158,8 @@ async def _drive_shared(
         consume_counting(sub, total, drivers[0].delivery_scanner(), timeout)
     )
     await asyncio.sleep(0)
+    await _ready_go(pipe, timeout)
+    sys0 = proc_counters([os.getpid()])
     cpu0 = time.process_time()
     p = await publish_pipelined(pub, batches, sizes, window, drivers[0].ack_counter(), timeout)
     s = await sub_task
@@ -134,6 +168,7 @@ async def _drive_shared(
         "t_end_ns": s.t_end_ns,
         "delivered": s.delivered,
         "cpu_s": time.process_time() - cpu0,
+        "sys": _since(sys0),
         "errors": [e for e in (p.error, s.error) if e],
     }
 
@@ -159,6 +194,12 @@ def proc_counters(pids: list[int]) -> dict[str, int]:
     return out
 
 
+def _since(before: dict[str, int]) -> dict[str, int]:
+    """This process's system calls and context switches since ``before``."""
+    now = proc_counters([os.getpid()])
+    return {k: now[k] - before[k] for k in now}
+
+
 def _place_client(nice: int, pin: bool) -> None:
     """A client process's niceness and CPUs (``--client-nice``, ``--pin``)."""
     if nice:
@@ -182,7 +223,7 @@ def worker_main(
 ) -> None:
     try:
         _place_client(*place)
-        prefetch, timeout = opts[0], opts[-1]
+        prefetch = opts[0]
         drivers: list[Driver]
         if broker == "mosquitto":
             drivers = [MqttDriver(host, port, q) for q in queues]
@@ -196,15 +237,11 @@ def worker_main(
             for d in drivers[1:]:
                 d.subscribe(sub)
             pub = drivers[0].connect_publisher()
-            work = _drive_shared(drivers, sub, pub, per_queue, opts[1:])
+            work = _drive_shared(drivers, sub, pub, per_queue, opts[1:], pipe)
         else:
             subs = [d.connect_subscriber() for d in drivers]
             pubs = [d.connect_publisher() for d in drivers]
-            work = _drive(drivers, subs, pubs, per_queue, opts[1:])
-        pipe.send(("ready", None))
-        if not pipe.poll(timeout) or pipe.recv()[0] != "go":
-            work.close()
-            raise BenchError("no 'go'")
+            work = _drive(drivers, subs, pubs, per_queue, opts[1:], pipe)
         pipe.send(("done", run_loop(work)))
     except Exception as exc:
         pipe.send(("error", f"worker: {exc!r}"))
@@ -245,8 +282,11 @@ def measure(count: int, a: argparse.Namespace, kind: str = "vibemq") -> dict[str
         if a.pin:
             broker.pin({min(os.sched_getaffinity(0))})
         tag = os.urandom(3).hex()
+        width = len(str(count - 1))
         for k in range(nproc):
-            queues = [f"mq-{tag}-{i}" for i in range(k, count, nproc)]
+            # names of one width: every PublishAck (it echoes the queue) and Deliver of a
+            # connection is then of one size, which the clients' scanners take in runs
+            queues = [f"mq-{tag}-{i:0{width}d}" for i in range(k, count, nproc)]
             rx, tx = ctx.Pipe()
             opts = (a.prefetch, a.window, a.batch, a.timeout)
             proc = ctx.Process(
@@ -292,13 +332,40 @@ def measure(count: int, a: argparse.Namespace, kind: str = "vibemq") -> dict[str
         finally:
             broker.stop()  # even when interrupted while joining the workers
     delivered = sum(r["delivered"] for r in results)
-    elapsed = (max(r["t_end_ns"] for r in results) - min(r["t_start_ns"] for r in results)) / 1e9
+    t0 = min(r["t_start_ns"] for r in results)
+    elapsed = (max(r["t_end_ns"] for r in results) - t0) / 1e9
     out.update(
         delivered=delivered,
         rate=delivered / elapsed if elapsed > 0 else 0.0,
         broker_cpu_s=cpu,
         cpu_us_per_msg=cpu / delivered * 1e6 if delivered else None,
         generator_cpu_s=round(sum(r["cpu_s"] for r in results), 2),
+        client_us_per_msg=sum(r["cpu_s"] for r in results) / delivered * 1e6 if delivered else None,
+        broker_core_share=cpu / elapsed if elapsed > 0 else None,
+        # how far apart the processes started and finished, in ms (the ramps in elapsed)
+        start_skew_ms=(
+            max(r["t_start_ns"] for r in results) - min(r["t_start_ns"] for r in results)
+        )
+        / 1e6,
+        end_skew_ms=(max(r["t_end_ns"] for r in results) - min(r["t_end_ns"] for r in results))
+        / 1e6,
+        elapsed_ms=elapsed * 1e3,
+        # per process: start, end (ms from the first start), CPU ms, vol. context switches
+        timeline=[
+            (
+                round((r["t_start_ns"] - t0) / 1e6, 1),
+                round((r["t_end_ns"] - t0) / 1e6, 1),
+                round(r["cpu_s"] * 1e3, 1),
+                r["sys"]["vcs"],
+            )
+            for r in results
+        ],
+        **{
+            f"client_{k}_per_msg": sum(r["sys"][k] for r in results) / delivered
+            if delivered
+            else None
+            for k in ("syscr", "syscw", "vcs", "ivcs")
+        },
         **{f"{k}_per_msg": (sys1[k] - sys0[k]) / delivered if delivered else None for k in sys1},
         errors=[e for r in results for e in r["errors"]],
     )
@@ -329,11 +396,23 @@ def summarize(runs: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict[st
     return rows
 
 
-_SYS_KEYS = ("syscr_per_msg", "syscw_per_msg", "ivcs_per_msg")
+_SYS_KEYS = (
+    "syscr_per_msg",
+    "syscw_per_msg",
+    "ivcs_per_msg",
+    "client_us_per_msg",
+    "broker_core_share",
+    "client_syscr_per_msg",
+    "client_syscw_per_msg",
+)
 
 
 def _fmt(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
+
+
+def _inverse(v: float | None) -> float | None:
+    return 1 / v if v else None
 
 
 def _per_k(v: float | None) -> float | None:
@@ -348,7 +427,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     head = (
         f"{'broker':>9} {'queues':>7} {'conns':>7} {'msg/s':>10} {'vs first':>9} "
         f"{'broker us/msg':>14} {'vs first':>9} {'reads/msg':>9} {'writes/msg':>10} "
-        f"{'preempt/kmsg':>12} {'broker RSS MiB':>15} {'setup s':>8} {'ok':>5}"
+        f"{'preempt/kmsg':>12} {'broker RSS MiB':>15} {'setup s':>8} {'ok':>5} "
+        f"{'broker core':>11} {'client us/msg':>13} {'client msg/read':>15}"
     )
     print()
     print(head)
@@ -364,13 +444,18 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             f"{_fmt(r['syscr_per_msg'], '.4f'):>9} {_fmt(r['syscw_per_msg'], '.4f'):>10} "
             f"{_fmt(_per_k(r['ivcs_per_msg']), '.2f'):>12} {_fmt(r['rss_mib'], '.0f'):>15} "
             f"{_fmt(r['setup_s'], '.1f'):>8} "
-            f"{r['ok_runs']:>2}/{r['runs']:<2}"
+            f"{r['ok_runs']:>2}/{r['runs']:<2} {_fmt(r['broker_core_share'], '.2f'):>11} "
+            f"{_fmt(r['client_us_per_msg'], '.2f'):>13} "
+            f"{_fmt(_inverse(r['client_syscr_per_msg']), '.1f'):>15}"
         )
     print()
     print("medians of the successful rounds; broker us/msg over the timed interval;")
     print("'vs first': against the broker's first count in --counts; reads/writes: the")
     print("broker's read/write system calls per message; preempt/kmsg: its involuntary")
-    print("context switches per 1,000 messages")
+    print("context switches per 1,000 messages; broker core: its CPU seconds a second;")
+    print("client us/msg: the client processes' CPU (all of them) a message; client")
+    print("msg/read: messages for each of their read system calls (publishers' and")
+    print("subscribers' reads together)")
     # at 1 queue the two are the same; Mosquitto is always per-process
     modes = {r["mode"] for r in rows if r["queues"] > 1 and r["broker"] == "vibemq"}
     if len(modes) > 1:
@@ -482,6 +567,19 @@ def main(argv: list[str] | None = None) -> int:
                     f"  r/w per msg {r['syscr_per_msg']:.4f}/{r['syscw_per_msg']:.4f}"
                     f"  preempt/kmsg {r['ivcs_per_msg'] * 1000:.2f}"
                     if r.get("syscr_per_msg") is not None
+                    else ""
+                )
+                + (
+                    f"  clients {r['client_us_per_msg']:.2f} us/msg"
+                    f" r/w per msg {r['client_syscr_per_msg']:.4f}"
+                    f"/{r['client_syscw_per_msg']:.4f}"
+                    if r.get("client_us_per_msg") is not None
+                    else ""
+                )
+                + (
+                    f"  ms: elapsed {r['elapsed_ms']:.0f} start/end skew {r['start_skew_ms']:.0f}"
+                    f"/{r['end_skew_ms']:.0f}"
+                    if r.get("elapsed_ms") is not None
                     else ""
                 )
                 + f"  setup {r.get('setup_s', 0):.1f}s"
