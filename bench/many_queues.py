@@ -66,7 +66,6 @@ from bench.brokers import Broker, MosquittoBroker, VibeMQBroker
 from bench.common import (
     BenchError,
     consume_counting,
-    cpu_seconds,
     encode_batches,
     expect_report,
     install_sigterm_exit,
@@ -76,6 +75,7 @@ from bench.common import (
     run_loop,
 )
 from bench.mqtt_driver import MqttDriver
+from bench.stall_probe import schedstat
 from bench.vibemq_driver import VibeDriver
 
 COUNTS = (1, 10, 100, 1000, 10_000)
@@ -174,10 +174,14 @@ async def _drive_shared(
 
 
 def proc_counters(pids: list[int]) -> dict[str, int]:
-    """The broker's system calls (``/proc/PID/io``: syscr, syscw) and context switches
-    (voluntary, involuntary: every thread's ``/proc/PID/status``) so far."""
-    out = dict.fromkeys(("syscr", "syscw", "vcs", "ivcs"), 0)
+    """The broker's system calls (``/proc/PID/io``: syscr, syscw), context switches
+    (voluntary, involuntary: every thread's ``/proc/PID/status``) and ns on a CPU and
+    waiting for one (every thread's ``schedstat``: run_ns, wait_ns) so far."""
+    out = dict.fromkeys(("syscr", "syscw", "vcs", "ivcs", "run_ns", "wait_ns"), 0)
     for pid in pids:
+        run, wait = schedstat(pid)
+        out["run_ns"] += run
+        out["wait_ns"] += wait
         try:
             for line in Path(f"/proc/{pid}/io").read_text().splitlines():
                 key, _, value = line.partition(":")
@@ -311,13 +315,13 @@ def measure(count: int, a: argparse.Namespace, kind: str = "vibemq") -> dict[str
         for rx in pipes:
             expect_report(rx, "ready", a.timeout)
         out["setup_s"] = round(time.monotonic() - t_setup, 2)
-        cpu0 = cpu_seconds(broker.pids())
         sys0 = proc_counters(broker.pids())
         for rx in pipes:
             rx.send(("go", None))
         results = [expect_report(rx, "done", a.timeout + 60) for rx in pipes]
-        cpu = cpu_seconds(broker.pids()) - cpu0
         sys1 = proc_counters(broker.pids())
+        # on a CPU (schedstat, ns: clock ticks were 10 % of these short intervals)
+        cpu = (sys1["run_ns"] - sys0["run_ns"]) / 1e9
         out["broker_rss_kib"] = broker.rss_kib()
     except BenchError as exc:
         out["errors"] = [str(exc)]
@@ -341,7 +345,14 @@ def measure(count: int, a: argparse.Namespace, kind: str = "vibemq") -> dict[str
         cpu_us_per_msg=cpu / delivered * 1e6 if delivered else None,
         generator_cpu_s=round(sum(r["cpu_s"] for r in results), 2),
         client_us_per_msg=sum(r["cpu_s"] for r in results) / delivered * 1e6 if delivered else None,
-        broker_core_share=cpu / elapsed if elapsed > 0 else None,
+        # the broker's time on a CPU and runnable but waiting for one (schedstat, in ns:
+        # clock ticks are too coarse for these short intervals), shares of the interval;
+        # the wait is what other runnable processes (its clients, the rest of the machine)
+        # took from it, and it was idle for the rest
+        **{
+            f"broker_{name}_share": (sys1[k] - sys0[k]) / 1e9 / elapsed if elapsed > 0 else None
+            for name, k in (("core", "run_ns"), ("wait", "wait_ns"))
+        },
         # how far apart the processes started and finished, in ms (the ramps in elapsed)
         start_skew_ms=(
             max(r["t_start_ns"] for r in results) - min(r["t_start_ns"] for r in results)
@@ -350,13 +361,15 @@ def measure(count: int, a: argparse.Namespace, kind: str = "vibemq") -> dict[str
         end_skew_ms=(max(r["t_end_ns"] for r in results) - min(r["t_end_ns"] for r in results))
         / 1e6,
         elapsed_ms=elapsed * 1e3,
-        # per process: start, end (ms from the first start), CPU ms, vol. context switches
+        # per process: start, end (ms from the first start), CPU ms, voluntary context
+        # switches, ms runnable but waiting for a CPU
         timeline=[
             (
                 round((r["t_start_ns"] - t0) / 1e6, 1),
                 round((r["t_end_ns"] - t0) / 1e6, 1),
                 round(r["cpu_s"] * 1e3, 1),
                 r["sys"]["vcs"],
+                round(r["sys"]["wait_ns"] / 1e6, 1),
             )
             for r in results
         ],
@@ -366,7 +379,10 @@ def measure(count: int, a: argparse.Namespace, kind: str = "vibemq") -> dict[str
             else None
             for k in ("syscr", "syscw", "vcs", "ivcs")
         },
-        **{f"{k}_per_msg": (sys1[k] - sys0[k]) / delivered if delivered else None for k in sys1},
+        **{
+            f"{k}_per_msg": (sys1[k] - sys0[k]) / delivered if delivered else None
+            for k in ("syscr", "syscw", "vcs", "ivcs")
+        },
         errors=[e for r in results for e in r["errors"]],
     )
     if delivered < out["messages"] and not out["errors"]:
@@ -402,6 +418,7 @@ _SYS_KEYS = (
     "ivcs_per_msg",
     "client_us_per_msg",
     "broker_core_share",
+    "broker_wait_share",
     "client_syscr_per_msg",
     "client_syscw_per_msg",
 )
@@ -428,7 +445,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         f"{'broker':>9} {'queues':>7} {'conns':>7} {'msg/s':>10} {'vs first':>9} "
         f"{'broker us/msg':>14} {'vs first':>9} {'reads/msg':>9} {'writes/msg':>10} "
         f"{'preempt/kmsg':>12} {'broker RSS MiB':>15} {'setup s':>8} {'ok':>5} "
-        f"{'broker core':>11} {'client us/msg':>13} {'client msg/read':>15}"
+        f"{'broker core':>11} {'waits':>6} {'client us/msg':>13} {'client msg/read':>15}"
     )
     print()
     print(head)
@@ -445,6 +462,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             f"{_fmt(_per_k(r['ivcs_per_msg']), '.2f'):>12} {_fmt(r['rss_mib'], '.0f'):>15} "
             f"{_fmt(r['setup_s'], '.1f'):>8} "
             f"{r['ok_runs']:>2}/{r['runs']:<2} {_fmt(r['broker_core_share'], '.2f'):>11} "
+            f"{_fmt(r['broker_wait_share'], '.2f'):>6} "
             f"{_fmt(r['client_us_per_msg'], '.2f'):>13} "
             f"{_fmt(_inverse(r['client_syscr_per_msg']), '.1f'):>15}"
         )
@@ -453,6 +471,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print("'vs first': against the broker's first count in --counts; reads/writes: the")
     print("broker's read/write system calls per message; preempt/kmsg: its involuntary")
     print("context switches per 1,000 messages; broker core: its CPU seconds a second;")
+    print("waits: its seconds a second runnable but waiting for a CPU (schedstat);")
     print("client us/msg: the client processes' CPU (all of them) a message; client")
     print("msg/read: messages for each of their read system calls (publishers' and")
     print("subscribers' reads together)")
@@ -570,6 +589,7 @@ def main(argv: list[str] | None = None) -> int:
                     else ""
                 )
                 + (
+                    f"  broker core {r['broker_core_share']:.2f} waits {r['broker_wait_share']:.2f}"
                     f"  clients {r['client_us_per_msg']:.2f} us/msg"
                     f" r/w per msg {r['client_syscr_per_msg']:.4f}"
                     f"/{r['client_syscw_per_msg']:.4f}"
