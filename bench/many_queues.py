@@ -8,7 +8,11 @@ queues a process opens a subscriber connection (CreateQueue RoundRobin, Subscrib
 ``--window`` unacknowledged publishes per connection), so a count of N queues is 2N
 connections; every connection of a process runs on one uvloop loop (``common``'s hot loops),
 so a process serves its queues round-robin as their sockets become ready. ``--messages`` in
-total, spread evenly over the queues. Where RLIMIT_NOFILE (hard) is too low for 2N connections
+total, spread evenly over the queues; queue names of one width (every PublishAck, which
+echoes the queue, is then of one size for the clients' run scanners). Each process encodes
+its publishes, connects, subscribes and starts its loop before it reports ready, and all
+start on one "go" read inside their loops, so the timed interval holds traffic only. Where
+RLIMIT_NOFILE (hard) is too low for 2N connections
 (20,000 here for 10,000 queues), ``--connections auto`` falls back to ``per-process``: one
 subscriber connection per process subscribed to all of its queues and one publisher connection
 publishing to them in turn; the table says which (the conns column).
@@ -29,7 +33,11 @@ the machine's caches.
 Beside the rate and CPU per message, each measurement reports what explains a swing in the
 CPU per message: the broker's read and write system calls per message (``/proc/PID/io``:
 fewer publishes per read or deliveries per write cost more per message) and its involuntary
-context switches (preempted by the client processes). ``--client-nice N`` runs the client
+context switches (preempted by the client processes); its share of the interval on a CPU and
+runnable but waiting for one (``schedstat``; its CPU per message is from the same ns
+counter); the client processes' CPU per message (all of them) and messages per read. ``--json``
+keeps per process its start, end, CPU, voluntary context switches and time waiting for a
+CPU (``timeline``). ``--client-nice N`` runs the client
 processes at that niceness and ``--pin`` keeps the broker on CPU 0 and the clients on the
 others, so that the broker is not starved by its own load (steadier figures; the default
 shape is unchanged). ``--processes`` keeps the issue's 20 by default.
