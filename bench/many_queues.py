@@ -63,6 +63,8 @@ import multiprocessing as mp
 import os
 import sys
 import time
+from collections.abc import Callable, Coroutine
+from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -73,6 +75,8 @@ if __package__ in (None, ""):
 from bench.brokers import Broker, MosquittoBroker, VibeMQBroker
 from bench.common import (
     BenchError,
+    PubStats,
+    SubStats,
     consume_counting,
     encode_batches,
     expect_report,
@@ -117,29 +121,22 @@ async def _ready_go(pipe: Connection, timeout: float) -> None:
 
 
 async def _drive(
-    drivers: list[Driver],
-    subs: list[Any],
-    pubs: list[Any],
-    per_queue: int,
-    a: Any,
+    subs: list[Coroutine[Any, Any, SubStats]],
+    pubs: list[Callable[[asyncio.Future[None]], Coroutine[Any, Any, PubStats]]],
     pipe: Connection,
+    timeout: float,
 ) -> dict[str, Any]:
-    window, batch, timeout = a
-    encoded = [encode_batches(d, per_queue, batch) for d in drivers]
-    sub_tasks = [
-        asyncio.create_task(consume_counting(c, per_queue, d.delivery_scanner(), timeout))
-        for d, c in zip(drivers, subs, strict=True)
-    ]
-    await asyncio.sleep(0)  # the subscribers adopt their sockets first
+    """Adopt every socket, report ready, and on "go" open the gate of every publisher."""
+    sub_tasks = [asyncio.create_task(c) for c in subs]
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    pub_tasks = [asyncio.create_task(p(gate)) for p in pubs]
+    for _ in range(3):  # the sockets' adoption takes a few loop turns
+        await asyncio.sleep(0)
     await _ready_go(pipe, timeout)
     sys0 = proc_counters([os.getpid()])
     cpu0 = time.process_time()
-    pub_stats = await asyncio.gather(
-        *(
-            publish_pipelined(c, b, s, min(window, per_queue), d.ack_counter(), timeout)
-            for d, c, (b, s) in zip(drivers, pubs, encoded, strict=True)
-        )
-    )
+    gate.set_result(None)
+    pub_stats = await asyncio.gather(*pub_tasks)
     sub_stats = await asyncio.gather(*sub_tasks)
     return {
         "t_start_ns": min(p.t_start_ns for p in pub_stats),
@@ -151,9 +148,34 @@ async def _drive(
     }
 
 
-async def _drive_shared(
+def _per_queue(
+    drivers: list[Driver],
+    subs: list[Any],
+    pubs: list[Any],
+    per_queue: int,
+    a: Any,
+    pipe: Connection,
+) -> Coroutine[Any, Any, dict[str, Any]]:
+    """A publisher and a subscriber connection per queue."""
+    window, batch, timeout = a
+    encoded = [encode_batches(d, per_queue, batch) for d in drivers]
+    return _drive(
+        [
+            consume_counting(c, per_queue, d.delivery_scanner(), timeout)
+            for d, c in zip(drivers, subs, strict=True)
+        ],
+        [
+            partial(publish_pipelined, c, b, s, min(window, per_queue), d.ack_counter(), timeout)
+            for d, c, (b, s) in zip(drivers, pubs, encoded, strict=True)
+        ],
+        pipe,
+        timeout,
+    )
+
+
+def _shared(
     drivers: list[Driver], sub: Any, pub: Any, per_queue: int, a: Any, pipe: Connection
-) -> dict[str, Any]:
+) -> Coroutine[Any, Any, dict[str, Any]]:
     """One subscriber connection subscribed to every queue of the process, one publisher
     connection publishing to them in turn (message j to queue j mod n)."""
     window, batch, timeout = a
@@ -162,23 +184,16 @@ async def _drive_shared(
     frames = [drivers[j % n].publish_batch(j, 1) for j in range(total)]
     batches = [b"".join(frames[i : i + batch]) for i in range(0, total, batch)]
     sizes = [min(batch, total - i) for i in range(0, total, batch)]
-    sub_task = asyncio.create_task(
-        consume_counting(sub, total, drivers[0].delivery_scanner(), timeout)
+    return _drive(
+        [consume_counting(sub, total, drivers[0].delivery_scanner(), timeout)],
+        [
+            partial(
+                publish_pipelined, pub, batches, sizes, window, drivers[0].ack_counter(), timeout
+            )
+        ],
+        pipe,
+        timeout,
     )
-    await asyncio.sleep(0)
-    await _ready_go(pipe, timeout)
-    sys0 = proc_counters([os.getpid()])
-    cpu0 = time.process_time()
-    p = await publish_pipelined(pub, batches, sizes, window, drivers[0].ack_counter(), timeout)
-    s = await sub_task
-    return {
-        "t_start_ns": p.t_start_ns,
-        "t_end_ns": s.t_end_ns,
-        "delivered": s.delivered,
-        "cpu_s": time.process_time() - cpu0,
-        "sys": _since(sys0),
-        "errors": [e for e in (p.error, s.error) if e],
-    }
 
 
 def proc_counters(pids: list[int]) -> dict[str, int]:
@@ -249,11 +264,11 @@ def worker_main(
             for d in drivers[1:]:
                 d.subscribe(sub)
             pub = drivers[0].connect_publisher()
-            work = _drive_shared(drivers, sub, pub, per_queue, opts[1:], pipe)
+            work = _shared(drivers, sub, pub, per_queue, opts[1:], pipe)
         else:
             subs = [d.connect_subscriber() for d in drivers]
             pubs = [d.connect_publisher() for d in drivers]
-            work = _drive(drivers, subs, pubs, per_queue, opts[1:], pipe)
+            work = _per_queue(drivers, subs, pubs, per_queue, opts[1:], pipe)
         pipe.send(("done", run_loop(work)))
     except Exception as exc:
         pipe.send(("error", f"worker: {exc!r}"))
