@@ -98,9 +98,9 @@ Driver = VibeDriver | MqttDriver
 
 async def _ready_go(pipe: Connection, timeout: float) -> None:
     """Report "ready" and wait for "go" without leaving the loop: every process encodes its
-    publishes, starts its loop and adopts its subscriber sockets before the parent starts
-    any of them, so that the timed interval holds traffic, not 20 processes' set-up (which
-    on two cores staggered their starts by 100-400 ms)."""
+    publishes, starts its loop and adopts its sockets before the parent starts any of them,
+    so that the timed interval holds traffic, not 20 processes' set-up (which on two cores
+    staggered their starts by 100-400 ms)."""
     pipe.send(("ready", None))
     loop = asyncio.get_running_loop()
     got: asyncio.Future[None] = loop.create_future()
@@ -197,9 +197,10 @@ def _shared(
 
 
 def proc_counters(pids: list[int]) -> dict[str, int]:
-    """The broker's system calls (``/proc/PID/io``: syscr, syscw), context switches
-    (voluntary, involuntary: every thread's ``/proc/PID/status``) and ns on a CPU and
-    waiting for one (every thread's ``schedstat``: run_ns, wait_ns) so far."""
+    """A process's (the broker's; a client's own) system calls (``/proc/PID/io``: syscr,
+    syscw), context switches (voluntary, involuntary: every thread's ``/proc/PID/status``)
+    and ns on a CPU and waiting for one (every thread's ``schedstat``: run_ns, wait_ns) so
+    far."""
     out = dict.fromkeys(("syscr", "syscw", "vcs", "ivcs", "run_ns", "wait_ns"), 0)
     for pid in pids:
         run, wait = schedstat(pid)
@@ -222,7 +223,7 @@ def proc_counters(pids: list[int]) -> dict[str, int]:
 
 
 def _since(before: dict[str, int]) -> dict[str, int]:
-    """This process's system calls and context switches since ``before``."""
+    """This process's ``proc_counters`` since ``before``."""
     now = proc_counters([os.getpid()])
     return {k: now[k] - before[k] for k in now}
 
