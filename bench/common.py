@@ -399,7 +399,9 @@ class _PubProtocol(asyncio.Protocol):
         counter: AckCounter,
         leftover: bytes,
         done: asyncio.Future[None],
+        gated: bool = False,
     ) -> None:
+        self.gated = gated
         self.batches = batches
         self.sizes = sizes
         self.window = window
@@ -414,6 +416,10 @@ class _PubProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        if not self.gated:
+            self.start()
+
+    def start(self) -> None:
         self.stats.t_start_ns = time.monotonic_ns()
         self.pump()
 
@@ -560,14 +566,20 @@ async def publish_pipelined(
     window: int,
     counter: AckCounter,
     timeout: float,
+    gate: asyncio.Future[None] | None = None,
 ) -> PubStats:
-    """Write the batches keeping at most ``window`` publishes unacked; wait for every ack."""
+    """Write the batches keeping at most ``window`` publishes unacked; wait for every ack.
+    ``gate``: adopt the socket now, write from when it is done (processes that start at once)."""
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     leftover = bytes(conn.buf)
     conn.buf.clear()
-    proto = _PubProtocol(batches, sizes, window, counter, leftover, done)
+    proto = _PubProtocol(batches, sizes, window, counter, leftover, done, gate is not None)
     cpu0 = time.process_time()
     transport, _ = await _adopt(conn, lambda: proto)
+    if gate is not None:
+        await gate
+        cpu0 = time.process_time()
+        proto.start()
     if proto.buf:
         proto.data_received(b"")
     try:

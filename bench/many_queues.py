@@ -8,7 +8,11 @@ queues a process opens a subscriber connection (CreateQueue RoundRobin, Subscrib
 ``--window`` unacknowledged publishes per connection), so a count of N queues is 2N
 connections; every connection of a process runs on one uvloop loop (``common``'s hot loops),
 so a process serves its queues round-robin as their sockets become ready. ``--messages`` in
-total, spread evenly over the queues. Where RLIMIT_NOFILE (hard) is too low for 2N connections
+total, spread evenly over the queues; queue names of one width (every PublishAck, which
+echoes the queue, is then of one size for the clients' run scanners). Each process encodes
+its publishes, connects, subscribes and starts its loop before it reports ready, and all
+start on one "go" read inside their loops, so the timed interval holds traffic only. Where
+RLIMIT_NOFILE (hard) is too low for 2N connections
 (20,000 here for 10,000 queues), ``--connections auto`` falls back to ``per-process``: one
 subscriber connection per process subscribed to all of its queues and one publisher connection
 publishing to them in turn; the table says which (the conns column).
@@ -29,7 +33,11 @@ the machine's caches.
 Beside the rate and CPU per message, each measurement reports what explains a swing in the
 CPU per message: the broker's read and write system calls per message (``/proc/PID/io``:
 fewer publishes per read or deliveries per write cost more per message) and its involuntary
-context switches (preempted by the client processes). ``--client-nice N`` runs the client
+context switches (preempted by the client processes); its share of the interval on a CPU and
+runnable but waiting for one (``schedstat``; its CPU per message is from the same ns
+counter); the client processes' CPU per message (all of them) and messages per read. ``--json``
+keeps per process its start, end, CPU, voluntary context switches and time waiting for a
+CPU (``timeline``). ``--client-nice N`` runs the client
 processes at that niceness and ``--pin`` keeps the broker on CPU 0 and the clients on the
 others, so that the broker is not starved by its own load (steadier figures; the default
 shape is unchanged). ``--processes`` keeps the issue's 20 by default.
@@ -55,6 +63,8 @@ import multiprocessing as mp
 import os
 import sys
 import time
+from collections.abc import Callable, Coroutine
+from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -65,8 +75,9 @@ if __package__ in (None, ""):
 from bench.brokers import Broker, MosquittoBroker, VibeMQBroker
 from bench.common import (
     BenchError,
+    PubStats,
+    SubStats,
     consume_counting,
-    cpu_seconds,
     encode_batches,
     expect_report,
     install_sigterm_exit,
@@ -76,6 +87,7 @@ from bench.common import (
     run_loop,
 )
 from bench.mqtt_driver import MqttDriver
+from bench.stall_probe import schedstat
 from bench.vibemq_driver import VibeDriver
 
 COUNTS = (1, 10, 100, 1000, 10_000)
@@ -84,36 +96,86 @@ COUNTS = (1, 10, 100, 1000, 10_000)
 Driver = VibeDriver | MqttDriver
 
 
+async def _ready_go(pipe: Connection, timeout: float) -> None:
+    """Report "ready" and wait for "go" without leaving the loop: every process encodes its
+    publishes, starts its loop and adopts its sockets before the parent starts any of them,
+    so that the timed interval holds traffic, not 20 processes' set-up (which on two cores
+    staggered their starts by 100-400 ms)."""
+    pipe.send(("ready", None))
+    loop = asyncio.get_running_loop()
+    got: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not got.done():
+            got.set_result(None)
+
+    loop.add_reader(pipe.fileno(), wake)
+    try:
+        await asyncio.wait_for(got, timeout)
+    except TimeoutError:
+        raise BenchError("no 'go'") from None
+    finally:
+        loop.remove_reader(pipe.fileno())
+    if pipe.recv()[0] != "go":
+        raise BenchError("no 'go'")
+
+
 async def _drive(
-    drivers: list[Driver], subs: list[Any], pubs: list[Any], per_queue: int, a: Any
+    subs: list[Coroutine[Any, Any, SubStats]],
+    pubs: list[Callable[[asyncio.Future[None]], Coroutine[Any, Any, PubStats]]],
+    pipe: Connection,
+    timeout: float,
 ) -> dict[str, Any]:
-    window, batch, timeout = a
-    encoded = [encode_batches(d, per_queue, batch) for d in drivers]
-    sub_tasks = [
-        asyncio.create_task(consume_counting(c, per_queue, d.delivery_scanner(), timeout))
-        for d, c in zip(drivers, subs, strict=True)
-    ]
-    await asyncio.sleep(0)  # the subscribers adopt their sockets first
+    """Adopt every socket, report ready, and on "go" open the gate of every publisher."""
+    sub_tasks = [asyncio.create_task(c) for c in subs]
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    pub_tasks = [asyncio.create_task(p(gate)) for p in pubs]
+    for _ in range(3):  # the sockets' adoption takes a few loop turns
+        await asyncio.sleep(0)
+    await _ready_go(pipe, timeout)
+    sys0 = proc_counters([os.getpid()])
     cpu0 = time.process_time()
-    pub_stats = await asyncio.gather(
-        *(
-            publish_pipelined(c, b, s, min(window, per_queue), d.ack_counter(), timeout)
-            for d, c, (b, s) in zip(drivers, pubs, encoded, strict=True)
-        )
-    )
+    gate.set_result(None)
+    pub_stats = await asyncio.gather(*pub_tasks)
     sub_stats = await asyncio.gather(*sub_tasks)
     return {
         "t_start_ns": min(p.t_start_ns for p in pub_stats),
         "t_end_ns": max(s.t_end_ns for s in sub_stats),
         "delivered": sum(s.delivered for s in sub_stats),
         "cpu_s": time.process_time() - cpu0,
+        "sys": _since(sys0),
         "errors": sorted({e for st in (*pub_stats, *sub_stats) if (e := st.error)})[:3],
     }
 
 
-async def _drive_shared(
-    drivers: list[Driver], sub: Any, pub: Any, per_queue: int, a: Any
-) -> dict[str, Any]:
+def _per_queue(
+    drivers: list[Driver],
+    subs: list[Any],
+    pubs: list[Any],
+    per_queue: int,
+    a: Any,
+    pipe: Connection,
+) -> Coroutine[Any, Any, dict[str, Any]]:
+    """A publisher and a subscriber connection per queue."""
+    window, batch, timeout = a
+    encoded = [encode_batches(d, per_queue, batch) for d in drivers]
+    return _drive(
+        [
+            consume_counting(c, per_queue, d.delivery_scanner(), timeout)
+            for d, c in zip(drivers, subs, strict=True)
+        ],
+        [
+            partial(publish_pipelined, c, b, s, min(window, per_queue), d.ack_counter(), timeout)
+            for d, c, (b, s) in zip(drivers, pubs, encoded, strict=True)
+        ],
+        pipe,
+        timeout,
+    )
+
+
+def _shared(
+    drivers: list[Driver], sub: Any, pub: Any, per_queue: int, a: Any, pipe: Connection
+) -> Coroutine[Any, Any, dict[str, Any]]:
     """One subscriber connection subscribed to every queue of the process, one publisher
     connection publishing to them in turn (message j to queue j mod n)."""
     window, batch, timeout = a
@@ -122,27 +184,28 @@ async def _drive_shared(
     frames = [drivers[j % n].publish_batch(j, 1) for j in range(total)]
     batches = [b"".join(frames[i : i + batch]) for i in range(0, total, batch)]
     sizes = [min(batch, total - i) for i in range(0, total, batch)]
-    sub_task = asyncio.create_task(
-        consume_counting(sub, total, drivers[0].delivery_scanner(), timeout)
+    return _drive(
+        [consume_counting(sub, total, drivers[0].delivery_scanner(), timeout)],
+        [
+            partial(
+                publish_pipelined, pub, batches, sizes, window, drivers[0].ack_counter(), timeout
+            )
+        ],
+        pipe,
+        timeout,
     )
-    await asyncio.sleep(0)
-    cpu0 = time.process_time()
-    p = await publish_pipelined(pub, batches, sizes, window, drivers[0].ack_counter(), timeout)
-    s = await sub_task
-    return {
-        "t_start_ns": p.t_start_ns,
-        "t_end_ns": s.t_end_ns,
-        "delivered": s.delivered,
-        "cpu_s": time.process_time() - cpu0,
-        "errors": [e for e in (p.error, s.error) if e],
-    }
 
 
 def proc_counters(pids: list[int]) -> dict[str, int]:
-    """The broker's system calls (``/proc/PID/io``: syscr, syscw) and context switches
-    (voluntary, involuntary: every thread's ``/proc/PID/status``) so far."""
-    out = dict.fromkeys(("syscr", "syscw", "vcs", "ivcs"), 0)
+    """A process's (the broker's; a client's own) system calls (``/proc/PID/io``: syscr,
+    syscw), context switches (voluntary, involuntary: every thread's ``/proc/PID/status``)
+    and ns on a CPU and waiting for one (every thread's ``schedstat``: run_ns, wait_ns) so
+    far."""
+    out = dict.fromkeys(("syscr", "syscw", "vcs", "ivcs", "run_ns", "wait_ns"), 0)
     for pid in pids:
+        run, wait = schedstat(pid)
+        out["run_ns"] += run
+        out["wait_ns"] += wait
         try:
             for line in Path(f"/proc/{pid}/io").read_text().splitlines():
                 key, _, value = line.partition(":")
@@ -157,6 +220,12 @@ def proc_counters(pids: list[int]) -> dict[str, int]:
         except OSError:
             continue
     return out
+
+
+def _since(before: dict[str, int]) -> dict[str, int]:
+    """This process's ``proc_counters`` since ``before``."""
+    now = proc_counters([os.getpid()])
+    return {k: now[k] - before[k] for k in now}
 
 
 def _place_client(nice: int, pin: bool) -> None:
@@ -182,7 +251,7 @@ def worker_main(
 ) -> None:
     try:
         _place_client(*place)
-        prefetch, timeout = opts[0], opts[-1]
+        prefetch = opts[0]
         drivers: list[Driver]
         if broker == "mosquitto":
             drivers = [MqttDriver(host, port, q) for q in queues]
@@ -196,15 +265,11 @@ def worker_main(
             for d in drivers[1:]:
                 d.subscribe(sub)
             pub = drivers[0].connect_publisher()
-            work = _drive_shared(drivers, sub, pub, per_queue, opts[1:])
+            work = _shared(drivers, sub, pub, per_queue, opts[1:], pipe)
         else:
             subs = [d.connect_subscriber() for d in drivers]
             pubs = [d.connect_publisher() for d in drivers]
-            work = _drive(drivers, subs, pubs, per_queue, opts[1:])
-        pipe.send(("ready", None))
-        if not pipe.poll(timeout) or pipe.recv()[0] != "go":
-            work.close()
-            raise BenchError("no 'go'")
+            work = _per_queue(drivers, subs, pubs, per_queue, opts[1:], pipe)
         pipe.send(("done", run_loop(work)))
     except Exception as exc:
         pipe.send(("error", f"worker: {exc!r}"))
@@ -245,8 +310,11 @@ def measure(count: int, a: argparse.Namespace, kind: str = "vibemq") -> dict[str
         if a.pin:
             broker.pin({min(os.sched_getaffinity(0))})
         tag = os.urandom(3).hex()
+        width = len(str(count - 1))
         for k in range(nproc):
-            queues = [f"mq-{tag}-{i}" for i in range(k, count, nproc)]
+            # names of one width: every PublishAck (it echoes the queue) and Deliver of a
+            # connection is then of one size, which the clients' scanners take in runs
+            queues = [f"mq-{tag}-{i:0{width}d}" for i in range(k, count, nproc)]
             rx, tx = ctx.Pipe()
             opts = (a.prefetch, a.window, a.batch, a.timeout)
             proc = ctx.Process(
@@ -271,13 +339,13 @@ def measure(count: int, a: argparse.Namespace, kind: str = "vibemq") -> dict[str
         for rx in pipes:
             expect_report(rx, "ready", a.timeout)
         out["setup_s"] = round(time.monotonic() - t_setup, 2)
-        cpu0 = cpu_seconds(broker.pids())
         sys0 = proc_counters(broker.pids())
         for rx in pipes:
             rx.send(("go", None))
         results = [expect_report(rx, "done", a.timeout + 60) for rx in pipes]
-        cpu = cpu_seconds(broker.pids()) - cpu0
         sys1 = proc_counters(broker.pids())
+        # on a CPU (schedstat, ns: clock ticks were 10 % of these short intervals)
+        cpu = (sys1["run_ns"] - sys0["run_ns"]) / 1e9
         out["broker_rss_kib"] = broker.rss_kib()
     except BenchError as exc:
         out["errors"] = [str(exc)]
@@ -292,14 +360,53 @@ def measure(count: int, a: argparse.Namespace, kind: str = "vibemq") -> dict[str
         finally:
             broker.stop()  # even when interrupted while joining the workers
     delivered = sum(r["delivered"] for r in results)
-    elapsed = (max(r["t_end_ns"] for r in results) - min(r["t_start_ns"] for r in results)) / 1e9
+    t0 = min(r["t_start_ns"] for r in results)
+    elapsed = (max(r["t_end_ns"] for r in results) - t0) / 1e9
     out.update(
         delivered=delivered,
         rate=delivered / elapsed if elapsed > 0 else 0.0,
         broker_cpu_s=cpu,
         cpu_us_per_msg=cpu / delivered * 1e6 if delivered else None,
         generator_cpu_s=round(sum(r["cpu_s"] for r in results), 2),
-        **{f"{k}_per_msg": (sys1[k] - sys0[k]) / delivered if delivered else None for k in sys1},
+        client_us_per_msg=sum(r["cpu_s"] for r in results) / delivered * 1e6 if delivered else None,
+        # the broker's time on a CPU and runnable but waiting for one (schedstat, in ns:
+        # clock ticks are too coarse for these short intervals), shares of the interval;
+        # the wait is what other runnable processes (its clients, the rest of the machine)
+        # took from it, and it was idle for the rest
+        **{
+            f"broker_{name}_share": (sys1[k] - sys0[k]) / 1e9 / elapsed if elapsed > 0 else None
+            for name, k in (("core", "run_ns"), ("wait", "wait_ns"))
+        },
+        # how far apart the processes started and finished, in ms (the ramps in elapsed)
+        start_skew_ms=(
+            max(r["t_start_ns"] for r in results) - min(r["t_start_ns"] for r in results)
+        )
+        / 1e6,
+        end_skew_ms=(max(r["t_end_ns"] for r in results) - min(r["t_end_ns"] for r in results))
+        / 1e6,
+        elapsed_ms=elapsed * 1e3,
+        # per process: start, end (ms from the first start), CPU ms, voluntary context
+        # switches, ms runnable but waiting for a CPU
+        timeline=[
+            (
+                round((r["t_start_ns"] - t0) / 1e6, 1),
+                round((r["t_end_ns"] - t0) / 1e6, 1),
+                round(r["cpu_s"] * 1e3, 1),
+                r["sys"]["vcs"],
+                round(r["sys"]["wait_ns"] / 1e6, 1),
+            )
+            for r in results
+        ],
+        **{
+            f"client_{k}_per_msg": sum(r["sys"][k] for r in results) / delivered
+            if delivered
+            else None
+            for k in ("syscr", "syscw", "vcs", "ivcs")
+        },
+        **{
+            f"{k}_per_msg": (sys1[k] - sys0[k]) / delivered if delivered else None
+            for k in ("syscr", "syscw", "vcs", "ivcs")
+        },
         errors=[e for r in results for e in r["errors"]],
     )
     if delivered < out["messages"] and not out["errors"]:
@@ -329,11 +436,24 @@ def summarize(runs: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict[st
     return rows
 
 
-_SYS_KEYS = ("syscr_per_msg", "syscw_per_msg", "ivcs_per_msg")
+_SYS_KEYS = (
+    "syscr_per_msg",
+    "syscw_per_msg",
+    "ivcs_per_msg",
+    "client_us_per_msg",
+    "broker_core_share",
+    "broker_wait_share",
+    "client_syscr_per_msg",
+    "client_syscw_per_msg",
+)
 
 
 def _fmt(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
+
+
+def _inverse(v: float | None) -> float | None:
+    return 1 / v if v else None
 
 
 def _per_k(v: float | None) -> float | None:
@@ -348,7 +468,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     head = (
         f"{'broker':>9} {'queues':>7} {'conns':>7} {'msg/s':>10} {'vs first':>9} "
         f"{'broker us/msg':>14} {'vs first':>9} {'reads/msg':>9} {'writes/msg':>10} "
-        f"{'preempt/kmsg':>12} {'broker RSS MiB':>15} {'setup s':>8} {'ok':>5}"
+        f"{'preempt/kmsg':>12} {'broker RSS MiB':>15} {'setup s':>8} {'ok':>5} "
+        f"{'broker core':>11} {'waits':>6} {'client us/msg':>13} {'client msg/read':>15}"
     )
     print()
     print(head)
@@ -364,13 +485,20 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             f"{_fmt(r['syscr_per_msg'], '.4f'):>9} {_fmt(r['syscw_per_msg'], '.4f'):>10} "
             f"{_fmt(_per_k(r['ivcs_per_msg']), '.2f'):>12} {_fmt(r['rss_mib'], '.0f'):>15} "
             f"{_fmt(r['setup_s'], '.1f'):>8} "
-            f"{r['ok_runs']:>2}/{r['runs']:<2}"
+            f"{r['ok_runs']:>2}/{r['runs']:<2} {_fmt(r['broker_core_share'], '.2f'):>11} "
+            f"{_fmt(r['broker_wait_share'], '.2f'):>6} "
+            f"{_fmt(r['client_us_per_msg'], '.2f'):>13} "
+            f"{_fmt(_inverse(r['client_syscr_per_msg']), '.1f'):>15}"
         )
     print()
     print("medians of the successful rounds; broker us/msg over the timed interval;")
     print("'vs first': against the broker's first count in --counts; reads/writes: the")
     print("broker's read/write system calls per message; preempt/kmsg: its involuntary")
-    print("context switches per 1,000 messages")
+    print("context switches per 1,000 messages; broker core: its CPU seconds a second;")
+    print("waits: its seconds a second runnable but waiting for a CPU (schedstat);")
+    print("client us/msg: the client processes' CPU (all of them) a message; client")
+    print("msg/read: messages for each of their read system calls (publishers' and")
+    print("subscribers' reads together)")
     # at 1 queue the two are the same; Mosquitto is always per-process
     modes = {r["mode"] for r in rows if r["queues"] > 1 and r["broker"] == "vibemq"}
     if len(modes) > 1:
@@ -482,6 +610,20 @@ def main(argv: list[str] | None = None) -> int:
                     f"  r/w per msg {r['syscr_per_msg']:.4f}/{r['syscw_per_msg']:.4f}"
                     f"  preempt/kmsg {r['ivcs_per_msg'] * 1000:.2f}"
                     if r.get("syscr_per_msg") is not None
+                    else ""
+                )
+                + (
+                    f"  broker core {r['broker_core_share']:.2f} waits {r['broker_wait_share']:.2f}"
+                    f"  clients {r['client_us_per_msg']:.2f} us/msg"
+                    f" r/w per msg {r['client_syscr_per_msg']:.4f}"
+                    f"/{r['client_syscw_per_msg']:.4f}"
+                    if r.get("client_us_per_msg") is not None
+                    else ""
+                )
+                + (
+                    f"  ms: elapsed {r['elapsed_ms']:.0f} start/end skew {r['start_skew_ms']:.0f}"
+                    f"/{r['end_skew_ms']:.0f}"
+                    if r.get("elapsed_ms") is not None
                     else ""
                 )
                 + f"  setup {r.get('setup_s', 0):.1f}s"
