@@ -53,6 +53,7 @@ from bench.amqp_driver import (
 from bench.brokers import Broker, MosquittoBroker, NotInstalled, RabbitMQBroker, VibeMQBroker
 from bench.common import (
     BenchError,
+    Buffer,
     Driver,
     install_sigterm_exit,
     make_payload,
@@ -90,7 +91,7 @@ class LargeAmqpScanner:
         self.tag = b""
         self.left = 0  # body bytes still to come for the current delivery
 
-    def feed(self, buf: bytearray) -> tuple[int, int, bytes]:
+    def feed(self, buf: Buffer) -> tuple[int, int, bytes]:
         pos = 0
         end = len(buf)
         delivered = 0
