@@ -340,14 +340,15 @@ class AckCounter(Protocol):
         ...
 
 
-#: what a delivery scanner reads: a read as it came (``bytes``) or what was held with it
+#: what the scanners read: a subscriber's ``ReadArea``, a blocking connection's buffer
 Buffer = bytes | bytearray
 
 
 class DeliveryScanner(Protocol):
-    def feed(self, buf: Buffer) -> tuple[int, int, bytes]:
-        """Scan frames: (bytes consumed, messages delivered, ack bytes to send). A scanner
-        may consume a delivery whose head has come but not all its body (``BodySkip``)."""
+    def feed(self, buf: Buffer, end: int = -1) -> tuple[int, int, bytes]:
+        """Scan the frames in ``buf`` up to ``end`` (-1: all of it): (bytes consumed,
+        messages delivered, ack bytes to send). A scanner may consume a delivery whose head
+        has come but not all its body (``BodySkip``)."""
         ...
 
 
@@ -378,20 +379,50 @@ class BodySkip:
         return left, self.count
 
 
-def scan_read(scanner: DeliveryScanner, held: bytearray, data: bytes) -> tuple[int, bytes]:
-    """One read through ``scanner``: (messages delivered, ack bytes to send). With nothing
-    held from the reads before, the read itself is scanned, not copied, and only what the
-    scanner leaves (a frame whose head has not all come) is kept in ``held``; else the read
-    joins ``held`` first. With the scanners' ``BodySkip`` a big payload is never copied."""
-    if held:
-        held += data
-        consumed, delivered, reply = scanner.feed(held)
-        del held[:consumed]
-    else:
-        consumed, delivered, reply = scanner.feed(data)
-        if consumed < len(data):
-            held += memoryview(data)[consumed:]
-    return delivered, reply
+class ReadArea:
+    """Where a subscriber's socket reads land and are scanned in place (the reads of a
+    ``BufferedProtocol``: no copy of every read into a ``bytes``, as uvloop makes for
+    ``data_received``, nor into a growing ``bytearray``). What the scanner leaves of a read
+    (a frame whose head has not all come: a delivery's body it skips, ``BodySkip``) is moved
+    to the front and the next read lands after it. Every protocol's subscriber reads the
+    same way, ``SIZE`` bytes at most a read (the broker's read size)."""
+
+    SIZE = 256_000
+
+    def __init__(self) -> None:
+        self.area = bytearray(self.SIZE)
+        self.held = 0  # bytes at the front left from the reads before
+
+    def target(self) -> memoryview:
+        """The room the next read may fill (``get_buffer``)."""
+        return memoryview(self.area)[self.held :]
+
+    def scan(self, nbytes: int, scanner: DeliveryScanner) -> tuple[int, bytes]:
+        """A read of ``nbytes`` into ``target()`` through ``scanner``: (messages delivered,
+        ack bytes to send). The scanner reads the area itself up to the read's end (a
+        ``bytearray`` is read faster than a view of it)."""
+        area = self.area
+        end = self.held + nbytes
+        consumed, delivered, reply = scanner.feed(area, end)
+        left = end - consumed
+        if left * 2 > len(area):  # (a scanner that waits for whole big frames)
+            self.area = area[consumed:end] + bytearray(len(area))
+        elif left:
+            area[:left] = area[consumed:end]  # (the same size: allowed while uvloop reads)
+        self.held = left
+        return delivered, reply
+
+    def feed(self, data: bytes, scanner: DeliveryScanner) -> tuple[int, bytes]:
+        """Bytes that came otherwise (decrypted, or read before), as reads into the area."""
+        delivered, replies = 0, []
+        step = self.SIZE // 2  # (scan leaves at least that much room)
+        for at in range(0, len(data), step):
+            part = data[at : at + step]
+            self.target()[: len(part)] = part
+            n, reply = self.scan(len(part), scanner)
+            delivered += n
+            replies.append(reply)
+        return delivered, b"".join(replies)
 
 
 class Driver(Protocol):
@@ -517,7 +548,10 @@ class _PubProtocol(asyncio.Protocol):
         self.finish(f"connection lost: {exc!r}")
 
 
-class _SubProtocol(asyncio.Protocol):
+class _SubProtocol(asyncio.BufferedProtocol):
+    """Reads into a ``ReadArea`` and scans them there; ``data_received`` only for bytes
+    that came otherwise (decrypted by ``_TlsProtocol``, or read before it took over)."""
+
     def __init__(
         self,
         expected: int,
@@ -526,7 +560,7 @@ class _SubProtocol(asyncio.Protocol):
     ) -> None:
         self.expected = expected
         self.scanner = scanner
-        self.buf = bytearray()
+        self.reads = ReadArea()
         self.done = done
         self.stats = SubStats()
         self.transport: asyncio.Transport | None = None
@@ -534,12 +568,22 @@ class _SubProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.reads.target()
+
+    def buffer_updated(self, nbytes: int) -> None:
         try:
-            delivered, reply = scan_read(self.scanner, self.buf, data)
+            self.counted(*self.reads.scan(nbytes, self.scanner))
         except BenchError as exc:
             self.finish(str(exc))
-            return
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.counted(*self.reads.feed(data, self.scanner))
+        except BenchError as exc:
+            self.finish(str(exc))
+
+    def counted(self, delivered: int, reply: bytes) -> None:
         if reply and self.transport is not None:
             self.transport.write(reply)
         if delivered:
@@ -576,10 +620,21 @@ class _TlsTransport:
         self.raw.close()
 
 
+class _Receiver(Protocol):
+    """What the hot loops' protocols have in common (the subscriber's is a
+    ``BufferedProtocol`` whose ``data_received`` takes the bytes TLS decrypted)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None: ...
+
+    def data_received(self, data: bytes) -> None: ...
+
+    def connection_lost(self, exc: Exception | None) -> None: ...
+
+
 class _TlsProtocol(asyncio.Protocol):
     """Decrypts for an inner protocol (the TLS session the blocking handshake started)."""
 
-    def __init__(self, inner: asyncio.Protocol, tls: TlsClient) -> None:
+    def __init__(self, inner: _Receiver, tls: TlsClient) -> None:
         self.inner, self.tls = inner, tls
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -596,8 +651,8 @@ class _TlsProtocol(asyncio.Protocol):
 
 
 async def _adopt(
-    conn: BlockingConn, factory: Callable[[], asyncio.Protocol]
-) -> tuple[asyncio.BaseTransport, asyncio.Protocol]:
+    conn: BlockingConn, factory: Callable[[], _Receiver]
+) -> tuple[asyncio.BaseTransport, object]:
     loop = asyncio.get_running_loop()
     conn.sock.setblocking(False)
     tls = conn.tls
@@ -607,7 +662,8 @@ async def _adopt(
             lambda: _TlsProtocol(inner, tls), sock=conn.sock
         )
         return transport, inner
-    return await loop.create_connection(factory, sock=conn.sock)
+    make = cast(Callable[[], asyncio.BaseProtocol], factory)  # (each is one, or Buffered)
+    return await loop.create_connection(make, sock=conn.sock)
 
 
 async def publish_pipelined(

@@ -91,9 +91,9 @@ class LargeAmqpScanner:
         self.tag = b""
         self.left = 0  # body bytes still to come for the current delivery
 
-    def feed(self, buf: Buffer) -> tuple[int, int, bytes]:
+    def feed(self, buf: Buffer, end: int = -1) -> tuple[int, int, bytes]:
         pos = 0
-        end = len(buf)
+        end = len(buf) if end < 0 else end
         delivered = 0
         acks: list[bytes] = []
         while end - pos >= 7:

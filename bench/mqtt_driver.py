@@ -34,9 +34,10 @@ def packet(first: int, rest: bytes) -> bytes:
     return bytes((first,)) + encode_remaining_length(len(rest)) + rest
 
 
-def parse_header(buf: Buffer, pos: int) -> tuple[int, int] | None:
-    """(header length, remaining length) of the packet at ``pos``, None if incomplete."""
-    end = len(buf)
+def parse_header(buf: Buffer, pos: int, end: int = -1) -> tuple[int, int] | None:
+    """(header length, remaining length) of the packet at ``pos`` in ``buf`` up to ``end``
+    (-1: all of it), None if incomplete."""
+    end = len(buf) if end < 0 else end
     mult = 1
     value = 0
     i = pos + 1
@@ -111,10 +112,10 @@ class MqttDeliveryScanner:
         compiled = struct.Struct(f"{len(head)}s{tlen}x2s")
         self._head, self._size, self._unpack = head, size, compiled.unpack_from
 
-    def _skip_publish(self, buf: Buffer, pos: int, fixed: int, size: int) -> None:
+    def _skip_publish(self, buf: Buffer, pos: int, end: int, fixed: int, size: int) -> None:
         """Skip the rest of the PUBLISH of ``size`` bytes at ``pos`` (its fixed header
-        ``fixed`` bytes) if its topic and packet id have come: its PUBACK is made now."""
-        end = len(buf)
+        ``fixed`` bytes) if its topic and packet id have come by ``end``: its PUBACK is
+        made now."""
         at = pos + fixed
         if end - at < 2:
             return
@@ -126,8 +127,8 @@ class MqttDeliveryScanner:
         elif end - after >= 2:
             self._skip.begin(size - (end - pos), PUBACK_HEAD + buf[after : after + 2])
 
-    def feed(self, buf: Buffer) -> tuple[int, int, bytes]:
-        end = len(buf)
+    def feed(self, buf: Buffer, end: int = -1) -> tuple[int, int, bytes]:
+        end = len(buf) if end < 0 else end
         acks = bytearray()
         skip = self._skip
         pos, delivered = skip.resume(end, acks) if skip.left else (0, 0)
@@ -142,13 +143,13 @@ class MqttDeliveryScanner:
                 delivered += 1
                 pos += size
             # the next packet: incomplete, or of another shape
-            hdr = parse_header(buf, pos)
+            hdr = parse_header(buf, pos, end)
             if hdr is None:
                 return pos, delivered, bytes(acks)
             first = buf[pos]
             if end - pos < hdr[0] + hdr[1]:
                 if first & 0xF0 == PUBLISH:
-                    self._skip_publish(buf, pos, hdr[0], hdr[0] + hdr[1])
+                    self._skip_publish(buf, pos, end, hdr[0], hdr[0] + hdr[1])
                     if skip.left:
                         return end, delivered, bytes(acks)
                 return pos, delivered, bytes(acks)

@@ -213,8 +213,8 @@ class VibeDeliveryScanner:
         compiled = struct.Struct(f">IBBH{width}sH")
         self._width, self._unpack, self._need = width, compiled.unpack_from, compiled.size
 
-    def feed(self, buf: Buffer) -> tuple[int, int, bytes]:
-        end = len(buf)
+    def feed(self, buf: Buffer, end: int = -1) -> tuple[int, int, bytes]:
+        end = len(buf) if end < 0 else end
         acks = bytearray()
         skip = self._skip
         pos, delivered = skip.resume(end, acks) if skip.left else (0, 0)
@@ -267,8 +267,8 @@ class VibeNoAckScanner(VibeDeliveryScanner):
     is checked a column at a time (``same_heads`` over length, version, type and id
     length), at C speed; what does not fit goes frame by frame."""
 
-    def feed(self, buf: Buffer) -> tuple[int, int, bytes]:
-        end = len(buf)
+    def feed(self, buf: Buffer, end: int = -1) -> tuple[int, int, bytes]:
+        end = len(buf) if end < 0 else end
         skip = self._skip
         pos, delivered = skip.resume(end, bytearray()) if skip.left else (0, 0)
         while end - pos >= 8:

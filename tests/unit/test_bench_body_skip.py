@@ -1,7 +1,8 @@
-"""The load generators' subscribers skip a delivery's body by its length (``BodySkip``,
-``scan_read`` in bench/common.py): whatever the read cuts and payload sizes, after every
-read exactly the deliveries whose last byte has come are counted and acked, in order, and
-what is held between reads is never more than a frame's head (no payload is copied)."""
+"""The load generators' subscribers scan their reads in place and skip a delivery's body by
+its length (``ReadArea``, ``BodySkip`` in bench/common.py): whatever the read cuts and
+payload sizes, after every read exactly the deliveries whose last byte has come are counted
+and acked, in order, and what is held between reads is never more than a frame's head (no
+payload is copied)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchscan import chunked
 
-from bench.common import DeliveryScanner, scan_read
+from bench.common import DeliveryScanner, ReadArea
 from bench.mqtt_driver import MqttDeliveryScanner
 from bench.vibemq_driver import VibeDeliveryScanner, VibeNoAckScanner
 from vibemq_server.adapters.mqtt.codec import encode as mqtt_encode
@@ -41,20 +42,20 @@ def check(scanner: DeliveryScanner, frames: list[tuple[bytes, bytes]], cut: list
     for f, _ in frames:
         at += len(f)
         ends.append(at)
-    held = bytearray()
+    reads = ReadArea()
     seen = delivered = 0
     acks = b""
     for part in chunked(data, cut):
-        n, reply = scan_read(scanner, held, part)
+        n, reply = reads.feed(part, scanner)
         seen += len(part)
         delivered += n
         acks += reply
         done = sum(end <= seen for end in ends)
         assert delivered == done
         assert acks == b"".join(a for _, a in frames[:done])
-        assert len(held) < HEAD_BOUND
+        assert reads.held < HEAD_BOUND
     assert delivered == len(frames)
-    assert not held
+    assert not reads.held
 
 
 def native_ack(msg_id: str, queue: str) -> bytes:
@@ -87,3 +88,20 @@ def test_mqtt_publishes_counted_when_complete(
         wire = encode_publish(b"bench/large", b"x" * size, qos, pid if qos else 0)
         frames.append((wire, mqtt_encode(Puback(pid)) if qos else b""))
     check(MqttDeliveryScanner(), frames, cut)
+
+
+def test_a_head_cut_short_is_not_read_past_the_read() -> None:
+    """A read that ends inside a PUBLISH's remaining length or a Deliver's head: the bytes
+    after it in the area (an earlier read's) are not taken for the rest of the head."""
+    for size in (300, 70_000, 300_000):  # remaining lengths of 2, 3 and 3 bytes
+        pubs = [encode_publish(b"bench/large", b"x" * size, 1, pid) for pid in (1, 2, 3)]
+        want = [(p, mqtt_encode(Puback(pid))) for pid, p in zip((1, 2, 3), pubs, strict=True)]
+        for into in range(1, 8):
+            check(MqttDeliveryScanner(), want, [len(pubs[0]) + into])
+            check(MqttDeliveryScanner(), want, [len(pubs[0]) // 2, len(pubs[0]) + into])
+        delivers = [
+            (encode_deliver(m, "q", b"x" * size, {}, 1), native_ack(m, "q"))
+            for m in ("m1", "m2", "m3")
+        ]
+        for into in range(1, 16):
+            check(VibeDeliveryScanner(True), delivers, [len(delivers[0][0]) + into])
