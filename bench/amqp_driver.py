@@ -18,7 +18,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-from bench.common import BenchError, BlockingConn, make_payload
+from bench.common import BenchError, BlockingConn, Buffer, make_payload
 
 FRAME_METHOD = 1
 FRAME_HEADER = 2
@@ -88,7 +88,7 @@ def expect_method(conn: BlockingConn, cls: int, meth: int) -> bytes:
     raise BenchError(f"AMQP method {cls}.{meth} did not arrive")
 
 
-def _check_close(buf: bytearray, pos: int) -> None:
+def _check_close(buf: Buffer, pos: int) -> None:
     got = MID.unpack_from(buf, pos + 7)
     if got in (CONNECTION_CLOSE, CHANNEL_CLOSE):
         raise BenchError(f"AMQP close {got}: {_close_reason(bytes(buf[pos + 7 :]))}")
@@ -141,9 +141,9 @@ class AmqpDeliveryScanner:
     def __init__(self) -> None:
         self.tag = b""
 
-    def feed(self, buf: bytearray) -> tuple[int, int, bytes]:
+    def feed(self, buf: Buffer, end: int = -1) -> tuple[int, int, bytes]:
         pos = 0
-        end = len(buf)
+        end = len(buf) if end < 0 else end
         delivered = 0
         acks: list[bytes] = []
         while end - pos >= 7:

@@ -171,7 +171,7 @@ def leading_bytes(column: bytes | bytearray, value: bytes | bytearray) -> int:
     return len(column) - len(column.lstrip(value))
 
 
-def same_heads(buf: bytearray, pos: int, size: int, count: int, width: int) -> int:
+def same_heads(buf: bytes | bytearray, pos: int, size: int, count: int, width: int) -> int:
     """How many of the ``count`` frames of ``size`` bytes from ``pos`` start with the first
     one's ``width`` bytes. Every frame's head is compared, a column of heads at a time (one
     strided slice per byte), at C speed; ``count`` >= 1 (the first matches itself)."""
@@ -340,10 +340,89 @@ class AckCounter(Protocol):
         ...
 
 
+#: what the scanners read: a subscriber's ``ReadArea``, a blocking connection's buffer
+Buffer = bytes | bytearray
+
+
 class DeliveryScanner(Protocol):
-    def feed(self, buf: bytearray) -> tuple[int, int, bytes]:
-        """Scan complete frames: (bytes consumed, messages delivered, ack bytes to send)."""
+    def feed(self, buf: Buffer, end: int = -1) -> tuple[int, int, bytes]:
+        """Scan the frames in ``buf`` up to ``end`` (-1: all of it): (bytes consumed,
+        messages delivered, ack bytes to send). A scanner may consume a delivery whose head
+        has come but not all its body (``BodySkip``)."""
         ...
+
+
+class BodySkip:
+    """The rest of a delivery whose head a scanner has read, skipped by its length and
+    never copied (a 1 MiB payload is nothing the load generator reads): the delivery is
+    counted, and its ack sent, when its last byte has come, as if it had waited for all."""
+
+    __slots__ = ("ack", "count", "left")
+
+    def __init__(self) -> None:
+        self.left = 0  # bytes of the delivery still to come
+        self.ack = b""
+        self.count = 0
+
+    def begin(self, left: int, ack: bytes, count: int = 1) -> None:
+        self.left, self.ack, self.count = left, ack, count
+
+    def resume(self, end: int, acks: bytearray) -> tuple[int, int]:
+        """(bytes of a read of ``end`` bytes that are the delivery's, deliveries completed);
+        its ack appended to ``acks`` when it completes."""
+        left = self.left
+        if left > end:
+            self.left = left - end
+            return end, 0
+        self.left = 0
+        acks += self.ack
+        return left, self.count
+
+
+class ReadArea:
+    """Where a subscriber's socket reads land and are scanned in place (the reads of a
+    ``BufferedProtocol``: no copy of every read into a ``bytes``, as uvloop makes for
+    ``data_received``, nor into a growing ``bytearray``). What the scanner leaves of a read
+    (a frame whose head has not all come: a delivery's body it skips, ``BodySkip``) is moved
+    to the front and the next read lands after it. Every protocol's subscriber reads the
+    same way, ``SIZE`` bytes at most a read (the broker's read size)."""
+
+    SIZE = 256_000
+
+    def __init__(self) -> None:
+        self.area = bytearray(self.SIZE)
+        self.held = 0  # bytes at the front left from the reads before
+
+    def target(self) -> memoryview:
+        """The room the next read may fill (``get_buffer``)."""
+        return memoryview(self.area)[self.held :]
+
+    def scan(self, nbytes: int, scanner: DeliveryScanner) -> tuple[int, bytes]:
+        """A read of ``nbytes`` into ``target()`` through ``scanner``: (messages delivered,
+        ack bytes to send). The scanner reads the area itself up to the read's end (a
+        ``bytearray`` is read faster than a view of it)."""
+        area = self.area
+        end = self.held + nbytes
+        consumed, delivered, reply = scanner.feed(area, end)
+        left = end - consumed
+        if left * 2 > len(area):  # (a scanner that waits for whole big frames)
+            self.area = area[consumed:end] + bytearray(len(area))
+        elif left:
+            area[:left] = area[consumed:end]  # (the same size: allowed while uvloop reads)
+        self.held = left
+        return delivered, reply
+
+    def feed(self, data: bytes, scanner: DeliveryScanner) -> tuple[int, bytes]:
+        """Bytes that came otherwise (decrypted, or read before), as reads into the area."""
+        delivered, replies = 0, []
+        step = self.SIZE // 2  # (scan leaves at least that much room)
+        for at in range(0, len(data), step):
+            part = data[at : at + step]
+            self.target()[: len(part)] = part
+            n, reply = self.scan(len(part), scanner)
+            delivered += n
+            replies.append(reply)
+        return delivered, b"".join(replies)
 
 
 class Driver(Protocol):
@@ -378,6 +457,9 @@ class PubStats:
     t_start_ns: int = 0
     t_end_ns: int = 0
     cpu_s: float = 0.0
+    #: cpu_s split into user and kernel time (os.times, to the clock tick)
+    user_s: float = 0.0
+    sys_s: float = 0.0
     error: str = ""
 
 
@@ -387,7 +469,17 @@ class SubStats:
     t_first_ns: int = 0
     t_end_ns: int = 0
     cpu_s: float = 0.0
+    user_s: float = 0.0
+    sys_s: float = 0.0
     error: str = ""
+
+
+def _cpu_since(cpu0: float, times0: os.times_result, stats: PubStats | SubStats) -> None:
+    """The process's CPU since ``cpu0`` / ``times0`` into ``stats`` (all, user, kernel)."""
+    stats.cpu_s = time.process_time() - cpu0
+    now = os.times()
+    stats.user_s = now.user - times0.user
+    stats.sys_s = now.system - times0.system
 
 
 class _PubProtocol(asyncio.Protocol):
@@ -462,7 +554,10 @@ class _PubProtocol(asyncio.Protocol):
         self.finish(f"connection lost: {exc!r}")
 
 
-class _SubProtocol(asyncio.Protocol):
+class _SubProtocol(asyncio.BufferedProtocol):
+    """Reads into a ``ReadArea`` and scans them there; ``data_received`` only for bytes
+    that came otherwise (decrypted by ``_TlsProtocol``, or read before it took over)."""
+
     def __init__(
         self,
         expected: int,
@@ -471,7 +566,7 @@ class _SubProtocol(asyncio.Protocol):
     ) -> None:
         self.expected = expected
         self.scanner = scanner
-        self.buf = bytearray()
+        self.reads = ReadArea()
         self.done = done
         self.stats = SubStats()
         self.transport: asyncio.Transport | None = None
@@ -479,16 +574,22 @@ class _SubProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
-    def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.reads.target()
+
+    def buffer_updated(self, nbytes: int) -> None:
         try:
-            consumed, delivered, reply = self.scanner.feed(buf)
+            self.counted(*self.reads.scan(nbytes, self.scanner))
         except BenchError as exc:
             self.finish(str(exc))
-            return
-        if consumed:
-            del buf[:consumed]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.counted(*self.reads.feed(data, self.scanner))
+        except BenchError as exc:
+            self.finish(str(exc))
+
+    def counted(self, delivered: int, reply: bytes) -> None:
         if reply and self.transport is not None:
             self.transport.write(reply)
         if delivered:
@@ -525,10 +626,21 @@ class _TlsTransport:
         self.raw.close()
 
 
+class _Receiver(Protocol):
+    """What the hot loops' protocols have in common (the subscriber's is a
+    ``BufferedProtocol`` whose ``data_received`` takes the bytes TLS decrypted)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None: ...
+
+    def data_received(self, data: bytes) -> None: ...
+
+    def connection_lost(self, exc: Exception | None) -> None: ...
+
+
 class _TlsProtocol(asyncio.Protocol):
     """Decrypts for an inner protocol (the TLS session the blocking handshake started)."""
 
-    def __init__(self, inner: asyncio.Protocol, tls: TlsClient) -> None:
+    def __init__(self, inner: _Receiver, tls: TlsClient) -> None:
         self.inner, self.tls = inner, tls
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -545,8 +657,8 @@ class _TlsProtocol(asyncio.Protocol):
 
 
 async def _adopt(
-    conn: BlockingConn, factory: Callable[[], asyncio.Protocol]
-) -> tuple[asyncio.BaseTransport, asyncio.Protocol]:
+    conn: BlockingConn, factory: Callable[[], _Receiver]
+) -> tuple[asyncio.BaseTransport, object]:
     loop = asyncio.get_running_loop()
     conn.sock.setblocking(False)
     tls = conn.tls
@@ -556,7 +668,8 @@ async def _adopt(
             lambda: _TlsProtocol(inner, tls), sock=conn.sock
         )
         return transport, inner
-    return await loop.create_connection(factory, sock=conn.sock)
+    make = cast(Callable[[], asyncio.BaseProtocol], factory)  # (each is one, or Buffered)
+    return await loop.create_connection(make, sock=conn.sock)
 
 
 async def publish_pipelined(
@@ -574,11 +687,11 @@ async def publish_pipelined(
     leftover = bytes(conn.buf)
     conn.buf.clear()
     proto = _PubProtocol(batches, sizes, window, counter, leftover, done, gate is not None)
-    cpu0 = time.process_time()
+    cpu0, times0 = time.process_time(), os.times()
     transport, _ = await _adopt(conn, lambda: proto)
     if gate is not None:
         await gate
-        cpu0 = time.process_time()
+        cpu0, times0 = time.process_time(), os.times()
         proto.start()
     if proto.buf:
         proto.data_received(b"")
@@ -586,7 +699,7 @@ async def publish_pipelined(
         await asyncio.wait_for(asyncio.shield(done), timeout)
     except TimeoutError:
         proto.finish(f"timeout after {timeout:.0f}s with {proto.stats.acked} acked")
-    proto.stats.cpu_s = time.process_time() - cpu0
+    _cpu_since(cpu0, times0, proto.stats)
     transport.close()
     return proto.stats
 
@@ -598,7 +711,7 @@ async def consume_counting(
     proto = _SubProtocol(expected, scanner, done)
     leftover = bytes(conn.buf)
     conn.buf.clear()
-    cpu0 = time.process_time()
+    cpu0, times0 = time.process_time(), os.times()
     transport, _ = await _adopt(conn, lambda: proto)
     if leftover:
         proto.data_received(leftover)
@@ -606,7 +719,7 @@ async def consume_counting(
         await asyncio.wait_for(asyncio.shield(done), timeout)
     except TimeoutError:
         proto.finish(f"timeout after {timeout:.0f}s with {proto.stats.delivered} delivered")
-    proto.stats.cpu_s = time.process_time() - cpu0
+    _cpu_since(cpu0, times0, proto.stats)
     transport.close()
     return proto.stats
 
@@ -676,6 +789,11 @@ class ThroughputResult:
     elapsed_s: float = 0.0
     publisher_cpu_s: float = 0.0
     subscriber_cpu_s: float = 0.0
+    #: the generators' CPU in user space and in the kernel (os.times, to the clock tick)
+    publisher_user_s: float = 0.0
+    publisher_sys_s: float = 0.0
+    subscriber_user_s: float = 0.0
+    subscriber_sys_s: float = 0.0
     broker_cpu_s: float | None = None
     errors: list[str] = field(default_factory=list)
 
@@ -738,6 +856,8 @@ def run_throughput(
     result.delivered = sub_stats.delivered
     result.publisher_cpu_s = pub_stats.cpu_s
     result.subscriber_cpu_s = sub_stats.cpu_s
+    result.publisher_user_s, result.publisher_sys_s = pub_stats.user_s, pub_stats.sys_s
+    result.subscriber_user_s, result.subscriber_sys_s = sub_stats.user_s, sub_stats.sys_s
     for err in (pub_stats.error, sub_stats.error):
         if err:
             result.errors.append(err)

@@ -53,6 +53,7 @@ from bench.amqp_driver import (
 from bench.brokers import Broker, MosquittoBroker, NotInstalled, RabbitMQBroker, VibeMQBroker
 from bench.common import (
     BenchError,
+    Buffer,
     Driver,
     install_sigterm_exit,
     make_payload,
@@ -90,9 +91,9 @@ class LargeAmqpScanner:
         self.tag = b""
         self.left = 0  # body bytes still to come for the current delivery
 
-    def feed(self, buf: bytearray) -> tuple[int, int, bytes]:
+    def feed(self, buf: Buffer, end: int = -1) -> tuple[int, int, bytes]:
         pos = 0
-        end = len(buf)
+        end = len(buf) if end < 0 else end
         delivered = 0
         acks: list[bytes] = []
         while end - pos >= 7:

@@ -5,7 +5,10 @@ prefetch) alternating on one broker, and per message delivered: the broker's rea
 system calls and bytes beyond the payload (``/proc/PID/io``: syscr, syscw, rchar, wchar)
 and its minor page faults (``/proc/PID/stat``: minflt) besides its CPU per MB, and that CPU
 a message in user space and in the kernel (utime, stime; sampled at the clock tick), and its
-RSS a second after the round (what the allocator kept of the burst).
+RSS a second after the round (what the allocator kept of the burst); and the publisher's
+and the subscriber's CPU a message, user and kernel (the load generators share the cores
+with the broker). ``--checkout DIR`` runs the broker from another checkout (``PYTHONPATH``),
+e.g. one compiled broker under two versions of the generators.
 ``--perf PREFIX`` records the broker (``perf record -g``) during each protocol's last round
 into ``PREFIX-native.data`` / ``PREFIX-mqtt.data``, to compare
 where each spends (``perf report -i ... --no-children --sort dso,sym -g none``).
@@ -84,14 +87,18 @@ def rss_mib(broker: VibeMQBroker) -> float:
     return (broker.rss_kib() or 0) / 1024
 
 
-def start_broker(strace: str | None, proto: str, calls: str = "memory") -> VibeMQBroker:
-    """A broker with the bench's limits; under ``strace -c`` (the system calls of the class
-    ``calls``) into ``STRACE-PROTO.txt``."""
+def start_broker(
+    strace: str | None, proto: str, calls: str = "memory", checkout: str | None = None
+) -> VibeMQBroker:
+    """A broker with the bench's limits (``checkout``'s modules: ``PYTHONPATH``); under
+    ``strace -c`` (the system calls of the class ``calls``) into ``STRACE-PROTO.txt``."""
     env = dict(VIBEMQ_LIMITS)
+    if checkout is not None:
+        env["PYTHONPATH"] = checkout
     if strace is None:
         broker = VibeMQBroker(mqtt=True, env=env)
     else:
-        env["PYTHONPATH"] = str(REPO)  # (as start() sets it for its own command)
+        env.setdefault("PYTHONPATH", str(REPO))  # (as start() sets it for its own command)
         out = f"{strace}-{proto}.txt"
         command = ["strace", "-f", "-c", "-e", f"trace={calls}", "-o", out]
         broker = VibeMQBroker([*command, *VibeMQBroker.default_command()], mqtt=True, env=env)
@@ -147,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--callgrind", help="each protocol's broker under callgrind: instructions a message"
     )
+    parser.add_argument(
+        "--checkout", help="run the broker from this checkout (PYTHONPATH), e.g. a baseline"
+    )
     args = parser.parse_args(argv)
     size = args.size
     window = max(2, min(1000, args.window_bytes // size))
@@ -155,12 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.callgrind:
         callgrind_costs(args.callgrind, size, args.messages, prefetch, window, batch)
         return 0
-    broker = None if args.strace else start_broker(None, "")
+    broker = None if args.strace else start_broker(None, "", checkout=args.checkout)
     try:
         for r in range(args.rounds):
             order = ("native", "mqtt") if r % 2 == 0 else ("mqtt", "native")
             for proto in order:
-                own = None if broker else start_broker(args.strace, proto, args.strace_calls)
+                own = (
+                    None
+                    if broker
+                    else start_broker(args.strace, proto, args.strace_calls, args.checkout)
+                )
                 used = broker or own
                 assert used is not None
                 try:
@@ -210,6 +224,10 @@ def run_one(
         perf.send_signal(signal.SIGINT)
         perf.wait()
     n = res.delivered or 1
+
+    def us(seconds: float) -> str:
+        return f"{seconds * 1e6 / n:.0f}"
+
     per = {k: (after[k] - before[k]) / n for k in _KEYS}
     cpu = res.broker_cpu_s or 0.0
     print(
@@ -218,7 +236,10 @@ def run_one(
         f"{per['syscr']:.2f}, writes {per['syscw']:.2f}, bytes read beyond the "
         f"payload {per['rchar'] - size:+.0f}, written {per['wchar'] - size:+.0f}, "
         f"minor faults {per['minflt']:.1f}, CPU µs user {per['utime'] * 1e6 / _TICK:.0f} "
-        f"system {per['stime'] * 1e6 / _TICK:.0f}; RSS after it {rss_mib(broker):.0f} MiB",
+        f"system {per['stime'] * 1e6 / _TICK:.0f}; RSS after it {rss_mib(broker):.0f} MiB; "
+        f"clients' CPU µs a message: publisher {us(res.publisher_user_s)} user "
+        f"{us(res.publisher_sys_s)} system, subscriber {us(res.subscriber_user_s)} user "
+        f"{us(res.subscriber_sys_s)} system",
         flush=True,
     )
 

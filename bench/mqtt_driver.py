@@ -10,7 +10,7 @@ import struct
 import uuid
 from dataclasses import dataclass
 
-from bench.common import BenchError, BlockingConn, make_payload, same_heads
+from bench.common import BenchError, BlockingConn, BodySkip, Buffer, make_payload, same_heads
 from vibemq_server.adapters.mqtt.codec import encode_remaining_length
 
 U16 = struct.Struct(">H")
@@ -34,9 +34,10 @@ def packet(first: int, rest: bytes) -> bytes:
     return bytes((first,)) + encode_remaining_length(len(rest)) + rest
 
 
-def parse_header(buf: bytes | bytearray, pos: int) -> tuple[int, int] | None:
-    """(header length, remaining length) of the packet at ``pos``, None if incomplete."""
-    end = len(buf)
+def parse_header(buf: Buffer, pos: int, end: int = -1) -> tuple[int, int] | None:
+    """(header length, remaining length) of the packet at ``pos`` in ``buf`` up to ``end``
+    (-1: all of it), None if incomplete."""
+    end = len(buf) if end < 0 else end
     mult = 1
     value = 0
     i = pos + 1
@@ -93,11 +94,14 @@ class MqttDeliveryScanner:
     shape of the last one (its first byte, remaining length and topic length: ``_head``)
     is read with one precompiled ``struct`` unpack (that head and the packet id), its
     PUBACK appended from a pre-encoded piece and the id; another shape retunes the
-    struct, and what is not a QoS > 0 PUBLISH goes packet by packet."""
+    struct, and what is not a QoS > 0 PUBLISH goes packet by packet. A PUBLISH whose head
+    (and packet id) has come but not all its payload is consumed as far as it came, its
+    PUBACK made, and its rest skipped by its length (``BodySkip``)."""
 
     def __init__(self) -> None:
         # no shape yet: the fast loop waits for the first QoS > 0 PUBLISH to tune it
         self._head, self._size, self._unpack = b"", 1 << 62, HEAD_AND_ID.unpack_from
+        self._skip = BodySkip()
 
     def _tune(self, head: bytes, size: int) -> None:
         """Read PUBLISHes that start with ``head`` (fixed header and topic length), all of
@@ -108,11 +112,26 @@ class MqttDeliveryScanner:
         compiled = struct.Struct(f"{len(head)}s{tlen}x2s")
         self._head, self._size, self._unpack = head, size, compiled.unpack_from
 
-    def feed(self, buf: bytearray) -> tuple[int, int, bytes]:
-        pos = 0
-        end = len(buf)
-        delivered = 0
+    def _skip_publish(self, buf: Buffer, pos: int, end: int, fixed: int, size: int) -> None:
+        """Skip the rest of the PUBLISH of ``size`` bytes at ``pos`` (its fixed header
+        ``fixed`` bytes) if its topic and packet id have come by ``end``: its PUBACK is
+        made now."""
+        at = pos + fixed
+        if end - at < 2:
+            return
+        after = at + 2 + int.from_bytes(buf[at : at + 2], "big")  # the packet id, if QoS > 0
+        if after + 2 > pos + size:
+            return  # (its topic runs past its end: read whole, _tune says it is malformed)
+        if buf[pos] & 0x06 == 0:
+            self._skip.begin(size - (end - pos), b"")
+        elif end - after >= 2:
+            self._skip.begin(size - (end - pos), PUBACK_HEAD + buf[after : after + 2])
+
+    def feed(self, buf: Buffer, end: int = -1) -> tuple[int, int, bytes]:
+        end = len(buf) if end < 0 else end
         acks = bytearray()
+        skip = self._skip
+        pos, delivered = skip.resume(end, acks) if skip.left else (0, 0)
         while True:
             head, size, unpack = self._head, self._size, self._unpack
             while end - pos >= size:
@@ -124,10 +143,16 @@ class MqttDeliveryScanner:
                 delivered += 1
                 pos += size
             # the next packet: incomplete, or of another shape
-            hdr = parse_header(buf, pos)
-            if hdr is None or end - pos < hdr[0] + hdr[1]:
+            hdr = parse_header(buf, pos, end)
+            if hdr is None:
                 return pos, delivered, bytes(acks)
             first = buf[pos]
+            if end - pos < hdr[0] + hdr[1]:
+                if first & 0xF0 == PUBLISH:
+                    self._skip_publish(buf, pos, end, hdr[0], hdr[0] + hdr[1])
+                    if skip.left:
+                        return end, delivered, bytes(acks)
+                return pos, delivered, bytes(acks)
             if first & 0xF0 == PUBLISH and first & 0x06:  # QoS > 0: read it tuned
                 self._tune(bytes(buf[pos : pos + hdr[0] + 2]), hdr[0] + hdr[1])
                 continue

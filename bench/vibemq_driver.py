@@ -14,7 +14,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from bench.common import BenchError, BlockingConn, make_payload, same_heads
+from bench.common import BenchError, BlockingConn, BodySkip, Buffer, make_payload, same_heads
 
 U16 = struct.Struct(">H")
 U32 = struct.Struct(">I")
@@ -139,7 +139,7 @@ def handshake(conn: BlockingConn, client: str, login: tuple[str, str] | None = N
 HEAD = struct.Struct(">IBBH")
 
 
-def _error(buf: bytearray, pos: int, size: int) -> str:
+def _error(buf: Buffer, pos: int, size: int) -> str:
     return decode(bytes(buf[pos + 4 : pos + size])).error
 
 
@@ -182,11 +182,13 @@ class VibeDeliveryScanner:
     of one read go out in one write, as MQTT's scanner answers each PUBLISH with its PUBACK.
     ``ack_queue``: with the Deliver's queue in the Ack's queue field, as the client library
     sends it (it names the subscription for a broker connection subscribed to many
-    queues)."""
+    queues). A Deliver whose head has come but not all its body is consumed as far as it
+    came, its Ack made, and its rest skipped by its length (``BodySkip``)."""
 
     def __init__(self, ack_queue: bool = False) -> None:
         self.ack_queue = ack_queue
         self._parts: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+        self._skip = BodySkip()
         self._tune(0)
 
     def _ack_parts(self, idlen: int, qlen: int = -1) -> tuple[bytes, bytes]:
@@ -211,11 +213,11 @@ class VibeDeliveryScanner:
         compiled = struct.Struct(f">IBBH{width}sH")
         self._width, self._unpack, self._need = width, compiled.unpack_from, compiled.size
 
-    def feed(self, buf: bytearray) -> tuple[int, int, bytes]:
-        pos = 0
-        end = len(buf)
-        delivered = 0
+    def feed(self, buf: Buffer, end: int = -1) -> tuple[int, int, bytes]:
+        end = len(buf) if end < 0 else end
         acks = bytearray()
+        skip = self._skip
+        pos, delivered = skip.resume(end, acks) if skip.left else (0, 0)
         ack_queue = self.ack_queue
         while True:
             width, unpack, need = self._width, self._unpack, self._need
@@ -225,6 +227,13 @@ class VibeDeliveryScanner:
                 n, _, t, idlen, mid_id, qlen = unpack(buf, pos)
                 size = 4 + n
                 if end - pos < size:
+                    if t == DELIVER and idlen == width and end - pos >= need + qlen:
+                        # its head (the queue field too) is in: the rest skipped by length
+                        q = pos + 8 + width
+                        queue = buf[q : q + 2 + qlen] if ack_queue else b""
+                        pre, mid = self._ack_parts(width, qlen if ack_queue else -1)
+                        skip.begin(size - (end - pos), pre + mid_id + queue + mid + mid_id)
+                        return end, delivered, bytes(acks)
                     break
                 if t == DELIVER and idlen == width:
                     if ack_queue:
@@ -258,14 +267,17 @@ class VibeNoAckScanner(VibeDeliveryScanner):
     is checked a column at a time (``same_heads`` over length, version, type and id
     length), at C speed; what does not fit goes frame by frame."""
 
-    def feed(self, buf: bytearray) -> tuple[int, int, bytes]:
-        pos = 0
-        end = len(buf)
-        delivered = 0
+    def feed(self, buf: Buffer, end: int = -1) -> tuple[int, int, bytes]:
+        end = len(buf) if end < 0 else end
+        skip = self._skip
+        pos, delivered = skip.resume(end, bytearray()) if skip.left else (0, 0)
         while end - pos >= 8:
             (n,) = U32.unpack_from(buf, pos)
             size = 4 + n
             if end - pos < size:
+                if buf[pos + 5] == DELIVER:  # the rest skipped by its length
+                    skip.begin(size - (end - pos), b"")
+                    return end, delivered, b""
                 break
             t = buf[pos + 5]
             if t == DELIVER:

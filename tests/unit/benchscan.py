@@ -10,7 +10,7 @@ from pathlib import Path
 # bench/ is a top-level package of the repository, not installed
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.common import AckCounter, DeliveryScanner
+from bench.common import AckCounter, BodySkip, DeliveryScanner, ReadArea
 
 
 def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
@@ -19,17 +19,17 @@ def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
 
 
 def run_scanner(scanner: DeliveryScanner, data: bytes, cuts: list[int]) -> tuple[int, bytes, int]:
-    """(deliveries counted, the acks written, bytes left unconsumed), read by read."""
-    buf = bytearray()
+    """(deliveries counted, the acks written, bytes left unconsumed), read by read into a
+    ``ReadArea`` as the load generator's subscriber reads (scanned in place, a delivery's
+    body skipped by its length)."""
+    reads = ReadArea()
     delivered = 0
     acks = b""
     for part in chunked(data, cuts):
-        buf += part
-        used, n, reply = scanner.feed(buf)
-        del buf[:used]
+        n, reply = reads.feed(part, scanner)
         delivered += n
         acks += reply
-    return delivered, acks, len(buf)
+    return delivered, acks, reads.held + getattr(scanner, "_skip", BodySkip()).left
 
 
 def run_counter(counter: AckCounter, data: bytes, cuts: list[int]) -> tuple[int, int]:
