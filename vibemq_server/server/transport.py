@@ -111,15 +111,10 @@ class ReadBatch:
     publisher, deliveries to subscribers, of any protocol) is written when the read is done:
     one write per connection per read, and without waiting for the next loop turn.
 
-    The connection being read (``reader``, given to the outermost ``begin``) is written
-    first: its output is mostly acknowledgements, and its peer (a publisher) sends the next
-    message only once it has them, where a 1 MiB delivery written before them would hold
-    them back for as long as its copy into the kernel takes.
-
     ``hold`` and ``release`` (the core's ``QueueManager.hold``/``release``) bracket the
     outermost read: what the core holds back meanwhile is handed over before the writes."""
 
-    __slots__ = ("_depth", "_hold", "_release", "dirty", "reader", "reading")
+    __slots__ = ("_depth", "_hold", "_release", "dirty", "reading")
 
     def __init__(
         self,
@@ -129,18 +124,14 @@ class ReadBatch:
         self.reading = False
         self._depth = 0
         self.dirty: list[Flushable] = []
-        #: the connection whose read is handled (its output is written first)
-        self.reader: Flushable | None = None
         self._hold = hold
         self._release = release
 
-    def begin(self, reader: Flushable | None = None) -> None:
+    def begin(self) -> None:
         self._depth += 1
         self.reading = True
-        if self._depth == 1:
-            self.reader = reader
-            if self._hold is not None:
-                self._hold()
+        if self._depth == 1 and self._hold is not None:
+            self._hold()
 
     def end(self) -> None:
         self._depth -= 1
@@ -152,7 +143,6 @@ class ReadBatch:
             except Exception:
                 log.exception("release after a read failed")
         self.reading = False
-        self.reader = None
         # A connection whose flush fails must not leave the others' output unwritten (their
         # flush flag would stay set and nothing they send would ever be written again).
         while self.dirty:
@@ -648,7 +638,7 @@ class StreamTransport(asyncio.BufferedProtocol):
         self.bytes_received += nbytes
         self._ctx.stats.bytes_received += nbytes
         batch = self._ctx.batch
-        batch.begin(self)
+        batch.begin()
         try:
             session.data_received(data)
         except Exception:  # a bug must cost this connection only, never the broker
@@ -812,10 +802,7 @@ class StreamTransport(asyncio.BufferedProtocol):
         at the loop's next turn outside one."""
         batch = self._ctx.batch
         if batch.reading:
-            if batch.reader is self:
-                batch.dirty.insert(0, self)  # (see ReadBatch: the reader's acks first)
-            else:
-                batch.dirty.append(self)
+            batch.dirty.append(self)
         else:
             self._ctx.loop.call_soon(self._flush)
 
