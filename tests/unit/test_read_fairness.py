@@ -7,7 +7,8 @@ consumer's acks waited all that time with its window full and messages ready. No
 connection whose read filled the transport's buffer (``READ_SIZE``) is not read again until
 the loop has turned; after a shorter one libuv stops reading it by itself, and after one that
 completed a payload's fill the next read decides, so the transport does not pause it then (no
-pause and resume calls for nothing).
+pause and resume calls for nothing), unless the payload was a large one (``READ_SIZE`` or
+more): then the next read is a header's only (``HEAD_SIZE``), which does not pause.
 
 Deterministic: the whole flood is in the kernel's buffer before the broker's connection
 (made by the factory its listener was started with) gets the socket, on uvloop as in
@@ -22,6 +23,7 @@ import itertools
 import socket
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,7 +34,7 @@ from test_liveness_property import CLIENTS
 
 from vibemq_server.config import Config
 from vibemq_server.protocol.bigcopy import payload_fill
-from vibemq_server.server.transport import READ_SIZE, StreamTransport
+from vibemq_server.server.transport import HEAD_SIZE, READ_SIZE, StreamTransport
 
 #: publishes in the flood: some 1 MB whatever the protocol, several full reads
 FLOOD = 8_000
@@ -138,11 +140,11 @@ FILLS = (100_000, 10_000, 100_000)
 REST = READ_SIZE + 100_000
 
 
-async def _pauses() -> list[list[int]]:
+async def _pauses(sent: int, fills: Callable[[int], int | None]) -> list[list[int]]:
     """[loop turn, bytes, whether the socket was read at the next turn's start] of each read
-    of a connection with all of its input waiting before the transport takes its socket."""
+    of a connection with ``sent`` bytes waiting before the transport takes its socket, whose
+    session has its reads go into a fill of ``fills(n)`` bytes (None: none) after its n-th."""
     loop = asyncio.get_running_loop()
-    sent = sum(FILLS) + REST
     listener = socket.create_server(("127.0.0.1", 0))
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * sent)
     peer = socket.create_connection(listener.getsockname())
@@ -158,21 +160,24 @@ async def _pauses() -> list[list[int]]:
             loop.call_soon(ticker)
 
     class Reads(_Sender):
-        """Has each read go into the next of FILLS, and records it."""
+        """Has its reads go into the fills ``fills`` asks for, and records each."""
 
         def __init__(self, link: StreamTransport) -> None:
             super().__init__(link, b"")
-            self.fills = list(FILLS)
             self.seen = 0
-            link.read_into(payload_fill(self.fills.pop(0)))
+            self.fill(0)
+
+        def fill(self, n: int) -> None:
+            size = fills(n)
+            if size is not None:
+                self.link.read_into(payload_fill(size))
 
         def data_received(self, data: bytes) -> None:
             link = self.link
             read = [turn, link.bytes_received - self.seen, -1]
             self.seen = link.bytes_received
             reads.append(read)
-            if self.fills:
-                link.read_into(payload_fill(self.fills.pop(0)))
+            self.fill(len(reads))
             transport = link.transport
             assert transport is not None
 
@@ -200,9 +205,31 @@ def test_only_a_read_that_filled_the_transports_buffer_pauses_reading() -> None:
     """libuv reads a socket again in the same turn only after a read that filled the buffer
     it was offered: the transport pauses it after one that filled its own buffer, not after
     one that completed a fill (the next read decides) nor after a short one."""
-    reads = uvloop.run(_pauses())
+    reads = uvloop.run(_pauses(sum(FILLS) + REST, lambda n: FILLS[n] if n < len(FILLS) else None))
     assert [size for _, size, _ in reads] == [*FILLS, READ_SIZE, REST - READ_SIZE], reads
     *filled, (turn, _, paused), (_, _, last) = reads
     assert all(t == turn for t, _, _ in filled), reads  # not paused: read on in the same turn
     assert not paused, reads  # a full read into READ_SIZE: paused until the loop turned
     assert last, reads  # a short one: not paused (libuv stopped by itself)
+
+
+#: a payload of READ_SIZE or more: after it, the next read is a header's (HEAD_SIZE)
+LARGE = READ_SIZE + 50_000
+
+
+def test_after_a_large_payload_the_next_read_takes_a_header_only() -> None:
+    """A read that completes a large payload's fill pauses (one large message a loop turn);
+    the next read takes HEAD_SIZE bytes only (the next header: the session starts the next
+    payload's fill from it, so the kernel reads that payload straight into it) and does not
+    pause (the fill's read decides)."""
+
+    def fills(n: int) -> int | None:  # a large payload after each header's read
+        return LARGE if n in (0, 2) else None
+
+    tail = 100
+    reads = uvloop.run(_pauses(2 * LARGE + HEAD_SIZE + tail, fills))
+    assert [size for _, size, _ in reads] == [LARGE, HEAD_SIZE, LARGE, tail], reads
+    (first, _, paused), (head, _, _), (second, _, paused_again), (last, _, _) = reads
+    assert not paused and first < head, reads  # the large payload's read paused reading
+    assert second == head, reads  # the header's read did not: its fill's read in that turn
+    assert not paused_again and second < last, reads
