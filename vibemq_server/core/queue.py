@@ -15,7 +15,7 @@ from typing import Protocol
 from vibemq_server.config import DeliveryMode, OverflowStrategy
 from vibemq_server.core.clock import Clock
 from vibemq_server.core.message import ANY_SUBSCRIBER, Priority, StoredMessage, as_fan_out
-from vibemq_server.core.native import mypyc_attr
+from vibemq_server.core.native import i64, mypyc_attr
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -152,9 +152,9 @@ class Subscription:
     #: the oldest delivery held and its id's hash (None: none inline); ``h1`` is set only
     #: while ``h0`` is, and is newer
     h0: StoredMessage | None
-    k0: int
+    k0: i64
     h1: StoredMessage | None
-    k1: int
+    k1: i64
     #: deliveries held after those two, by id in delivery order (None: none): while it is
     #: set every new one goes here, so the order is ``h0``, ``h1``, then these
     more: dict[str, StoredMessage] | None
@@ -228,7 +228,7 @@ class Subscription:
         an Ack names a message by id, so one subscription cannot hold two of one id)."""
         msg_id = msg.id
         h0 = self.h0
-        key = 0
+        key: i64 = 0
         if h0 is not None:
             # (the hashes first: a held message and its id are cold lines with many queues)
             key = hash(msg_id)
@@ -239,9 +239,8 @@ class Subscription:
                 return False
         more = self.more
         if more is not None:
-            n = len(more)
-            more.setdefault(msg_id, msg)  # (the check and the insert in one lookup)
-            if len(more) == n:
+            # (the check and the insert in one lookup; another message of that id: held)
+            if more.setdefault(msg_id, msg) is not msg:
                 return False
         elif h0 is None:
             self.h0 = msg
@@ -258,7 +257,7 @@ class Subscription:
         """A delivery of ``msg_id`` is held."""
         h0 = self.h0
         if h0 is not None:
-            key = hash(msg_id)
+            key: i64 = hash(msg_id)
             if self.k0 == key and h0.id == msg_id:
                 return True
             h1 = self.h1
@@ -289,9 +288,9 @@ class Subscription:
         msg = more.get(msg_id)  # (a get and a del: compiled, ``pop`` is a call by name)
         if msg is not None:
             del more[msg_id]
-            if not more:
-                self.more = None  # (a fresh dict next time, not this one's spent keys)
-            self.n_held -= 1
+            self.n_held = n = self.n_held - 1
+            if n == (0 if h0 is None else 1 if self.h1 is None else 2):
+                self.more = None  # (emptied: a fresh dict next time, not its spent keys)
         return msg
 
     def held(self) -> list[StoredMessage]:
