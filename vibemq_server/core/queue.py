@@ -230,12 +230,8 @@ class Subscription:
         h0 = self.h0
         key: i64 = 0
         if h0 is not None:
-            # (the hashes first: a held message and its id are cold lines with many queues)
             key = hash(msg_id)
-            if self.k0 == key and h0.id == msg_id:
-                return False
-            h1 = self.h1
-            if h1 is not None and self.k1 == key and h1.id == msg_id:
+            if self._inline(msg_id, key):
                 return False
         more = self.more
         if more is not None:
@@ -255,16 +251,19 @@ class Subscription:
 
     def holds(self, msg_id: str) -> bool:
         """A delivery of ``msg_id`` is held."""
-        h0 = self.h0
-        if h0 is not None:
-            key: i64 = hash(msg_id)
-            if self.k0 == key and h0.id == msg_id:
-                return True
-            h1 = self.h1
-            if h1 is not None and self.k1 == key and h1.id == msg_id:
-                return True
+        if self.h0 is not None and self._inline(msg_id, hash(msg_id)):
+            return True
         more = self.more
         return more is not None and msg_id in more
+
+    def _inline(self, msg_id: str, key: i64) -> bool:
+        """``h0`` or ``h1`` is a delivery of ``msg_id`` (``key``: its hash). The hashes
+        are compared first: with many queues a held message and its id are cold lines."""
+        h0 = self.h0
+        if h0 is not None and self.k0 == key and h0.id == msg_id:
+            return True
+        h1 = self.h1
+        return h1 is not None and self.k1 == key and h1.id == msg_id
 
     def release(self, msg_id: str) -> StoredMessage | None:
         """Take the delivery of ``msg_id`` out (None: none held). Acks come mostly in
