@@ -442,7 +442,7 @@ class AmqpConnection(BasicMethods):
                 consumer.queue,
                 tag,
                 0 if consumer.sub.prefetch >= UNLIMITED else consumer.sub.prefetch,
-                len(consumer.sub.inflight),
+                consumer.sub.n_held,
                 number,
             )
             for number, channel in self.channels.items()

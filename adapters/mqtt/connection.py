@@ -502,9 +502,7 @@ class MqttConnection:
         consumers: tuple[ConsumerInfo, ...] = ()
         if session is not None and session.sub is not None:
             sub = session.sub
-            consumers = (
-                ConsumerInfo(sub.queue.name, session.client_id, sub.prefetch, len(sub.inflight)),
-            )
+            consumers = (ConsumerInfo(sub.queue.name, session.client_id, sub.prefetch, sub.n_held),)
         details: dict[str, str | int | float | bool | None] = {"keep_alive_s": self.keep_alive}
         if session is not None:
             details["clean_session"] = session.clean

@@ -1013,7 +1013,7 @@ class MqttServer(Server):
             sub = subs[idx]
             member = cast(SharedMember, sub.consumer)
             session = member.session
-            if len(sub.inflight) + member.direct < sub.prefetch and session.writable:
+            if sub.n_held + member.direct < sub.prefetch and session.writable:
                 self._share_rr[group] = idx + 1
                 session.deliver_direct(member, topic, payload, qos)
                 return True

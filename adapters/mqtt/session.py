@@ -164,7 +164,7 @@ class SharedMember(Consumer):
         # ones count too, so that the member's window holds for both.
         sub = self.sub
         return self.session.writable and (
-            not self.direct or sub is None or len(sub.inflight) + self.direct < sub.prefetch
+            not self.direct or sub is None or sub.n_held + self.direct < sub.prefetch
         )
 
     def deliver(self, sub: Subscription, msg: StoredMessage) -> None:

@@ -403,7 +403,7 @@ class QueueManager(QueueHost):
         self.retired_stats.add(queue)
         queue.deleted = True
         for sub in queue.drop_subscriptions():
-            sub.inflight.clear()
+            sub.release_all()
             sub.consumer.subscription_cancelled(sub, "queue_deleted")
         self.memory_bytes -= queue.nbytes
         queue.take_all()
@@ -705,8 +705,7 @@ class QueueManager(QueueHost):
         """Remove a subscription; its unacknowledged deliveries go back to the queue."""
         queue = sub.queue
         queue.remove_subscription(sub)
-        returned = list(sub.inflight.values())
-        sub.inflight.clear()
+        returned = sub.release_all()
         if not queue.deleted:
             self._return(queue, returned)
             queue.dispatch()
@@ -714,7 +713,7 @@ class QueueManager(QueueHost):
     def ack(self, sub: Subscription, msg_id: str, *, dispatch: bool = True) -> bool:
         """Settle a delivery. ``dispatch=False`` leaves refilling the subscriber to the
         caller (one dispatch after a batch of acks instead of one per ack)."""
-        msg = sub.inflight.pop(msg_id, None)
+        msg = sub.release(msg_id)
         if msg is None:
             return False
         self._acked(sub, msg)
@@ -742,7 +741,6 @@ class QueueManager(QueueHost):
         """Settle several deliveries of one subscription, in order, as ``ack`` with
         ``dispatch=False`` would one by one; the caller refills. Returns the ids this
         subscription did not hold (in order)."""
-        inflight = sub.inflight
         queue = sub.queue
         persistence = self.persistence if sub.durable else None
         # journaled messages that are no fan-out copy: settled in the journal in one call
@@ -750,7 +748,7 @@ class QueueManager(QueueHost):
         missing: list[str] = []
         settled = 0
         for msg_id in msg_ids:
-            msg = inflight.pop(msg_id, None)
+            msg = sub.release(msg_id)
             if msg is None:
                 missing.append(msg_id)
                 continue
@@ -784,7 +782,7 @@ class QueueManager(QueueHost):
         journaled: dict[int, tuple[Queue, list[StoredMessage]]] = {}
         for msg_id in msg_ids:
             sub = holders.pop(msg_id, None)
-            msg = sub.inflight.pop(msg_id, None) if sub is not None else None
+            msg = sub.release(msg_id) if sub is not None else None
             if sub is None or msg is None:
                 rest.append(msg_id)
                 continue
@@ -837,7 +835,7 @@ class QueueManager(QueueHost):
     def nack(self, sub: Subscription, msg_id: str, *, requeue: bool, dispatch: bool = True) -> bool:
         """Give a delivery back: to the head of its queue (``requeue``), or dead-letter it
         (dropped when the queue has no dead-letter queue)."""
-        msg = sub.inflight.pop(msg_id, None)
+        msg = sub.release(msg_id)
         if msg is None:
             return False
         queue = sub.queue
@@ -868,7 +866,7 @@ class QueueManager(QueueHost):
             if msg.expires_at and msg.expired(now):
                 self.expire(queue, msg)
                 continue
-            if queue.needs_ack and msg.id in sub.inflight:
+            if queue.needs_ack and sub.holds(msg.id):
                 held.append(msg)
                 continue
             self.send(sub, msg)
@@ -886,9 +884,7 @@ class QueueManager(QueueHost):
         straight to a subscriber), so that it is not read twice; 0: read it here."""
         queue = sub.queue
         needs_ack = queue.needs_ack
-        msg_id = msg.id
-        inflight = sub.inflight
-        if needs_ack and msg_id in inflight:
+        if needs_ack and not sub.hold(msg):  # (held from here on, unless its id is)
             self._held(sub, msg, now)
             return
         msg.attempts = attempts = msg.attempts + 1
@@ -901,7 +897,6 @@ class QueueManager(QueueHost):
             msg.deadline = deadline = (now or self.clock()) + options.ack_timeout_ms
             if not sub.timed:
                 self._watch(sub, deadline)  # (tick checks its deadlines from then on)
-            inflight[msg_id] = msg
             persistence = self.persistence
             if persistence is not None and options.durable:
                 persistence.delivered(queue, msg)
@@ -1103,12 +1098,12 @@ class QueueManager(QueueHost):
         due = self._due
         while due and due[0][0] <= now:
             sub = heapq.heappop(due)[2]
-            inflight = sub.inflight
-            if not inflight:
+            oldest = sub.first_held()
+            if oldest is None:
                 sub.timed = False  # (it comes back with its next delivery)
                 continue
             queue = sub.queue
-            first = next(iter(inflight.values())).deadline
+            first = oldest.deadline
             if first > now:
                 self._requeue_due(sub, first)
                 continue
@@ -1118,8 +1113,9 @@ class QueueManager(QueueHost):
                 continue
             self._time_out(queue, sub, now)
             touched[queue.name] = queue
-            if inflight:
-                self._requeue_due(sub, next(iter(inflight.values())).deadline)
+            oldest = sub.first_held()
+            if oldest is not None:
+                self._requeue_due(sub, oldest.deadline)
             else:
                 sub.timed = False
         for queue in touched.values():
@@ -1156,16 +1152,15 @@ class QueueManager(QueueHost):
                 self._wake(queue)
 
     def _time_out(self, queue: Queue, sub: Subscription, now: int) -> None:
-        inflight = sub.inflight
         returned: list[StoredMessage] = []
-        for msg in inflight.values():
+        for msg in sub.held():
             if msg.deadline > now:
                 break
             returned.append(msg)
         if not returned:
             return
         for msg in returned:
-            del inflight[msg.id]
+            sub.release(msg.id)
         self._return(queue, returned, sub)
 
     # -- publisher flow control ----------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Protocol
 from vibemq_server.config import DeliveryMode, OverflowStrategy
 from vibemq_server.core.clock import Clock
 from vibemq_server.core.message import ANY_SUBSCRIBER, Priority, StoredMessage, as_fan_out
-from vibemq_server.core.native import mypyc_attr
+from vibemq_server.core.native import i64, mypyc_attr
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -117,7 +117,14 @@ class Subscription:
     the queue is another cold line an Ack. So the ack count is kept here while it is
     attached (``Queue.n_acked`` adds it up), and ``waiting`` says whether the queue may hold
     ready messages for it to refill (the compiled build lays the fields out in the order
-    declared here: what an Ack and a delivery read first)."""
+    declared here: what an Ack and a delivery read first).
+
+    Its deliveries are held in delivery order: the first two in fields of its own (``h0``,
+    ``h1``, each with its id's hash), any more in a dict by id (``more``, newer than those
+    two). With 10,000 queues a subscription holds one or two at a time, and a dict of its
+    own was three more cold objects a message (the dict, its keys, rebuilt every few inserts
+    since CPython does not reuse a deleted entry); the fields share its lines. Read them
+    through ``hold``, ``holds``, ``release``, ``held``, ``first_held``, ``n_held``."""
 
     __slots__ = (
         "attached",
@@ -125,17 +132,32 @@ class Subscription:
         "deferred",
         "deliver_many",
         "durable",
+        "h0",
+        "h1",
         "id",
-        "inflight",
+        "k0",
+        "k1",
         "label",
+        "more",
         "n_acked",
+        "n_held",
         "prefetch",
         "queue",
         "timed",
         "waiting",
     )
 
-    inflight: dict[str, StoredMessage]
+    #: deliveries held (unacknowledged)
+    n_held: int
+    #: the oldest delivery held and its id's hash (None: none inline); ``h1`` is set only
+    #: while ``h0`` is, and is newer
+    h0: StoredMessage | None
+    k0: i64
+    h1: StoredMessage | None
+    k1: i64
+    #: deliveries held after those two, by id in delivery order (None: none): while it is
+    #: set every new one goes here, so the order is ``h0``, ``h1``, then these
+    more: dict[str, StoredMessage] | None
     queue: Queue
     prefetch: int
     #: acks while attached (then folded into the queue's, see ``Queue._detach``)
@@ -162,10 +184,15 @@ class Subscription:
     deferred: dict[str, deque[StoredMessage]] | None
 
     def __init__(self, sub_id: str, queue: Queue, consumer: Consumer, prefetch: int) -> None:
-        # Insertion order is delivery order and the ack timeout is per queue, so the first
-        # entries are always the first to time out: the timeout scan stops at the first live
-        # one. Each message holds its own ack deadline (``StoredMessage.deadline``).
-        self.inflight = {}
+        # Held in delivery order and the ack timeout is per queue, so the first held are
+        # always the first to time out: the timeout scan stops at the first live one. Each
+        # message holds its own ack deadline (``StoredMessage.deadline``).
+        self.n_held = 0
+        self.h0 = None
+        self.k0 = 0
+        self.h1 = None
+        self.k1 = 0
+        self.more = None
         self.queue = queue
         self.prefetch = prefetch
         self.n_acked = 0
@@ -185,7 +212,7 @@ class Subscription:
         self.deferred = None
 
     def has_capacity(self) -> bool:
-        return self.consumer.writable and len(self.inflight) < self.prefetch
+        return self.consumer.writable and self.n_held < self.prefetch
 
     def count_acks(self, n: int) -> None:
         """``n`` more of its deliveries acknowledged (on its queue once detached)."""
@@ -193,6 +220,103 @@ class Subscription:
             self.n_acked += n
         else:
             self.queue.acked_gone += n
+
+    # -- the deliveries held ------------------------------------------------------------------
+
+    def hold(self, msg: StoredMessage) -> bool:
+        """Hold ``msg`` as delivered, unless a delivery of its id is held already (False:
+        an Ack names a message by id, so one subscription cannot hold two of one id)."""
+        msg_id = msg.id
+        h0 = self.h0
+        key: i64 = 0
+        if h0 is not None:
+            key = hash(msg_id)
+            if self._inline(msg_id, key):
+                return False
+        more = self.more
+        if more is not None:
+            # (the check and the insert in one lookup; another message of that id: held)
+            if more.setdefault(msg_id, msg) is not msg:
+                return False
+        elif h0 is None:
+            self.h0 = msg
+            self.k0 = hash(msg_id)
+        elif self.h1 is None:
+            self.h1 = msg
+            self.k1 = key
+        else:
+            self.more = {msg_id: msg}
+        self.n_held += 1
+        return True
+
+    def holds(self, msg_id: str) -> bool:
+        """A delivery of ``msg_id`` is held."""
+        if self.h0 is not None and self._inline(msg_id, hash(msg_id)):
+            return True
+        more = self.more
+        return more is not None and msg_id in more
+
+    def _inline(self, msg_id: str, key: i64) -> bool:
+        """``h0`` or ``h1`` is a delivery of ``msg_id`` (``key``: its hash). The hashes
+        are compared first: with many queues a held message and its id are cold lines."""
+        h0 = self.h0
+        if h0 is not None and self.k0 == key and h0.id == msg_id:
+            return True
+        h1 = self.h1
+        return h1 is not None and self.k1 == key and h1.id == msg_id
+
+    def release(self, msg_id: str) -> StoredMessage | None:
+        """Take the delivery of ``msg_id`` out (None: none held). Acks come mostly in
+        delivery order: the oldest is looked at first."""
+        h0 = self.h0
+        if h0 is not None:
+            if h0.id == msg_id:
+                self.h0 = self.h1
+                self.k0 = self.k1
+                self.h1 = None
+                self.n_held -= 1
+                return h0
+            h1 = self.h1
+            if h1 is not None and h1.id == msg_id:
+                self.h1 = None
+                self.n_held -= 1
+                return h1
+        more = self.more
+        if more is None:
+            return None
+        msg = more.get(msg_id)  # (a get and a del: compiled, ``pop`` is a call by name)
+        if msg is not None:
+            del more[msg_id]
+            self.n_held = n = self.n_held - 1
+            if n == (0 if h0 is None else 1 if self.h1 is None else 2):
+                self.more = None  # (emptied: a fresh dict next time, not its spent keys)
+        return msg
+
+    def held(self) -> list[StoredMessage]:
+        """The deliveries held, in delivery order."""
+        out = [m for m in (self.h0, self.h1) if m is not None]
+        if self.more is not None:
+            out.extend(self.more.values())
+        return out
+
+    def first_held(self) -> StoredMessage | None:
+        """The oldest delivery held (None: none)."""
+        if self.h0 is not None:
+            return self.h0
+        return next(iter(self.more.values())) if self.more is not None else None
+
+    def release_all(self) -> list[StoredMessage]:
+        """Take every delivery held out; they are returned in delivery order."""
+        out = self.held()
+        self.h0 = self.h1 = None
+        self.more = None
+        self.n_held = 0
+        return out
+
+    @property
+    def inflight(self) -> dict[str, StoredMessage]:
+        """The deliveries held by id, in delivery order (a copy: for readers and tests)."""
+        return {m.id: m for m in self.held()}
 
 
 class StatsLike(Protocol):
@@ -365,7 +489,7 @@ class Queue:
 
     @property
     def unacked_count(self) -> int:
-        return sum(len(s.inflight) for s in self.subscriptions)
+        return sum(s.n_held for s in self.subscriptions)
 
     @property
     def full(self) -> bool:
@@ -595,7 +719,7 @@ class Queue:
             parked = sub.deferred
             for msg_id in list(parked) if parked is not None else ():
                 while sub.deferred is not None and msg_id in sub.deferred:
-                    if msg_id not in sub.inflight and sub.has_capacity():
+                    if not sub.holds(msg_id) and sub.has_capacity():
                         taker = sub
                     else:
                         other = self.other_taker(sub, msg_id)
@@ -612,7 +736,7 @@ class Queue:
         """A subscription other than ``sub`` with room that does not hold ``msg_id`` (none
         in a fan-out queue: each copy is its subscriber's)."""
         for other in self.subscriptions if self.lone is None and not self.fan_out else ():
-            if other is not sub and other.has_capacity() and msg_id not in other.inflight:
+            if other is not sub and other.has_capacity() and not other.holds(msg_id):
                 return other
         return None
 
@@ -625,7 +749,7 @@ class Queue:
         for i in range(n):
             idx = (start + i) % n
             sub = subs[idx]
-            if len(sub.inflight) < sub.prefetch and sub.consumer.writable:
+            if sub.n_held < sub.prefetch and sub.consumer.writable:
                 self._rr = idx + 1 if idx + 1 < n else 0
                 return sub
         return None
@@ -651,7 +775,7 @@ class Queue:
         lone = self.lone
         if lone is not None:  # (the usual case, without the round-robin bookkeeping)
             sub = lone
-            if len(sub.inflight) >= sub.prefetch or not sub.consumer.writable:
+            if sub.n_held >= sub.prefetch or not sub.consumer.writable:
                 return False
         else:
             found = self._next_with_capacity()
@@ -673,7 +797,7 @@ class Queue:
         if lone is not None and not self.fan_out:
             # A publish into a backed-up queue lands here every time: when its one subscriber
             # has no room, say so without setting up the dispatch loop.
-            if len(lone.inflight) >= lone.prefetch or not lone.consumer.writable:
+            if lone.n_held >= lone.prefetch or not lone.consumer.writable:
                 self.manager.after_dequeue(self)
                 return
         elif not self.subscriptions:
@@ -703,7 +827,7 @@ class Queue:
             lone = self.lone
             if lone is not None:  # (the usual case, without the round-robin bookkeeping)
                 sub = lone
-                if len(sub.inflight) >= sub.prefetch or not sub.consumer.writable:
+                if sub.n_held >= sub.prefetch or not sub.consumer.writable:
                     return
             else:
                 found = self._next_with_capacity()

@@ -167,8 +167,7 @@ async def get_queue(ctx: Ctx, name: str) -> dict[str, Any]:
     queue = _queue(manager, name)
     view = queue_view(manager, queue)
     view["subscribers"] = [
-        Subscriber(id=s.id, prefetch=s.prefetch, unacked=len(s.inflight))
-        for s in queue.subscriptions
+        Subscriber(id=s.id, prefetch=s.prefetch, unacked=s.n_held) for s in queue.subscriptions
     ]
     return view
 

@@ -935,7 +935,7 @@ class Journal(Persistence):
         msgs = queue.ready_list()
         msgs.extend(queue.parked.values())
         for sub in queue.subscriptions:
-            msgs.extend(sub.inflight.values())
+            msgs.extend(sub.held())
         return msgs
 
     async def close(self) -> None:

@@ -990,7 +990,7 @@ class Session(Consumer):
 
     def describe(self) -> SessionInfo:
         consumers = tuple(
-            ConsumerInfo(queue, sub.id, sub.prefetch, len(sub.inflight))
+            ConsumerInfo(queue, sub.id, sub.prefetch, sub.n_held)
             for queue, sub in self.subs.items()
         )
         return SessionInfo(
