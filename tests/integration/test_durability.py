@@ -553,7 +553,7 @@ async def test_an_error_between_durable_publishes_keeps_its_place(
     frames.insert(1, Message(T.PUBLISH, "bad", "ordered", b"{not json"))
     c.send_raw(b"".join(encode(m) for m in frames))
     assert assert_ok(await c.recv(), T.PUBLISH_ACK).id == "p1"
-    assert_error(await c.recv(), "INVALID_MESSAGE", "bad")
+    assert_error(await c.recv(), "INVALID_PAYLOAD", "bad")
     for i in range(2, 200):
         assert assert_ok(await c.recv(), T.PUBLISH_ACK).id == f"p{i}"
 
