@@ -8,7 +8,9 @@
  *
  * The CRC-32 is zlib's (IEEE polynomial, reflected, as zlib.crc32), computed here by slicing
  * by 8 with tables made at import: zlib's own crc32 goes byte by byte under 47 bytes and costs a
- * call through the PLT, and these records are 40-200 bytes (no link dependency either).
+ * call through the PLT, and these records are 40-200 bytes (no link dependency either); where
+ * the CPU has PCLMULQDQ and SSSE3, every record of 16 bytes or more is folded whole instead
+ * (crc32_fold_any).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
