@@ -25,6 +25,7 @@ from vibemq_server.journal.records import (
     iter_records,
 )
 from vibemq_server.protocol import CommandType, Message
+from vibemq_server.protocol.codec import encode
 
 T = CommandType
 
@@ -539,6 +540,22 @@ async def _stuck(srv: ServerProc, count: int, final: list[Message], held: int) -
         f"no delivery for {DRAIN_WAIT}s after {len(final)} of {count} ({held} unacked); "
         f"the broker's queue: {info}; its log: {_trouble(srv.log)}"
     )
+
+
+async def test_an_error_between_durable_publishes_keeps_its_place(
+    tmp_path: Path, servers: Servers
+) -> None:
+    """A refused frame between two durable publishes of one read: its Error waits in their
+    PublishAcks' batch and comes out between them, in the frames' order."""
+    srv = await servers.start(tmp_path / "data", "--fsync", "always")
+    c = await RawClient.connected(srv.port)
+    frames = [c.publish_msg("ordered", {}, msg_id=f"p{i}") for i in range(1, 200)]
+    frames.insert(1, Message(T.PUBLISH, "bad", "ordered", b"{not json"))
+    c.send_raw(b"".join(encode(m) for m in frames))
+    assert assert_ok(await c.recv(), T.PUBLISH_ACK).id == "p1"
+    assert_error(await c.recv(), "INVALID_PAYLOAD", "bad")
+    for i in range(2, 200):
+        assert assert_ok(await c.recv(), T.PUBLISH_ACK).id == f"p{i}"
 
 
 async def test_a_long_lived_message_does_not_pin_the_whole_journal(

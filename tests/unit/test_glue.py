@@ -2,8 +2,10 @@
 is what the codec uses, and it equals ``b"".join`` of its arguments on any pieces (bytes, and
 the other buffers the join takes); ``publish_ack`` writes the PublishAck of an ASCII id and
 queue exactly as the codec glues it from pieces, and leaves any other to them (None);
-``deliver`` writes the Deliver of an ASCII id as the generic encoder does (any queue, payload
-and attempt count), and leaves any other id to the pieces (None)."""
+``publish_acks`` writes a list of them one after the other (None when any is not ASCII),
+``codec.encode_publish_acks`` equals their join on any text; ``deliver`` writes the Deliver
+of an ASCII id as the generic encoder does (any queue, payload and attempt count), and leaves
+any other id to the pieces (None)."""
 
 from __future__ import annotations
 
@@ -78,6 +80,39 @@ def test_publish_ack_leaves_other_text_to_the_pieces(msg_id: str, queue: str) ->
     else:
         assert frame is None
     assert publish_ack("i" * 65_536, "q") is None  # (longer than a u16 length says)
+
+
+def test_the_compiled_publish_acks_is_built_and_used() -> None:
+    from vibemq_server.protocol._glue import publish_acks
+
+    assert codec._publish_acks_ascii is publish_acks
+
+
+_ECHOES = st.lists(st.tuples(st.text(max_size=40), st.text(max_size=40)), max_size=20)
+
+
+@given(_ECHOES)
+def test_publish_acks_are_the_frames_joined(pairs: list[tuple[str, str]]) -> None:
+    from vibemq_server.protocol._glue import publish_acks
+
+    echoes = [text for pair in pairs for text in pair]
+    joined = b"".join(codec._publish_ack_pieces(i, q) for i, q in pairs)
+    assert codec.encode_publish_acks(echoes) == joined
+    if all(text.isascii() for text in echoes):
+        assert publish_acks(echoes) == joined
+    else:
+        assert publish_acks(echoes) is None
+
+
+def test_publish_acks_refuses_what_it_does_not_write() -> None:
+    from vibemq_server.protocol._glue import publish_acks
+
+    assert publish_acks(["i" * 65_536, "q"]) is None  # (longer than a u16 length says)
+    assert publish_acks(["i", b"q"]) is None  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        publish_acks(["i", "q", "j"])  # (not pairs)
+    with pytest.raises(TypeError):
+        publish_acks(("i", "q"))  # type: ignore[arg-type]
 
 
 def test_the_compiled_deliver_is_built_and_used() -> None:

@@ -8,7 +8,9 @@
  *
  * The CRC-32 is zlib's (IEEE polynomial, reflected, as zlib.crc32), computed here by slicing
  * by 8 with tables made at import: zlib's own crc32 goes byte by byte under 47 bytes and costs a
- * call through the PLT, and these records are 40-200 bytes (no link dependency either).
+ * call through the PLT, and these records are 40-200 bytes (no link dependency either); where
+ * the CPU has PCLMULQDQ and SSSE3, every record of 16 bytes or more is folded whole instead
+ * (crc32_fold_any).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -69,7 +71,7 @@ static uint32_t crc32_walk(uint32_t c, const unsigned char *p, size_t n) {
 #define VMQ_CLMUL 1
 static int have_clmul;
 
-#define CLMUL_TARGET __attribute__((target("pclmul,sse2")))
+#define CLMUL_TARGET __attribute__((target("pclmul,sse2,ssse3")))
 
 CLMUL_TARGET static inline __m128i fold16(__m128i x, __m128i k, __m128i next) {
     __m128i lo = _mm_clmulepi64_si128(x, k, 0x00);
@@ -79,16 +81,14 @@ CLMUL_TARGET static inline __m128i fold16(__m128i x, __m128i k, __m128i next) {
 
 #define LOAD16(p) _mm_loadu_si128((const __m128i *)(const void *)(p))
 
-/* The running state `c` over `n` bytes, `n` a multiple of 16, at least 16. */
-CLMUL_TARGET static uint32_t crc32_fold(uint32_t c, const unsigned char *p, size_t n) {
+/* The running state after a first block `x1` (the state already XORed into its first four
+ * bytes) and the `n` bytes at `p`, `n` a multiple of 16 (0 too). */
+CLMUL_TARGET static uint32_t crc32_fold(__m128i x1, const unsigned char *p, size_t n) {
     const __m128i k1k2 = _mm_set_epi64x(0x01c6e41596LL, 0x0154442bd4LL);
     const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009eLL, 0x01751997d0LL);
     const __m128i k5 = _mm_set_epi64x(0, 0x0163cd6124LL);
     const __m128i poly = _mm_set_epi64x(0x01f7011641LL, 0x01db710641LL);
     const __m128i low32 = _mm_setr_epi32(-1, 0, -1, 0);
-    __m128i x1 = _mm_xor_si128(LOAD16(p), _mm_cvtsi32_si128((int)c));
-    p += 16;
-    n -= 16;
     if (n >= 48) { /* four lanes, 64 bytes a step, then folded into one */
         __m128i x2 = LOAD16(p), x3 = LOAD16(p + 16), x4 = LOAD16(p + 32);
         p += 48;
@@ -121,20 +121,51 @@ CLMUL_TARGET static uint32_t crc32_fold(uint32_t c, const unsigned char *p, size
     x1 = _mm_xor_si128(x1, x2);
     return (uint32_t)_mm_cvtsi128_si32(_mm_srli_si128(x1, 4));
 }
+
+/* A length not a multiple of 16 (most records: 29 to 40 bytes for a DELIVER or a SETTLE) is
+ * folded whole as if `k` zero bytes came first, rather than walking its last bytes through the
+ * tables (~70 instructions a record): zero bytes leave a state of 0 at 0, so the fold starts
+ * from the state that `k` zero bytes turn into the CRC's initial 0xFFFFFFFF (before_zeros[k],
+ * made at import), and its first block is the first 16 - k bytes shifted right by `k` (one
+ * PSHUFB with a mask from shift_in). The same CRC, zlib's. */
+static uint32_t before_zeros[16];
+static const unsigned char shift_in[32] = {
+    0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80,
+    0,    1,    2,    3,    4,    5,    6,    7,    8,    9,    10,   11,   12,   13,   14,   15};
+
+static void make_before_zeros(void) {
+    uint32_t c = 0xFFFFFFFFu;
+    before_zeros[0] = c;
+    for (int k = 1; k < 16; k++) {
+        /* one zero byte backwards: c = T[s & 0xFF] ^ (s >> 8), and the top bytes of the
+         * table's 256 entries differ, so the one whose top byte is c's names s's low byte */
+        int i = 0;
+        while ((crc_tables[0][i] >> 24) != (c >> 24))
+            i++;
+        c = ((c ^ crc_tables[0][i]) << 8) | (uint32_t)i;
+        before_zeros[k] = c;
+    }
+}
+
+/* The running state over `n` bytes, at least 16, from the initial state. */
+CLMUL_TARGET static uint32_t crc32_fold_any(const unsigned char *p, size_t n) {
+    size_t r = n & 15, k = (16 - r) & 15;
+    __m128i first = LOAD16(p);
+    if (k)
+        first = _mm_shuffle_epi8(first, LOAD16(shift_in + 16 - k));
+    first = _mm_xor_si128(first, _mm_cvtsi32_si128((int)before_zeros[k]));
+    size_t head = k ? r : 16;
+    return crc32_fold(first, p + head, n - head);
+}
 #endif
 
 /* zlib.crc32(data) (from 0). */
 static uint32_t crc32_of(const unsigned char *p, size_t n) {
-    uint32_t c = 0xFFFFFFFFu;
 #ifdef VMQ_CLMUL
-    if (have_clmul && n >= 16) {
-        size_t whole = n & ~(size_t)15;
-        c = crc32_fold(c, p, whole);
-        p += whole;
-        n -= whole;
-    }
+    if (have_clmul && n >= 16)
+        return crc32_fold_any(p, n) ^ 0xFFFFFFFFu;
 #endif
-    return crc32_walk(c, p, n) ^ 0xFFFFFFFFu;
+    return crc32_walk(0xFFFFFFFFu, p, n) ^ 0xFFFFFFFFu;
 }
 
 typedef struct {
@@ -762,7 +793,9 @@ PyMODINIT_FUNC PyInit__recbuf(void) {
     make_crc_tables();
 #ifdef VMQ_CLMUL
     __builtin_cpu_init();
-    have_clmul = __builtin_cpu_supports("pclmul") && getenv("VIBEMQ_CRC_TABLES") == NULL;
+    have_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("ssse3") &&
+                 getenv("VIBEMQ_CRC_TABLES") == NULL;
+    make_before_zeros();
 #endif
     return vmq_module(&module, types);
 }

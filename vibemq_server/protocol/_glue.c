@@ -14,6 +14,10 @@
  * when id and queue are ASCII (their UTF-8 is the str's own storage: no encode either); None
  * otherwise (the codec glues it from its pieces then).
  *
+ * publish_acks(echoes) -> bytes | None: the PublishAcks of a list [id, queue, id, queue, ...]
+ * one after the other in one bytes object (a durable group commit's answers: one allocation,
+ * not a frame each and their join); None when any of them is not ASCII.
+ *
  * deliver(msg_id, piece, payload, tail) -> bytes | None: the whole Deliver frame of an ASCII id
  * (the queue's length-prefixed piece, the payload and the headers' tail as bytes), written in
  * place; None for any other id or argument (the codec glues it from its pieces then).
@@ -81,18 +85,22 @@ static char *put_text(char *p, const char *data, Py_ssize_t n) {
     return p + n;
 }
 
+/* A frame's head at `at`: the length of its ``body``, version 1, ``type`` and the id; its end. */
+static char *put_head(char *at, Py_ssize_t body, char type, const char *id, Py_ssize_t n) {
+    at = put_u16(at, body >> 16);
+    at = put_u16(at, body & 0xFFFF);
+    *at++ = 1;
+    *at++ = type;
+    return put_text(at, id, n);
+}
+
 /* A new frame of ``body`` bytes after its length: the length, version 1, ``type`` and the id
  * written, ``*p`` where the rest goes; NULL when out of memory. */
 static PyObject *new_frame(Py_ssize_t body, char type, const char *id, Py_ssize_t n, char **p) {
     PyObject *out = PyBytes_FromStringAndSize(NULL, 4 + body);
     if (out == NULL)
         return NULL;
-    char *at = PyBytes_AS_STRING(out);
-    at = put_u16(at, body >> 16);
-    at = put_u16(at, body & 0xFFFF);
-    *at++ = 1;
-    *at++ = type;
-    *p = put_text(at, id, n);
+    *p = put_head(PyBytes_AS_STRING(out), body, type, id, n);
     return out;
 }
 
@@ -100,9 +108,25 @@ static const char MESSAGE_ID_KEY[] = "\x00\x09messageId";
 static const char QUEUE_NAME_KEY[] = "\x00\x09queueName";
 #define KEY_SIZE 11
 
+/* The PublishAck's size after its length prefix. Body: version 1, type 21, the id, the queue,
+ * an empty payload, two headers: messageId = the id, queueName = the queue. */
+#define PUBLISH_ACK_BODY(n, q) (2 + 2 + (n) + 2 + (q) + 4 + 2 + KEY_SIZE + 2 + (n) + KEY_SIZE + 2 + (q))
+
+/* Write the PublishAck of `id` and `queue` at `p` (4 + PUBLISH_ACK_BODY bytes); its end. */
+static char *put_publish_ack(char *p, const char *id, Py_ssize_t n, const char *queue,
+                             Py_ssize_t q) {
+    p = put_head(p, PUBLISH_ACK_BODY(n, q), 21, id, n);
+    p = put_text(p, queue, q);
+    memset(p, 0, 4); /* the payload's length */
+    p = put_u16(p + 4, 2);
+    memcpy(p, MESSAGE_ID_KEY, KEY_SIZE);
+    p = put_text(p + KEY_SIZE, id, n);
+    memcpy(p, QUEUE_NAME_KEY, KEY_SIZE);
+    return put_text(p + KEY_SIZE, queue, q);
+}
+
 /* The PublishAck frame of a Publish whose id and queue are ASCII (the usual case); None for
- * any other, which the codec then builds from its pieces. Body: version 1, type 21, the id,
- * the queue, an empty payload, two headers: messageId = the id, queueName = the queue. */
+ * any other, which the codec then builds from its pieces. */
 static PyObject *publish_ack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     const char *id, *queue;
@@ -113,18 +137,42 @@ static PyObject *publish_ack(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
     if (!ascii_text(args[0], &id, &n) || !ascii_text(args[1], &queue, &q))
         Py_RETURN_NONE;
-    Py_ssize_t body = 2 + 2 + n + 2 + q + 4 + 2 + KEY_SIZE + 2 + n + KEY_SIZE + 2 + q;
-    char *p;
-    PyObject *out = new_frame(body, 21, id, n, &p);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 4 + PUBLISH_ACK_BODY(n, q));
     if (out == NULL)
         return NULL;
-    p = put_text(p, queue, q);
-    memset(p, 0, 4); /* the payload's length */
-    p = put_u16(p + 4, 2);
-    memcpy(p, MESSAGE_ID_KEY, KEY_SIZE);
-    p = put_text(p + KEY_SIZE, id, n);
-    memcpy(p, QUEUE_NAME_KEY, KEY_SIZE);
-    put_text(p + KEY_SIZE, queue, q);
+    put_publish_ack(PyBytes_AS_STRING(out), id, n, queue, q);
+    return out;
+}
+
+/* The PublishAcks of a list of id, queue, id, queue, ... in one bytes object: sized in a
+ * first pass (which checks that every one is ASCII), written in a second (nothing between
+ * the two runs Python code: the list cannot change). */
+static PyObject *publish_acks(PyObject *self, PyObject *echoes) {
+    (void)self;
+    if (!PyList_CheckExact(echoes) || PyList_GET_SIZE(echoes) % 2 != 0) {
+        PyErr_SetString(PyExc_TypeError, "publish_acks takes a list of id, queue, ...");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(echoes), total = 0;
+    const char *id, *queue;
+    Py_ssize_t n, q;
+    for (Py_ssize_t i = 0; i < count; i += 2) {
+        if (!ascii_text(PyList_GET_ITEM(echoes, i), &id, &n) ||
+            !ascii_text(PyList_GET_ITEM(echoes, i + 1), &queue, &q))
+            Py_RETURN_NONE;
+        if (total > PY_SSIZE_T_MAX / 2)
+            return PyErr_NoMemory();
+        total += 4 + PUBLISH_ACK_BODY(n, q);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL)
+        return NULL;
+    char *p = PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < count; i += 2) {
+        ascii_text(PyList_GET_ITEM(echoes, i), &id, &n);
+        ascii_text(PyList_GET_ITEM(echoes, i + 1), &queue, &q);
+        p = put_publish_ack(p, id, n, queue, q);
+    }
     return out;
 }
 
@@ -166,6 +214,8 @@ static PyMethodDef methods[] = {
      "glue(*parts) -> bytes: the parts joined, as b\"\".join(parts)."},
     {"publish_ack", (PyCFunction)(void (*)(void))publish_ack, METH_FASTCALL,
      "publish_ack(msg_id, queue) -> bytes | None: the PublishAck frame when both are ASCII."},
+    {"publish_acks", (PyCFunction)publish_acks, METH_O,
+     "publish_acks(echoes) -> bytes | None: the PublishAcks of [id, queue, ...] when all ASCII."},
     {"deliver", (PyCFunction)(void (*)(void))deliver, METH_FASTCALL,
      "deliver(msg_id, piece, payload, tail) -> bytes | None: the Deliver frame of an ASCII id."},
     {NULL, NULL, 0, NULL},

@@ -56,6 +56,11 @@ def _no_publish_ack(_msg_id: str, _queue: str) -> bytes | None:
     return None
 
 
+def _no_publish_acks(_echoes: list[str]) -> bytes | None:
+    """``_glue.publish_acks`` where it is not built: each PublishAck, then their join."""
+    return None
+
+
 def _no_deliver(_msg_id: str, _piece: bytes, _payload: bytes, _tail: bytes) -> bytes | None:
     """``_glue.deliver`` where it is not built: always from the pieces."""
     return None
@@ -63,14 +68,17 @@ def _no_deliver(_msg_id: str, _piece: bytes, _payload: bytes, _tail: bytes) -> b
 
 _glue_impl: Callable[..., bytes]
 _publish_ack_impl: Callable[[str, str], bytes | None]
+_publish_acks_impl: Callable[[list[str]], bytes | None]
 _deliver_impl: Callable[[str, bytes, bytes, bytes], bytes | None]
 try:
     from vibemq_server.protocol._glue import deliver as _deliver_impl
     from vibemq_server.protocol._glue import glue as _glue_impl
     from vibemq_server.protocol._glue import publish_ack as _publish_ack_impl
+    from vibemq_server.protocol._glue import publish_acks as _publish_acks_impl
 except ImportError:  # not built: the join, the PublishAck and the Deliver from their pieces
     _glue_impl = _join_pieces
     _publish_ack_impl = _no_publish_ack
+    _publish_acks_impl = _no_publish_acks
     _deliver_impl = _no_deliver
 #: a frame's small pieces joined (the C one when built: its pieces as the call's arguments,
 #: no tuple of them, no buffer taken of each as ``b"".join`` does: ~1,000 instructions less
@@ -78,6 +86,8 @@ except ImportError:  # not built: the join, the PublishAck and the Deliver from 
 _glue: Final = _glue_impl
 #: the whole PublishAck of an ASCII id and queue in one C call (no encode, no pieces); None
 _publish_ack_ascii: Final = _publish_ack_impl
+#: the PublishAcks of many ASCII ids and queues in one C call and one bytes object; None
+_publish_acks_ascii: Final = _publish_acks_impl
 #: the whole Deliver of an ASCII id in one C call (no encode, no head cache, no pieces); None
 _deliver_ascii: Final = _deliver_impl
 
@@ -384,6 +394,18 @@ def encode_publish_ack(msg_id: str, queue: str) -> bytes:
     if frame is not None:
         return frame
     return _publish_ack_pieces(msg_id, queue)
+
+
+def encode_publish_acks(echoes: list[str]) -> bytes:
+    """The PublishAcks of ``echoes`` = ``[id, queue, id, queue, ...]``, joined: a durable
+    group commit's answers written by ``_glue.publish_acks`` in one call and one buffer when
+    all are ASCII (no frame object each, no join)."""
+    frames = _publish_acks_ascii(echoes)
+    if frames is not None:
+        return frames
+    return b"".join(
+        [encode_publish_ack(echoes[i], echoes[i + 1]) for i in range(0, len(echoes), 2)]
+    )
 
 
 def _publish_ack_pieces(msg_id: str, queue: str) -> bytes:

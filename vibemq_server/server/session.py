@@ -57,6 +57,7 @@ from vibemq_server.protocol.codec import (
     encode_deliver,
     encode_deliver_named,
     encode_publish_ack,
+    encode_publish_acks,
     peek_ack_target,
     queue_piece,
 )
@@ -756,6 +757,20 @@ class Session(Consumer):
             return
         # (Errors of later frames wait here too, to keep the replies' order: send_error.)
         if err is None:
+            # (the PublishAcks in one C call and one buffer: their ids and queues gathered
+            # into a list made at its size, no frame object a message; a batch that holds an
+            # error frame, rare, is joined from frames)
+            echoes = [""] * (2 * len(batch))
+            at = 0
+            for m in batch:
+                if m.type is _ERROR:
+                    break
+                echoes[at] = m.id
+                echoes[at + 1] = m.queue
+                at += 2
+            else:
+                self.link.send(encode_publish_acks(echoes))
+                return
             self.link.send(
                 b"".join(
                     [
