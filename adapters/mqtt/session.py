@@ -53,6 +53,16 @@ RETAIN: Final = "mqttRetain"
 
 MAX_PACKET_ID: Final = 65_535
 
+#: A subscriber with this many payload bytes waiting for it in the broker's memory (not yet
+#: written: beyond its socket) is congested: its publishers pause (``congested``) until it
+#: is down to RESUME_BYTES, as they do at half ``max_queued_messages``. The count alone let
+#: a publisher of 1 MiB messages that outran its subscriber keep hundreds of them here: a
+#: heap grown by a page fault every 4 KiB and each payload cold again by its delivery, some
+#: 13 % of the broker's CPU a message (docs/performance.md, "Fourteenth round, MQTT at
+#: 1 MiB"). Half as much to resume: a publisher is not paused again a message later.
+PAUSE_BYTES: Final = 8 * 1024 * 1024
+RESUME_BYTES: Final = PAUSE_BYTES // 2
+
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 
@@ -242,6 +252,7 @@ class MqttSession(Consumer):
         "_next_pid",
         "_on_takeover",
         "_pending",
+        "_pending_bytes",
         "_topics",
         "_used",
         "clean",
@@ -311,6 +322,7 @@ class MqttSession(Consumer):
         # A clean session's QoS 1/2 messages waiting for the in-flight window.
         # (A v5 session's entries carry its properties too.)
         self._pending: deque[tuple[Any, ...]] = _NO_ITEMS
+        self._pending_bytes = 0  # their payloads' (each entry's second item)
         #: shared subscriptions (``$share/{group}/{filter}``) -> their member in the group
         self.shared: dict[str, SharedMember] = NO_ENTRIES
         #: packet id -> (subscription, message) of a shared subscription's delivery
@@ -433,6 +445,7 @@ class MqttSession(Consumer):
             self._used.discard(pid)
         self.direct.clear()
         self._pending.clear()
+        self._pending_bytes = 0
         for pid in self.shared_out:
             self._used.discard(pid)
         self.shared_out.clear()
@@ -626,10 +639,11 @@ class MqttSession(Consumer):
         self.pubrel = _ids(self.pubrel)
         self.pubrel.add(pid)
 
-    def own_pending(self) -> deque[tuple[Any, ...]]:
-        """The pending deque, a session's own (made before its first append)."""
-        self._pending = _items(self._pending)
-        return self._pending
+    def add_pending(self, entry: tuple[Any, ...]) -> None:
+        """``entry`` (topic, payload, ...) waits for the in-flight window, counted."""
+        self._pending = pending = _items(self._pending)
+        pending.append(entry)
+        self._pending_bytes += len(entry[1])
 
     def remember_inbound_qos2(self, pid: int) -> None:
         """A QoS 2 publish from the client: its packet id is kept until PUBREL."""
@@ -691,14 +705,20 @@ class MqttSession(Consumer):
 
     @property
     def congested(self) -> bool:
-        """This connected client is falling behind (QoS 0 waiting for its socket, or its
-        queue half full): publishers to it should pause rather than have messages dropped."""
+        """This connected client is falling behind (QoS 0 waiting for its socket, its queue
+        half full, or PAUSE_BYTES of payloads waiting): publishers to it should pause rather
+        than have messages dropped or pile up in memory."""
         if self.link is None:
             return False
         if self._backlog:
             return True
-        queued = len(self._pending) if self.queue is None else self.queue.count
-        return queued >= max(1, self.max_backlog // 2)
+        queue = self.queue
+        if queue is None:
+            return (
+                len(self._pending) >= max(1, self.max_backlog // 2)
+                or self._pending_bytes >= PAUSE_BYTES
+            )
+        return queue.count >= max(1, self.max_backlog // 2) or queue.nbytes >= PAUSE_BYTES
 
     def when_drained(self, waiter: Callable[[], None]) -> None:
         if self.congested:
@@ -712,7 +732,10 @@ class MqttSession(Consumer):
         if not self.congested:
             self.stalled = False
             if self._drain_waiters:
-                self._release_publishers()
+                queue = self.queue
+                held = self._pending_bytes if queue is None else queue.nbytes
+                if held <= RESUME_BYTES:
+                    self._release_publishers()
 
     def _release_publishers(self) -> None:
         waiters, self._drain_waiters = self._drain_waiters, _NO_WAITERS
@@ -750,8 +773,7 @@ class MqttSession(Consumer):
         if not pending and self.writable:
             self._send_direct(topic, payload, qos, retain)
         elif len(pending) < self.max_backlog:
-            self._pending = pending = _items(pending)
-            pending.append((topic, payload, qos, retain))
+            self.add_pending((topic, payload, qos, retain))
         else:
             self.dropped_queued += 1
             self._lost()
@@ -780,7 +802,9 @@ class MqttSession(Consumer):
         )
         send = self._send_direct
         while pending and room > 0 and link.writable:
-            send(*pending.popleft())
+            entry = pending.popleft()
+            self._pending_bytes -= len(entry[1])
+            send(*entry)
             room -= 1
 
     def on_writable(self) -> None:

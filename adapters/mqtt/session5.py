@@ -252,8 +252,7 @@ class Mqtt5Session(MqttSession):
             if not pending and self.writable:
                 self._send_direct(topic, payload, qos, retain, entries, expires_at, sub_ids)
             elif len(pending) < self.max_backlog:
-                self._pending = pending = self.own_pending()
-                pending.append((topic, payload, qos, retain, entries, expires_at, sub_ids))
+                self.add_pending((topic, payload, qos, retain, entries, expires_at, sub_ids))
             else:
                 self.dropped_queued += 1
                 self._lost()
