@@ -30,6 +30,7 @@ from vibemq_server.adapters.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
+from vibemq_server.adapters.mqtt.session import PAUSE_BYTES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -476,6 +477,47 @@ async def test_a_stuck_subscriber_pauses_a_publisher_once_not_per_message(
     await stuck.send(Puback(first.packet_id))  # it catches up a little: two queued ones follow
     got = [await stuck.expect(Publish) for _ in range(1)]
     assert [p.payload for p in got] == [b"s2"]
+
+
+async def test_large_payloads_waiting_for_a_subscriber_pause_its_publisher_by_bytes(
+    mqtt_env: MqttEnv,
+) -> None:
+    """A publisher stops being read once PAUSE_BYTES of payloads wait for a subscriber whose
+    in-flight window is full, however few messages that is, and is read again once they are
+    down to RESUME_BYTES: a fast publisher of large messages does not pile them up in the
+    broker's memory (before, only half ``max_queued_messages`` paused it: 500 by default).
+    The pause bound is far above the test's timeout."""
+    await mqtt_env.start(max_inflight=1, max_publisher_pause_s=60)
+    assert mqtt_env.broker is not None and mqtt_env.broker.adapters["mqtt"] is not None
+    mqtt = mqtt_env.broker.adapters["mqtt"]
+    size = PAUSE_BYTES // 3 + 1  # three waiting make PAUSE_BYTES, two are over RESUME_BYTES
+    slow, _ = await mqtt_env.raw("bytes-slow")
+    assert await slow.subscribe("bytes/t", 1) == 1
+    pub, _ = await mqtt_env.raw("bytes-pub")
+    for pid in (1, 2, 3, 4):  # 1 in flight, 3 waiting
+        await pub.send(Publish("bytes/t", bytes([pid]) * size, qos=1, packet_id=pid))
+        assert (await pub.expect(Puback)).packet_id == pid
+    session = mqtt.sessions["bytes-slow"]
+    publisher = mqtt.sessionless.get("bytes-pub") or mqtt.sessions["bytes-pub"]
+    assert session.queued == 3 and session.congested
+    # (paused in the read that handled publish 4, before its PUBACK was written)
+    assert publisher.link.reading_paused
+    await pub.send(Publish("bytes/t", b"\x05" * size, qos=1, packet_id=5))  # held unread
+
+    got: list[Publish] = [await slow.expect(Publish)]
+    assert got[0].packet_id is not None
+    await slow.send(Puback(got[0].packet_id))
+    got.append(await slow.expect(Publish))  # (the ack is handled before this is sent)
+    assert session.queued == 2 and publisher.link.reading_paused  # 2 x size > RESUME_BYTES
+    assert got[1].packet_id is not None
+    await slow.send(Puback(got[1].packet_id))  # down to one waiting: the publisher goes on
+    assert (await pub.expect(Puback)).packet_id == 5
+    while len(got) < 5:
+        got.append(await slow.expect(Publish))
+        assert got[-1].packet_id is not None
+        await slow.send(Puback(got[-1].packet_id))
+    assert [p.payload for p in got] == [bytes([i]) * size for i in (1, 2, 3, 4, 5)]
+    assert not publisher.link.reading_paused
 
 
 async def test_a_will_to_a_slow_subscriber_pauses_no_connection(mqtt_env: MqttEnv) -> None:
