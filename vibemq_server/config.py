@@ -84,6 +84,12 @@ class MqttConfig(BaseModel):
     max_queued_messages: int = Field(
         1000, ge=1, description="per session, beyond those in flight; newer ones are dropped"
     )
+    pause_publishers_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=1,
+        description="a subscriber with this many payload bytes waiting for it in memory pauses "
+        "its publishers until half of it is left (as half max_queued_messages does)",
+    )
     max_publisher_pause_s: float = Field(
         1.0, gt=0, description="longest a publisher waits for slow subscribers before drops"
     )

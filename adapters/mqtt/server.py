@@ -409,7 +409,11 @@ class MqttServer(Server):
             if queue is None:
                 queue, _ = self.manager.create_queue(name, options)
         context = self._session_context
-        if context is None or context.max_backlog != cfg.max_queued_messages:
+        if (
+            context is None
+            or context.max_backlog != cfg.max_queued_messages
+            or context.pause_bytes != cfg.pause_publishers_bytes
+        ):
             context = self._session_context = SessionContext(
                 self.manager,
                 self.router,
@@ -417,6 +421,7 @@ class MqttServer(Server):
                 cfg.max_queued_messages,
                 self.stats,
                 self.drop_log,
+                cfg.pause_publishers_bytes,
             )
         session = (Mqtt5Session if v5 else MqttSession)(
             client_id, clean, queue, context, cfg.max_inflight

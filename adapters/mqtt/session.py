@@ -53,15 +53,15 @@ RETAIN: Final = "mqttRetain"
 
 MAX_PACKET_ID: Final = 65_535
 
-#: A subscriber with this many payload bytes waiting for it in the broker's memory (not yet
-#: written: beyond its socket) is congested: its publishers pause (``congested``) until it
-#: is down to RESUME_BYTES, as they do at half ``max_queued_messages``. The count alone let
-#: a publisher of 1 MiB messages that outran its subscriber keep hundreds of them here: a
-#: heap grown by a page fault every 4 KiB and each payload cold again by its delivery, some
-#: 13 % of the broker's CPU a message (docs/performance.md, "Fourteenth round, MQTT at
-#: 1 MiB"). Half as much to resume: a publisher is not paused again a message later.
+#: The default of ``mqtt.pause_publishers_bytes``: a subscriber with this many payload bytes
+#: waiting for it in the broker's memory (not yet written: beyond its socket) is congested:
+#: its publishers pause (``congested``) until it is down to half of it, as they do at half
+#: ``max_queued_messages``. The count alone let a publisher of 1 MiB messages that outran its
+#: subscriber keep hundreds of them here: a heap grown by a page fault every 4 KiB and each
+#: payload cold again by its delivery, some 13 % of the broker's CPU a message
+#: (docs/performance.md, "Fourteenth round, MQTT at 1 MiB"). Half as much to resume: a
+#: publisher is not paused again a message later.
 PAUSE_BYTES: Final = 8 * 1024 * 1024
-RESUME_BYTES: Final = PAUSE_BYTES // 2
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -215,7 +215,16 @@ class SessionContext:
     ids, backlog bound, counters and drop log): one object they point to, instead of six
     attributes copied into every session (docs/performance.md, "Idle connections")."""
 
-    __slots__ = ("drop_log", "manager", "max_backlog", "next_msg_id", "router", "stats")
+    __slots__ = (
+        "drop_log",
+        "manager",
+        "max_backlog",
+        "next_msg_id",
+        "pause_bytes",
+        "resume_bytes",
+        "router",
+        "stats",
+    )
 
     def __init__(
         self,
@@ -225,13 +234,17 @@ class SessionContext:
         max_backlog: int,
         stats: ProtocolStats | None = None,
         drop_log: DropLog | None = None,
+        pause_bytes: int = PAUSE_BYTES,
     ) -> None:
         """``stats``: the MQTT counters (messages sent, drops); ``drop_log``: where drops
-        beyond a session's in-memory bounds are told (rate-limited)."""
+        beyond a session's in-memory bounds are told (rate-limited); ``pause_bytes``: the
+        payload bytes waiting for a subscriber that pause its publishers (half resumes)."""
         self.manager = manager
         self.router = router
         self.next_msg_id = next_msg_id
         self.max_backlog = max_backlog
+        self.pause_bytes = pause_bytes
+        self.resume_bytes = pause_bytes // 2
         self.stats = stats if stats is not None else ProtocolStats("mqtt")
         self.drop_log = drop_log
 
@@ -713,12 +726,13 @@ class MqttSession(Consumer):
         if self._backlog:
             return True
         queue = self.queue
+        ctx = self._ctx
         if queue is None:
             return (
-                len(self._pending) >= max(1, self.max_backlog // 2)
-                or self._pending_bytes >= PAUSE_BYTES
+                len(self._pending) >= max(1, ctx.max_backlog // 2)
+                or self._pending_bytes >= ctx.pause_bytes
             )
-        return queue.count >= max(1, self.max_backlog // 2) or queue.nbytes >= PAUSE_BYTES
+        return queue.count >= max(1, ctx.max_backlog // 2) or queue.nbytes >= ctx.pause_bytes
 
     def when_drained(self, waiter: Callable[[], None]) -> None:
         if self.congested:
@@ -734,7 +748,7 @@ class MqttSession(Consumer):
             if self._drain_waiters:
                 queue = self.queue
                 held = self._pending_bytes if queue is None else queue.nbytes
-                if held <= RESUME_BYTES:
+                if held <= self._ctx.resume_bytes:
                     self._release_publishers()
 
     def _release_publishers(self) -> None:

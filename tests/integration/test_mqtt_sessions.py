@@ -482,15 +482,17 @@ async def test_a_stuck_subscriber_pauses_a_publisher_once_not_per_message(
 async def test_large_payloads_waiting_for_a_subscriber_pause_its_publisher_by_bytes(
     mqtt_env: MqttEnv,
 ) -> None:
-    """A publisher stops being read once PAUSE_BYTES of payloads wait for a subscriber whose
-    in-flight window is full, however few messages that is, and is read again once they are
-    down to RESUME_BYTES: a fast publisher of large messages does not pile them up in the
-    broker's memory (before, only half ``max_queued_messages`` paused it: 500 by default).
-    The pause bound is far above the test's timeout."""
-    await mqtt_env.start(max_inflight=1, max_publisher_pause_s=60)
+    """A publisher stops being read once ``mqtt.pause_publishers_bytes`` of payloads wait for
+    a subscriber whose in-flight window is full, however few messages that is, and is read
+    again once they are down to half of it: a fast publisher of large messages does not pile
+    them up in the broker's memory (before, only half ``max_queued_messages`` paused it: 500
+    by default). The pause bound is far above the test's timeout."""
+    limit = 600_000  # configured below the default (PAUSE_BYTES): the setting is the bound
+    assert limit < PAUSE_BYTES
+    await mqtt_env.start(max_inflight=1, max_publisher_pause_s=60, pause_publishers_bytes=limit)
     assert mqtt_env.broker is not None and mqtt_env.broker.adapters["mqtt"] is not None
     mqtt = mqtt_env.broker.adapters["mqtt"]
-    size = PAUSE_BYTES // 3 + 1  # three waiting make PAUSE_BYTES, two are over RESUME_BYTES
+    size = limit // 3 + 1  # three waiting make the limit, two are over half of it
     slow, _ = await mqtt_env.raw("bytes-slow")
     assert await slow.subscribe("bytes/t", 1) == 1
     pub, _ = await mqtt_env.raw("bytes-pub")
@@ -508,7 +510,7 @@ async def test_large_payloads_waiting_for_a_subscriber_pause_its_publisher_by_by
     assert got[0].packet_id is not None
     await slow.send(Puback(got[0].packet_id))
     got.append(await slow.expect(Publish))  # (the ack is handled before this is sent)
-    assert session.queued == 2 and publisher.link.reading_paused  # 2 x size > RESUME_BYTES
+    assert session.queued == 2 and publisher.link.reading_paused  # 2 x size > limit / 2
     assert got[1].packet_id is not None
     await slow.send(Puback(got[1].packet_id))  # down to one waiting: the publisher goes on
     assert (await pub.expect(Puback)).packet_id == 5
