@@ -22,7 +22,10 @@ message (the difference of the two totals over the difference of the counts: sta
 shutdown cancel out): everything the broker runs for a message, transport, uvloop and the
 allocator included, where ``bench.native_micro`` and ``bench.mqtt_route_cost`` count the
 sessions' ``data_received`` only. (Valgrind hides AVX-512: the JSON check is counted on its
-AVX2 path.)
+AVX2 path.) With ``--cache-sim`` callgrind simulates this VM's caches too (``CACHE_SIM``) and
+each protocol's simulated L1d and L2 misses a message are printed (the kernel's copies are
+not simulated). ``--held`` samples how many messages the broker holds during each round
+(``HeldProbe``, its HTTP API).
 
     .venv/bin/python -m bench.large_profile --size 1048576 --messages 2000 --rounds 3
     .venv/bin/python -m bench.large_profile --size 65536 --messages 20000 --perf /tmp/p64
@@ -34,11 +37,16 @@ AVX2 path.)
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import signal
 import subprocess
+import threading
 import time
+import urllib.request
 from pathlib import Path
+from typing import Final
 
 from bench.brokers import REPO, VibeMQBroker
 from bench.common import Driver, run_throughput
@@ -106,18 +114,34 @@ def start_broker(
     return broker
 
 
-def callgrind_total(path: str) -> int:
-    """The instructions a callgrind output file counts (its ``totals:`` line)."""
+#: ``--cache-sim``: callgrind's simulated caches, this VM's (lscpu): L1d 48 KiB 12-way, and
+#: as the "last level" the 1 MiB L2 a core has (not the shared 32 MiB L3, which holds a
+#: window of 64 KiB payloads whole): a miss there is what makes a copy wait here
+CACHE_SIM: Final = ("--cache-sim=yes", "--D1=49152,12,64", "--LL=1048576,16,64")
+
+
+def callgrind_totals(path: str) -> tuple[list[str], list[int]]:
+    """The events a callgrind output file counts and their totals (``events:``, ``totals:``)."""
+    events: list[str] = []
     for line in Path(path).read_text().splitlines():
-        if line.startswith("totals:"):
-            return int(line.split()[1])
+        if line.startswith("events:"):
+            events = line.split()[1:]
+        elif line.startswith("totals:"):
+            return events, [int(v) for v in line.split()[1:]]
     raise ValueError(f"{path}: no totals line")
 
 
 def callgrind_costs(
-    prefix: str, size: int, messages: int, prefetch: int, window: int, batch: int
+    prefix: str,
+    size: int,
+    messages: int,
+    prefetch: int,
+    window: int,
+    batch: int,
+    cache_sim: bool = False,
 ) -> None:
-    """Each protocol's broker user-space instructions a message (see the docstring)."""
+    """Each protocol's broker user-space instructions a message (see the docstring); with
+    ``cache_sim`` also its simulated cache misses a message (``CACHE_SIM``)."""
     env = dict(VIBEMQ_LIMITS, PYTHONPATH=str(REPO))
     for proto in ("native", "mqtt"):
         counts = (max(1, messages // 5), messages)
@@ -125,6 +149,8 @@ def callgrind_costs(
         for n in counts:
             out = f"{prefix}-{proto}-{n}.out"
             command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+            if cache_sim:
+                command += CACHE_SIM
             broker = VibeMQBroker([*command, *VibeMQBroker.default_command()], mqtt=True, env=env)
             broker.start(timeout=600)  # (start-up under valgrind takes tens of seconds)
             try:
@@ -134,9 +160,17 @@ def callgrind_costs(
                 broker.stop(grace=300)  # (callgrind writes its file at exit)
             if res.errors or res.delivered != n:
                 raise SystemExit(f"{proto}: {res.delivered} of {n} delivered {res.errors}")
-            totals.append(callgrind_total(out))
-        per = (totals[1] - totals[0]) / (counts[1] - counts[0])
-        print(f"{proto:6} {size:>8} B: {per:,.0f} instructions a message (callgrind)", flush=True)
+            events, total = callgrind_totals(out)
+            totals.append(total)
+        per = [(b - a) / (counts[1] - counts[0]) for a, b in zip(*totals, strict=True)]
+        print(
+            f"{proto:6} {size:>8} B: {per[0]:,.0f} instructions a message (callgrind)", flush=True
+        )
+        if cache_sim:
+            misses = ", ".join(
+                f"{e} {v:,.0f}" for e, v in zip(events, per, strict=True) if e != "Ir"
+            )
+            print(f"{proto:6} {size:>8} B: a message {misses}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,6 +189,16 @@ def main(argv: list[str] | None = None) -> int:
         "--callgrind", help="each protocol's broker under callgrind: instructions a message"
     )
     parser.add_argument(
+        "--held",
+        action="store_true",
+        help="sample the messages the broker holds during each round (its HTTP API)",
+    )
+    parser.add_argument(
+        "--cache-sim",
+        action="store_true",
+        help="with --callgrind: simulated L1d and L2 misses a message too (CACHE_SIM)",
+    )
+    parser.add_argument(
         "--checkout", help="run the broker from this checkout (PYTHONPATH), e.g. a baseline"
     )
     args = parser.parse_args(argv)
@@ -163,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     batch = max(1, min(100, 64 * 1024 // size))
     prefetch = args.native_prefetch or window
     if args.callgrind:
-        callgrind_costs(args.callgrind, size, args.messages, prefetch, window, batch)
+        callgrind_costs(
+            args.callgrind, size, args.messages, prefetch, window, batch, args.cache_sim
+        )
         return 0
     broker = None if args.strace else start_broker(None, "", checkout=args.checkout)
     try:
@@ -186,6 +232,57 @@ def main(argv: list[str] | None = None) -> int:
         if broker is not None:
             broker.stop()
     return 0
+
+
+class HeldProbe:
+    """The messages the broker holds (``--held``), sampled every 50 ms from its HTTP API
+    during a round: the core's queues' ready and unacked (``/api/overview``, native) and
+    the MQTT sessions' queued and in flight (``/api/mqtt/sessions``, one page: the bench's
+    two). Each held payload is a block the allocator hands back only once it is acked: the
+    deeper, the colder the next payload's copy writes (``bench.payload_copy_micro``)."""
+
+    def __init__(self, broker: VibeMQBroker) -> None:
+        assert broker.tmp is not None
+        port = json.loads((broker.tmp / "ready.json").read_text())["http"]
+        self._base = f"http://127.0.0.1:{port}/api"
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _get(self, path: str) -> dict[str, object]:
+        with urllib.request.urlopen(self._base + path, timeout=2) as reply:
+            return dict(json.loads(reply.read()))
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            queues = self._get("/overview")["queues"]
+            sessions = self._get("/mqtt/sessions?pageSize=1000")["items"]
+            assert isinstance(queues, dict) and isinstance(sessions, list)
+            held = queues["ready"] + queues["unacked"]
+            held += sum(s["queuedMessages"] + s["inflight"] for s in sessions)
+            self.samples.append(held)
+
+    def __enter__(self) -> HeldProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> str:
+        """Over the samples with any message held (the clients' start-up and end hold none)."""
+        busy = sorted(n for n in self.samples if n)
+        if not busy:
+            return "held: none seen"
+
+        def at(q: float) -> int:
+            return busy[min(len(busy) - 1, int(len(busy) * q))]
+
+        return (
+            f"held while any (of {len(self.samples)} samples, {len(busy)}): p10 {at(0.1)}, "
+            f"median {at(0.5)}, p90 {at(0.9)}, max {busy[-1]}"
+        )
 
 
 def run_one(
@@ -211,14 +308,16 @@ def run_one(
         )
         time.sleep(0.5)  # (attached before the run starts)
     before = io_counts(pids)
-    res = run_throughput(
-        driver(proto, broker, size, prefetch),
-        args.messages,
-        window=window,
-        batch=batch,
-        timeout=120,
-        broker_pids=broker.pids,
-    )
+    with contextlib.ExitStack() as stack:
+        probe = stack.enter_context(HeldProbe(broker)) if args.held else None
+        res = run_throughput(
+            driver(proto, broker, size, prefetch),
+            args.messages,
+            window=window,
+            batch=batch,
+            timeout=120,
+            broker_pids=broker.pids,
+        )
     after = io_counts(pids)
     if perf is not None:
         perf.send_signal(signal.SIGINT)
@@ -242,6 +341,8 @@ def run_one(
         f"{us(res.subscriber_sys_s)} system",
         flush=True,
     )
+    if probe is not None:
+        print(f"{proto:6} {size:>8} B: {probe.summary()}", flush=True)
 
 
 if __name__ == "__main__":
