@@ -24,8 +24,7 @@ allocator included, where ``bench.native_micro`` and ``bench.mqtt_route_cost`` c
 sessions' ``data_received`` only. (Valgrind hides AVX-512: the JSON check is counted on its
 AVX2 path.) With ``--cache-sim`` callgrind simulates this VM's caches too (``CACHE_SIM``) and
 each protocol's simulated L1d and L2 misses a message are printed (the kernel's copies are
-not simulated). ``--held`` samples how many messages the broker holds during each round
-(``HeldProbe``, its HTTP API).
+not simulated).
 
     .venv/bin/python -m bench.large_profile --size 1048576 --messages 2000 --rounds 3
     .venv/bin/python -m bench.large_profile --size 65536 --messages 20000 --perf /tmp/p64
@@ -37,14 +36,10 @@ not simulated). ``--held`` samples how many messages the broker holds during eac
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import signal
 import subprocess
-import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Final
 
@@ -189,11 +184,6 @@ def main(argv: list[str] | None = None) -> int:
         "--callgrind", help="each protocol's broker under callgrind: instructions a message"
     )
     parser.add_argument(
-        "--held",
-        action="store_true",
-        help="sample the messages the broker holds during each round (its HTTP API)",
-    )
-    parser.add_argument(
         "--cache-sim",
         action="store_true",
         help="with --callgrind: simulated L1d and L2 misses a message too (CACHE_SIM)",
@@ -234,57 +224,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-class HeldProbe:
-    """The messages the broker holds (``--held``), sampled every 50 ms from its HTTP API
-    during a round: the core's queues' ready and unacked (``/api/overview``, native) and
-    the MQTT sessions' queued and in flight (``/api/mqtt/sessions``, one page: the bench's
-    two). Each held payload is a block the allocator hands back only once it is acked: the
-    deeper, the colder the next payload's copy writes (``bench.payload_copy_micro``)."""
-
-    def __init__(self, broker: VibeMQBroker) -> None:
-        assert broker.tmp is not None
-        port = json.loads((broker.tmp / "ready.json").read_text())["http"]
-        self._base = f"http://127.0.0.1:{port}/api"
-        self.samples: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _get(self, path: str) -> dict[str, object]:
-        with urllib.request.urlopen(self._base + path, timeout=2) as reply:
-            return dict(json.loads(reply.read()))
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.05):
-            queues = self._get("/overview")["queues"]
-            sessions = self._get("/mqtt/sessions?pageSize=1000")["items"]
-            assert isinstance(queues, dict) and isinstance(sessions, list)
-            held = queues["ready"] + queues["unacked"]
-            held += sum(s["queuedMessages"] + s["inflight"] for s in sessions)
-            self.samples.append(held)
-
-    def __enter__(self) -> HeldProbe:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def summary(self) -> str:
-        """Over the samples with any message held (the clients' start-up and end hold none)."""
-        busy = sorted(n for n in self.samples if n)
-        if not busy:
-            return "held: none seen"
-
-        def at(q: float) -> int:
-            return busy[min(len(busy) - 1, int(len(busy) * q))]
-
-        return (
-            f"held while any (of {len(self.samples)} samples, {len(busy)}): p10 {at(0.1)}, "
-            f"median {at(0.5)}, p90 {at(0.9)}, max {busy[-1]}"
-        )
-
-
 def run_one(
     args: argparse.Namespace,
     proto: str,
@@ -308,16 +247,14 @@ def run_one(
         )
         time.sleep(0.5)  # (attached before the run starts)
     before = io_counts(pids)
-    with contextlib.ExitStack() as stack:
-        probe = stack.enter_context(HeldProbe(broker)) if args.held else None
-        res = run_throughput(
-            driver(proto, broker, size, prefetch),
-            args.messages,
-            window=window,
-            batch=batch,
-            timeout=120,
-            broker_pids=broker.pids,
-        )
+    res = run_throughput(
+        driver(proto, broker, size, prefetch),
+        args.messages,
+        window=window,
+        batch=batch,
+        timeout=120,
+        broker_pids=broker.pids,
+    )
     after = io_counts(pids)
     if perf is not None:
         perf.send_signal(signal.SIGINT)
@@ -341,8 +278,6 @@ def run_one(
         f"{us(res.subscriber_sys_s)} system",
         flush=True,
     )
-    if probe is not None:
-        print(f"{proto:6} {size:>8} B: {probe.summary()}", flush=True)
 
 
 if __name__ == "__main__":
