@@ -22,7 +22,9 @@ message (the difference of the two totals over the difference of the counts: sta
 shutdown cancel out): everything the broker runs for a message, transport, uvloop and the
 allocator included, where ``bench.native_micro`` and ``bench.mqtt_route_cost`` count the
 sessions' ``data_received`` only. (Valgrind hides AVX-512: the JSON check is counted on its
-AVX2 path.)
+AVX2 path.) With ``--cache-sim`` callgrind simulates this VM's caches too (``CACHE_SIM``) and
+each protocol's simulated L1d and L2 misses a message are printed (the kernel's copies are
+not simulated).
 
     .venv/bin/python -m bench.large_profile --size 1048576 --messages 2000 --rounds 3
     .venv/bin/python -m bench.large_profile --size 65536 --messages 20000 --perf /tmp/p64
@@ -39,6 +41,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Final
 
 from bench.brokers import REPO, VibeMQBroker
 from bench.common import Driver, run_throughput
@@ -106,18 +109,34 @@ def start_broker(
     return broker
 
 
-def callgrind_total(path: str) -> int:
-    """The instructions a callgrind output file counts (its ``totals:`` line)."""
+#: ``--cache-sim``: callgrind's simulated caches, this VM's (lscpu): L1d 48 KiB 12-way, and
+#: as the "last level" the 1 MiB L2 a core has (not the shared 32 MiB L3, which holds a
+#: window of 64 KiB payloads whole): a miss there is what makes a copy wait here
+CACHE_SIM: Final = ("--cache-sim=yes", "--D1=49152,12,64", "--LL=1048576,16,64")
+
+
+def callgrind_totals(path: str) -> tuple[list[str], list[int]]:
+    """The events a callgrind output file counts and their totals (``events:``, ``totals:``)."""
+    events: list[str] = []
     for line in Path(path).read_text().splitlines():
-        if line.startswith("totals:"):
-            return int(line.split()[1])
+        if line.startswith("events:"):
+            events = line.split()[1:]
+        elif line.startswith("totals:"):
+            return events, [int(v) for v in line.split()[1:]]
     raise ValueError(f"{path}: no totals line")
 
 
 def callgrind_costs(
-    prefix: str, size: int, messages: int, prefetch: int, window: int, batch: int
+    prefix: str,
+    size: int,
+    messages: int,
+    prefetch: int,
+    window: int,
+    batch: int,
+    cache_sim: bool = False,
 ) -> None:
-    """Each protocol's broker user-space instructions a message (see the docstring)."""
+    """Each protocol's broker user-space instructions a message (see the docstring); with
+    ``cache_sim`` also its simulated cache misses a message (``CACHE_SIM``)."""
     env = dict(VIBEMQ_LIMITS, PYTHONPATH=str(REPO))
     for proto in ("native", "mqtt"):
         counts = (max(1, messages // 5), messages)
@@ -125,6 +144,8 @@ def callgrind_costs(
         for n in counts:
             out = f"{prefix}-{proto}-{n}.out"
             command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+            if cache_sim:
+                command += CACHE_SIM
             broker = VibeMQBroker([*command, *VibeMQBroker.default_command()], mqtt=True, env=env)
             broker.start(timeout=600)  # (start-up under valgrind takes tens of seconds)
             try:
@@ -134,9 +155,17 @@ def callgrind_costs(
                 broker.stop(grace=300)  # (callgrind writes its file at exit)
             if res.errors or res.delivered != n:
                 raise SystemExit(f"{proto}: {res.delivered} of {n} delivered {res.errors}")
-            totals.append(callgrind_total(out))
-        per = (totals[1] - totals[0]) / (counts[1] - counts[0])
-        print(f"{proto:6} {size:>8} B: {per:,.0f} instructions a message (callgrind)", flush=True)
+            events, total = callgrind_totals(out)
+            totals.append(total)
+        per = [(b - a) / (counts[1] - counts[0]) for a, b in zip(*totals, strict=True)]
+        print(
+            f"{proto:6} {size:>8} B: {per[0]:,.0f} instructions a message (callgrind)", flush=True
+        )
+        if cache_sim:
+            misses = ", ".join(
+                f"{e} {v:,.0f}" for e, v in zip(events, per, strict=True) if e != "Ir"
+            )
+            print(f"{proto:6} {size:>8} B: a message {misses}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
         "--callgrind", help="each protocol's broker under callgrind: instructions a message"
     )
     parser.add_argument(
+        "--cache-sim",
+        action="store_true",
+        help="with --callgrind: simulated L1d and L2 misses a message too (CACHE_SIM)",
+    )
+    parser.add_argument(
         "--checkout", help="run the broker from this checkout (PYTHONPATH), e.g. a baseline"
     )
     args = parser.parse_args(argv)
@@ -163,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     batch = max(1, min(100, 64 * 1024 // size))
     prefetch = args.native_prefetch or window
     if args.callgrind:
-        callgrind_costs(args.callgrind, size, args.messages, prefetch, window, batch)
+        callgrind_costs(
+            args.callgrind, size, args.messages, prefetch, window, batch, args.cache_sim
+        )
         return 0
     broker = None if args.strace else start_broker(None, "", checkout=args.checkout)
     try:
