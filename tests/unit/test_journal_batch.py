@@ -31,13 +31,19 @@ text = st.text(max_size=30)
 fields_op = st.tuples(st.just("fields"), u64, u64, st.integers(0, 255), st.integers(0, 65535))
 publish_op = st.tuples(st.just("publish"), u64, text, st.binary(max_size=300))
 stamp_op = st.tuples(st.just("stamp"), u64)
-deliver_op = st.tuples(st.just("deliver"), u64, st.integers(0, 65535))
+# (a run's first seq: its last is within a u64)
+first = st.integers(0, 2**64 - 4)
+deliver_op = st.tuples(st.just("deliver_run"), first, st.integers(0, 3), st.integers(0, 65535))
 settle_op = st.tuples(st.just("settle"), u64, st.sampled_from(list(SettleReason)), text)
 settle_all_op = st.tuples(
     st.just("settle_all"), st.lists(u64, max_size=5), st.sampled_from(list(SettleReason))
 )
+settle_run_op = st.tuples(
+    st.just("settle_run"), first, st.integers(0, 3), st.sampled_from(list(SettleReason))
+)
 ops = st.lists(
-    st.one_of(fields_op, publish_op, stamp_op, deliver_op, settle_op, settle_all_op), max_size=25
+    st.one_of(fields_op, publish_op, stamp_op, deliver_op, settle_op, settle_all_op, settle_run_op),
+    max_size=25,
 )
 
 Op = tuple[object, ...]
@@ -61,12 +67,15 @@ def _apply(sink: RecordSink, queue: str, run: list[Op]) -> None:
             sink.publish(name16, seq, mid, payload)  # type: ignore[arg-type]
         elif op[0] == "stamp":
             sink.stamp(op[1])  # type: ignore[arg-type]
-        elif op[0] == "deliver":
-            _, seq, attempts = op
-            sink.deliver(name16, seq, attempts)  # type: ignore[arg-type]
+        elif op[0] == "deliver_run":
+            _, seq, count, attempts = op
+            sink.deliver_run(name16, seq, count, attempts)  # type: ignore[arg-type]
         elif op[0] == "settle":
             _, seq, reason, detail = op
             sink.settle(name16, seq, reason, detail)  # type: ignore[arg-type]
+        elif op[0] == "settle_run":
+            _, seq, count, reason = op
+            sink.settle_run(name16, seq, count, reason)  # type: ignore[arg-type]
         else:
             _, seqs, reason = op
             sink.settle_all(name16, seqs, reason)  # type: ignore[arg-type]
@@ -86,16 +95,32 @@ def _reference(queue: str, run: list[Op], ts: int = 0, fields: Op = (0, 0, 0, 0)
             out.append(encode_publish(pub, seq, queue, mid, pub, exp, prio, attempts, {}, payload))  # type: ignore[arg-type]
         elif op[0] == "stamp":
             ts = op[1]  # type: ignore[assignment]
-        elif op[0] == "deliver":
-            _, seq, attempts = op
-            out.append(encode_deliver(ts, seq, queue, attempts))  # type: ignore[arg-type]
+        elif op[0] == "deliver_run":
+            _, seq, count, attempts = op
+            assert isinstance(seq, int) and isinstance(count, int)
+            out += [encode_deliver(ts, seq + i, queue, attempts) for i in range(count)]  # type: ignore[arg-type]
         elif op[0] == "settle":
             _, seq, reason, detail = op
             out.append(encode_settle(ts, seq, queue, reason, detail))  # type: ignore[arg-type]
+        elif op[0] == "settle_run":
+            _, seq, count, reason = op
+            assert isinstance(seq, int) and isinstance(count, int)
+            out += [encode_settle(ts, seq + i, queue, reason, "") for i in range(count)]  # type: ignore[arg-type]
         else:
             _, seqs, reason = op
             out += [encode_settle(ts, seq, queue, reason, "") for seq in seqs]  # type: ignore[attr-defined, arg-type]
     return b"".join(out)
+
+
+def _records_of(op: Op) -> int:
+    """How many records ``op`` appends."""
+    if op[0] in ("stamp", "fields"):
+        return 0
+    if op[0] == "settle_all":
+        return len(op[1])  # type: ignore[arg-type]
+    if op[0] in ("deliver_run", "settle_run"):
+        return op[2]  # type: ignore[return-value]
+    return 1
 
 
 def test_the_compiled_encoder_is_built() -> None:
@@ -116,13 +141,7 @@ def test_compiled_and_pure_write_the_records_of_the_format(
     assert len(pure) == len(compiled) == 0
     # every record decodes
     entries = list(iter_records(data, 0))
-    kinds = [
-        kind
-        for op in first
-        if op[0] not in ("stamp", "fields")
-        for kind in ([op[0]] if op[0] != "settle_all" else ["settle"] * len(op[1]))  # type: ignore[arg-type]
-    ]
-    assert len(entries) == len(kinds)
+    assert len(entries) == sum(_records_of(op) for op in first)
     # the next batch starts over, with the buffer's memory, its stamp and its fields kept
     _apply(compiled, queue, second)
     _apply(pure, queue, second)
@@ -151,12 +170,12 @@ def test_withdrawn_publishes_are_cut_out_of_a_batch_and_the_other_records_stay(
     for seq, (queue, long) in enumerate(publishes):
         payload = b"x" * (300 if long else 3)
         full.publish(s16(queue), seq, f"m{seq}", payload)
-        full.deliver(s16(queue), seq, 1)
+        full.deliver_run(s16(queue), seq, 1, 1)
         if seq in drop:
             gone.add((seq, queue))
         else:
             kept.publish(s16(queue), seq, f"m{seq}", payload)
-        kept.deliver(s16(queue), seq, 1)
+        kept.deliver_run(s16(queue), seq, 1, 1)
     data = full.take()
     gone.add((99, "a"))  # (none of the batch's: nothing to cut)
     assert without_publishes(data, gone) == kept.take()
@@ -170,7 +189,7 @@ def test_out_of_range_fields_are_refused_and_leave_the_batch_as_it_was(
     sink = make()
     name16 = s16("q")
     sink.stamp(1)
-    sink.deliver(name16, 2, 3)
+    sink.deliver_run(name16, 2, 1, 3)
     before = len(sink)
     bad_calls: list[Callable[[], object]] = [
         lambda: sink.fields(-1, 0, 0, 0),
@@ -179,7 +198,14 @@ def test_out_of_range_fields_are_refused_and_leave_the_batch_as_it_was(
         lambda: sink.fields(0, 0, 0, 65536),
         lambda: sink.publish(name16, -1, "m", b"{}"),
         lambda: sink.publish(name16, 1, "m" * 65536, b"{}"),
-        lambda: sink.deliver(name16, 1, 65536),
+        lambda: sink.deliver_run(name16, 1, 2, 65536),
+        lambda: sink.deliver_run(name16, -1, 2, 1),
+        lambda: sink.deliver_run(name16, 1, -1, 1),
+        lambda: sink.deliver_run(name16, 1, 2**32, 1),
+        lambda: sink.deliver_run(name16, 2**64 - 2, 3, 1),
+        lambda: sink.settle_run(name16, 2**64 - 1, 2, 0),
+        lambda: sink.settle_run(name16, -1, 0, 0),
+        lambda: sink.settle_run(name16, 1, 2, 256),
         lambda: sink.settle(name16, 1, 256, ""),
         lambda: sink.settle(name16, -5, 0, ""),
         lambda: sink.settle_all(name16, [1, 2, -5], 0),
@@ -192,7 +218,7 @@ def test_out_of_range_fields_are_refused_and_leave_the_batch_as_it_was(
         with pytest.raises((OverflowError, struct.error)):
             call()
     assert len(sink) == before
-    sink.deliver(name16, 4, 5)  # (a refused stamp left the last one)
+    sink.deliver_run(name16, 4, 1, 5)  # (a refused stamp left the last one)
     sink.publish(name16, 6, "m", b"{}")  # (and refused fields the last ones: none, zeros)
     assert sink.take() == (
         encode_deliver(1, 2, "q", 3)
@@ -210,9 +236,9 @@ def test_the_compiled_encoder_takes_any_bytes_like_payload_and_checks_its_name()
     one = encode_publish(3, 2, "q", "m", 3, 4, 5, 6, {}, b"ab")
     assert sink.take() == one + one
     with pytest.raises(ValueError):
-        sink.deliver(b"\x00\x05q", 1, 1)  # a length that is not the name's
+        sink.deliver_run(b"\x00\x05q", 1, 1, 1)  # a length that is not the name's
     with pytest.raises(TypeError):
-        sink.deliver("q", 1, 1)  # type: ignore[arg-type]
+        sink.deliver_run("q", 1, 1, 1)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         sink.publish(name16, 2, b"m", b"")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
@@ -233,7 +259,7 @@ def test_a_batch_larger_than_the_kept_memory_is_taken_whole_and_the_next_starts_
     assert big == pure.take()
     assert len(list(iter_records(big, 0))) == 400
     compiled.stamp(1)
-    compiled.deliver(name16, 2, 3)
+    compiled.deliver_run(name16, 2, 1, 3)
     assert compiled.take() == encode_deliver(1, 2, "q", 3)
 
 

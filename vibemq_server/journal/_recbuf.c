@@ -369,19 +369,36 @@ static int put_deliver(RecordBuffer *self, const char *name, Py_ssize_t name_len
     return 0;
 }
 
-/* deliver(name16, seq, attempts): at the stamped timestamp */
-static PyObject *rb_deliver(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (vmq_nargs(nargs, 3, "deliver") < 0)
+/* The count of a run of seqs first, first + 1, ... (deliver_run, settle_run): at most 2^32 - 1
+ * records, the last seq within a u64. */
+static int take_run(PyObject *first_arg, PyObject *count_arg, uint64_t *first, uint64_t *count) {
+    if (take_uint(first_arg, UINT64_MAX, "seq", first) < 0 ||
+        take_uint(count_arg, UINT32_MAX, "count", count) < 0)
+        return -1;
+    if (*count && *first > UINT64_MAX - (*count - 1)) {
+        PyErr_SetString(PyExc_OverflowError, "seq out of range");
+        return -1;
+    }
+    return 0;
+}
+
+/* deliver_run(name16, first, count, attempts): a DELIVER record for each of the seqs first ..
+ * first + count - 1, in order, all with the same attempts, at the stamped timestamp (the
+ * journal gathers a loop turn's consecutive deliveries of a queue: one call, not one a
+ * message with its seq boxed). */
+static PyObject *rb_deliver_run(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (vmq_nargs(nargs, 4, "deliver_run") < 0)
         return NULL;
     const char *name;
     Py_ssize_t name_len;
-    uint64_t seq, attempts;
-    if (take_name16(args[0], &name, &name_len) < 0 ||
-        take_uint(args[1], UINT64_MAX, "seq", &seq) < 0 ||
-        take_uint(args[2], 0xFFFF, "attempts", &attempts) < 0)
+    uint64_t first, count, attempts;
+    if (take_name16(args[0], &name, &name_len) < 0 || take_run(args[1], args[2], &first, &count) < 0 ||
+        take_uint(args[3], 0xFFFF, "attempts", &attempts) < 0)
         return NULL;
-    if (put_deliver(self, name, name_len, seq, attempts) < 0)
+    if (count && reserve(self, (Py_ssize_t)count * (8 + 1 + 16 + 2 + name_len)) < 0)
         return NULL;
+    for (uint64_t i = 0; i < count; i++)
+        put_deliver(self, name, name_len, first + i, attempts); /* (room reserved: cannot fail) */
     Py_RETURN_NONE;
 }
 
@@ -452,6 +469,24 @@ static PyObject *rb_settle_all(RecordBuffer *self, PyObject *const *args, Py_ssi
     Py_RETURN_NONE;
 }
 
+/* settle_run(name16, first, count, reason): settle_all of the seqs first .. first + count - 1
+ * (a read's acks of consecutive deliveries: no list of boxed seqs). */
+static PyObject *rb_settle_run(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (vmq_nargs(nargs, 4, "settle_run") < 0)
+        return NULL;
+    const char *name;
+    Py_ssize_t name_len;
+    uint64_t first, count, reason;
+    if (take_name16(args[0], &name, &name_len) < 0 || take_run(args[1], args[2], &first, &count) < 0 ||
+        take_uint(args[3], 0xFF, "reason", &reason) < 0)
+        return NULL;
+    if (count && reserve(self, (Py_ssize_t)count * (8 + 1 + 16 + 1 + name_len + 2)) < 0)
+        return NULL;
+    for (uint64_t i = 0; i < count; i++)
+        put_settle(self, name, name_len, first + i, reason, "", 0); /* (room reserved) */
+    Py_RETURN_NONE;
+}
+
 /* Memory kept between batches at most: a burst of large batches does not pin its peak. */
 #define KEEP_CAP (4 * 1024 * 1024)
 
@@ -505,12 +540,16 @@ static PyMethodDef rb_methods[] = {
      "appended, with the last fields()."},
     {"stamp", (PyCFunction)rb_stamp, METH_O,
      "stamp(timestamp) -> None: the timestamp of the DELIVER and SETTLE records from now on."},
-    {"deliver", (PyCFunction)(void (*)(void))rb_deliver, METH_FASTCALL,
-     "deliver(name16, seq, attempts) -> None: a DELIVER record appended."},
+    {"deliver_run", (PyCFunction)(void (*)(void))rb_deliver_run, METH_FASTCALL,
+     "deliver_run(name16, first, count, attempts) -> None: a DELIVER record for each of the "
+     "seqs first .. first + count - 1."},
     {"settle", (PyCFunction)(void (*)(void))rb_settle, METH_FASTCALL,
      "settle(name16, seq, reason, detail) -> None: a SETTLE record appended."},
     {"settle_all", (PyCFunction)(void (*)(void))rb_settle_all, METH_FASTCALL,
      "settle_all(name16, seqs, reason) -> None: a SETTLE record (no detail) for each seq."},
+    {"settle_run", (PyCFunction)(void (*)(void))rb_settle_run, METH_FASTCALL,
+     "settle_run(name16, first, count, reason) -> None: settle_all of the seqs first .. "
+     "first + count - 1."},
     {"take", (PyCFunction)rb_take, METH_NOARGS,
      "take() -> bytes: the records appended since the last take, and the buffer emptied."},
     {NULL, NULL, 0, NULL},

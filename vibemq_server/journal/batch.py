@@ -38,13 +38,22 @@ class RecordSink(Protocol):
         reads the clock once a write batch; 0 until stamped)."""
         ...
 
-    def deliver(self, name16: bytes, seq: int, attempts: int, /) -> None: ...
+    def deliver_run(self, name16: bytes, first: int, count: int, attempts: int, /) -> None:
+        """A DELIVER record for each of the seqs ``first`` .. ``first + count - 1``, in order,
+        with the same ``attempts`` (a loop turn's consecutive deliveries of a queue in one
+        call, not one a message with its seq boxed); a bad field appends none."""
+        ...
 
     def settle(self, name16: bytes, seq: int, reason: int, detail: str, /) -> None: ...
 
     def settle_all(self, name16: bytes, seqs: list[int], reason: int, /) -> None:
         """A SETTLE record without detail for each of ``seqs``, in order (a read's acks in
         one call); a bad seq appends none of them."""
+        ...
+
+    def settle_run(self, name16: bytes, first: int, count: int, reason: int, /) -> None:
+        """``settle_all`` of the seqs ``first`` .. ``first + count - 1`` (consecutive
+        deliveries acked: no list of seqs)."""
         ...
 
     def take(self) -> bytes:
@@ -61,6 +70,12 @@ _pack_prefix: Final = RECORD_PREFIX.pack
 _crc32: Final = zlib.crc32
 _U64: Final = Struct(">Q")
 _FIELDS: Final = Struct(">QQBH")  # published_at, expires_at, priority, attempts
+_RUN: Final = Struct(">IQQ")  # a run's count, its first and last seq
+
+
+def _run(first: int, count: int) -> None:
+    """Refuse a run the C encoder refuses: a count over a u32, a last seq over a u64."""
+    _RUN.pack(count, first, first + max(count - 1, 0))
 
 
 class PyRecordBuffer:
@@ -121,9 +136,15 @@ class PyRecordBuffer:
         _U64.pack(timestamp)  # (refused out of range, as the C one does)
         self._ts = timestamp
 
-    def deliver(self, name16: bytes, seq: int, attempts: int) -> None:
+    def deliver_run(self, name16: bytes, first: int, count: int, attempts: int) -> None:
         st = self._struct(_DELIVER, len(name16), 0)
-        self._add(st.pack(_DELIVER, self._ts, seq, attempts, name16))
+        _run(first, count)
+        heads = [
+            st.pack(_DELIVER, self._ts, seq, attempts, name16)
+            for seq in range(first, first + count)
+        ]
+        for head in heads:  # (all packed first: a bad field appends none)
+            self._add(head)
 
     def settle(self, name16: bytes, seq: int, reason: int, detail: str) -> None:
         raw = detail.encode()
@@ -135,6 +156,10 @@ class PyRecordBuffer:
         heads = [st.pack(_SETTLE, self._ts, seq, reason, name16, 0, b"") for seq in seqs]
         for head in heads:  # (all packed first: a bad seq appends none)
             self._add(head)
+
+    def settle_run(self, name16: bytes, first: int, count: int, reason: int) -> None:
+        _run(first, count)
+        self.settle_all(name16, list(range(first, first + count)), reason)
 
     def take(self) -> bytes:
         out = bytes(self._buf)
