@@ -29,7 +29,8 @@ u64 = st.integers(0, 2**64 - 1)
 text = st.text(max_size=30)
 
 fields_op = st.tuples(st.just("fields"), u64, u64, st.integers(0, 255), st.integers(0, 65535))
-publish_op = st.tuples(st.just("publish"), u64, text, st.binary(max_size=300))
+seq_op = st.tuples(st.just("seq"), st.one_of(u64, st.just(2**64 - 1)))  # (it wraps)
+publish_op = st.tuples(st.just("publish"), text, st.binary(max_size=300))
 stamp_op = st.tuples(st.just("stamp"), u64)
 # (a run's first seq: its last is within a u64)
 first = st.integers(0, 2**64 - 4)
@@ -42,7 +43,9 @@ settle_run_op = st.tuples(
     st.just("settle_run"), first, st.integers(0, 3), st.sampled_from(list(SettleReason))
 )
 ops = st.lists(
-    st.one_of(fields_op, publish_op, stamp_op, deliver_op, settle_op, settle_all_op, settle_run_op),
+    st.one_of(
+        fields_op, seq_op, publish_op, stamp_op, deliver_op, settle_op, settle_all_op, settle_run_op
+    ),
     max_size=25,
 )
 
@@ -62,9 +65,11 @@ def _apply(sink: RecordSink, queue: str, run: list[Op]) -> None:
         if op[0] == "fields":
             _, pub, exp, prio, attempts = op
             sink.fields(pub, exp, prio, attempts)  # type: ignore[arg-type]
+        elif op[0] == "seq":
+            sink.seq(op[1])  # type: ignore[arg-type]
         elif op[0] == "publish":
-            _, seq, mid, payload = op
-            sink.publish(name16, seq, mid, payload)  # type: ignore[arg-type]
+            _, mid, payload = op
+            sink.publish(name16, mid, payload)  # type: ignore[arg-type]
         elif op[0] == "stamp":
             sink.stamp(op[1])  # type: ignore[arg-type]
         elif op[0] == "deliver_run":
@@ -81,20 +86,35 @@ def _apply(sink: RecordSink, queue: str, run: list[Op]) -> None:
             sink.settle_all(name16, seqs, reason)  # type: ignore[arg-type]
 
 
-def _reference(queue: str, run: list[Op], ts: int = 0, fields: Op = (0, 0, 0, 0)) -> bytes:
+class _State:
+    """What an encoder keeps across its batches: the stamp, the fields and the next seq."""
+
+    def __init__(self) -> None:
+        self.ts = 0
+        self.fields: Op = (0, 0, 0, 0)
+        self.seq = 0
+
+
+def _reference(queue: str, run: list[Op], state: _State) -> bytes:
     """The same records from records.py's encoders (the format's reference): a PUBLISH with
-    the last fields, at its publish time, the others at the last stamp (``ts`` and
-    ``fields`` before any: both outlive the batch's take)."""
+    the next seq and the last fields, at its publish time, the others at the last stamp
+    (``state``'s before any: all three outlive the batch's take; ``state`` left as after)."""
     out = []
+    ts = state.ts
     for op in run:
         if op[0] == "fields":
-            fields = op[1:]
+            state.fields = op[1:]
+        elif op[0] == "seq":
+            state.seq = op[1]  # type: ignore[assignment]
         elif op[0] == "publish":
-            _, seq, mid, payload = op
-            pub, exp, prio, attempts = fields
-            out.append(encode_publish(pub, seq, queue, mid, pub, exp, prio, attempts, {}, payload))  # type: ignore[arg-type]
+            _, mid, payload = op
+            pub, exp, prio, attempts = state.fields
+            out.append(
+                encode_publish(pub, state.seq, queue, mid, pub, exp, prio, attempts, {}, payload)
+            )  # type: ignore[arg-type]
+            state.seq = (state.seq + 1) % 2**64
         elif op[0] == "stamp":
-            ts = op[1]  # type: ignore[assignment]
+            ts = state.ts = op[1]  # type: ignore[assignment]
         elif op[0] == "deliver_run":
             _, seq, count, attempts = op
             assert isinstance(seq, int) and isinstance(count, int)
@@ -114,7 +134,7 @@ def _reference(queue: str, run: list[Op], ts: int = 0, fields: Op = (0, 0, 0, 0)
 
 def _records_of(op: Op) -> int:
     """How many records ``op`` appends."""
-    if op[0] in ("stamp", "fields"):
+    if op[0] in ("stamp", "fields", "seq"):
         return 0
     if op[0] == "settle_all":
         return len(op[1])  # type: ignore[arg-type]
@@ -131,7 +151,8 @@ def test_the_compiled_encoder_is_built() -> None:
 def test_compiled_and_pure_write_the_records_of_the_format(
     queue: str, first: list[Op], second: list[Op]
 ) -> None:
-    expected = _reference(queue, first)
+    state = _State()
+    expected = _reference(queue, first, state)
     pure, compiled = PyRecordBuffer(), _compiled()
     _apply(pure, queue, first)
     _apply(compiled, queue, first)
@@ -145,11 +166,7 @@ def test_compiled_and_pure_write_the_records_of_the_format(
     # the next batch starts over, with the buffer's memory, its stamp and its fields kept
     _apply(compiled, queue, second)
     _apply(pure, queue, second)
-    stamped = [op[1] for op in first if op[0] == "stamp"]
-    ts = stamped[-1] if stamped else 0
-    fielded = [op[1:] for op in first if op[0] == "fields"]
-    fields = fielded[-1] if fielded else (0, 0, 0, 0)
-    assert compiled.take() == pure.take() == _reference(queue, second, ts, fields)  # type: ignore[arg-type]
+    assert compiled.take() == pure.take() == _reference(queue, second, state)
 
 
 @given(
@@ -169,12 +186,13 @@ def test_withdrawn_publishes_are_cut_out_of_a_batch_and_the_other_records_stay(
     gone: set[tuple[int, str]] = set()
     for seq, (queue, long) in enumerate(publishes):
         payload = b"x" * (300 if long else 3)
-        full.publish(s16(queue), seq, f"m{seq}", payload)
+        full.publish(s16(queue), f"m{seq}", payload)  # (seqs 0, 1, ...: one on each)
         full.deliver_run(s16(queue), seq, 1, 1)
         if seq in drop:
             gone.add((seq, queue))
         else:
-            kept.publish(s16(queue), seq, f"m{seq}", payload)
+            kept.seq(seq)
+            kept.publish(s16(queue), f"m{seq}", payload)
         kept.deliver_run(s16(queue), seq, 1, 1)
     data = full.take()
     gone.add((99, "a"))  # (none of the batch's: nothing to cut)
@@ -189,6 +207,7 @@ def test_out_of_range_fields_are_refused_and_leave_the_batch_as_it_was(
     sink = make()
     name16 = s16("q")
     sink.stamp(1)
+    sink.seq(6)
     sink.deliver_run(name16, 2, 1, 3)
     before = len(sink)
     bad_calls: list[Callable[[], object]] = [
@@ -196,8 +215,9 @@ def test_out_of_range_fields_are_refused_and_leave_the_batch_as_it_was(
         lambda: sink.fields(2**64, 0, 0, 0),
         lambda: sink.fields(0, 0, 256, 0),
         lambda: sink.fields(0, 0, 0, 65536),
-        lambda: sink.publish(name16, -1, "m", b"{}"),
-        lambda: sink.publish(name16, 1, "m" * 65536, b"{}"),
+        lambda: sink.seq(-1),
+        lambda: sink.seq(2**64),
+        lambda: sink.publish(name16, "m" * 65536, b"{}"),
         lambda: sink.deliver_run(name16, 1, 2, 65536),
         lambda: sink.deliver_run(name16, -1, 2, 1),
         lambda: sink.deliver_run(name16, 1, -1, 1),
@@ -219,7 +239,8 @@ def test_out_of_range_fields_are_refused_and_leave_the_batch_as_it_was(
             call()
     assert len(sink) == before
     sink.deliver_run(name16, 4, 1, 5)  # (a refused stamp left the last one)
-    sink.publish(name16, 6, "m", b"{}")  # (and refused fields the last ones: none, zeros)
+    # (and refused fields the last ones, none: zeros; a refused seq or publish the next seq)
+    sink.publish(name16, "m", b"{}")
     assert sink.take() == (
         encode_deliver(1, 2, "q", 3)
         + encode_deliver(1, 4, "q", 5)
@@ -231,16 +252,17 @@ def test_the_compiled_encoder_takes_any_bytes_like_payload_and_checks_its_name()
     sink = _compiled()
     name16 = s16("q")
     sink.fields(3, 4, 5, 6)
-    sink.publish(name16, 2, "m", bytearray(b"ab"))  # type: ignore[arg-type]
-    sink.publish(name16, 2, "m", memoryview(b"xxab")[2:])  # type: ignore[arg-type]
-    one = encode_publish(3, 2, "q", "m", 3, 4, 5, 6, {}, b"ab")
-    assert sink.take() == one + one
+    sink.seq(2)
+    sink.publish(name16, "m", bytearray(b"ab"))  # type: ignore[arg-type]
+    sink.publish(name16, "m", memoryview(b"xxab")[2:])  # type: ignore[arg-type]
+    one, two = (encode_publish(3, seq, "q", "m", 3, 4, 5, 6, {}, b"ab") for seq in (2, 3))
+    assert sink.take() == one + two
     with pytest.raises(ValueError):
         sink.deliver_run(b"\x00\x05q", 1, 1, 1)  # a length that is not the name's
     with pytest.raises(TypeError):
         sink.deliver_run("q", 1, 1, 1)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        sink.publish(name16, 2, b"m", b"")  # type: ignore[arg-type]
+        sink.publish(name16, b"m", b"")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         sink.settle_all(name16, (1, 2), 0)  # type: ignore[arg-type]
     assert len(sink) == 0
@@ -254,7 +276,7 @@ def test_a_batch_larger_than_the_kept_memory_is_taken_whole_and_the_next_starts_
     for sink in (compiled, pure):
         sink.fields(1, 0, 1, 0)
         for seq in range(400):  # ~6 MiB
-            sink.publish(name16, seq, f"m{seq}", payload)
+            sink.publish(name16, f"m{seq}", payload)
     big = compiled.take()
     assert big == pure.take()
     assert len(list(iter_records(big, 0))) == 400
@@ -269,7 +291,7 @@ from vibemq_server.journal._recbuf import RecordBuffer
 buf = RecordBuffer()
 buf.fields(1, 0, 0, 1)
 for n in range(300):
-    buf.publish(b"\\x00\\x01q", n, "m" * (n % 7), bytes(range(256))[: n % 256] * 2)
+    buf.publish(b"\\x00\\x01q", "m" * (n % 7), bytes(range(256))[: n % 256] * 2)
 sys.stdout.buffer.write(buf.take())
 """
 

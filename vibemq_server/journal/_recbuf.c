@@ -177,6 +177,7 @@ typedef struct {
     /* the PUBLISH records' fixed fields (fields()): a publish passes only what is its own */
     uint64_t published_at, expires_at;
     unsigned int priority, attempts;
+    uint64_t seq; /* the next PUBLISH record's seq (seq(); one more after each publish) */
 } RecordBuffer;
 
 static int reserve(RecordBuffer *self, Py_ssize_t more) {
@@ -288,26 +289,36 @@ static PyObject *rb_fields(RecordBuffer *self, PyObject *const *args, Py_ssize_t
     Py_RETURN_NONE;
 }
 
-/* publish(name16, seq, message_id, payload): a PUBLISH record without headers (records.py writes
- * those), its fixed fields the last fields() gave. */
+/* seq(seq): the seq of the next PUBLISH record (each publish takes it and counts one on). A
+ * client's publishes get consecutive seqs: the journal passes one when it does not follow on,
+ * not a boxed seq a publish. */
+static PyObject *rb_seq(RecordBuffer *self, PyObject *arg) {
+    uint64_t seq;
+    if (take_uint(arg, UINT64_MAX, "seq", &seq) < 0)
+        return NULL;
+    self->seq = seq;
+    Py_RETURN_NONE;
+}
+
+/* publish(name16, message_id, payload): a PUBLISH record without headers (records.py writes
+ * those), its seq the next one (seq()) and its fixed fields the last fields() gave. A refused
+ * call appends nothing and leaves the next seq as it was. */
 static PyObject *rb_publish(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (vmq_nargs(nargs, 4, "publish") < 0)
+    if (vmq_nargs(nargs, 3, "publish") < 0)
         return NULL;
     const char *name, *mid;
     Py_ssize_t name_len, mid_len;
-    uint64_t seq;
     if (take_name16(args[0], &name, &name_len) < 0 ||
-        take_uint(args[1], UINT64_MAX, "seq", &seq) < 0 ||
-        take_text(args[2], "message_id", &mid, &mid_len) < 0)
+        take_text(args[1], "message_id", &mid, &mid_len) < 0)
         return NULL;
     /* (bytes, the journal's payloads, read in place: a buffer request and its release cost
      * ~70 instructions a publish; any other bytes-like object through the buffer protocol) */
     Py_buffer view;
     view.obj = NULL;
-    if (PyBytes_CheckExact(args[3])) {
-        view.buf = PyBytes_AS_STRING(args[3]);
-        view.len = PyBytes_GET_SIZE(args[3]);
-    } else if (PyObject_GetBuffer(args[3], &view, PyBUF_SIMPLE) < 0) {
+    if (PyBytes_CheckExact(args[2])) {
+        view.buf = PyBytes_AS_STRING(args[2]);
+        view.len = PyBytes_GET_SIZE(args[2]);
+    } else if (PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0) {
         return NULL;
     }
     if ((uint64_t)view.len > UINT32_MAX - 64 - (uint64_t)name_len - (uint64_t)mid_len) {
@@ -325,7 +336,7 @@ static PyObject *rb_publish(RecordBuffer *self, PyObject *const *args, Py_ssize_
     unsigned char *p = self->buf + start + 8;
     *p++ = PUBLISH;
     p = put64(p, self->published_at);
-    p = put64(p, seq);
+    p = put64(p, self->seq++); /* (wraps at 2^64 as the pure one's does) */
     p = put64(p, self->published_at);
     p = put64(p, self->expires_at);
     *p++ = (unsigned char)self->priority;
@@ -522,6 +533,7 @@ static PyObject *rb_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         self->ts = 0;
         self->published_at = self->expires_at = 0;
         self->priority = self->attempts = 0;
+        self->seq = 0;
     }
     return (PyObject *)self;
 }
@@ -535,9 +547,11 @@ static PyMethodDef rb_methods[] = {
     {"fields", (PyCFunction)(void (*)(void))rb_fields, METH_FASTCALL,
      "fields(published_at, expires_at, priority, attempts) -> None: the fixed fields of the "
      "PUBLISH records from now on (their timestamp published_at)."},
+    {"seq", (PyCFunction)rb_seq, METH_O,
+     "seq(seq) -> None: the seq of the next PUBLISH record (one more after each)."},
     {"publish", (PyCFunction)(void (*)(void))rb_publish, METH_FASTCALL,
-     "publish(name16, seq, message_id, payload) -> None: a PUBLISH record without headers "
-     "appended, with the last fields()."},
+     "publish(name16, message_id, payload) -> None: a PUBLISH record without headers "
+     "appended, with the next seq and the last fields()."},
     {"stamp", (PyCFunction)rb_stamp, METH_O,
      "stamp(timestamp) -> None: the timestamp of the DELIVER and SETTLE records from now on."},
     {"deliver_run", (PyCFunction)(void (*)(void))rb_deliver_run, METH_FASTCALL,

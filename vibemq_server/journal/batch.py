@@ -29,8 +29,15 @@ class RecordSink(Protocol):
         share them: the journal passes them when they change, not four ints a publish."""
         ...
 
-    def publish(self, name16: bytes, seq: int, message_id: str, payload: bytes, /) -> None:
-        """Append a PUBLISH record without headers, with the last ``fields``."""
+    def seq(self, seq: int, /) -> None:
+        """The seq of the next PUBLISH record (0 until set), one more after each: a client's
+        publishes get consecutive seqs, so the journal passes one only when it does not
+        follow on, not a boxed seq a publish."""
+        ...
+
+    def publish(self, name16: bytes, message_id: str, payload: bytes, /) -> None:
+        """Append a PUBLISH record without headers, with the next seq and the last
+        ``fields``; a refused one appends nothing and leaves the next seq."""
         ...
 
     def stamp(self, timestamp: int, /) -> None:
@@ -69,6 +76,7 @@ _SETTLE: Final = int(RecordType.SETTLE)
 _pack_prefix: Final = RECORD_PREFIX.pack
 _crc32: Final = zlib.crc32
 _U64: Final = Struct(">Q")
+_U64_MAX: Final = 2**64 - 1
 _FIELDS: Final = Struct(">QQBH")  # published_at, expires_at, priority, attempts
 _RUN: Final = Struct(">IQQ")  # a run's count, its first and last seq
 
@@ -81,11 +89,12 @@ def _run(first: int, count: int) -> None:
 class PyRecordBuffer:
     """:class:`RecordSink` in Python: the C one's fallback, and its reference in the tests."""
 
-    __slots__ = ("_buf", "_fields", "_structs", "_ts")
+    __slots__ = ("_buf", "_fields", "_seq", "_structs", "_ts")
 
     def __init__(self) -> None:
         self._buf = bytearray()
         self._ts = 0
+        self._seq = 0
         self._fields = (0, 0, 0, 0)  # published_at, expires_at, priority, attempts
         # the layout up to the payload (or the end) per record type and field lengths
         self._structs: dict[tuple[int, int, int], Struct] = {}
@@ -113,7 +122,12 @@ class PyRecordBuffer:
         _FIELDS.pack(published_at, expires_at, priority, attempts)  # (refused out of range)
         self._fields = (published_at, expires_at, priority, attempts)
 
-    def publish(self, name16: bytes, seq: int, message_id: str, payload: bytes) -> None:
+    def seq(self, seq: int) -> None:
+        _U64.pack(seq)  # (refused out of range, as the C one does)
+        self._seq = seq
+
+    def publish(self, name16: bytes, message_id: str, payload: bytes) -> None:
+        seq = self._seq
         mid = message_id.encode()
         published_at, expires_at, priority, attempts = self._fields
         head = self._struct(_PUBLISH, len(name16), len(mid)).pack(
@@ -131,6 +145,7 @@ class PyRecordBuffer:
             len(payload),
         )
         self._add(head, payload)
+        self._seq = (seq + 1) & _U64_MAX  # (wraps as the C one's does)
 
     def stamp(self, timestamp: int) -> None:
         _U64.pack(timestamp)  # (refused out of range, as the C one does)

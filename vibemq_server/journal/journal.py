@@ -128,7 +128,8 @@ class Journal(Persistence):
         # before any other record is added there and at the flush.
         self._enc: RecordSink = new_record_buffer()
         self._enc_fields: Callable[[int, int, int, int], None]
-        self._enc_publish: Callable[[bytes, int, str, bytes], None]
+        self._enc_seq: Callable[[int], None]
+        self._enc_publish: Callable[[bytes, str, bytes], None]
         self._enc_deliver_run: Callable[[bytes, int, int, int], None]
         self._enc_settle_all: Callable[[bytes, list[int], int], None]
         self._enc_settle_run: Callable[[bytes, int, int, int], None]
@@ -148,6 +149,9 @@ class Journal(Persistence):
         self._fields_expires = -1
         self._fields_priority: object = None
         self._fields_attempts = -1
+        # The seq the encoder gives its next PUBLISH (``RecordSink.seq``): a client's
+        # publishes follow on, so it is passed only when one does not. (-1: not known)
+        self._next_seq = -1
         self.use_encoder(self._enc)
         self._waiters: list[Waiter] = []  # written with the next flush
         self._sync_waiters: list[Waiter] = []  # written, waiting for an fsync
@@ -219,6 +223,8 @@ class Journal(Persistence):
         # the method up by name every time (in the compiled build), a bound one is called
         self._enc_fields = enc.fields
         self._fields_at = -1  # (a new encoder holds none of ours)
+        self._enc_seq = enc.seq
+        self._next_seq = -1  # (nor our next seq)
         self._enc_publish = enc.publish
         self._enc_deliver_run = enc.deliver_run
         self._enc_settle_all = enc.settle_all
@@ -411,7 +417,11 @@ class Journal(Persistence):
                 or msg.attempts != self._fields_attempts
             ):
                 self._set_fields(msg)
-            self._enc_publish(records.name16, msg.seq, msg.id, payload)
+            seq = msg.seq
+            if seq != self._next_seq:
+                self._enc_seq(seq)
+            self._enc_publish(records.name16, msg.id, payload)
+            self._next_seq = seq + 1  # (after: a refused publish leaves the encoder's seq)
         if client:
             self._batch_publishes.append(msg)
         elif self._run_count:
