@@ -380,11 +380,15 @@ static int put_deliver(RecordBuffer *self, const char *name, Py_ssize_t name_len
     return 0;
 }
 
-/* The count of a run of seqs first, first + 1, ... (deliver_run, settle_run): at most 2^32 - 1
- * records, the last seq within a u64. */
-static int take_run(PyObject *first_arg, PyObject *count_arg, uint64_t *first, uint64_t *count) {
-    if (take_uint(first_arg, UINT64_MAX, "seq", first) < 0 ||
-        take_uint(count_arg, UINT32_MAX, "count", count) < 0)
+/* The arguments of deliver_run and settle_run: (name16, first, count, value), the value a field
+ * of at most `max`; the run at most 2^32 - 1 records, its last seq within a u64. */
+static int take_run(PyObject *const *args, Py_ssize_t nargs, const char *fname, uint64_t max,
+                    const char *what, const char **name, Py_ssize_t *name_len, uint64_t *first,
+                    uint64_t *count, uint64_t *value) {
+    if (vmq_nargs(nargs, 4, fname) < 0 || take_name16(args[0], name, name_len) < 0 ||
+        take_uint(args[1], UINT64_MAX, "seq", first) < 0 ||
+        take_uint(args[2], UINT32_MAX, "count", count) < 0 ||
+        take_uint(args[3], max, what, value) < 0)
         return -1;
     if (*count && *first > UINT64_MAX - (*count - 1)) {
         PyErr_SetString(PyExc_OverflowError, "seq out of range");
@@ -398,15 +402,12 @@ static int take_run(PyObject *first_arg, PyObject *count_arg, uint64_t *first, u
  * journal gathers a loop turn's consecutive deliveries of a queue: one call, not one a
  * message with its seq boxed). */
 static PyObject *rb_deliver_run(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (vmq_nargs(nargs, 4, "deliver_run") < 0)
-        return NULL;
     const char *name;
     Py_ssize_t name_len;
     uint64_t first, count, attempts;
-    if (take_name16(args[0], &name, &name_len) < 0 || take_run(args[1], args[2], &first, &count) < 0 ||
-        take_uint(args[3], 0xFFFF, "attempts", &attempts) < 0)
-        return NULL;
-    if (count && reserve(self, (Py_ssize_t)count * (8 + 1 + 16 + 2 + name_len)) < 0)
+    if (take_run(args, nargs, "deliver_run", 0xFFFF, "attempts", &name, &name_len, &first, &count,
+                 &attempts) < 0 ||
+        (count && reserve(self, (Py_ssize_t)count * (8 + 1 + 16 + 2 + name_len)) < 0))
         return NULL;
     for (uint64_t i = 0; i < count; i++)
         put_deliver(self, name, name_len, first + i, attempts); /* (room reserved: cannot fail) */
@@ -483,15 +484,12 @@ static PyObject *rb_settle_all(RecordBuffer *self, PyObject *const *args, Py_ssi
 /* settle_run(name16, first, count, reason): settle_all of the seqs first .. first + count - 1
  * (a read's acks of consecutive deliveries: no list of boxed seqs). */
 static PyObject *rb_settle_run(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (vmq_nargs(nargs, 4, "settle_run") < 0)
-        return NULL;
     const char *name;
     Py_ssize_t name_len;
     uint64_t first, count, reason;
-    if (take_name16(args[0], &name, &name_len) < 0 || take_run(args[1], args[2], &first, &count) < 0 ||
-        take_uint(args[3], 0xFF, "reason", &reason) < 0)
-        return NULL;
-    if (count && reserve(self, (Py_ssize_t)count * (8 + 1 + 16 + 1 + name_len + 2)) < 0)
+    if (take_run(args, nargs, "settle_run", 0xFF, "reason", &name, &name_len, &first, &count,
+                 &reason) < 0 ||
+        (count && reserve(self, (Py_ssize_t)count * (8 + 1 + 16 + 1 + name_len + 2)) < 0))
         return NULL;
     for (uint64_t i = 0; i < count; i++)
         put_settle(self, name, name_len, first + i, reason, "", 0); /* (room reserved) */
