@@ -225,6 +225,15 @@ static int take_uint(PyObject *arg, uint64_t max, const char *what, uint64_t *ou
     return 0;
 }
 
+/* A u64 the buffer keeps (seq(), stamp()): left as it was when the argument is refused. */
+static PyObject *set_u64(PyObject *arg, const char *what, uint64_t *field) {
+    uint64_t v;
+    if (take_uint(arg, UINT64_MAX, what, &v) < 0)
+        return NULL;
+    *field = v;
+    Py_RETURN_NONE;
+}
+
 /* A str16 field given as UTF-8 of at most 65535 bytes (a str, or bytes already encoded). */
 static int take_text(PyObject *arg, const char *what, const char **data, Py_ssize_t *size) {
     if (PyUnicode_Check(arg)) {
@@ -293,11 +302,7 @@ static PyObject *rb_fields(RecordBuffer *self, PyObject *const *args, Py_ssize_t
  * client's publishes get consecutive seqs: the journal passes one when it does not follow on,
  * not a boxed seq a publish. */
 static PyObject *rb_seq(RecordBuffer *self, PyObject *arg) {
-    uint64_t seq;
-    if (take_uint(arg, UINT64_MAX, "seq", &seq) < 0)
-        return NULL;
-    self->seq = seq;
-    Py_RETURN_NONE;
+    return set_u64(arg, "seq", &self->seq);
 }
 
 /* publish(name16, message_id, payload): a PUBLISH record without headers (records.py writes
@@ -358,11 +363,7 @@ static PyObject *rb_publish(RecordBuffer *self, PyObject *const *args, Py_ssize_
 /* stamp(timestamp): the timestamp of the DELIVER and SETTLE records appended from now on (the
  * journal reads the clock once a write batch: passed once, not boxed again for every record). */
 static PyObject *rb_stamp(RecordBuffer *self, PyObject *arg) {
-    uint64_t ts;
-    if (take_uint(arg, UINT64_MAX, "timestamp", &ts) < 0)
-        return NULL;
-    self->ts = ts;
-    Py_RETURN_NONE;
+    return set_u64(arg, "timestamp", &self->ts);
 }
 
 static int put_deliver(RecordBuffer *self, const char *name, Py_ssize_t name_len, uint64_t seq,
@@ -378,40 +379,6 @@ static int put_deliver(RecordBuffer *self, const char *name, Py_ssize_t name_len
     memcpy(p, name, (size_t)name_len);
     seal(self, start, p + name_len);
     return 0;
-}
-
-/* The arguments of deliver_run and settle_run: (name16, first, count, value), the value a field
- * of at most `max`; the run at most 2^32 - 1 records, its last seq within a u64. */
-static int take_run(PyObject *const *args, Py_ssize_t nargs, const char *fname, uint64_t max,
-                    const char *what, const char **name, Py_ssize_t *name_len, uint64_t *first,
-                    uint64_t *count, uint64_t *value) {
-    if (vmq_nargs(nargs, 4, fname) < 0 || take_name16(args[0], name, name_len) < 0 ||
-        take_uint(args[1], UINT64_MAX, "seq", first) < 0 ||
-        take_uint(args[2], UINT32_MAX, "count", count) < 0 ||
-        take_uint(args[3], max, what, value) < 0)
-        return -1;
-    if (*count && *first > UINT64_MAX - (*count - 1)) {
-        PyErr_SetString(PyExc_OverflowError, "seq out of range");
-        return -1;
-    }
-    return 0;
-}
-
-/* deliver_run(name16, first, count, attempts): a DELIVER record for each of the seqs first ..
- * first + count - 1, in order, all with the same attempts, at the stamped timestamp (the
- * journal gathers a loop turn's consecutive deliveries of a queue: one call, not one a
- * message with its seq boxed). */
-static PyObject *rb_deliver_run(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
-    const char *name;
-    Py_ssize_t name_len;
-    uint64_t first, count, attempts;
-    if (take_run(args, nargs, "deliver_run", 0xFFFF, "attempts", &name, &name_len, &first, &count,
-                 &attempts) < 0 ||
-        (count && reserve(self, (Py_ssize_t)count * (8 + 1 + 16 + 2 + name_len)) < 0))
-        return NULL;
-    for (uint64_t i = 0; i < count; i++)
-        put_deliver(self, name, name_len, first + i, attempts); /* (room reserved: cannot fail) */
-    Py_RETURN_NONE;
 }
 
 static int put_settle(RecordBuffer *self, const char *name, Py_ssize_t name_len, uint64_t seq,
@@ -430,6 +397,43 @@ static int put_settle(RecordBuffer *self, const char *name, Py_ssize_t name_len,
     memcpy(p, detail, (size_t)detail_len);
     seal(self, start, p + detail_len);
     return 0;
+}
+
+/* deliver_run's and settle_run's records, (name16, first, count, value): the value a DELIVER's
+ * attempts or a SETTLE's reason; at most 2^32 - 1 records, the last seq within a u64; the
+ * room reserved once, so a refused call appends nothing. */
+static PyObject *put_run(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs, int settle) {
+    const char *name;
+    Py_ssize_t name_len;
+    uint64_t first, count, value;
+    if (vmq_nargs(nargs, 4, settle ? "settle_run" : "deliver_run") < 0 ||
+        take_name16(args[0], &name, &name_len) < 0 ||
+        take_uint(args[1], UINT64_MAX, "seq", &first) < 0 ||
+        take_uint(args[2], UINT32_MAX, "count", &count) < 0 ||
+        take_uint(args[3], settle ? 0xFF : 0xFFFF, settle ? "reason" : "attempts", &value) < 0)
+        return NULL;
+    if (count && first > UINT64_MAX - (count - 1)) {
+        PyErr_SetString(PyExc_OverflowError, "seq out of range");
+        return NULL;
+    }
+    /* a DELIVER: prefix 8, type 1, 2 x u64, u16, name16; a SETTLE: a u8 and an empty str16 */
+    if (count && reserve(self, (Py_ssize_t)count * ((settle ? 28 : 27) + name_len)) < 0)
+        return NULL;
+    for (uint64_t i = 0; i < count; i++) { /* (room reserved: neither can fail) */
+        if (settle)
+            put_settle(self, name, name_len, first + i, value, "", 0);
+        else
+            put_deliver(self, name, name_len, first + i, value);
+    }
+    Py_RETURN_NONE;
+}
+
+/* deliver_run(name16, first, count, attempts): a DELIVER record for each of the seqs first ..
+ * first + count - 1, in order, all with the same attempts, at the stamped timestamp (the
+ * journal gathers a loop turn's consecutive deliveries of a queue: one call, not one a
+ * message with its seq boxed). */
+static PyObject *rb_deliver_run(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
+    return put_run(self, args, nargs, 0);
 }
 
 /* settle(name16, seq, reason, detail): at the stamped timestamp */
@@ -484,16 +488,7 @@ static PyObject *rb_settle_all(RecordBuffer *self, PyObject *const *args, Py_ssi
 /* settle_run(name16, first, count, reason): settle_all of the seqs first .. first + count - 1
  * (a read's acks of consecutive deliveries: no list of boxed seqs). */
 static PyObject *rb_settle_run(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
-    const char *name;
-    Py_ssize_t name_len;
-    uint64_t first, count, reason;
-    if (take_run(args, nargs, "settle_run", 0xFF, "reason", &name, &name_len, &first, &count,
-                 &reason) < 0 ||
-        (count && reserve(self, (Py_ssize_t)count * (8 + 1 + 16 + 1 + name_len + 2)) < 0))
-        return NULL;
-    for (uint64_t i = 0; i < count; i++)
-        put_settle(self, name, name_len, first + i, reason, "", 0); /* (room reserved) */
-    Py_RETURN_NONE;
+    return put_run(self, args, nargs, 1);
 }
 
 /* Memory kept between batches at most: a burst of large batches does not pin its peak. */
