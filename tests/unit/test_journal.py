@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import struct
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -756,6 +757,23 @@ async def test_a_turns_deliveries_and_acks_keep_each_messages_record_order(env: 
     mgr2, _ = await env.restart(journal)
     assert ready(mgr2, "q") == [("b", 2), ("g", 1)]
     assert ready(mgr2, "r") == [("x", 1)]
+
+
+async def test_a_delivery_past_the_records_attempts_is_refused_at_once(env: Env) -> None:
+    """A DELIVER record's attempts is a u16: a delivery past it is refused in the delivery,
+    as it was when each one was encoded at once, not later in the flush (the deliveries
+    gathered before it are written)."""
+    mgr, journal = env.open()
+    make(mgr, "q")
+    c = Consumer()
+    sub = mgr.subscribe("q", "s", c, 10)
+    publish(mgr, "q", "a", "b")
+    c.got[1].attempts = 0xFFFF
+    with pytest.raises((OverflowError, struct.error)):
+        mgr.nack(sub, "b", requeue=True)
+    assert await durable(journal) is None
+    delivered = [(r.seq, r.attempts) for r in env.records() if isinstance(r, Deliver)]
+    assert delivered == [(c.got[0].seq, 1), (c.got[1].seq, 1)]
 
 
 async def test_rotation_then_reclaim_everything_settled(env: Env) -> None:

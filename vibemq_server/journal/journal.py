@@ -81,6 +81,8 @@ COMPACT_RUN: Final = 20_000
 _IOV_MAX = 1024
 # (Final: the compiled build reads it as a constant, not from the module's dict every publish)
 _PASS_THROUGH: Final = PASS_THROUGH
+#: a DELIVER record's attempts is a u16
+_MAX_ATTEMPTS: Final = 0xFFFF
 
 
 class FsyncPolicy(StrEnum):
@@ -458,6 +460,10 @@ class Journal(Persistence):
         else:
             if self._run_count:
                 self._put_delivers()
+            if attempts > _MAX_ATTEMPTS:
+                # (the encoder refuses it here, in the delivery, as it did a record at a time:
+                # not later, in the flush)
+                self._enc_deliver_run(records.name16, seq, 1, attempts)
             self._run_records = records
             self._run_first = seq
             self._run_count = 1
