@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import struct
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -36,6 +37,7 @@ from vibemq_server.journal.records import (
     Publish,
     QueueCreate,
     Record,
+    Settle,
     encode_record,
     iter_records,
 )
@@ -713,6 +715,65 @@ async def test_acks_of_a_read_settle_in_the_journal_and_release_segments(env: En
     assert first not in [n for n, _ in env.segments()]
     mgr3, _ = await env.restart(journal2)
     assert ready(mgr3, "q") == []
+
+
+async def test_a_turns_deliveries_and_acks_keep_each_messages_record_order(env: Env) -> None:
+    """The journal gathers a turn's consecutive deliveries of a queue into one run of DELIVER
+    records (a client's PUBLISH may go in between): still one DELIVER a delivery, each after
+    its message's PUBLISH and before its SETTLE, with its attempts, whatever breaks a run (a
+    redelivery, another queue, an ack), and acks whose seqs do not follow on settled too."""
+    mgr, journal = env.open()
+    make(mgr, "q")
+    make(mgr, "r")
+    c, d = Consumer(), Consumer()
+    sub = mgr.subscribe("q", "s", c, 10)
+    mgr.subscribe("r", "s", d, 10)
+    # all in one turn: no flush in between
+    publish(mgr, "q", "a", "b")
+    publish(mgr, "r", "x")
+    publish(mgr, "q", "c", "d", "e", "f")
+    assert mgr.ack_many(sub, ["e", "f"]) == []  # one run, while their DELIVERs gather
+    assert mgr.nack(sub, "b", requeue=True)  # redelivered at once, attempts 2
+    assert mgr.ack_many(sub, ["a", "c", "d"]) == []  # (b between: not one run)
+    publish(mgr, "q", "g")
+    assert [m.id for m in c.got] == list("abcdefbg")  # (b delivered twice)
+    assert await durable(journal) is None
+    records = env.records()
+    seqs = {r.message_id: r.seq for r in records if isinstance(r, Publish)}
+    at = {id(r): i for i, r in enumerate(records)}
+
+    def where(kind: type[Publish | Deliver | Settle], mid: str) -> list[int]:
+        return [at[id(r)] for r in records if isinstance(r, kind) and r.seq == seqs[mid]]
+
+    delivered = [(r.seq, r.queue, r.attempts) for r in records if isinstance(r, Deliver)]
+    expected = [(seqs[m], "q", 1) for m in "abcdef"] + [(seqs["x"], "r", 1)]
+    expected += [(seqs["b"], "q", 2), (seqs["g"], "q", 1)]
+    assert sorted(delivered) == sorted(expected)
+    for mid in "abcdefgx":
+        (published,) = where(Publish, mid)
+        assert all(published < i for i in where(Deliver, mid))
+        assert all(i < j for i in where(Deliver, mid) for j in where(Settle, mid))
+    assert [r.attempts for r in records if isinstance(r, Deliver) and r.seq == seqs["b"]] == [1, 2]
+    mgr2, _ = await env.restart(journal)
+    assert ready(mgr2, "q") == [("b", 2), ("g", 1)]
+    assert ready(mgr2, "r") == [("x", 1)]
+
+
+async def test_a_delivery_past_the_records_attempts_is_refused_at_once(env: Env) -> None:
+    """A DELIVER record's attempts is a u16: a delivery past it is refused in the delivery,
+    as it was when each one was encoded at once, not later in the flush (the deliveries
+    gathered before it are written)."""
+    mgr, journal = env.open()
+    make(mgr, "q")
+    c = Consumer()
+    sub = mgr.subscribe("q", "s", c, 10)
+    publish(mgr, "q", "a", "b")
+    c.got[1].attempts = 0xFFFF
+    with pytest.raises((OverflowError, struct.error)):
+        mgr.nack(sub, "b", requeue=True)
+    assert await durable(journal) is None
+    delivered = [(r.seq, r.attempts) for r in env.records() if isinstance(r, Deliver)]
+    assert delivered == [(c.got[0].seq, 1), (c.got[1].seq, 1)]
 
 
 async def test_rotation_then_reclaim_everything_settled(env: Env) -> None:

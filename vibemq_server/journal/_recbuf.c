@@ -177,6 +177,7 @@ typedef struct {
     /* the PUBLISH records' fixed fields (fields()): a publish passes only what is its own */
     uint64_t published_at, expires_at;
     unsigned int priority, attempts;
+    uint64_t seq; /* the next PUBLISH record's seq (seq(); one more after each publish) */
 } RecordBuffer;
 
 static int reserve(RecordBuffer *self, Py_ssize_t more) {
@@ -222,6 +223,15 @@ static int take_uint(PyObject *arg, uint64_t max, const char *what, uint64_t *ou
     }
     *out = v;
     return 0;
+}
+
+/* A u64 the buffer keeps (seq(), stamp()): left as it was when the argument is refused. */
+static PyObject *set_u64(PyObject *arg, const char *what, uint64_t *field) {
+    uint64_t v;
+    if (take_uint(arg, UINT64_MAX, what, &v) < 0)
+        return NULL;
+    *field = v;
+    Py_RETURN_NONE;
 }
 
 /* A str16 field given as UTF-8 of at most 65535 bytes (a str, or bytes already encoded). */
@@ -288,26 +298,32 @@ static PyObject *rb_fields(RecordBuffer *self, PyObject *const *args, Py_ssize_t
     Py_RETURN_NONE;
 }
 
-/* publish(name16, seq, message_id, payload): a PUBLISH record without headers (records.py writes
- * those), its fixed fields the last fields() gave. */
+/* seq(seq): the seq of the next PUBLISH record (each publish takes it and counts one on). A
+ * client's publishes get consecutive seqs: the journal passes one when it does not follow on,
+ * not a boxed seq a publish. */
+static PyObject *rb_seq(RecordBuffer *self, PyObject *arg) {
+    return set_u64(arg, "seq", &self->seq);
+}
+
+/* publish(name16, message_id, payload): a PUBLISH record without headers (records.py writes
+ * those), its seq the next one (seq()) and its fixed fields the last fields() gave. A refused
+ * call appends nothing and leaves the next seq as it was. */
 static PyObject *rb_publish(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (vmq_nargs(nargs, 4, "publish") < 0)
+    if (vmq_nargs(nargs, 3, "publish") < 0)
         return NULL;
     const char *name, *mid;
     Py_ssize_t name_len, mid_len;
-    uint64_t seq;
     if (take_name16(args[0], &name, &name_len) < 0 ||
-        take_uint(args[1], UINT64_MAX, "seq", &seq) < 0 ||
-        take_text(args[2], "message_id", &mid, &mid_len) < 0)
+        take_text(args[1], "message_id", &mid, &mid_len) < 0)
         return NULL;
     /* (bytes, the journal's payloads, read in place: a buffer request and its release cost
      * ~70 instructions a publish; any other bytes-like object through the buffer protocol) */
     Py_buffer view;
     view.obj = NULL;
-    if (PyBytes_CheckExact(args[3])) {
-        view.buf = PyBytes_AS_STRING(args[3]);
-        view.len = PyBytes_GET_SIZE(args[3]);
-    } else if (PyObject_GetBuffer(args[3], &view, PyBUF_SIMPLE) < 0) {
+    if (PyBytes_CheckExact(args[2])) {
+        view.buf = PyBytes_AS_STRING(args[2]);
+        view.len = PyBytes_GET_SIZE(args[2]);
+    } else if (PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0) {
         return NULL;
     }
     if ((uint64_t)view.len > UINT32_MAX - 64 - (uint64_t)name_len - (uint64_t)mid_len) {
@@ -325,7 +341,7 @@ static PyObject *rb_publish(RecordBuffer *self, PyObject *const *args, Py_ssize_
     unsigned char *p = self->buf + start + 8;
     *p++ = PUBLISH;
     p = put64(p, self->published_at);
-    p = put64(p, seq);
+    p = put64(p, self->seq++); /* (wraps at 2^64 as the pure one's does) */
     p = put64(p, self->published_at);
     p = put64(p, self->expires_at);
     *p++ = (unsigned char)self->priority;
@@ -347,11 +363,7 @@ static PyObject *rb_publish(RecordBuffer *self, PyObject *const *args, Py_ssize_
 /* stamp(timestamp): the timestamp of the DELIVER and SETTLE records appended from now on (the
  * journal reads the clock once a write batch: passed once, not boxed again for every record). */
 static PyObject *rb_stamp(RecordBuffer *self, PyObject *arg) {
-    uint64_t ts;
-    if (take_uint(arg, UINT64_MAX, "timestamp", &ts) < 0)
-        return NULL;
-    self->ts = ts;
-    Py_RETURN_NONE;
+    return set_u64(arg, "timestamp", &self->ts);
 }
 
 static int put_deliver(RecordBuffer *self, const char *name, Py_ssize_t name_len, uint64_t seq,
@@ -367,22 +379,6 @@ static int put_deliver(RecordBuffer *self, const char *name, Py_ssize_t name_len
     memcpy(p, name, (size_t)name_len);
     seal(self, start, p + name_len);
     return 0;
-}
-
-/* deliver(name16, seq, attempts): at the stamped timestamp */
-static PyObject *rb_deliver(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (vmq_nargs(nargs, 3, "deliver") < 0)
-        return NULL;
-    const char *name;
-    Py_ssize_t name_len;
-    uint64_t seq, attempts;
-    if (take_name16(args[0], &name, &name_len) < 0 ||
-        take_uint(args[1], UINT64_MAX, "seq", &seq) < 0 ||
-        take_uint(args[2], 0xFFFF, "attempts", &attempts) < 0)
-        return NULL;
-    if (put_deliver(self, name, name_len, seq, attempts) < 0)
-        return NULL;
-    Py_RETURN_NONE;
 }
 
 static int put_settle(RecordBuffer *self, const char *name, Py_ssize_t name_len, uint64_t seq,
@@ -401,6 +397,43 @@ static int put_settle(RecordBuffer *self, const char *name, Py_ssize_t name_len,
     memcpy(p, detail, (size_t)detail_len);
     seal(self, start, p + detail_len);
     return 0;
+}
+
+/* deliver_run's and settle_run's records, (name16, first, count, value): the value a DELIVER's
+ * attempts or a SETTLE's reason; at most 2^32 - 1 records, the last seq within a u64; the
+ * room reserved once, so a refused call appends nothing. */
+static PyObject *put_run(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs, int settle) {
+    const char *name;
+    Py_ssize_t name_len;
+    uint64_t first, count, value;
+    if (vmq_nargs(nargs, 4, settle ? "settle_run" : "deliver_run") < 0 ||
+        take_name16(args[0], &name, &name_len) < 0 ||
+        take_uint(args[1], UINT64_MAX, "seq", &first) < 0 ||
+        take_uint(args[2], UINT32_MAX, "count", &count) < 0 ||
+        take_uint(args[3], settle ? 0xFF : 0xFFFF, settle ? "reason" : "attempts", &value) < 0)
+        return NULL;
+    if (count && first > UINT64_MAX - (count - 1)) {
+        PyErr_SetString(PyExc_OverflowError, "seq out of range");
+        return NULL;
+    }
+    /* a DELIVER: prefix 8, type 1, 2 x u64, u16, name16; a SETTLE: a u8 and an empty str16 */
+    if (count && reserve(self, (Py_ssize_t)count * ((settle ? 28 : 27) + name_len)) < 0)
+        return NULL;
+    for (uint64_t i = 0; i < count; i++) { /* (room reserved: neither can fail) */
+        if (settle)
+            put_settle(self, name, name_len, first + i, value, "", 0);
+        else
+            put_deliver(self, name, name_len, first + i, value);
+    }
+    Py_RETURN_NONE;
+}
+
+/* deliver_run(name16, first, count, attempts): a DELIVER record for each of the seqs first ..
+ * first + count - 1, in order, all with the same attempts, at the stamped timestamp (the
+ * journal gathers a loop turn's consecutive deliveries of a queue: one call, not one a
+ * message with its seq boxed). */
+static PyObject *rb_deliver_run(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
+    return put_run(self, args, nargs, 0);
 }
 
 /* settle(name16, seq, reason, detail): at the stamped timestamp */
@@ -452,6 +485,12 @@ static PyObject *rb_settle_all(RecordBuffer *self, PyObject *const *args, Py_ssi
     Py_RETURN_NONE;
 }
 
+/* settle_run(name16, first, count, reason): settle_all of the seqs first .. first + count - 1
+ * (a read's acks of consecutive deliveries: no list of boxed seqs). */
+static PyObject *rb_settle_run(RecordBuffer *self, PyObject *const *args, Py_ssize_t nargs) {
+    return put_run(self, args, nargs, 1);
+}
+
 /* Memory kept between batches at most: a burst of large batches does not pin its peak. */
 #define KEEP_CAP (4 * 1024 * 1024)
 
@@ -487,6 +526,7 @@ static PyObject *rb_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         self->ts = 0;
         self->published_at = self->expires_at = 0;
         self->priority = self->attempts = 0;
+        self->seq = 0;
     }
     return (PyObject *)self;
 }
@@ -500,17 +540,23 @@ static PyMethodDef rb_methods[] = {
     {"fields", (PyCFunction)(void (*)(void))rb_fields, METH_FASTCALL,
      "fields(published_at, expires_at, priority, attempts) -> None: the fixed fields of the "
      "PUBLISH records from now on (their timestamp published_at)."},
+    {"seq", (PyCFunction)rb_seq, METH_O,
+     "seq(seq) -> None: the seq of the next PUBLISH record (one more after each)."},
     {"publish", (PyCFunction)(void (*)(void))rb_publish, METH_FASTCALL,
-     "publish(name16, seq, message_id, payload) -> None: a PUBLISH record without headers "
-     "appended, with the last fields()."},
+     "publish(name16, message_id, payload) -> None: a PUBLISH record without headers "
+     "appended, with the next seq and the last fields()."},
     {"stamp", (PyCFunction)rb_stamp, METH_O,
      "stamp(timestamp) -> None: the timestamp of the DELIVER and SETTLE records from now on."},
-    {"deliver", (PyCFunction)(void (*)(void))rb_deliver, METH_FASTCALL,
-     "deliver(name16, seq, attempts) -> None: a DELIVER record appended."},
+    {"deliver_run", (PyCFunction)(void (*)(void))rb_deliver_run, METH_FASTCALL,
+     "deliver_run(name16, first, count, attempts) -> None: a DELIVER record for each of the "
+     "seqs first .. first + count - 1."},
     {"settle", (PyCFunction)(void (*)(void))rb_settle, METH_FASTCALL,
      "settle(name16, seq, reason, detail) -> None: a SETTLE record appended."},
     {"settle_all", (PyCFunction)(void (*)(void))rb_settle_all, METH_FASTCALL,
      "settle_all(name16, seqs, reason) -> None: a SETTLE record (no detail) for each seq."},
+    {"settle_run", (PyCFunction)(void (*)(void))rb_settle_run, METH_FASTCALL,
+     "settle_run(name16, first, count, reason) -> None: settle_all of the seqs first .. "
+     "first + count - 1."},
     {"take", (PyCFunction)rb_take, METH_NOARGS,
      "take() -> bytes: the records appended since the last take, and the buffer emptied."},
     {NULL, NULL, 0, NULL},

@@ -29,8 +29,15 @@ class RecordSink(Protocol):
         share them: the journal passes them when they change, not four ints a publish."""
         ...
 
-    def publish(self, name16: bytes, seq: int, message_id: str, payload: bytes, /) -> None:
-        """Append a PUBLISH record without headers, with the last ``fields``."""
+    def seq(self, seq: int, /) -> None:
+        """The seq of the next PUBLISH record (0 until set), one more after each: a client's
+        publishes get consecutive seqs, so the journal passes one only when it does not
+        follow on, not a boxed seq a publish."""
+        ...
+
+    def publish(self, name16: bytes, message_id: str, payload: bytes, /) -> None:
+        """Append a PUBLISH record without headers, with the next seq and the last
+        ``fields``; a refused one appends nothing and leaves the next seq."""
         ...
 
     def stamp(self, timestamp: int, /) -> None:
@@ -38,13 +45,22 @@ class RecordSink(Protocol):
         reads the clock once a write batch; 0 until stamped)."""
         ...
 
-    def deliver(self, name16: bytes, seq: int, attempts: int, /) -> None: ...
+    def deliver_run(self, name16: bytes, first: int, count: int, attempts: int, /) -> None:
+        """A DELIVER record for each of the seqs ``first`` .. ``first + count - 1``, in order,
+        with the same ``attempts`` (a loop turn's consecutive deliveries of a queue in one
+        call, not one a message with its seq boxed); a bad field appends none."""
+        ...
 
     def settle(self, name16: bytes, seq: int, reason: int, detail: str, /) -> None: ...
 
     def settle_all(self, name16: bytes, seqs: list[int], reason: int, /) -> None:
         """A SETTLE record without detail for each of ``seqs``, in order (a read's acks in
         one call); a bad seq appends none of them."""
+        ...
+
+    def settle_run(self, name16: bytes, first: int, count: int, reason: int, /) -> None:
+        """``settle_all`` of the seqs ``first`` .. ``first + count - 1`` (consecutive
+        deliveries acked: no list of seqs)."""
         ...
 
     def take(self) -> bytes:
@@ -60,17 +76,25 @@ _SETTLE: Final = int(RecordType.SETTLE)
 _pack_prefix: Final = RECORD_PREFIX.pack
 _crc32: Final = zlib.crc32
 _U64: Final = Struct(">Q")
+_U64_MAX: Final = 2**64 - 1
 _FIELDS: Final = Struct(">QQBH")  # published_at, expires_at, priority, attempts
+_RUN: Final = Struct(">IQQ")  # a run's count, its first and last seq
+
+
+def _run(first: int, count: int) -> None:
+    """Refuse a run the C encoder refuses: a count over a u32, a last seq over a u64."""
+    _RUN.pack(count, first, first + max(count - 1, 0))
 
 
 class PyRecordBuffer:
     """:class:`RecordSink` in Python: the C one's fallback, and its reference in the tests."""
 
-    __slots__ = ("_buf", "_fields", "_structs", "_ts")
+    __slots__ = ("_buf", "_fields", "_seq", "_structs", "_ts")
 
     def __init__(self) -> None:
         self._buf = bytearray()
         self._ts = 0
+        self._seq = 0
         self._fields = (0, 0, 0, 0)  # published_at, expires_at, priority, attempts
         # the layout up to the payload (or the end) per record type and field lengths
         self._structs: dict[tuple[int, int, int], Struct] = {}
@@ -98,7 +122,12 @@ class PyRecordBuffer:
         _FIELDS.pack(published_at, expires_at, priority, attempts)  # (refused out of range)
         self._fields = (published_at, expires_at, priority, attempts)
 
-    def publish(self, name16: bytes, seq: int, message_id: str, payload: bytes) -> None:
+    def seq(self, seq: int) -> None:
+        _U64.pack(seq)  # (refused out of range, as the C one does)
+        self._seq = seq
+
+    def publish(self, name16: bytes, message_id: str, payload: bytes) -> None:
+        seq = self._seq
         mid = message_id.encode()
         published_at, expires_at, priority, attempts = self._fields
         head = self._struct(_PUBLISH, len(name16), len(mid)).pack(
@@ -116,14 +145,21 @@ class PyRecordBuffer:
             len(payload),
         )
         self._add(head, payload)
+        self._seq = (seq + 1) & _U64_MAX  # (wraps as the C one's does)
 
     def stamp(self, timestamp: int) -> None:
         _U64.pack(timestamp)  # (refused out of range, as the C one does)
         self._ts = timestamp
 
-    def deliver(self, name16: bytes, seq: int, attempts: int) -> None:
+    def deliver_run(self, name16: bytes, first: int, count: int, attempts: int) -> None:
         st = self._struct(_DELIVER, len(name16), 0)
-        self._add(st.pack(_DELIVER, self._ts, seq, attempts, name16))
+        _run(first, count)
+        heads = [
+            st.pack(_DELIVER, self._ts, seq, attempts, name16)
+            for seq in range(first, first + count)
+        ]
+        for head in heads:  # (all packed first: a bad field appends none)
+            self._add(head)
 
     def settle(self, name16: bytes, seq: int, reason: int, detail: str) -> None:
         raw = detail.encode()
@@ -135,6 +171,10 @@ class PyRecordBuffer:
         heads = [st.pack(_SETTLE, self._ts, seq, reason, name16, 0, b"") for seq in seqs]
         for head in heads:  # (all packed first: a bad seq appends none)
             self._add(head)
+
+    def settle_run(self, name16: bytes, first: int, count: int, reason: int) -> None:
+        _run(first, count)
+        self.settle_all(name16, list(range(first, first + count)), reason)
 
     def take(self) -> bytes:
         out = bytes(self._buf)

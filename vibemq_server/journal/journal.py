@@ -81,6 +81,8 @@ COMPACT_RUN: Final = 20_000
 _IOV_MAX = 1024
 # (Final: the compiled build reads it as a constant, not from the module's dict every publish)
 _PASS_THROUGH: Final = PASS_THROUGH
+#: a DELIVER record's attempts is a u16
+_MAX_ATTEMPTS: Final = 0xFFFF
 
 
 class FsyncPolicy(StrEnum):
@@ -128,15 +130,30 @@ class Journal(Persistence):
         # before any other record is added there and at the flush.
         self._enc: RecordSink = new_record_buffer()
         self._enc_fields: Callable[[int, int, int, int], None]
-        self._enc_publish: Callable[[bytes, int, str, bytes], None]
-        self._enc_deliver: Callable[[bytes, int, int], None]
+        self._enc_seq: Callable[[int], None]
+        self._enc_publish: Callable[[bytes, str, bytes], None]
+        self._enc_deliver_run: Callable[[bytes, int, int, int], None]
         self._enc_settle_all: Callable[[bytes, list[int], int], None]
+        self._enc_settle_run: Callable[[bytes, int, int, int], None]
+        # The DELIVER records not yet encoded: a run of consecutive seqs of one queue with
+        # the same attempts (a loop turn's deliveries to a subscriber), passed to the encoder
+        # in one call when the run breaks, before any SETTLE (a message's DELIVER precedes its
+        # SETTLE), before a new stamp and before the batch's bytes are taken (so no later
+        # than the batch they were recorded in); a client's PUBLISH (a new seq) goes in
+        # between. Unboxed ints kept, not a seq boxed and a call a delivery. (0: none)
+        self._run_records: QueueRecords | None = None
+        self._run_first = 0
+        self._run_count = 0
+        self._run_attempts = 0
         # The PUBLISH fields the encoder holds (``RecordSink.fields``): passed when a message's
         # differ (once a clock tick), not four ints boxed for every publish. (-1: none yet)
         self._fields_at = -1
         self._fields_expires = -1
         self._fields_priority: object = None
         self._fields_attempts = -1
+        # The seq the encoder gives its next PUBLISH (``RecordSink.seq``): a client's
+        # publishes follow on, so it is passed only when one does not. (-1: not known)
+        self._next_seq = -1
         self.use_encoder(self._enc)
         self._waiters: list[Waiter] = []  # written with the next flush
         self._sync_waiters: list[Waiter] = []  # written, waiting for an fsync
@@ -208,9 +225,12 @@ class Journal(Persistence):
         # the method up by name every time (in the compiled build), a bound one is called
         self._enc_fields = enc.fields
         self._fields_at = -1  # (a new encoder holds none of ours)
+        self._enc_seq = enc.seq
+        self._next_seq = -1  # (nor our next seq)
         self._enc_publish = enc.publish
-        self._enc_deliver = enc.deliver
+        self._enc_deliver_run = enc.deliver_run
         self._enc_settle_all = enc.settle_all
+        self._enc_settle_run = enc.settle_run
 
     # -- recovery ----------------------------------------------------------------------------
 
@@ -317,6 +337,8 @@ class Journal(Persistence):
 
     def _drain(self) -> None:
         """The encoded records into _buf (before another record goes there, and to write)."""
+        if self._run_count:
+            self._put_delivers()
         if len(self._enc):
             self._buf.append(self._enc.take())
 
@@ -357,6 +379,8 @@ class Journal(Persistence):
         now = self.clock()
         if self._loop is not None:
             self._batch_ts = now
+        if self._run_count:
+            self._put_delivers()  # (at the stamp they were recorded under)
         self._enc.stamp(now)
         return now
 
@@ -395,9 +419,15 @@ class Journal(Persistence):
                 or msg.attempts != self._fields_attempts
             ):
                 self._set_fields(msg)
-            self._enc_publish(records.name16, msg.seq, msg.id, payload)
+            seq = msg.seq
+            if seq != self._next_seq:
+                self._enc_seq(seq)
+            self._enc_publish(records.name16, msg.id, payload)
+            self._next_seq = seq + 1  # (after: a refused publish leaves the encoder's seq)
         if client:
             self._batch_publishes.append(msg)
+        elif self._run_count:
+            self._put_delivers()  # (an existing message's record: after its DELIVER)
         if not self._flush_scheduled:
             self._schedule_flush()
         msg.seg = self.active
@@ -419,15 +449,43 @@ class Journal(Persistence):
         if not self._batch_ts:
             self._stamp()  # (the encoder keeps the batch's timestamp)
         records = self._records(queue.name)
-        self._enc_deliver(records.name16, msg.seq, msg.attempts)
+        seq = msg.seq
+        attempts = msg.attempts
+        if (
+            records is self._run_records
+            and seq == self._run_first + self._run_count
+            and attempts == self._run_attempts
+        ):
+            self._run_count += 1
+        else:
+            if self._run_count:
+                self._put_delivers()
+            if attempts > _MAX_ATTEMPTS:
+                # (the encoder refuses it here, in the delivery, as it did a record at a time:
+                # not later, in the flush)
+                self._enc_deliver_run(records.name16, seq, 1, attempts)
+            self._run_records = records
+            self._run_first = seq
+            self._run_count = 1
+            self._run_attempts = attempts
         if not self._flush_scheduled:
             self._schedule_flush()
+
+    def _put_delivers(self) -> None:
+        """The gathered run of DELIVER records into the encoder."""
+        records = self._run_records
+        assert records is not None
+        count = self._run_count
+        self._run_count = 0
+        self._enc_deliver_run(records.name16, self._run_first, count, self._run_attempts)
 
     def settled(
         self, queue: Queue, msg: StoredMessage, reason: SettleReason, detail: str = ""
     ) -> None:
         if not self._batch_ts:
             self._stamp()
+        if self._run_count:
+            self._put_delivers()
         records = self._records(queue.name)
         self._enc.settle(records.name16, msg.seq, reason, detail)
         if not self._flush_scheduled:
@@ -442,11 +500,18 @@ class Journal(Persistence):
         call to the encoder."""
         if not self._batch_ts:
             self._stamp()
+        if self._run_count:
+            self._put_delivers()
         segments = self.segments
         active = self._active_seg
-        seqs: list[int] = []
+        # consecutive seqs (acks of a run of deliveries, in order) are passed as their run,
+        # others as their list (not built unless one breaks the run)
+        first = nxt = msgs[0].seq if msgs else 0
+        run = True
         for msg in msgs:
-            seqs.append(msg.seq)
+            if msg.seq != nxt:
+                run = False
+            nxt += 1
             if active is not None and msg.seg == active.number:
                 active.live -= 1  # (most acks settle messages of the segment being written)
             else:
@@ -454,7 +519,11 @@ class Journal(Persistence):
                 if seg is not None:
                     seg.live -= 1
             msg.seg = 0
-        self._enc_settle_all(self._records(queue.name).name16, seqs, reason)
+        name16 = self._records(queue.name).name16
+        if run:
+            self._enc_settle_run(name16, first, len(msgs), reason)
+        else:
+            self._enc_settle_all(name16, [msg.seq for msg in msgs], reason)
         if not self._flush_scheduled:
             self._schedule_flush()
 
