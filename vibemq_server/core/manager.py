@@ -781,14 +781,9 @@ class QueueManager(QueueHost):
         # (by id: a queue is no dict key, and a name may outlive its queue)
         journaled: dict[int, tuple[Queue, list[StoredMessage]]] = {}
         for msg_id in msg_ids:
-            # (a get and a del: compiled, ``pop`` is a call by name, ~100 instructions an Ack)
-            sub = holders.get(msg_id)
-            if sub is None:
-                rest.append(msg_id)
-                continue
-            del holders[msg_id]
-            msg = sub.release(msg_id)
-            if msg is None:
+            sub = holders.pop(msg_id, None)
+            msg = sub.release(msg_id) if sub is not None else None
+            if sub is None or msg is None:
                 rest.append(msg_id)
                 continue
             queue = sub.queue  # (not read here unless it must: a cold line, many queues)
