@@ -90,6 +90,10 @@ _ACCEPTED: Final = PublishOutcome.ACCEPTED
 _ACCEPTED_DURABLE: Final = PublishOutcome.ACCEPTED_DURABLE
 _NORMAL: Final = Priority.NORMAL
 _ACKED: Final = SettleReason.ACKED
+#: ``dict.pop`` itself: compiled, ``d.pop(k, None)`` looks the method up by name on every
+#: call (``_PyObject_GetMethod``, ``PyObject_VectorcallMethod``); the descriptor called
+#: directly skips that: ~100 instructions fewer an Ack (a get and a del: a second lookup)
+_DICT_POP: Final = dict.pop
 
 
 class DeadLetterReason:
@@ -781,7 +785,7 @@ class QueueManager(QueueHost):
         # (by id: a queue is no dict key, and a name may outlive its queue)
         journaled: dict[int, tuple[Queue, list[StoredMessage]]] = {}
         for msg_id in msg_ids:
-            sub = holders.pop(msg_id, None)
+            sub = _DICT_POP(holders, msg_id, None)
             msg = sub.release(msg_id) if sub is not None else None
             if sub is None or msg is None:
                 rest.append(msg_id)
