@@ -80,9 +80,15 @@ def analyse(path: str, size: int) -> str:
     allocated = 0
     depths: list[int] = []
     ages: list[int] = []
+    # payload blocks freed in a row (no large block allocated between): the Acks of one
+    # read of the subscriber's, 4 a turn in lockstep at 64 KiB, dozens once it fell behind
+    runs: list[int] = []
+    run = 0
+    before_read = 0  # runs the next large allocation after which is a read's (larger) block
     for event, args in events(path):
         if event == "free":
-            live.pop(int(args["ptr"]), None)
+            if live.pop(int(args["ptr"]), None) == block:
+                run += 1
         elif event in ("malloc", "realloc"):
             if event == "realloc":
                 live.pop(int(args["ptr"]), None)
@@ -92,6 +98,10 @@ def analyse(path: str, size: int) -> str:
             addr = int(args["ret"], 16)
             if n < LARGE:
                 continue
+            if run:
+                runs.append(run)
+                before_read += n > block
+                run = 0
             if n == block:
                 depths.append(len(live))
                 live[addr] = n
@@ -105,6 +115,7 @@ def analyse(path: str, size: int) -> str:
         return "no payload blocks seen"
     depths.sort()
     ages.sort()
+    runs.sort()
 
     def at(values: list[int], q: float) -> int:
         return values[min(len(values) - 1, int(len(values) * q))]
@@ -115,7 +126,10 @@ def analyse(path: str, size: int) -> str:
         f"{at(depths, 0.9)}, 8 or fewer at {100 * sum(d <= 8 for d in depths) / len(depths):.0f} %"
         f"; MiB since its memory was last handed out: p10 {at(ages, 0.1) / mib:.2f}, median "
         f"{at(ages, 0.5) / mib:.2f}, p90 {at(ages, 0.9) / mib:.2f}, under 1 MiB "
-        f"{100 * sum(a < mib for a in ages) / max(1, len(ages)):.0f} %"
+        f"{100 * sum(a < mib for a in ages) / max(1, len(ages)):.0f} %; freed in a row: median "
+        f"{at(runs or [0], 0.5)}, p90 {at(runs or [0], 0.9)}, max {max(runs or [0])}, in runs"
+        f" of more than 8: {100 * sum(r for r in runs if r > 8) / max(1, sum(runs)):.0f} %, runs"
+        f" right before a read's block: {100 * before_read / max(1, len(runs)):.0f} %"
     )
 
 
