@@ -96,6 +96,7 @@ class _Segment:
     live: int = 0  # publishes in this segment not yet settled
     published: int = 0  # publishes ever written to it
     deleting: bool = False
+    indexed: bool = False  # its queue index asked for (sealed and kept: see _index_kept)
 
 
 class Journal(Persistence):
@@ -248,9 +249,11 @@ class Journal(Persistence):
         self._open_segment(max(self.segments, default=0) + 1)
         # Segments sealed before this start (the last one by a stop or a crash) get the queue
         # indexes they lack; what a crash left half written goes.
-        sealed = [
-            seg.path for number, seg in sorted(self.segments.items()) if number != self.active
-        ]
+        sealed = []
+        for number, seg in sorted(self.segments.items()):
+            if number != self.active:
+                seg.indexed = True
+                sealed.append(seg.path)
         self._indexer.submit(_index_sealed, self.directory, sealed)
         if self.policy is FsyncPolicy.INTERVAL:
             self._timer = self._loop.call_later(self.fsync_interval, self._interval_sync)
@@ -755,11 +758,10 @@ class Journal(Persistence):
             self._flush()
 
     def _switch(self, old_fd: int, sealed: Path, fd: int) -> None:
-        """The new segment exists: write there from now on; the sealed one is closed and
-        its queue index built."""
+        """The new segment exists: write there from now on; the sealed one is closed (its
+        queue index is built if reclaim keeps it: _index_kept)."""
         self._fd = fd
         self.sys.close(old_fd)
-        self._indexer.submit(_index_sealed, None, [sealed])
 
     def _drop_unopened(self) -> None:
         """What a failed rotation left of the (active) new segment goes: made again later."""
@@ -837,6 +839,22 @@ class Journal(Persistence):
             if seg.live * 10 <= seg.published or (behind >= 2 and seg.live <= _SMALL_LIVE):
                 self._compact(seg)
             break
+        self._index_kept(closed)
+
+    def _index_kept(self, closed: list[int]) -> None:
+        """Build the queue index of the sealed segments that reclaim kept, once each. Not at
+        the rotation: while consumers keep up, a sealed segment is all settled by the next
+        maintain and deleted, and its index (~25 ms of CPU a 64 MiB segment, a tenth of a
+        microsecond a durable message) was built for no reader; until it is built, a
+        reader scans the segment whole."""
+        kept: list[Path] = []
+        for number in closed:
+            seg = self.segments.get(number)
+            if seg is not None and not seg.indexed and not seg.deleting:
+                seg.indexed = True
+                kept.append(seg.path)
+        if kept:
+            self._indexer.submit(_index_sealed, None, kept)
 
     def _delete(self, seg: _Segment) -> None:
         try:
