@@ -669,6 +669,15 @@ async def _ack_batches(mgr: QueueManager, journal: Journal, sub: Subscription) -
         assert await durable(journal) is None
 
 
+async def maintained(journal: Journal) -> None:
+    """The housekeeping's maintain, and the deletions it started (compactions' included, in
+    the index thread) done."""
+    journal.maintain()
+    await wait_for(
+        lambda: not any(seg.deleting for seg in journal.segments.values()), what="deletions"
+    )
+
+
 async def _compact_oldest(env: Env, mgr: QueueManager, journal: Journal) -> Subscription:
     """Churn through queue "work" (300 publishes, all acked: five segments and more) and
     maintain until the oldest segment, where what the test keeps was written, is compacted
@@ -686,7 +695,7 @@ async def _compact_oldest(env: Env, mgr: QueueManager, journal: Journal) -> Subs
 async def _reclaim_all(env: Env, journal: Journal) -> None:
     """Maintain until only the active segment (or one more) is left."""
     for _ in range(5):
-        journal.maintain()
+        await maintained(journal)
         await durable(journal)
     assert len(env.segments()) <= 2
 
@@ -709,7 +718,7 @@ async def test_acks_of_a_read_settle_in_the_journal_and_release_segments(env: En
     sub2 = mgr2.subscribe("q", "s", c2, 10)
     assert mgr2.ack_many(sub2, ["b"]) == []
     assert await durable(journal2) is None
-    journal2.maintain()
+    await maintained(journal2)
     assert first not in [n for n, _ in env.segments()]
     mgr3, _ = await env.restart(journal2)
     assert ready(mgr3, "q") == []
@@ -728,7 +737,7 @@ async def test_rotation_then_reclaim_everything_settled(env: Env) -> None:
     # each closed segment stays within one batch of the limit
     for _n, path in before[:-1]:
         assert path.stat().st_size < 4096 + 10 * 200
-    journal.maintain()
+    await maintained(journal)
     after = env.segments()
     assert len(after) <= 2
     assert after[-1][0] == journal.active
@@ -774,7 +783,7 @@ async def test_recovered_messages_release_their_segments(env: Env) -> None:
     for mid in "abc":
         assert mgr2.ack(sub, mid)
     assert await durable(journal2) is None
-    journal2.maintain()
+    await maintained(journal2)
     assert first not in [n for n, _ in env.segments()]
     mgr3, _ = await env.restart(journal2)
     assert ready(mgr3, "q") == []
@@ -856,7 +865,7 @@ async def test_deleted_queue_releases_its_segments(env: Env) -> None:
     mgr.delete_queue("gone")
     assert live(journal) == 0
     assert await durable(journal) is None
-    journal.maintain()
+    await maintained(journal)
     assert len(env.segments()) <= 2
     mgr2, _ = await env.restart(journal, segment_size=4096)
     assert "gone" not in mgr2.queues

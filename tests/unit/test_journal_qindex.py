@@ -199,7 +199,10 @@ async def test_a_segment_settled_by_its_first_reclaim_is_deleted_unindexed(
     assert len(sealed) >= 2 and all(seg.live == 0 for seg in sealed)
     journal.maintain()
     assert not any(seg.indexed for seg in sealed)
-    assert all(seg.number not in journal.segments for seg in sealed)
+    await wait_for(
+        lambda: all(seg.number not in journal.segments for seg in sealed), what="deleted"
+    )
+    assert not any(seg.path.exists() for seg in sealed)
     await broker.close()
     assert list(broker.directory.glob("*.qidx*")) == []
 

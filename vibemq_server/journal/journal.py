@@ -857,11 +857,28 @@ class Journal(Persistence):
             self._indexer.submit(_index_sealed, None, kept)
 
     def _delete(self, seg: _Segment) -> None:
-        try:
-            seg.path.unlink(missing_ok=True)
-            seg.path.with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
-        except OSError as exc:
-            log.warning("cannot delete segment", file=str(seg.path), error=str(exc))
+        """Unlink ``seg`` and its sidecar in the index thread: on the loop, freeing the pages
+        of a 64 MiB segment no one maps held every connection for ~30 ms. Until it is done
+        (``_deleted``), ``deleting`` keeps reclaim from it and from the segments after it."""
+        loop = self._loop
+        if loop is None or self._closing:
+            self._deleted(seg, _unlink_segment(seg.path))
+            return
+        future = loop.run_in_executor(self._indexer, _unlink_segment, seg.path)
+        future.add_done_callback(
+            lambda done: (
+                self._deleted(seg, None, True)
+                if done.cancelled()
+                else self._deleted(seg, done.result())
+            )
+        )
+
+    def _deleted(self, seg: _Segment, error: OSError | None, cancelled: bool = False) -> None:
+        """``seg``'s files are gone, or not (``error``; ``cancelled``: the journal closed
+        first): then reclaim tries again later, or the next start does."""
+        if cancelled or error is not None:
+            if error is not None:
+                log.warning("cannot delete segment", file=str(seg.path), error=str(error))
             seg.deleting = False
             return
         self.segments.pop(seg.number, None)
@@ -985,6 +1002,16 @@ class Journal(Persistence):
         await asyncio.get_running_loop().run_in_executor(
             None, lambda: indexer.shutdown(wait=True, cancel_futures=True)
         )
+
+
+def _unlink_segment(path: Path) -> OSError | None:
+    """Delete a segment file and its sidecar (in the index thread); the error, if any."""
+    try:
+        path.unlink(missing_ok=True)
+        path.with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
+    except OSError as exc:
+        return exc
+    return None
 
 
 def _index_sealed(directory: Path | None, paths: list[Path]) -> None:
