@@ -158,14 +158,25 @@ async def test_restart_indexes_the_last_segment_and_recovers_as_before(broker: B
     )
 
 
-async def test_reclaimed_segments_lose_their_sidecars(broker: Broker) -> None:
-    mgr, journal = broker.open()
+async def _consumed(mgr: QueueManager, journal: Journal, keep_up: bool) -> Subscription:
+    """A consumer on queue "q0" and 200 messages published to it ten at a time, each batch
+    made durable (and acked then, with ``keep_up``)."""
     mgr.create_queue("q0", mgr.options_from({}))
-    sub: Subscription = mgr.subscribe("q0", "s", _Taker(), 10_000)
+    sub = mgr.subscribe("q0", "s", _Taker(), 10_000)
     for start in range(0, 200, 10):
         for i in range(start, start + 10):
             mgr.publish("q0", f"m{i}", PAYLOAD, {})
         await _durable(journal)
+        if keep_up:
+            for mid in list(sub.inflight):
+                assert mgr.ack(sub, mid)
+            await _durable(journal)
+    return sub
+
+
+async def test_reclaimed_segments_lose_their_sidecars(broker: Broker) -> None:
+    mgr, journal = broker.open()
+    sub = await _consumed(mgr, journal, keep_up=False)
     assert await _keep_sealed(journal)
     await wait_for(lambda: _sealed_indexed(journal), what="sidecars")
     while sub.inflight:
@@ -185,15 +196,7 @@ async def test_a_segment_settled_by_its_first_reclaim_is_deleted_unindexed(
     """A consumer that keeps up: what a sealed segment holds is settled before the next
     maintain, which deletes it; no index is built for it (it would have no reader)."""
     mgr, journal = broker.open()
-    mgr.create_queue("q0", mgr.options_from({}))
-    sub: Subscription = mgr.subscribe("q0", "s", _Taker(), 10_000)
-    for start in range(0, 200, 10):
-        for i in range(start, start + 10):
-            mgr.publish("q0", f"m{i}", PAYLOAD, {})
-        await _durable(journal)
-        for mid in list(sub.inflight):
-            assert mgr.ack(sub, mid)
-        await _durable(journal)
+    await _consumed(mgr, journal, keep_up=True)
     await wait_for(lambda: not journal._rotating, what="the last rotation")
     sealed = [seg for number, seg in journal.segments.items() if number != journal.active]
     assert len(sealed) >= 2 and all(seg.live == 0 for seg in sealed)
