@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from waits import durable, wait_for
+from waits import durable, maintained, wait_for
 
 from vibemq_server.config import QueueDefaults
 from vibemq_server.core import (
@@ -667,15 +667,6 @@ async def _ack_batches(mgr: QueueManager, journal: Journal, sub: Subscription) -
         for mid in list(sub.inflight)[:10]:
             assert mgr.ack(sub, mid)
         assert await durable(journal) is None
-
-
-async def maintained(journal: Journal) -> None:
-    """The housekeeping's maintain, and the deletions it started (compactions' included, in
-    the index thread) done."""
-    journal.maintain()
-    await wait_for(
-        lambda: not any(seg.deleting for seg in journal.segments.values()), what="deletions"
-    )
 
 
 async def _compact_oldest(env: Env, mgr: QueueManager, journal: Journal) -> Subscription:
