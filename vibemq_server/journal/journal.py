@@ -727,7 +727,7 @@ class Journal(Persistence):
                 self._fail(exc, b"")
                 return
             self._use_segment(number)
-            self._switch(old_fd, sealed, fd)
+            self._switch(old_fd, fd)
             return
         # The sealed segment's last fsync and the new one's (header, then its name in the
         # directory) run in a worker: on the loop, a contended disk froze every connection
@@ -747,7 +747,7 @@ class Journal(Persistence):
         self._rotating = False
         exc = done.exception()
         if exc is None:
-            self._switch(old_fd, sealed, done.result())
+            self._switch(old_fd, done.result())
         else:
             # Nothing more goes to the sealed segment (what was recorded since counts in the
             # new one): maintain() makes the new segment once storage recovers.
@@ -757,7 +757,7 @@ class Journal(Persistence):
         if self._flush_deferred:
             self._flush()
 
-    def _switch(self, old_fd: int, sealed: Path, fd: int) -> None:
+    def _switch(self, old_fd: int, fd: int) -> None:
         """The new segment exists: write there from now on; the sealed one is closed (its
         queue index is built if reclaim keeps it: _index_kept)."""
         self._fd = fd
@@ -794,7 +794,7 @@ class Journal(Persistence):
         if unopened is not None:
             # (storage is failing: durable publishes are refused anyway, so these fsyncs on
             # the loop keep nobody from being served)
-            old_fd, sealed = unopened
+            old_fd, _sealed = unopened
             try:
                 fd = self._seal_and_create(old_fd, self.active)
             except OSError as exc:
@@ -802,7 +802,7 @@ class Journal(Persistence):
                 self._failed = exc
                 return
             self._unopened = None
-            self._switch(old_fd, sealed, fd)
+            self._switch(old_fd, fd)
         self._drain()
         data = self._retry + b"".join(self._buf)
         try:
