@@ -3,7 +3,10 @@
 One ``vibemq-server`` per checkout given (its modules imported from there: ``PYTHONPATH``),
 all started at once, transient queues; then ``--rounds`` rounds, each running every path on
 every broker in turn (``common.run_throughput``: window 1,000, batch 100, prefetch 1,000),
-and the medians of deliveries/s and broker CPU per message. On a busy machine what matters
+and the median deliveries/s and the broker's CPU per message (summed over the rounds / their
+deliveries: ``common.cpu_us_per_message``). Every broker has its MQTT listener on and the
+native queues are named as ``bench.paths_bench`` names them (``vibemq_driver.path_queue``), so
+that the two benches measure the native paths alike. On a busy machine what matters
 is the comparison inside one run: the pure and the compiled build (``scripts/compile.py`` in
 one of the checkouts) meet the same load at the same time.
 
@@ -29,19 +32,25 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.brokers import VibeMQBroker
-from bench.common import Driver, ThroughputResult, install_sigterm_exit, run_throughput
+from bench.common import (
+    Driver,
+    ThroughputResult,
+    cpu_us_per_message,
+    install_sigterm_exit,
+    run_throughput,
+)
 from bench.mqtt_driver import MqttDriver
-from bench.vibemq_driver import VibeDriver
+from bench.vibemq_driver import VibeDriver, path_queue
 
 PATHS = ("native", "mqtt", "durable")
 
 
 def driver(path: str, broker: VibeMQBroker, prefetch: int) -> Driver:
-    tag = uuid.uuid4().hex[:8]
     if path == "mqtt":
+        tag = uuid.uuid4().hex[:8]
         return MqttDriver(broker.host, broker.mqtt_port, f"b/{tag}", name="vibemq-mqtt")
     durable = path == "durable"
-    return VibeDriver(broker.host, broker.port, f"ab-{tag}", prefetch, durable=durable)
+    return VibeDriver(broker.host, broker.port, path_queue(durable), prefetch, durable=durable)
 
 
 def run_path(
@@ -79,14 +88,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown paths {sorted(bad)}")
     install_sigterm_exit()
     brokers: dict[str, VibeMQBroker] = {}
-    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    # (deliveries/s, broker CPU s, deliveries) a run
+    results: dict[tuple[str, str], list[tuple[float, float | None, int]]] = {}
     try:
         for i, checkout in enumerate(a.checkouts):
             top = str(checkout.resolve())
             label = top if top not in brokers else f"{top} #{i + 1}"  # the same one twice
             env = {"VIBEMQ_QUEUE_DEFAULTS__DURABLE": "false", "PYTHONPATH": top}
             fsync = ["--fsync", "always"] if "durable" in paths else []
-            broker = VibeMQBroker(extra_args=fsync, env=env, mqtt="mqtt" in paths)
+            # the MQTT listener on whatever the paths, as in a deployed broker and in
+            # bench.paths_bench: every native publish is also offered to MQTT's address sink
+            broker = VibeMQBroker(extra_args=fsync, env=env, mqtt=True)
             broker.start()
             brokers[label] = broker
         for n in range(a.rounds):
@@ -96,18 +108,19 @@ def main(argv: list[str] | None = None) -> int:
                         path, broker, a.messages, a.timeout, a.prefetch, broker_pids=broker.pids
                     )
                     us = (r.broker_cpu_s or 0.0) / max(1, r.delivered) * 1e6
-                    results.setdefault((top, path), []).append((r.deliver_rate, us))
+                    run = (r.deliver_rate, r.broker_cpu_s, r.delivered)
+                    results.setdefault((top, path), []).append(run)
                     print(
                         f"round {n + 1} {path:6} {top}: {r.deliver_rate:,.0f} msg/s {us:.1f} us/msg"
                     )
     finally:
         for broker in brokers.values():
             broker.stop()
-    print(f"\n{'checkout':50} {'path':6} {'msg/s':>9} {'us/msg':>7}  (medians)")
+    print(f"\n{'checkout':50} {'path':6} {'msg/s':>9} {'us/msg':>7}  (medians; us/msg: summed)")
     for (top, path), runs in results.items():
-        rate = statistics.median(x for x, _ in runs)
-        us = statistics.median(y for _, y in runs)
-        print(f"{top:50} {path:6} {rate:9,.0f} {us:7.1f}")
+        rate = statistics.median(x for x, _, _ in runs)
+        us = cpu_us_per_message((cpu, n) for _, cpu, n in runs) or 0.0
+        print(f"{top:50} {path:6} {rate:9,.0f} {us:7.2f}")
     if {"native", "durable"} <= set(paths):
         for top in brokers:
             ratios = [

@@ -26,7 +26,9 @@ Our broker is one process for all of our cases (MQTT and AMQP listeners on), sta
 ``--fsync always`` and ``VIBEMQ_QUEUE_DEFAULTS__DURABLE=false`` so that every queue not asked
 to be durable is transient; the native cases say ``durable`` explicitly in CreateQueue.
 Reported per case: the median deliveries/s over the rounds, the broker's CPU per message
-(µs, its process group, over the timed interval), latency p50/p99, and ratios.
+(µs, its process group, over the timed intervals: summed over the rounds / their deliveries,
+``common.cpu_us_per_message``, so that a journal segment's rotation counts at its rate),
+latency p50/p99, and ratios.
 
     .venv/bin/python -m bench.paths_bench --rounds 5 --json paths.json
     .venv/bin/python -m bench.paths_bench --groups paths --rounds 1 --messages 20000
@@ -65,6 +67,7 @@ from bench.common import (
     _adopt,
     _SubProtocol,
     cpu_seconds,
+    cpu_us_per_message,
     encode_batches,
     expect_report,
     install_sigterm_exit,
@@ -77,7 +80,7 @@ from bench.common import (
 )
 from bench.journal_bench import DurableAmqpDriver
 from bench.mqtt_driver import MqttDriver
-from bench.vibemq_driver import VibeDriver, VibeNoAckScanner
+from bench.vibemq_driver import VibeDriver, VibeNoAckScanner, path_queue
 
 GROUPS = ("paths", "durable", "fanout", "amqp")
 ACK_EVERY = (1, 10, 100)
@@ -380,13 +383,13 @@ def build_cases(s: Setup) -> list[Case]:
     h = vibe.host
     cases: list[Case] = []
 
-    def native(durable: bool, name: str) -> Callable[[], Driver]:
+    def native(durable: bool) -> Callable[[], Driver]:
         return lambda: VibeDriver(
-            h, vibe.port, f"{name}-{_tag()}", prefetch=a.prefetch, durable=durable
+            h, vibe.port, path_queue(durable), prefetch=a.prefetch, durable=durable
         )
 
     if "paths" in a.groups:
-        cases.append(_throughput_case("native", "paths", native(False, "native"), vibe, a))
+        cases.append(_throughput_case("native", "paths", native(False), vibe, a))
         mqtt = lambda: MqttDriver(h, vibe.mqtt_port, f"b/{_tag()}", name="vibemq-mqtt")  # noqa: E731
         cases.append(_throughput_case("mqtt", "paths", mqtt, vibe, a))
         if s.mosquitto is not None:
@@ -394,7 +397,7 @@ def build_cases(s: Setup) -> list[Case]:
             mosq = lambda: MqttDriver(h, mq.port, f"b/{_tag()}")  # noqa: E731
             cases.append(_throughput_case("mosquitto", "paths", mosq, mq, a))
     if "durable" in a.groups:
-        durable = native(True, "native-durable")
+        durable = native(True)
         cases.append(_throughput_case("native-durable", "durable", durable, vibe, a))
         mqtt_durable = lambda: MqttDriver(  # noqa: E731
             h, vibe.mqtt_port, f"bd/{_tag()}", name="vibemq-mqtt-durable", clean=False
@@ -476,7 +479,9 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]
         lats = [r["latency"] for r in rs if r.get("latency") and not r["latency"]["errors"]]
         out[name] = {
             "rate": median_of([r["rate"] for r in ok]),
-            "cpu_us_per_msg": median_of([r.get("cpu_us_per_msg") for r in ok]),
+            "cpu_us_per_msg": cpu_us_per_message(
+                (r.get("broker_cpu_s"), r.get("delivered") or 0) for r in ok
+            ),
             "loss_pct": median_of([r.get("loss_pct") for r in ok]),
             "p50_us": median_of([x["p50_us"] for x in lats]),
             "p99_us": median_of([x["p99_us"] for x in lats]),
@@ -533,7 +538,8 @@ def print_table(summary: dict[str, dict[str, Any]]) -> None:
             print(f"{label:<52} {x / y:.2f}x{cpu}")
     print()
     print(
-        "medians of the successful rounds; broker us/msg = broker CPU (process group) / deliveries"
+        "medians of the successful rounds; broker us/msg = broker CPU (process group) summed"
+        " over those rounds / their deliveries"
     )
 
 

@@ -11,7 +11,7 @@ import asyncio
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar
 
 T = TypeVar("T")
@@ -52,6 +52,28 @@ async def durable(journal: _Durable, timeout: float = TIMEOUT) -> Exception | No
 
     journal.when_durable(done)
     return await asyncio.wait_for(fut, timeout)
+
+
+class _Deleting(Protocol):
+    deleting: bool
+
+
+class _Reclaims(Protocol):
+    @property
+    def segments(self) -> Mapping[int, _Deleting]: ...
+
+    def maintain(self) -> None: ...
+
+
+async def maintained(journal: _Reclaims, timeout: float = TIMEOUT) -> None:
+    """The housekeeping's ``journal.maintain()``, and the segment deletions it started (in the
+    journal's index thread; a compaction's once its copies are durable) done."""
+    journal.maintain()
+    await wait_for(
+        lambda: not any(seg.deleting for seg in journal.segments.values()),
+        timeout,
+        what="the segments' deletions",
+    )
 
 
 def recv_by(sock: socket.socket, deadline: float, size: int) -> bytes:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from waits import durable, wait_for
+from waits import durable, maintained, wait_for
 
 from vibemq_server.config import QueueDefaults
 from vibemq_server.core import ManualClock, QueueManager, StoredMessage, Subscription
@@ -238,7 +238,7 @@ async def test_reclaim_and_compaction_keep_live_entries(env: Env) -> None:
     assert live(journal) == len(table) == 6  # k0..k4 and the last "hot"
 
     for _ in range(20):
-        journal.maintain()
+        await maintained(journal)
         assert await durable(journal) is None
     # The oldest segment held the long-lived entries: compacted (copied forward), deleted.
     await wait_for(lambda: not oldest.exists())
@@ -256,7 +256,7 @@ async def test_reclaim_and_compaction_keep_live_entries(env: Env) -> None:
     # After recovery the compacted copies are ordinary entries: churn again, reclaim again.
     await _churn(mgr2, journal2, table2, 30)
     for _ in range(20):
-        journal2.maintain()
+        await maintained(journal2)
         assert await durable(journal2) is None
     assert len(env.segments()) <= 3
     expected["hot"] = (PAYLOAD, {"round": "29"})
@@ -279,7 +279,7 @@ async def test_deleted_entries_release_their_segments(env: Env) -> None:
     table.put("last", b"1", {})
     assert await durable(journal) is None
     for _ in range(10):
-        journal.maintain()
+        await maintained(journal)
         assert await durable(journal) is None
     assert len(env.segments()) <= 2
     mgr2, _ = await env.restart(journal, segment_size=4096)

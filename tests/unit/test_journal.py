@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from waits import durable, wait_for
+from waits import durable, maintained, wait_for
 
 from vibemq_server.config import QueueDefaults
 from vibemq_server.core import (
@@ -688,7 +688,7 @@ async def _compact_oldest(env: Env, mgr: QueueManager, journal: Journal) -> Subs
 async def _reclaim_all(env: Env, journal: Journal) -> None:
     """Maintain until only the active segment (or one more) is left."""
     for _ in range(5):
-        journal.maintain()
+        await maintained(journal)
         await durable(journal)
     assert len(env.segments()) <= 2
 
@@ -711,7 +711,7 @@ async def test_acks_of_a_read_settle_in_the_journal_and_release_segments(env: En
     sub2 = mgr2.subscribe("q", "s", c2, 10)
     assert mgr2.ack_many(sub2, ["b"]) == []
     assert await durable(journal2) is None
-    journal2.maintain()
+    await maintained(journal2)
     assert first not in [n for n, _ in env.segments()]
     mgr3, _ = await env.restart(journal2)
     assert ready(mgr3, "q") == []
@@ -789,7 +789,7 @@ async def test_rotation_then_reclaim_everything_settled(env: Env) -> None:
     # each closed segment stays within one batch of the limit
     for _n, path in before[:-1]:
         assert path.stat().st_size < 4096 + 10 * 200
-    journal.maintain()
+    await maintained(journal)
     after = env.segments()
     assert len(after) <= 2
     assert after[-1][0] == journal.active
@@ -835,7 +835,7 @@ async def test_recovered_messages_release_their_segments(env: Env) -> None:
     for mid in "abc":
         assert mgr2.ack(sub, mid)
     assert await durable(journal2) is None
-    journal2.maintain()
+    await maintained(journal2)
     assert first not in [n for n, _ in env.segments()]
     mgr3, _ = await env.restart(journal2)
     assert ready(mgr3, "q") == []
@@ -917,7 +917,7 @@ async def test_deleted_queue_releases_its_segments(env: Env) -> None:
     mgr.delete_queue("gone")
     assert live(journal) == 0
     assert await durable(journal) is None
-    journal.maintain()
+    await maintained(journal)
     assert len(env.segments()) <= 2
     mgr2, _ = await env.restart(journal, segment_size=4096)
     assert "gone" not in mgr2.queues

@@ -1,5 +1,6 @@
-"""The queue index sidecars of sealed segments: written at seal off the loop, equal to what a
-walk of the segment finds, never trusted once stale or damaged, rebuilt at start, removed with
+"""The queue index sidecars of sealed segments: written off the loop for the sealed segments
+reclaim keeps (one all settled by then is deleted unindexed), equal to what a walk of the
+segment finds, never trusted once stale or damaged, rebuilt at start, removed with
 their segment; a sidecar write killed with SIGKILL leaves nothing that is trusted."""
 
 from __future__ import annotations
@@ -92,11 +93,21 @@ def _expected(path: Path) -> dict[str, list[tuple[int, int]]]:
 
 
 def _sealed_indexed(journal: Journal) -> bool:
+    """Every sealed segment that reclaim kept has its sidecar (the oldest may be compacted
+    meanwhile: being deleted, it gets none)."""
     return all(
         qindex.load(seg.path) is not None
-        for number, seg in journal.segments.items()
-        if number != journal.active
+        for seg in journal.segments.values()
+        if seg.indexed and not seg.deleting
     )
+
+
+async def _keep_sealed(journal: Journal) -> list[int]:
+    """The housekeeping's reclaim once the last rotation is done: the sealed segments it
+    keeps, whose indexes it asks for."""
+    await wait_for(lambda: not journal._rotating, what="the last rotation")
+    journal.maintain()
+    return [n for n, seg in journal.segments.items() if seg.indexed and not seg.deleting]
 
 
 async def test_sealed_segments_get_a_sidecar_equal_to_their_records(broker: Broker) -> None:
@@ -105,11 +116,12 @@ async def test_sealed_segments_get_a_sidecar_equal_to_their_records(broker: Brok
         mgr.create_queue(name, mgr.options_from({}))
     await _publish(mgr, journal, 120)
     assert len(journal.segments) >= 3
+    kept = await _keep_sealed(journal)  # what they hold is live: kept
+    assert len(kept) >= 2 and journal.active not in kept
     await wait_for(lambda: _sealed_indexed(journal), what="sidecars of sealed segments")
     assert not qindex.index_path(journal.segments[journal.active].path).exists()
-    for number, seg in journal.segments.items():
-        if number == journal.active:
-            continue
+    for number in kept:
+        seg = journal.segments[number]
         index = qindex.load(seg.path)
         assert index is not None and index.segment == number
         assert index.end == index.size == seg.path.stat().st_size
@@ -146,14 +158,26 @@ async def test_restart_indexes_the_last_segment_and_recovers_as_before(broker: B
     )
 
 
-async def test_reclaimed_segments_lose_their_sidecars(broker: Broker) -> None:
-    mgr, journal = broker.open()
+async def _consumed(mgr: QueueManager, journal: Journal, keep_up: bool) -> Subscription:
+    """A consumer on queue "q0" and 200 messages published to it ten at a time, each batch
+    made durable (and acked then, with ``keep_up``)."""
     mgr.create_queue("q0", mgr.options_from({}))
-    sub: Subscription = mgr.subscribe("q0", "s", _Taker(), 10_000)
+    sub = mgr.subscribe("q0", "s", _Taker(), 10_000)
     for start in range(0, 200, 10):
         for i in range(start, start + 10):
             mgr.publish("q0", f"m{i}", PAYLOAD, {})
         await _durable(journal)
+        if keep_up:
+            for mid in list(sub.inflight):
+                assert mgr.ack(sub, mid)
+            await _durable(journal)
+    return sub
+
+
+async def test_reclaimed_segments_lose_their_sidecars(broker: Broker) -> None:
+    mgr, journal = broker.open()
+    sub = await _consumed(mgr, journal, keep_up=False)
+    assert await _keep_sealed(journal)
     await wait_for(lambda: _sealed_indexed(journal), what="sidecars")
     while sub.inflight:
         for mid in list(sub.inflight)[:10]:
@@ -164,6 +188,26 @@ async def test_reclaimed_segments_lose_their_sidecars(broker: Broker) -> None:
     directory = broker.directory
     segments = {p.stem for _n, p in list_segments(directory)}
     assert {p.stem for p in directory.glob("*.qidx")} <= segments
+
+
+async def test_a_segment_settled_by_its_first_reclaim_is_deleted_unindexed(
+    broker: Broker,
+) -> None:
+    """A consumer that keeps up: what a sealed segment holds is settled before the next
+    maintain, which deletes it; no index is built for it (it would have no reader)."""
+    mgr, journal = broker.open()
+    await _consumed(mgr, journal, keep_up=True)
+    await wait_for(lambda: not journal._rotating, what="the last rotation")
+    sealed = [seg for number, seg in journal.segments.items() if number != journal.active]
+    assert len(sealed) >= 2 and all(seg.live == 0 for seg in sealed)
+    journal.maintain()
+    assert not any(seg.indexed for seg in sealed)
+    await wait_for(
+        lambda: all(seg.number not in journal.segments for seg in sealed), what="deleted"
+    )
+    assert not any(seg.path.exists() for seg in sealed)
+    await broker.close()
+    assert list(broker.directory.glob("*.qidx*")) == []
 
 
 class _Taker(Consumer):
