@@ -10,12 +10,16 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from vibemq_server.config import DeliveryMode, OverflowStrategy
 from vibemq_server.core.clock import Clock
 from vibemq_server.core.message import ANY_SUBSCRIBER, Priority, StoredMessage, as_fan_out
 from vibemq_server.core.native import i64, mypyc_attr
+
+#: ``dict.pop`` itself, called as ``_DICT_POP(d, k, None)``: compiled, ``d.pop(k, None)``
+#: looks the method up by name on every call, and a get then a del looks the key up twice
+_DICT_POP: Final = dict.pop
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -284,9 +288,8 @@ class Subscription:
         more = self.more
         if more is None:
             return None
-        msg = more.get(msg_id)  # (a get and a del: compiled, ``pop`` is a call by name)
+        msg = _DICT_POP(more, msg_id, None)  # (one lookup: a get and a del were two)
         if msg is not None:
-            del more[msg_id]
             self.n_held = n = self.n_held - 1
             if n == (0 if h0 is None else 1 if self.h1 is None else 2):
                 self.more = None  # (emptied: a fresh dict next time, not its spent keys)
