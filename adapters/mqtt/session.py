@@ -719,20 +719,22 @@ class MqttSession(Consumer):
     @property
     def congested(self) -> bool:
         """This connected client is falling behind (QoS 0 waiting for its socket, its queue
-        half full, or PAUSE_BYTES of payloads waiting): publishers to it should pause rather
-        than have messages dropped or pile up in memory."""
+        half full, or ``mqtt.pause_publishers_bytes`` of payloads waiting): publishers to it
+        should pause rather than have messages dropped or pile up in memory."""
         if self.link is None:
             return False
         if self._backlog:
             return True
-        queue = self.queue
         ctx = self._ctx
-        if queue is None:
-            return (
-                len(self._pending) >= max(1, ctx.max_backlog // 2)
-                or self._pending_bytes >= ctx.pause_bytes
-            )
-        return queue.count >= max(1, ctx.max_backlog // 2) or queue.nbytes >= ctx.pause_bytes
+        queued = len(self._pending) if self.queue is None else self.queue.count
+        return queued >= max(1, ctx.max_backlog // 2) or self.waiting_bytes >= ctx.pause_bytes
+
+    @property
+    def waiting_bytes(self) -> int:
+        """The payload bytes waiting for this client in memory: its pending list's (a clean
+        session) or its queue's."""
+        queue = self.queue
+        return self._pending_bytes if queue is None else queue.nbytes
 
     def when_drained(self, waiter: Callable[[], None]) -> None:
         if self.congested:
@@ -745,11 +747,8 @@ class MqttSession(Consumer):
     def _check_drained(self) -> None:
         if not self.congested:
             self.stalled = False
-            if self._drain_waiters:
-                queue = self.queue
-                held = self._pending_bytes if queue is None else queue.nbytes
-                if held <= self._ctx.resume_bytes:
-                    self._release_publishers()
+            if self._drain_waiters and self.waiting_bytes <= self._ctx.resume_bytes:
+                self._release_publishers()
 
     def _release_publishers(self) -> None:
         waiters, self._drain_waiters = self._drain_waiters, _NO_WAITERS
